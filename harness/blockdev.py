@@ -58,17 +58,35 @@ def find_device(devices: list[BlockDevice], path: str) -> BlockDevice | None:
     return None
 
 
-def write_allowed(device: BlockDevice | None, allow_destructive: bool, serial: str | None) -> tuple[bool, str]:
-    """May kvgate write to this device? Returns (allowed, reason)."""
+def blkid_argv(path: str) -> tuple[str, ...]:
+    """Low-level probe of the device itself (works without udev); rc 2 means nothing was found."""
+    return ("blkid", "-p", "-o", "export", path)
+
+
+def parse_blkid_export(text: str) -> dict[str, str]:
+    """Parse ``blkid -p -o export`` (KEY=VALUE lines); empty when blkid found no signature."""
+    out = {}
+    for line in text.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def write_allowed(device: BlockDevice | None, probe: dict[str, str], allow_destructive: bool,
+                  serial: str | None) -> tuple[bool, str]:
+    """May kvgate write to this device? ``probe`` is the parsed blkid output. Returns (allowed, reason)."""
     if device is None:
         return False, "device not found in lsblk output"
     if device.ro:
         return False, f"{device.path} is read-only"
-    if not device.holds_data:
+    fstype = device.fstype or probe.get("TYPE")
+    pttype = device.pttype or probe.get("PTTYPE")
+    if not (fstype or pttype or device.children or device.mountpoint):
         return True, f"{device.path} holds no partition table, filesystem or mount"
     what = ", ".join(x for x in (
-        f"filesystem {device.fstype}" if device.fstype else "",
-        f"partition table {device.pttype}" if device.pttype else "",
+        f"filesystem {fstype}" if fstype else "",
+        f"partition table {pttype}" if pttype else "",
         "partitions" if device.children else "",
         f"mounted at {device.mountpoint}" if device.mountpoint else "",
     ) if x)

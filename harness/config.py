@@ -225,14 +225,6 @@ class Node(Strict):
 class Inventory(Strict):
     nodes: list[Node] = Field(min_length=1)
 
-    @model_validator(mode="after")
-    def _unique(self) -> "Inventory":
-        names = [n.name for n in self.nodes]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise ValueError(f"duplicate node name(s): {', '.join(sorted(dup))}")
-        return self
-
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)
 
@@ -345,7 +337,16 @@ class Config:
 
 def load_inventory(path: str | Path) -> Inventory:
     data, index = load_yaml(path)
-    return validate(Inventory, data, index)
+    inv = validate(Inventory, data, index)
+    issues, first = [], {}
+    for i, node in enumerate(inv.nodes):
+        if node.name in first:
+            issues.append(index.issue(("nodes", i, "name"),
+                                      f"duplicate node name {node.name!r} (first at nodes[{first[node.name]}])"))
+        first.setdefault(node.name, i)
+    if issues:
+        raise ConfigError(issues)
+    return inv
 
 
 def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None,
@@ -417,6 +418,6 @@ def load_config(inventory_path: str | Path, gates_path: str | Path) -> Config:
     except ConfigError as exc:
         issues.extend(exc.issues)
     if issues:
-        raise ConfigError(issues)
+        raise ConfigError(sorted(issues, key=lambda i: (i.file != str(inventory_path), i.file, i.line or 0)))
     assert inventory is not None and suite is not None
     return Config(inventory, suite, params, Path(inventory_path), Path(gates_path))

@@ -42,8 +42,8 @@ def job_file(filename: str, streams: Iterable[StreamSpec], *, rw: str = "read", 
              extra_global: dict[str, str] | None = None) -> str:
     """Render an fio job file. Values are written as ``key=value`` lines; ``filename`` must not contain
     ':' (fio's file separator) or a newline."""
-    if "\n" in filename or ":" in filename:
-        raise WorkloadError(f"fio cannot take a file name containing ':' or a newline: {filename!r}")
+    if any(c in filename for c in ":;\n"):
+        raise WorkloadError(f"fio cannot take a file name containing ':', ';' or a newline: {filename!r}")
     if ioengine not in ENGINES:
         raise WorkloadError(f"unknown ioengine {ioengine!r} (expected one of {', '.join(ENGINES)})")
     g = {

@@ -100,6 +100,9 @@ class FioRead(Workload):
             if t is None:
                 issues.append((("target",), f"node {name!r} has no target {params.target!r} "
                                f"(expected one of {', '.join(x.name for x in node.targets) or 'none declared'})"))
+            elif t.path and any(c in t.path for c in ":;\n"):
+                issues.append((("target",), f"target {params.target!r} on node {name!r}: fio cannot take a path "
+                               f"containing ':' or ';' ({t.path!r}); rename or link it"))
             elif t.kind == "directory":
                 issues.append((("target",), f"target {params.target!r} on node {name!r} is a directory; "
                                "fio-read needs a file or block device"))

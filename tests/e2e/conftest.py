@@ -1,0 +1,11 @@
+import pytest
+
+from harness.sshd import PrivateSshd
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    """A private sshd on a free 127.0.0.1 port with a temporary host key and an authorized key."""
+    server = PrivateSshd(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()

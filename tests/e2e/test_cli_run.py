@@ -1,0 +1,119 @@
+"""kvgate as a user runs it: over real SSH to localhost, real fio on a file target, signed bundle."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kvgate(*args, env=None, timeout=600):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=e, timeout=timeout)
+
+
+def write_inventory(tmp_path, sshd, target_path):
+    node = sshd.node_yaml("sshlocal")
+    node.update({"work_dir": str(tmp_path / "work"), "read_streams": 2,
+                 "targets": [{"name": "scratch", "kind": "file", "path": str(target_path), "size": "64 MiB"}]})
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"nodes": [node]}))
+    return inv
+
+
+def write_gates(tmp_path, g1_pass, g1_stop, name="gates.yaml"):
+    g1 = {"id": "G1", "title": "cold read", "workload": "fio-read",
+          "params": {"target": "scratch", "bs": "256 KiB", "iodepth": 4, "runtime_s": 1, "ramp_s": 0},
+          "metric": "per_gpu_read_gb_s", "pass": g1_pass, "stop_loss": g1_stop,
+          "reference": {"value": "5.23 GB/s"}}
+    g1b = dict(g1, id="G1b", title="random 4k read", params=dict(g1["params"], rw="randread", bs="4 KiB"),
+               **{"pass": ">= 1 MB/s", "stop_loss": "< 0.001 MB/s"})
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"suite": {"name": "e2e", "version": 1}, "gates": [g1, g1b]}, sort_keys=False))
+    return path
+
+
+def test_run_over_ssh_produces_a_bundle_that_verifies(tmp_path, sshd):
+    # shell metacharacters stay one literal argument on the remote side
+    target = tmp_path / "data" / "target bin &|`touch pwned`$(touch pwned)"
+    inv = write_inventory(tmp_path, sshd, target)
+    gates = write_gates(tmp_path, ">= 1 MB/s", "< 0.01 MB/s")
+    assert kvgate("keygen", "--out", tmp_path / "op").returncode == 0
+    out = tmp_path / "out"
+    r = kvgate("run", "-i", inv, "-g", gates, "--out", out, "--key", tmp_path / "op.key",
+               "--known-hosts", sshd.known_hosts)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report_id = next(l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: "))
+    bundle = out / report_id
+    assert (bundle / "report.md").read_text().count(report_id) >= 1
+    assert target.exists() and target.stat().st_size == 64 * 2**20
+    assert not list(tmp_path.rglob("pwned"))
+    v = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub")
+    assert v.returncode == 0 and v.stdout.startswith(f"OK {report_id}"), v.stdout
+    verdicts = json.loads((bundle / "verdicts.json").read_text())
+    assert [x["outcome"] for x in verdicts["verdicts"]] == ["PASS", "PASS"]
+    g1 = verdicts["verdicts"][0]
+    assert g1["evidence"]["nodes"]["sshlocal"]["page_cache_dropped"] is True
+    assert len(g1["evidence"]["streams"]) == 2
+    # raw fio output and every step's argv/stdout/stderr/rc are in the bundle
+    assert (bundle / "gates" / "G1" / "sshlocal" / "fio.json").exists()
+    fio_steps = [d for d in (bundle / "steps").iterdir() if d.name.endswith("-fio")]
+    assert fio_steps and all((d / f).exists() for d in fio_steps for f in ("argv.json", "stdout", "stderr", "rc", "status.json"))
+    assert not list(bundle.rglob("*.key"))
+    assert "PRIVATE KEY" not in "".join(p.read_text(errors="replace") for p in bundle.rglob("*") if p.is_file())
+    # a tampered raw file is caught
+    (bundle / "gates" / "G1" / "sshlocal" / "fio.json").write_text("{}")
+    v = kvgate("verify", bundle, "--pubkey", tmp_path / "op.pub")
+    assert v.returncode == 1 and "gates/G1/sshlocal/fio.json" in v.stdout
+
+
+def test_stop_loss_ends_with_exit_4_and_skips_later_gates(tmp_path, sshd):
+    inv = write_inventory(tmp_path, sshd, tmp_path / "t.bin")
+    gates = write_gates(tmp_path, ">= 10000 GB/s", "< 5000 GB/s")
+    r = kvgate("run", "-i", inv, "-g", gates, "--out", tmp_path / "out", "--known-hosts", sshd.known_hosts,
+               env={"KVGATE_HOME": str(tmp_path / "home")})
+    assert r.returncode == 4, r.stdout + r.stderr
+    lines = {l.split()[0]: l.split()[1] for l in r.stdout.splitlines() if l.startswith("G1")}
+    assert lines == {"G1": "STOP", "G1b": "SKIPPED"}
+    assert "overall: STOP" in r.stdout
+    bundle = next(p for p in (tmp_path / "out").iterdir() if p.is_dir() and p.name.startswith("KVG-"))
+    md = (bundle / "report.md").read_text()
+    assert "DEVELOPMENT key" in md and "skipped: stop-loss hit at G1" in md
+
+
+def test_unknown_host_key_is_an_infrastructure_error(tmp_path, sshd):
+    inv = write_inventory(tmp_path, sshd, tmp_path / "t.bin")
+    gates = write_gates(tmp_path, ">= 1 MB/s", "< 0.01 MB/s")
+    r = kvgate("run", "-i", inv, "-g", gates, "--out", tmp_path / "out", "--known-hosts", tmp_path / "none",
+               env={"KVGATE_HOME": str(tmp_path / "home")})
+    assert r.returncode == 3
+    assert "unknown host key" in r.stderr and "ERROR" in r.stdout
+    assert "overall: ERROR" in r.stdout
+
+
+def test_plan_runs_nothing(tmp_path, sshd):
+    target = tmp_path / "never-created.bin"
+    inv = write_inventory(tmp_path, sshd, target)
+    gates = write_gates(tmp_path, ">= 1 MB/s", "< 0.01 MB/s")
+    r = kvgate("plan", "-i", inv, "-g", gates)
+    assert r.returncode == 0
+    assert "fio --output-format=json" in r.stdout and "[sshlocal]" in r.stdout
+    assert not target.exists()
+
+
+def test_default_run_without_arguments(tmp_path):
+    r = kvgate("run", "--out", tmp_path / "out", env={"KVGATE_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "development key" in r.stderr
+    tar = next((tmp_path / "out").glob("KVG-*.tar.gz"))
+    v = kvgate("verify", tar, "--pubkey", tmp_path / "home" / "dev-signing.pub")
+    assert v.returncode == 0 and "(development key)" in v.stdout
