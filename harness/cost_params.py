@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from harness import cost
 
@@ -106,19 +106,20 @@ InputName = Literal[cost.INPUTS]  # type: ignore[valid-type]
 OutputName = Literal[cost.OUTPUTS]  # type: ignore[valid-type]
 
 
+def _low_le_high(pair: tuple[float, float]) -> tuple[float, float]:
+    if not pair[0] <= pair[1]:
+        raise ValueError(f"low {pair[0]:g} is above high {pair[1]:g}; write [low, high]")
+    return pair
+
+
+Range = Annotated[tuple[float, float], AfterValidator(_low_le_high)]
+
+
 class Sensitivity(_Strict):
     spread: Annotated[float, Field(gt=0, lt=1)] = 0.5
     metric: OutputName = "net_usd_per_month"  # type: ignore[valid-type]
     inputs: list[InputName] | None = None  # type: ignore[valid-type]
-    ranges: dict[InputName, tuple[float, float]] = Field(default_factory=dict)  # type: ignore[valid-type]
-
-    @field_validator("ranges")
-    @classmethod
-    def _low_le_high(cls, ranges: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
-        for name, (lo, hi) in ranges.items():
-            if not lo <= hi:
-                raise ValueError(f"{name}: low {lo} is above high {hi}")
-        return ranges
+    ranges: dict[InputName, Range] = Field(default_factory=dict)  # type: ignore[valid-type]
 
 
 class CostParams(_Strict):
