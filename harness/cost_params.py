@@ -19,12 +19,9 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from harness import cost
 
-try:  # foundation modules (branch main); the fallback goes once they are merged
-    from harness.config import load_yaml, validate
-    from harness.errors import ConfigError, ConfigIssue
-    from harness.units import parse_quantity
-except ImportError:  # pragma: no cover - exercised only before the foundation lands
-    from harness._cost_compat import ConfigError, ConfigIssue, load_yaml, parse_quantity, validate
+from harness.errors import ConfigError, ConfigIssue
+from harness.units import UnitError, parse_quantity
+from harness.yamlload import LineIndex, load_yaml, validate
 
 
 # --------------------------------------------------------------------------- unit-checked fields
@@ -41,11 +38,9 @@ def _quantity(dimension: str, unit_scale: float, example: str):
                 return float(value)
             raise ValueError(f"expected a {dimension} with a unit, like {example!r}, got bare number {value!r}")
         try:
-            q = parse_quantity(str(value))
-        except Exception as exc:  # the units module raises its own error types; the message is what counts
-            raise ValueError(f"expected a {dimension} like {example!r}: {exc}") from None
-        if q.dimension != dimension:
-            raise ValueError(f"expected a {dimension} like {example!r}, got a {q.dimension} ({value!r})")
+            q = parse_quantity(str(value), dimension)
+        except UnitError as exc:
+            raise ValueError(f"expected a {dimension} such as {example!r}: {exc}") from None
         return float(q.base) / unit_scale
 
     return BeforeValidator(check)
@@ -222,8 +217,8 @@ class MeasuredInput:
 def extract_measured(verdicts: Mapping[str, Any], report_id: str) -> list[MeasuredInput]:
     """Measured cost inputs in a bundle's verdicts.json (pure).
 
-    A verdict contributes its ``actual`` when its ``metric`` is a known name, and any known key in its
-    ``evidence`` (or ``evidence["metrics"]``) when numeric. Verdicts whose outcome is not a measurement
+    A verdict contributes its ``actual`` when its ``metric`` is a known name, and any known key of its
+    ``metrics`` (all metrics its workload reported), ``evidence`` or ``evidence["metrics"]`` when numeric. Verdicts whose outcome is not a measurement
     (ERROR, INVALID, SKIPPED) contribute nothing.
     """
     found: list[MeasuredInput] = []
@@ -234,8 +229,9 @@ def extract_measured(verdicts: Mapping[str, Any], report_id: str) -> list[Measur
         seen: set[str] = set()
         candidates: list[tuple[str, Any]] = [(str(v.get("metric")), v.get("actual"))]
         evidence = v.get("evidence") if isinstance(v.get("evidence"), Mapping) else {}
-        for scope in (evidence, evidence.get("metrics") if isinstance(evidence.get("metrics"), Mapping) else {}):
-            candidates.extend((str(k), val) for k, val in scope.items())
+        for scope in (v.get("metrics"), evidence, evidence.get("metrics")):
+            if isinstance(scope, Mapping):
+                candidates.extend((str(k), val) for k, val in scope.items())
         for key, val in candidates:
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not val == val or val <= 0:
                 continue
@@ -285,15 +281,8 @@ def _section_value(params: CostParams, path: tuple[str, ...]) -> tuple[Any, bool
     return getattr(section, attr), attr in section.model_fields_set
 
 
-def _line(lines: Any, path: Sequence[Any]) -> int:
-    for attr in ("line_of", "line_for", "get_line", "line"):
-        fn = getattr(lines, attr, None)
-        if callable(fn):
-            try:
-                return int(fn(tuple(path)))
-            except Exception:  # noqa: BLE001 - a LineIndex with another signature: fall through
-                continue
-    return 1
+def _line(lines: LineIndex, path: Sequence[Any]) -> int | None:
+    return lines.line(tuple(path))
 
 
 def _json_key_line(text: str, key: str) -> int:
@@ -335,7 +324,7 @@ def resolve(
     """
     params_path = Path(params_path)
     data, lines = load_yaml(params_path)
-    params: CostParams = validate(CostParams, data, params_path, lines)
+    params: CostParams = validate(CostParams, data, lines)
     fname = str(params_path)
     issues: list[ConfigIssue] = []
 

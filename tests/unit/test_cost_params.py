@@ -61,7 +61,7 @@ def test_defaults_are_cited_by_source(tmp_path):
         ("readback_fixed: 0 s", "readback_fixed: 2 GB", "tier.readback_fixed", "time"),
         ("hit_rate: 90 %", "hit_rate: 120 %", "fleet.hit_rate", "1"),
         ("context_tokens: 32768", "context_tokens: -5", "workload.context_tokens", "0"),
-        ("context_tokens: 32768", "context_tokens: 32768\n  contxt_tokens: 1", "workload.contxt_tokens", "xtra"),
+        ("context_tokens: 32768", "context_tokens: 32768\n  contxt_tokens: 1", "workload.contxt_tokens", "unknown key"),
         ("timing: model", "timing: guess", "timing", "model"),
     ],
 )
@@ -184,7 +184,8 @@ def test_extract_measured_from_verdicts():
                 "metric": "ttft_speedup",
                 "actual": 12.6,
                 "outcome": "FAIL",
-                "evidence": {"metrics": {"readback_ttft_p50_s": 11.85, "recompute_ttft_p50_s": 149.3}},
+                "metrics": {"ttft_speedup": 12.6, "readback_ttft_p50_s": 11.85},
+                "evidence": {"metrics": {"recompute_ttft_p50_s": 149.3}},
             },
             {"gate_id": "G1b", "metric": "per_gpu_read_gb_s", "actual": 9.9, "outcome": "ERROR", "evidence": {}},
             {"gate_id": "G3", "metric": "aggregate_read_gb_s", "actual": 11.0, "outcome": "PASS", "evidence": {}},
