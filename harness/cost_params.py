@@ -251,6 +251,7 @@ class InputValue:
     value: float
     source: str  # "FILE:LINE", "default: ...", "measured: KVG-... G1 per_gpu_read_gb_s (PASS)", "config.json"
     kind: str  # "param" | "default" | "measured" | "model"
+    line: int | None = None  # line in the params file, for kind "param"
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,7 @@ def resolve(
         elif value is None:
             continue
         elif was_set:
-            inputs[name] = InputValue(name, float(value), f"{fname}:{line}", "param")
+            inputs[name] = InputValue(name, float(value), f"{fname}:{line}", "param", line)
         else:
             inputs[name] = InputValue(name, float(value), default_source, "default")
 
@@ -401,3 +402,60 @@ def resolve(
         timing=params.timing,
         sensitivity_ranges=dict(sorted(ranges.items())),
     )
+
+
+# --------------------------------------------------------------------------- bundles
+
+
+def measured_from_bundle(bundle_path: str | Path, pubkey_path: str | Path) -> list[MeasuredInput]:
+    """Verify a report bundle (directory or .tar.gz) and return the cost inputs its verdicts.json measured.
+
+    Nothing is read from a bundle before :func:`harness.bundle.verify_bundle` says OK, and the verdicts.json
+    bytes used are checked against the digest in the signed statement (so a file swapped after verification
+    is refused too). Raises ``BundleError`` (one line, naming the bundle) when the bundle does not verify,
+    holds no verdicts.json, or measured nothing the cost model uses.
+    """
+    import hashlib
+    import tarfile
+    import tempfile
+
+    from harness.bundle import verify_bundle
+    from harness.errors import BundleError
+
+    bundle_path = Path(bundle_path)
+    if not bundle_path.exists():
+        raise BundleError(f"{bundle_path}: no such bundle")
+    with tempfile.TemporaryDirectory(prefix="kvgate-cost-in-") as td:
+        root = bundle_path
+        if bundle_path.is_file():
+            try:
+                with tarfile.open(bundle_path, "r:gz") as tf:
+                    tf.extractall(td, filter="data")
+            except (tarfile.TarError, OSError, EOFError) as exc:
+                raise BundleError(f"{bundle_path}: refused: not a readable bundle archive: {exc}") from None
+            entries = list(Path(td).iterdir())
+            if len(entries) != 1 or not entries[0].is_dir():
+                raise BundleError(f"{bundle_path}: refused: archive must hold exactly one bundle directory")
+            root = entries[0]
+        result = verify_bundle(root, pubkey_path)
+        if not result.ok or result.statement is None or result.report_id is None:
+            raise BundleError(f"{bundle_path}: refused: does not verify: {result.error}")
+        digests = {s["name"]: s["digest"]["sha256"] for s in result.statement.get("subject", [])}
+        if "verdicts.json" not in digests:
+            raise BundleError(f"{bundle_path}: refused: {result.report_id} holds no verdicts.json")
+        raw = (root / "verdicts.json").read_bytes()
+        if hashlib.sha256(raw).hexdigest() != digests["verdicts.json"]:
+            raise BundleError(f"{bundle_path}: refused: verdicts.json changed after verification")
+    try:
+        verdicts = json.loads(raw)
+    except ValueError as exc:
+        raise BundleError(f"{bundle_path}: verdicts.json is not JSON: {exc}") from None
+    if not isinstance(verdicts, Mapping):
+        raise BundleError(f"{bundle_path}: verdicts.json is not a JSON object")
+    found = extract_measured(verdicts, result.report_id)
+    if not found:
+        gates = ", ".join(f"{v.get('gate_id')} {v.get('metric')} {v.get('outcome')}"
+                          for v in verdicts.get("verdicts", []) if isinstance(v, Mapping)) or "no verdicts"
+        raise BundleError(f"{bundle_path}: {result.report_id} measured no cost input "
+                          f"(needs {', '.join(k for keys in MEASURED_METRICS.values() for k in keys)}; has {gates})")
+    return found
