@@ -4,7 +4,8 @@
 
 Writes a signed bundle DIR/<REPORT-ID>/ (and DIR/<REPORT-ID>.tar.gz) holding the tables (CSV), a Markdown and
 a self-contained HTML report with charts, and the parameters as given; its predicate lists the report IDs of
-the input bundles. Exit codes: 0 written; 2 bad parameters or a refused input bundle; 1 any other failure.
+the input bundles. Exit codes (as the rest of kvgate): 0 written; 2 bad parameters or a refused input bundle;
+3 any other failure.
 """
 
 from __future__ import annotations
@@ -34,18 +35,22 @@ def register(subparsers) -> None:
                    help="public key of the matching --bundle (one per bundle, or one for all)")
     p.add_argument("--out", required=True, type=Path, help="directory that receives the output bundle")
     p.add_argument("--key", type=Path,
-                   help="Ed25519 private key (PEM) to sign the output; default OUT/cost-signing.key, created if missing")
+                   help="Ed25519 private key (from kvgate keygen); default: the development key, marked as such")
     p.set_defaults(func=handler)
 
 
 def _signing_key(args):
+    """(private key, public key path or None, kind): the operator's --key, else the development key that
+    ``kvgate run`` uses too ($KVGATE_HOME/dev-signing.key), recorded as such in the predicate."""
     if args.key is not None:
-        return bundle_mod.load_private_key(args.key), args.key
-    prefix = args.out / "cost-signing"
-    key_path = Path(f"{prefix}.key")
-    if not key_path.exists():
+        return bundle_mod.load_private_key(args.key), None, "operator"
+    from harness.paths import state_dir
+
+    prefix = state_dir() / "dev-signing"
+    if not Path(f"{prefix}.key").exists():
         bundle_mod.generate_keypair(prefix)
-    return bundle_mod.load_private_key(key_path), key_path
+    print(f"no --key given: signing with the development key {prefix}.key (marked as such)", file=sys.stderr)
+    return bundle_mod.load_private_key(f"{prefix}.key"), Path(f"{prefix}.pub"), "development"
 
 
 def run(args) -> bundle_mod.BundleInfo:
@@ -59,37 +64,42 @@ def run(args) -> bundle_mod.BundleInfo:
         key = args.pubkey[i] if len(args.pubkey) > 1 else args.pubkey[0]
         measured.extend(cost_params.measured_from_bundle(b, key))
     resolved = cost_params.resolve(args.params, measured)
+    private_key, pub, kind = _signing_key(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    private_key, _ = _signing_key(args)
     staging = Path(tempfile.mkdtemp(prefix=".cost-staging-", dir=args.out))
+    predicate = dict(cost_report.predicate(resolved),
+                     signing_key={"kind": kind, "fingerprint": bundle_mod.key_fingerprint(private_key.public_key())})
     try:
         tables = cost_report.write_staging(resolved, staging)
-        info = bundle_mod.write_bundle(staging, args.out, private_key, cost_report.predicate(resolved),
+        info = bundle_mod.write_bundle(staging, args.out, private_key, predicate,
                                        render=cost_report.renderer(resolved, tables))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return info
+    return info, pub
 
 
 def handler(args) -> int:
     try:
-        info = run(args)
+        info, pub = run(args)
     except ConfigError as exc:
         for issue in exc.issues:
-            print(f"error: {issue}", file=sys.stderr)
+            print(str(issue), file=sys.stderr)
+        print(f"{len(exc.issues)} configuration error(s)", file=sys.stderr)
         return 2
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 3
     results = (info.path / "tables" / "results.csv").read_text().splitlines()
     values = dict(line.split(",")[:2] for line in results[1:])
     print(f"report {info.report_id}")
     print(f"bundle {info.path}")
     if info.tar_path:
         print(f"archive {info.tar_path}")
+    if pub is not None:
+        print(f"verify with: kvgate verify {info.tar_path or info.path} --pubkey {pub}")
     print(f"net_usd_per_month {values['net_usd_per_month']}  break_even_hit_rate {values['break_even_hit_rate']}  "
           f"capacity_tb {values['capacity_tb']}  throughput_gain {values['throughput_gain']}")
     return 0

@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "workloads" / "cost-params.example.yaml"
 
 
+@pytest.fixture(autouse=True)
+def kvgate_home(tmp_path, monkeypatch):
+    """A private $KVGATE_HOME, so the development signing key is this test's own."""
+    home = tmp_path / "kvgate-home"
+    monkeypatch.setenv("KVGATE_HOME", str(home))
+    return home
+
+
 def kvgate_cost(*args: str) -> subprocess.CompletedProcess:
     # `python -m harness.cli_cost` is the same register()/handler() that `kvgate cost` wires in
     return subprocess.run([sys.executable, "-m", "harness.cli_cost", "cost", *map(str, args)],
@@ -62,17 +70,19 @@ def only_bundle(out: Path) -> Path:
     return b
 
 
-def test_writes_a_signed_bundle_with_tables_charts_and_reports(params, tmp_path):
+def test_writes_a_signed_bundle_with_tables_charts_and_reports(params, tmp_path, kvgate_home):
     out = tmp_path / "out"
     proc = kvgate_cost("--params", params, "--out", out)
     assert proc.returncode == 0, proc.stderr
     b = only_bundle(out)
     assert f"report {b.name}" in proc.stdout
-    result = bundle.verify_bundle(b, out / "cost-signing.pub")
+    pub = kvgate_home / "dev-signing.pub"
+    result = bundle.verify_bundle(b, pub)
     assert result.ok, result.error
     assert result.report_id == b.name
     pred = result.statement["predicate"]
     assert pred["kind"] == "kvgate-cost/v1" and pred["input_report_ids"] == []
+    assert pred["signing_key"]["kind"] == "development" and "development key" in proc.stderr
     for rel in ("tables/inputs.csv", "tables/results.csv", "tables/tornado.csv", "tables/net_vs_hit_rate.csv",
                 "tables/break_even.csv", "charts/tornado.svg", "charts/break_even.svg", "report.md",
                 "report.html", "params/params.yaml", "params/llama-3-70b.json"):
@@ -88,7 +98,7 @@ def test_writes_a_signed_bundle_with_tables_charts_and_reports(params, tmp_path)
     assert float(results["kv_bytes_per_session"]) == 32768 * 327680
     # the reports are signed subjects too: changing one breaks verification
     (b / "report.md").write_text("# edited\n")
-    assert not bundle.verify_bundle(b, out / "cost-signing.pub").ok
+    assert not bundle.verify_bundle(b, pub).ok
 
 
 def test_same_params_give_byte_identical_tables(params, tmp_path):
@@ -111,12 +121,14 @@ def test_same_params_give_byte_identical_tables(params, tmp_path):
 def test_measured_input_from_a_verified_bundle_is_used_and_cited(params, tmp_path, g1_bundle):
     path, pub, report_id = g1_bundle
     without_line(params, "per_gpu_read: 5.23 GB/s")
+    key, my_pub = bundle.generate_keypair(tmp_path / "operator")
     out = tmp_path / "out"
-    proc = kvgate_cost("--params", params, "--bundle", path, "--pubkey", pub, "--out", out)
+    proc = kvgate_cost("--params", params, "--bundle", path, "--pubkey", pub, "--out", out, "--key", key)
     assert proc.returncode == 0, proc.stderr
     b = only_bundle(out)
-    result = bundle.verify_bundle(b, out / "cost-signing.pub")
+    result = bundle.verify_bundle(b, my_pub)
     assert result.ok and result.statement["predicate"]["input_report_ids"] == [report_id]
+    assert result.statement["predicate"]["signing_key"]["kind"] == "operator"
     rows = {ln.split(",")[0]: ln for ln in (b / "tables/inputs.csv").read_text().splitlines()}
     assert rows["per_gpu_read_gb_s"].startswith("per_gpu_read_gb_s,6.1,")
     assert f"measured: {report_id} G1 per_gpu_read_gb_s (PASS)" in rows["per_gpu_read_gb_s"]
@@ -173,7 +185,9 @@ def test_bad_params_exit_2_with_every_issue_on_its_own_line(params, tmp_path):
     proc = kvgate_cost("--params", params, "--out", tmp_path / "out")
     assert proc.returncode == 2
     errs = proc.stderr.strip().splitlines()
+    assert errs[-1] == "2 configuration error(s)"
+    errs = errs[:-1]
     assert len(errs) == 2
-    assert all(e.startswith(f"error: {params}:") for e in errs)
+    assert all(e.startswith(f"{params}:") for e in errs)
     assert any("tier.per_gpu_read" in e and "bandwidth" in e for e in errs)
     assert any("fleet.revisit_rate" in e for e in errs)
