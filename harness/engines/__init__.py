@@ -377,3 +377,4 @@ def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
     """A copy-pasteable command line for logs and plans."""
     pre = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
     return (pre + " " if pre else "") + shlex.join(argv)
+from .cpu_reference import DEFAULT_MODEL_CONFIG as DEFAULT_CPU_REF_MODEL  # noqa: E402  (stdlib-only module)
