@@ -133,6 +133,13 @@ def test_request_payload_streams_and_sends_prompt():
     assert seen["prompt"] == [1, 2, 3] and seen["max_tokens"] == 4 and seen["model"] == "tiny"
 
 
+def test_captured_stream_fixture_parses(fixtures):
+    path = fixtures / "g2" / "cpu_reference_stream.sse"
+    events = parse_sse_lines(path.read_text().splitlines())
+    assert events[-1] == "[DONE]"
+    assert all(isinstance(e, dict) and e["object"] == "text_completion" for e in events[:-1])
+
+
 def test_percentile_matches_linear_interpolation_and_summary_skips_failures():
     assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
     assert percentile([5.0], 99) == 5.0
