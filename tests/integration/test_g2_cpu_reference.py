@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("torch", reason="the cpu-engine extra (torch==2.13.0, lmcache==0.5.6) is not installed")
-pytest.importorskip("lmcache", reason="the cpu-engine extra (torch==2.13.0, lmcache==0.5.6) is not installed")
+# Not skipped when torch/lmcache are missing: CI installs the cpu-engine extra and this must really run.
 
 import harness.workloads.g2_ttft  # noqa: E402,F401  (registers g2-ttft)
 from harness.bundle import generate_keypair, verify_bundle  # noqa: E402
