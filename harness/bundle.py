@@ -1,0 +1,276 @@
+"""Signed report bundles: files + an in-toto Statement v1 in a DSSE envelope, signed with Ed25519.
+
+Layout of a bundle directory ``KVG-YYYYMMDD-xxxxxxxx/``:
+  attestation.dsse.json   DSSE envelope; its payload is the in-toto statement (base64)
+  <every other file>      one subject each in the statement, with its sha256
+The report ID is derived from the sha256 of the statement payload, so it names exactly one content.
+The bundle is assembled under a temporary name and renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .errors import BundleError
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://kvgate.dev/acceptance-report/v1"
+ENVELOPE = "attestation.dsse.json"
+REPORT_ID_PLACEHOLDER = "@@KVGATE_REPORT_ID@@"
+_CHUNK = 1 << 20
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE pre-authentication encoding."""
+    t = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
+
+
+def generate_keypair(prefix: str | Path) -> tuple[Path, Path]:
+    """Write PREFIX.key (PKCS8 PEM, mode 0600) and PREFIX.pub (SubjectPublicKeyInfo PEM)."""
+    prefix = Path(prefix)
+    key_path, pub_path = Path(f"{prefix}.key"), Path(f"{prefix}.pub")
+    if key_path.exists():
+        raise BundleError(f"{key_path} exists; refusing to overwrite a private key")
+    key_path.parent.mkdir(parents=True, exist_ok=True)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    pub_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                       serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key_path, pub_path
+
+
+def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise BundleError(f"{path}: not a readable unencrypted PEM private key: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise BundleError(f"{path}: expected an Ed25519 key")
+    return key
+
+
+def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: not a readable PEM public key: {exc}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise BundleError(f"{path}: expected an Ed25519 public key")
+    return key
+
+
+def key_fingerprint(pub: Ed25519PublicKey) -> str:
+    raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _list_files(root: Path) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for fn in sorted(filenames):
+            p = Path(dirpath) / fn
+            if p.is_symlink():
+                raise BundleError(f"{p}: symlinks are not allowed in a bundle")
+            out.append(p.relative_to(root).as_posix())
+    return sorted(out)
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def evidence_digest(subjects: list[dict], predicate: dict[str, Any]) -> str:
+    """sha256 of the evidence part of a statement: every subject except the rendered reports, and the
+    predicate without the fields that carry the ID. The report ID is derived from it, so the rendered
+    reports can print the ID and still be signed subjects themselves."""
+    rendered = set(predicate.get("rendered_files", []))
+    core = {
+        "subject": [s for s in subjects if s["name"] not in rendered],
+        "predicate": {k: v for k, v in predicate.items() if k not in ("report_id", "rendered_files")},
+    }
+    return hashlib.sha256(_canonical(core)).hexdigest()
+
+
+def report_id_for(digest_hex: str, created_utc: str) -> str:
+    return f"KVG-{created_utc[:10].replace('-', '')}-{digest_hex[:8]}"
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    path: Path
+    tar_path: Path | None
+    report_id: str
+
+
+def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519PrivateKey,
+                 predicate: dict[str, Any], make_tar: bool = True,
+                 render: Callable[[str, Path], list[str]] | None = None) -> BundleInfo:
+    """Sign every file under ``run_dir`` into a bundle under ``out_dir``.
+
+    Files are copied into a hidden temporary directory beside the final one and hashed there; ``render``
+    (given the report ID and that directory) may then write reports that print the ID. The directory is
+    renamed into place (and tarred) only after the envelope is written.
+    """
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [f for f in _list_files(run_dir) if f != ENVELOPE]
+    created = time.gmtime()
+    tmp = Path(tempfile.mkdtemp(prefix=".incomplete-bundle-", dir=out_dir))
+    try:
+        subjects = []
+        for rel in files:
+            dst = tmp / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run_dir / rel, dst)
+            subjects.append({"name": rel, "digest": {"sha256": sha256_file(dst)}})
+        pred = dict(predicate, created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", created), rendered_files=[])
+        report_id = report_id_for(evidence_digest(subjects, pred), pred["created_utc"])
+        rendered = sorted(render(report_id, tmp)) if render else []
+        for rel in rendered:
+            if rel in files:
+                raise BundleError(f"rendered file {rel} would replace an evidence file")
+            subjects.append({"name": rel, "digest": {"sha256": sha256_file(tmp / rel)}})
+        subjects.sort(key=lambda s: s["name"])
+        pred["rendered_files"] = rendered
+        pred["report_id"] = report_id
+        statement = {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
+                     "predicate": pred}
+        payload = _canonical(statement)
+        sig = private_key.sign(pae(PAYLOAD_TYPE, payload))
+        pub = private_key.public_key()
+        envelope = {
+            "payloadType": PAYLOAD_TYPE,
+            "payload": base64.b64encode(payload).decode(),
+            "signatures": [{"keyid": key_fingerprint(pub), "sig": base64.b64encode(sig).decode()}],
+        }
+        (tmp / ENVELOPE).write_text(json.dumps(envelope, indent=1) + "\n")
+        final = out_dir / report_id
+        if final.exists():
+            raise BundleError(f"{final} already exists")
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tar_path = None
+    if make_tar:
+        tar_path = out_dir / f"{report_id}.tar.gz"
+        tmp_tar = out_dir / f".incomplete-{report_id}.tar.gz"
+        try:
+            with tarfile.open(tmp_tar, "w:gz", compresslevel=6) as tf:
+                tf.add(final, arcname=report_id)
+            os.rename(tmp_tar, tar_path)
+        except BaseException:
+            tmp_tar.unlink(missing_ok=True)
+            raise
+    return BundleInfo(final, tar_path, report_id)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    ok: bool
+    report_id: str | None
+    statement: dict[str, Any] | None
+    error: str | None
+    signer: str | None = None
+
+
+def _fail(msg: str, report_id: str | None = None, statement=None) -> VerifyResult:
+    return VerifyResult(False, report_id, statement, msg)
+
+
+def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
+                  public_key: Ed25519PublicKey | None = None) -> VerifyResult:
+    """Check the signature, then every subject digest; reject missing and extra files."""
+    path = Path(path)
+    if public_key is None:
+        public_key = load_public_key(pubkey_path)  # type: ignore[arg-type]
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+        with tempfile.TemporaryDirectory(prefix="kvgate-verify-") as td:
+            try:
+                with tarfile.open(path, "r:gz") as tf:
+                    tf.extractall(td, filter="data")
+            except (tarfile.TarError, OSError, EOFError) as exc:
+                return _fail(f"{path}: not a readable bundle archive: {exc}")
+            entries = [p for p in Path(td).iterdir()]
+            if len(entries) != 1 or not entries[0].is_dir():
+                return _fail(f"{path}: archive must hold exactly one bundle directory")
+            return verify_bundle(entries[0], public_key=public_key)
+    env_path = path / ENVELOPE
+    if not env_path.is_file():
+        return _fail(f"{env_path}: missing (not a kvgate bundle)")
+    try:
+        envelope = json.loads(env_path.read_text())
+        payload = base64.b64decode(envelope["payload"], validate=True)
+        sigs = envelope["signatures"]
+        ptype = envelope["payloadType"]
+    except (ValueError, KeyError, TypeError) as exc:
+        return _fail(f"{ENVELOPE}: malformed envelope: {exc}")
+    if ptype != PAYLOAD_TYPE:
+        return _fail(f"{ENVELOPE}: unexpected payloadType {ptype!r}")
+    fp = key_fingerprint(public_key)
+    good = False
+    for s in sigs if isinstance(sigs, list) else []:
+        try:
+            public_key.verify(base64.b64decode(s["sig"], validate=True), pae(ptype, payload))
+            good = True
+            break
+        except (InvalidSignature, ValueError, KeyError, TypeError):
+            continue
+    if not good:
+        return _fail(f"{ENVELOPE}: signature does not verify with key {fp}")
+    try:
+        statement = json.loads(payload)
+        subjects = statement["subject"]
+        pred = statement["predicate"]
+        report_id = report_id_for(evidence_digest(subjects, pred), pred["created_utc"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return _fail(f"{ENVELOPE}: malformed statement: {exc}")
+    if pred.get("report_id") != report_id:
+        return _fail(f"{ENVELOPE}: report ID {pred.get('report_id')!r} does not match the statement digest "
+                     f"({report_id})", report_id, statement)
+    expected = {s["name"]: s["digest"]["sha256"] for s in subjects}
+    try:
+        present = [f for f in _list_files(path) if f != ENVELOPE]
+    except Exception as exc:  # noqa: BLE001 - e.g. a symlink planted in the bundle
+        return _fail(str(exc), report_id, statement)
+    for rel in sorted(expected):
+        p = path / rel
+        if not p.is_file():
+            return _fail(f"{rel}: missing from bundle", report_id, statement)
+        if sha256_file(p) != expected[rel]:
+            return _fail(f"{rel}: sha256 does not match the signed statement", report_id, statement)
+    extra = sorted(set(present) - set(expected))
+    if extra:
+        return _fail(f"{extra[0]}: file not in the signed statement", report_id, statement)
+    if path.name.startswith("KVG-") and path.name != report_id:
+        return _fail(f"bundle directory name {path.name} does not match report ID {report_id}", report_id, statement)
+    return VerifyResult(True, report_id, statement, None, fp)

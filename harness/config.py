@@ -1,0 +1,422 @@
+"""Inventory and gate-suite models, strictly validated, with every error mapped to file:line.
+
+Values that later reach a command line are either validated against a strict pattern here (node names,
+host names, user names, device paths, NIC names) or passed on as one literal argv element (file paths).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import ConfigError, ConfigIssue
+from .units import Quantity, Threshold, UnitError, parse_quantity, parse_threshold, unit_info
+from .yamlload import LineIndex, load_yaml, validate
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$|^\[?[0-9A-Fa-f:]+\]?$")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+DEV_RE = re.compile(r"^/dev/[A-Za-z0-9._/-]+$")
+IFNAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
+NQN_RE = re.compile(r"^nqn\.\d{4}-\d{2}\.[A-Za-z0-9.:_-]+$")
+GATE_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _safe_path(v: str) -> str:
+    if not v:
+        raise ValueError("empty path")
+    if "\x00" in v or "\n" in v or "\r" in v:
+        raise ValueError("path contains a NUL or newline (expected a plain path)")
+    return v
+
+
+def _size_bytes(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError(f"expected a size such as '4 GiB', got {v!r}")
+    if isinstance(v, int):
+        n = v
+    else:
+        try:
+            q = parse_quantity(str(v), "size")
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        n = int(q.base)
+    if n <= 0:
+        raise ValueError(f"size must be positive, got {v!r} (expected e.g. '4 GiB')")
+    return n
+
+
+class Gpu(Strict):
+    index: int = Field(ge=0)
+    numa_node: int | None = Field(default=None, ge=0)
+    model: str | None = None
+
+
+class Nic(Strict):
+    name: str
+    line_rate_gbit_s: float = Field(gt=0)
+    mtu: int | None = Field(default=None, ge=68, le=65536)
+
+    @field_validator("name")
+    @classmethod
+    def _ifname(cls, v: str) -> str:
+        if not IFNAME_RE.match(v):
+            raise ValueError(f"invalid interface name {v!r} (expected letters, digits, . _ -; at most 15)")
+        return v
+
+
+TargetKind = Literal["file", "directory", "block", "nvmeof", "nvmeof-loopback"]
+
+
+class Target(Strict):
+    """A storage target on a node. File/directory paths may be relative to the node's work_dir."""
+
+    name: str
+    kind: TargetKind
+    path: str | None = None
+    size_bytes: int | None = Field(default=None, alias="size")
+    allow_destructive: bool = False
+    serial: str | None = None
+    # NVMe-oF
+    nqn: str | None = None
+    transport: Literal["tcp", "rdma", "fc"] | None = None
+    traddr: str | None = None
+    trsvcid: str | None = None
+    backing: Literal["null_blk", "brd", "file", "block"] | None = None
+    backing_path: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"invalid target name {v!r} (expected letters, digits, . _ -)")
+        return v
+
+    @field_validator("size_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return None if v is None else _size_bytes(v)
+
+    @field_validator("path", "backing_path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        return None if v is None else _safe_path(v)
+
+    @field_validator("nqn")
+    @classmethod
+    def _nqn(cls, v: str | None) -> str | None:
+        if v is not None and not NQN_RE.match(v):
+            raise ValueError(f"invalid NQN {v!r} (expected nqn.YYYY-MM.reverse.domain:name)")
+        return v
+
+    @field_validator("traddr")
+    @classmethod
+    def _traddr(cls, v: str | None) -> str | None:
+        if v is not None and not HOST_RE.match(v):
+            raise ValueError(f"invalid transport address {v!r} (expected an IP address or host name)")
+        return v
+
+    @field_validator("trsvcid")
+    @classmethod
+    def _svc(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"\d{1,5}", str(v)):
+            raise ValueError(f"invalid service id {v!r} (expected a port number)")
+        return v
+
+    @model_validator(mode="after")
+    def _by_kind(self) -> "Target":
+        if self.kind in ("file", "directory", "block") and not self.path:
+            raise ValueError(f"target kind {self.kind!r} needs a path")
+        if self.kind == "block" and self.path and not DEV_RE.match(self.path):
+            raise ValueError(f"block target path {self.path!r} must be a device path like /dev/nvme0n1 "
+                             "(letters, digits, . _ - / only)")
+        if self.kind == "file" and self.size_bytes is None:
+            raise ValueError("file target needs a size (e.g. size: 1 GiB) so kvgate can create and fill it")
+        if self.allow_destructive and not self.serial:
+            raise ValueError("allow_destructive: true needs the device's serial number (serial: ...)")
+        if self.kind in ("nvmeof", "nvmeof-loopback") and not self.nqn:
+            raise ValueError(f"target kind {self.kind!r} needs an nqn")
+        return self
+
+
+class Node(Strict):
+    name: str
+    transport: Literal["local", "ssh"] = "ssh"
+    host: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+    work_dir: str = "/tmp/kvgate-work"
+    gpus: list[Gpu] = Field(default_factory=list)
+    read_streams: int | None = Field(default=None, ge=1, le=1024)
+    nics: list[Nic] = Field(default_factory=list)
+    targets: list[Target] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"invalid node name {v!r} (expected letters, digits, . _ -)")
+        return v
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        if v is not None and not HOST_RE.match(v):
+            raise ValueError(f"invalid host {v!r} (expected a host name, ~/.ssh/config alias or IP address)")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not USER_RE.match(v):
+            raise ValueError(f"invalid user name {v!r}")
+        return v
+
+    @field_validator("proxy_jump")
+    @classmethod
+    def _jump(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        for hop in v.split(","):
+            hostpart = hop.rsplit("@", 1)[-1]
+            hostpart = re.sub(r":\d+$", "", hostpart)
+            if not HOST_RE.match(hostpart):
+                raise ValueError(f"invalid proxy_jump hop {hop!r} (expected [user@]host[:port])")
+        return v
+
+    @field_validator("identity_file", "work_dir")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return None if v is None else _safe_path(v)
+
+    @model_validator(mode="after")
+    def _checks(self) -> "Node":
+        if self.transport == "ssh" and not self.host:
+            raise ValueError("ssh node needs a host")
+        seen: set[int] = set()
+        for g in self.gpus:
+            if g.index in seen:
+                raise ValueError(f"duplicate GPU index {g.index}")
+            seen.add(g.index)
+        names = [t.name for t in self.targets]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate target name(s): {', '.join(sorted(dup))}")
+        return self
+
+    def target(self, name: str) -> Target | None:
+        return next((t for t in self.targets if t.name == name), None)
+
+    @property
+    def stream_count(self) -> int:
+        return len(self.gpus) if self.gpus else (self.read_streams or 1)
+
+
+class Inventory(Strict):
+    nodes: list[Node] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "Inventory":
+        names = [n.name for n in self.nodes]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate node name(s): {', '.join(sorted(dup))}")
+        return self
+
+    def node(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+
+def _threshold(v: Any) -> Threshold:
+    if isinstance(v, Threshold):
+        return v
+    try:
+        return parse_threshold(v)
+    except UnitError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class Reference(Strict):
+    value: str
+    source: str | None = None
+    note: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _qty(cls, v: str) -> str:
+        try:
+            parse_quantity(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+
+class SuiteMeta(Strict):
+    name: str
+    version: str | int
+    description: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"invalid suite name {v!r} (expected letters, digits, . _ -)")
+        return v
+
+
+class Gate(Strict):
+    id: str
+    title: str
+    workload: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    nodes: list[str] | None = None
+    metric: str
+    pass_: Threshold = Field(alias="pass")
+    stop_loss: Threshold | None = None
+    reference: Reference | None = None
+    informational: bool = False
+    timeout_s: float = Field(default=3600.0, gt=0)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, arbitrary_types_allowed=True)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not GATE_ID_RE.match(v):
+            raise ValueError(f"invalid gate id {v!r} (expected e.g. G1)")
+        return v
+
+    @field_validator("pass_", "stop_loss", mode="before")
+    @classmethod
+    def _thr(cls, v: Any) -> Any:
+        return None if v is None else _threshold(v)
+
+    @model_validator(mode="after")
+    def _stop_vs_pass(self) -> "Gate":
+        p, s = self.pass_, self.stop_loss
+        if s is None:
+            return self
+        if s.dimension != p.dimension:
+            raise ValueError(f"stop_loss {s} is a {s.dimension} but pass {p} is a {p.dimension}")
+        if p.higher_is_better:
+            if s.higher_is_better:
+                raise ValueError(f"stop_loss {s} must be a lower bound ('<' or '<=') when pass is {p}")
+            if s.quantity.base > p.quantity.base:
+                raise ValueError(f"stop_loss {s} is stricter than pass {p} (expected a stop-loss at or below the pass threshold)")
+        else:
+            if not s.higher_is_better:
+                raise ValueError(f"stop_loss {s} must be an upper bound ('>' or '>=') when pass is {p}")
+            if s.quantity.base < p.quantity.base:
+                raise ValueError(f"stop_loss {s} is stricter than pass {p} (expected a stop-loss at or above the pass threshold)")
+        return self
+
+
+class GateSuite(Strict):
+    suite: SuiteMeta
+    gates: list[Gate] = Field(min_length=1)
+
+
+class Config:
+    """A validated inventory + gate suite, with the parsed params of every gate."""
+
+    def __init__(self, inventory: Inventory, suite: GateSuite, params: dict[str, Any],
+                 inventory_path: Path, gates_path: Path):
+        self.inventory = inventory
+        self.suite = suite
+        self.params = params  # gate id -> validated params model
+        self.inventory_path = inventory_path
+        self.gates_path = gates_path
+
+    def gate_nodes(self, gate: Gate) -> list[Node]:
+        if gate.nodes:
+            return [self.inventory.node(n) for n in gate.nodes]  # type: ignore[misc]
+        return list(self.inventory.nodes)
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    data, index = load_yaml(path)
+    return validate(Inventory, data, index)
+
+
+def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None,
+                 params_out: dict[str, Any]) -> list[ConfigIssue]:
+    from .workloads import WORKLOADS
+
+    issues: list[ConfigIssue] = []
+    seen: dict[str, int] = {}
+    for i, gate in enumerate(suite.gates):
+        at = ("gates", i)
+        if gate.id in seen:
+            issues.append(index.issue(at + ("id",), f"duplicate gate id {gate.id!r} (first at gates[{seen[gate.id]}])"))
+        seen.setdefault(gate.id, i)
+        wl = WORKLOADS.get(gate.workload)
+        if wl is None:
+            issues.append(index.issue(at + ("workload",),
+                                      f"unknown workload {gate.workload!r} (expected one of {', '.join(sorted(WORKLOADS))})"))
+            continue
+        unit = wl.METRICS.get(gate.metric)
+        if unit is None:
+            issues.append(index.issue(at + ("metric",), f"workload {gate.workload!r} has no metric {gate.metric!r} "
+                                      f"(expected one of {', '.join(sorted(wl.METRICS))})"))
+        else:
+            dim, _ = unit_info(unit)
+            for key, thr in (("pass", gate.pass_), ("stop_loss", gate.stop_loss)):
+                if thr is not None and thr.dimension != dim:
+                    issues.append(index.issue(at + (key,), f"{thr} is a {thr.dimension} but metric {gate.metric} "
+                                              f"is a {dim} (expected a threshold in e.g. {unit})"))
+            if gate.reference is not None:
+                ref = parse_quantity(gate.reference.value)
+                if ref.dimension != dim:
+                    issues.append(index.issue(at + ("reference", "value"), f"reference {ref} is a {ref.dimension} but "
+                                              f"metric {gate.metric} is a {dim} (expected e.g. {unit})"))
+        try:
+            params = validate(wl.Params, gate.params, index, prefix=at + ("params",))
+        except ConfigError as exc:
+            issues.extend(exc.issues)
+            continue
+        params_out[gate.id] = params
+        if inventory is not None:
+            nodes = []
+            for j, n in enumerate(gate.nodes or []):
+                node = inventory.node(n)
+                if node is None:
+                    issues.append(index.issue(at + ("nodes", j), f"node {n!r} is not in the inventory "
+                                              f"(expected one of {', '.join(x.name for x in inventory.nodes)})"))
+                else:
+                    nodes.append(node)
+            if not gate.nodes:
+                nodes = list(inventory.nodes)
+            for path, msg in wl().validate_against(params, {n.name: n for n in nodes}):
+                issues.append(index.issue(at + ("params",) + tuple(path), msg))
+    return issues
+
+
+def load_config(inventory_path: str | Path, gates_path: str | Path) -> Config:
+    """Load and cross-check both files; raise ConfigError listing every issue in both."""
+    issues: list[ConfigIssue] = []
+    inventory = suite = None
+    try:
+        inventory = load_inventory(inventory_path)
+    except ConfigError as exc:
+        issues.extend(exc.issues)
+    params: dict[str, Any] = {}
+    try:
+        data, index = load_yaml(gates_path)
+        suite = validate(GateSuite, data, index)
+        issues.extend(_check_gates(suite, index, inventory, params))
+    except ConfigError as exc:
+        issues.extend(exc.issues)
+    if issues:
+        raise ConfigError(issues)
+    assert inventory is not None and suite is not None
+    return Config(inventory, suite, params, Path(inventory_path), Path(gates_path))

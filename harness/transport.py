@@ -1,0 +1,532 @@
+"""One command contract, two backends: local (subprocess) and SSH (paramiko).
+
+The driver (``Transport.run``: timeout, output collection, process-group kill, error capture) is written
+once here. Backends implement primitives only: ``_start`` (spawn in its own process group and return a
+``Process``), ``put``, ``get``, ``close``. Commands are argv lists; where the remote side needs a
+shell string it is built once with ``shlex.join``.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .errors import HostKeyError, TransportError
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    rc: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    error: str | None = None
+    node: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.timed_out and self.error is None
+
+    def summary(self) -> str:
+        if self.error:
+            return f"{shlex.join(self.argv)}: {self.error}"
+        if self.timed_out:
+            return f"{shlex.join(self.argv)}: timed out after {self.duration_s:.1f} s"
+        tail = (self.stderr.strip().splitlines() or [""])[-1][:300]
+        return f"{shlex.join(self.argv)}: exit {self.rc}" + (f": {tail}" if tail else "")
+
+
+class Process(abc.ABC):
+    """A started command in its own process group."""
+
+    pid: int | None = None
+
+    @abc.abstractmethod
+    def poll(self) -> int | None: ...
+
+    @abc.abstractmethod
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """Wait for exit; return rc, or None when the timeout passed first."""
+
+    @abc.abstractmethod
+    def kill_group(self, grace_s: float = 5.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL after ``grace_s``."""
+
+    @abc.abstractmethod
+    def output(self) -> tuple[bytes, bytes]:
+        """Captured stdout and stderr (after exit); empty when logging to a file."""
+
+
+def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(env or {})
+    for k in env:
+        if not ENV_NAME_RE.match(k):
+            raise TransportError(f"invalid environment variable name {k!r}")
+    return env
+
+
+class Transport(abc.ABC):
+    """The contract every node backend fulfils. ``run`` never raises for a failing command."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def _start(self, argv: Sequence[str], env: dict[str, str], stdin: bytes | None,
+               log_path: str | None) -> Process: ...
+
+    @abc.abstractmethod
+    def put(self, local_path: str | Path, remote_path: str) -> None: ...
+
+    @abc.abstractmethod
+    def get(self, remote_path: str, local_path: str | Path) -> None: ...
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              log_path: str | None = None) -> Process:
+        """Start a long-lived command in its own process group; output goes to ``log_path`` (on the node)."""
+        argv = [str(a) for a in argv]
+        return self._start(argv, _check_env(env), None, log_path)
+
+    def run(self, argv: Sequence[str], timeout_s: float | None = None, env: Mapping[str, str] | None = None,
+            stdin: bytes | str | None = None) -> CommandResult:
+        """Run to completion. On timeout the whole process group is killed and ``timed_out`` is set."""
+        argv_t = tuple(str(a) for a in argv)
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        t0 = time.monotonic()
+        try:
+            proc = self._start(list(argv_t), _check_env(env), stdin, None)
+        except (TransportError, OSError) as exc:
+            return CommandResult(argv_t, None, "", "", time.monotonic() - t0, False,
+                                 f"could not start: {exc}", self.name)
+        rc = proc.wait(timeout_s)
+        timed_out = False
+        if rc is None:
+            timed_out = True
+            proc.kill_group()
+            rc = proc.wait(10.0)
+        out, err = proc.output()
+        return CommandResult(argv_t, rc, out.decode(errors="replace"), err.decode(errors="replace"),
+                             time.monotonic() - t0, timed_out, None, self.name)
+
+
+# ---------------------------------------------------------------------------------------------- local
+
+
+class _LocalProcess(Process):
+    def __init__(self, popen: subprocess.Popen, capture: bool):
+        self.popen = popen
+        self.pid = popen.pid
+        self._out: list[bytes] = []
+        self._err: list[bytes] = []
+        self._threads = []
+        if capture:
+            for stream, sink in ((popen.stdout, self._out), (popen.stderr, self._err)):
+                t = threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    @staticmethod
+    def _drain(stream, sink):
+        for chunk in iter(lambda: stream.read(65536), b""):
+            sink.append(chunk)
+        stream.close()
+
+    def poll(self):
+        return self.popen.poll()
+
+    def wait(self, timeout_s=None):
+        try:
+            return self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill_group(self, grace_s=5.0):
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                self.popen.poll()
+                try:
+                    os.killpg(self.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.05)
+
+    def output(self):
+        for t in self._threads:
+            t.join(timeout=10)
+        return b"".join(self._out), b"".join(self._err)
+
+
+class LocalTransport(Transport):
+    """Runs commands on this machine with subprocess, each in a new session (process group)."""
+
+    def __init__(self, name: str = "local"):
+        self.name = name
+
+    def _start(self, argv, env, stdin, log_path):
+        full_env = dict(os.environ)
+        full_env.update(env)
+        if log_path is not None:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            log = open(log_path, "ab")
+            try:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     env=full_env, start_new_session=True)
+            finally:
+                log.close()
+            return _LocalProcess(p, capture=False)
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+                             start_new_session=True)
+        proc = _LocalProcess(p, capture=True)
+        if stdin is not None:
+            def feed():
+                try:
+                    p.stdin.write(stdin)
+                    p.stdin.close()
+                except (BrokenPipeError, OSError):
+                    pass
+            threading.Thread(target=feed, daemon=True).start()
+        return proc
+
+    def put(self, local_path, remote_path):
+        Path(remote_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local_path, remote_path)
+
+    def get(self, remote_path, local_path):
+        Path(local_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(remote_path, local_path)
+
+
+# ------------------------------------------------------------------------------------------------ ssh
+
+# The remote wrapper: report the shell's pid and process group on stderr's first line, then exec the
+# command. sshd starts each session command as a session leader, so killing -PGID ends every child.
+_PGID_PREFIX = "KVGATE-PGID "
+_WRAP = ('read -r _ _ _ _ g _ < /proc/$$/stat 2>/dev/null || g=$$; '
+         'printf "' + _PGID_PREFIX + '%s %s\\n" "$$" "$g" >&2; ')
+
+
+def remote_command(argv: Sequence[str], env: Mapping[str, str], log_path: str | None) -> str:
+    """The one shell string sent to sshd: pid report, optional log redirect, env, argv quoted once."""
+    cmd = _WRAP
+    if log_path is not None:
+        cmd += f"exec >>{shlex.quote(log_path)} 2>&1 </dev/null; "
+    prefix = ["env"] + [f"{k}={v}" for k, v in env.items()] if env else []
+    cmd += "exec " + shlex.join(prefix + list(argv))
+    return cmd
+
+
+class _SSHProcess(Process):
+    def __init__(self, transport: "SSHTransport", channel, stdin: bytes | None):
+        self.t = transport
+        self.ch = channel
+        self._out: list[bytes] = []
+        self._err = bytearray()
+        self._err_chunks: list[bytes] = []
+        self.pgid: int | None = None
+        self._pid_seen = threading.Event()
+        self._done = threading.Event()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+        if stdin is not None:
+            threading.Thread(target=self._feed, args=(stdin,), daemon=True).start()
+        else:
+            try:
+                channel.shutdown_write()
+            except Exception:  # noqa: BLE001 - channel may already be closed
+                pass
+        self._pid_seen.wait(timeout=transport.connect_timeout_s)
+
+    def _feed(self, data: bytes):
+        try:
+            self.ch.sendall(data)
+            self.ch.shutdown_write()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _pump(self):
+        ch = self.ch
+        header = bytearray()
+        while True:
+            got = False
+            if ch.recv_ready():
+                data = ch.recv(65536)
+                if data:
+                    self._out.append(data)
+                    got = True
+            if ch.recv_stderr_ready():
+                data = ch.recv_stderr(65536)
+                if data:
+                    got = True
+                    if not self._pid_seen.is_set():
+                        header += data
+                        if b"\n" in header:
+                            line, rest = bytes(header).split(b"\n", 1)
+                            self._parse_pid(line.decode(errors="replace"))
+                            self._pid_seen.set()
+                            if rest:
+                                self._err_chunks.append(rest)
+                    else:
+                        self._err_chunks.append(data)
+            if not got:
+                if ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready():
+                    # drain whatever arrives with the close
+                    if ch.closed or ch.eof_received:
+                        break
+                    time.sleep(0.01)
+                    if ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready():
+                        break
+                time.sleep(0.005)
+        if not self._pid_seen.is_set():
+            if header:
+                self._err_chunks.insert(0, bytes(header))
+            self._pid_seen.set()
+        self._done.set()
+
+    def _parse_pid(self, line: str):
+        if line.startswith(_PGID_PREFIX):
+            parts = line[len(_PGID_PREFIX):].split()
+            try:
+                self.pid = int(parts[0])
+                self.pgid = int(parts[1])
+            except (IndexError, ValueError):
+                pass
+        else:
+            self._err_chunks.append(line.encode() + b"\n")
+
+    def poll(self):
+        if self.ch.exit_status_ready():
+            return self.ch.recv_exit_status()
+        return None
+
+    def wait(self, timeout_s=None):
+        if not self._done.wait(timeout_s):
+            return None
+        rc = self.ch.recv_exit_status()
+        return rc
+
+    def kill_group(self, grace_s=5.0):
+        target = self.pgid or self.pid
+        if target is None:
+            self.ch.close()
+            return
+        script = (f"kill -TERM -- -{target} 2>/dev/null || exit 0; "
+                  f"i=0; while [ $i -lt {int(grace_s * 10)} ]; do kill -0 -- -{target} 2>/dev/null || exit 0; "
+                  f"sleep 0.1; i=$((i+1)); done; kill -KILL -- -{target} 2>/dev/null; exit 0")
+        try:
+            self.t._exec_simple(script, timeout_s=grace_s + 15)
+        except TransportError:
+            pass
+        self._done.wait(5.0)
+        if not self._done.is_set():
+            self.ch.close()
+
+    def output(self):
+        self._done.wait(10.0)
+        return b"".join(self._out), b"".join(self._err_chunks)
+
+
+def host_key_fingerprint(key) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class SSHTransport(Transport):
+    """paramiko backend: ~/.ssh/config, agent and key files, ProxyJump, strict host keys, keepalive."""
+
+    def __init__(self, host: str, port: int | None = None, user: str | None = None,
+                 identity_file: str | None = None, proxy_jump: str | None = None,
+                 trust_new_hosts: bool = False, known_hosts_path: str | None = None,
+                 connect_timeout_s: float = 10.0, keepalive_s: int = 15, name: str | None = None,
+                 ssh_config_path: str | None = None, _depth: int = 0):
+        import paramiko
+
+        self.name = name or host
+        self.connect_timeout_s = connect_timeout_s
+        cfg_path = Path(ssh_config_path or Path.home() / ".ssh" / "config")
+        resolved: dict = {}
+        if cfg_path.exists():
+            sshcfg = paramiko.SSHConfig.from_path(str(cfg_path))
+            resolved = sshcfg.lookup(host)
+        self.host = resolved.get("hostname", host)
+        self.port = int(port or resolved.get("port", 22))
+        self.user = user or resolved.get("user") or os.environ.get("USER") or "root"
+        keys = [identity_file] if identity_file else [os.path.expanduser(p) for p in resolved.get("identityfile", [])]
+        proxy_jump = proxy_jump or resolved.get("proxyjump")
+        if proxy_jump and proxy_jump.lower() == "none":
+            proxy_jump = None
+        self.known_hosts_path = known_hosts_path or str(Path.home() / ".ssh" / "known_hosts")
+        self.trust_new_hosts = trust_new_hosts
+        self._jump: SSHTransport | None = None
+        sock = None
+        if proxy_jump:
+            if _depth > 8:
+                raise TransportError(f"{host}: ProxyJump chain too long")
+            hops = proxy_jump.split(",")
+            first, rest = hops[0], ",".join(hops[1:]) or None
+            juser, _, jhostport = first.rpartition("@")
+            jhost, _, jport = jhostport.partition(":")
+            self._jump = SSHTransport(jhost, int(jport) if jport else None, juser or None,
+                                      proxy_jump=rest, trust_new_hosts=trust_new_hosts,
+                                      known_hosts_path=known_hosts_path, connect_timeout_s=connect_timeout_s,
+                                      ssh_config_path=ssh_config_path, _depth=_depth + 1)
+            try:
+                sock = self._jump.client.get_transport().open_channel(
+                    "direct-tcpip", (self.host, self.port), ("127.0.0.1", 0), timeout=connect_timeout_s)
+            except Exception as exc:  # noqa: BLE001
+                self._jump.close()
+                raise TransportError(f"{self.name}: ProxyJump via {first} to {self.host}:{self.port} failed: {exc}") from None
+
+        client = paramiko.SSHClient()
+        if os.path.exists(self.known_hosts_path):
+            try:
+                client.load_host_keys(self.known_hosts_path)
+            except Exception as exc:  # noqa: BLE001
+                raise TransportError(f"cannot read known_hosts {self.known_hosts_path}: {exc}") from None
+        client.set_missing_host_key_policy(_HostKeyPolicy(self))
+        try:
+            client.connect(self.host, port=self.port, username=self.user,
+                           key_filename=keys or None, timeout=connect_timeout_s,
+                           banner_timeout=connect_timeout_s, auth_timeout=connect_timeout_s,
+                           sock=sock, allow_agent=True, look_for_keys=not keys)
+        except HostKeyError:
+            self._close_jump()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            self._close_jump()
+            raise HostKeyError(
+                f"{self.name}: host key for {self._known_name()} CHANGED (got {host_key_fingerprint(exc.key)}, "
+                f"known_hosts has {host_key_fingerprint(exc.expected_key)}); refusing to connect. If the host was "
+                f"reinstalled, remove the old entry with: ssh-keygen -R '{self._known_name()}' -f {self.known_hosts_path}"
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            self._close_jump()
+            raise TransportError(f"{self.name}: authentication failed for {self.user}@{self.host}:{self.port}: {exc}") from None
+        except (OSError, socket.timeout, paramiko.SSHException) as exc:
+            self._close_jump()
+            raise TransportError(f"{self.name}: cannot connect to {self.host}:{self.port}: {exc}") from None
+        client.get_transport().set_keepalive(keepalive_s)
+        self.client = client
+        self._sftp = None
+
+    def _known_name(self) -> str:
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+    def _close_jump(self):
+        if self._jump is not None:
+            self._jump.close()
+
+    def _channel(self):
+        tr = self.client.get_transport()
+        if tr is None or not tr.is_active():
+            raise TransportError(f"{self.name}: SSH connection is closed")
+        try:
+            return tr.open_session(timeout=self.connect_timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            raise TransportError(f"{self.name}: cannot open SSH session: {exc}") from None
+
+    def _exec_simple(self, script: str, timeout_s: float) -> int | None:
+        ch = self._channel()
+        ch.settimeout(timeout_s)
+        ch.exec_command(script)
+        deadline = time.monotonic() + timeout_s
+        while not ch.exit_status_ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rc = ch.recv_exit_status() if ch.exit_status_ready() else None
+        ch.close()
+        return rc
+
+    def _start(self, argv, env, stdin, log_path):
+        ch = self._channel()
+        ch.exec_command(remote_command(argv, env, log_path))
+        return _SSHProcess(self, ch, stdin)
+
+    def _sftp_client(self):
+        if self._sftp is None:
+            try:
+                self._sftp = self.client.open_sftp()
+            except Exception as exc:  # noqa: BLE001
+                raise TransportError(f"{self.name}: SFTP unavailable: {exc}") from None
+        return self._sftp
+
+    def put(self, local_path, remote_path):
+        try:
+            self._sftp_client().put(str(local_path), remote_path)
+        except OSError as exc:
+            raise TransportError(f"{self.name}: put {local_path} -> {remote_path}: {exc}") from None
+
+    def get(self, remote_path, local_path):
+        Path(local_path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._sftp_client().get(remote_path, str(local_path))
+        except OSError as exc:
+            raise TransportError(f"{self.name}: get {remote_path}: {exc}") from None
+
+    def close(self):
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        self.client.close()
+        self._close_jump()
+
+
+class _HostKeyPolicy:
+    """Unknown host keys are refused unless trust_new_hosts; then they are appended to known_hosts."""
+
+    def __init__(self, transport: SSHTransport):
+        self.t = transport
+
+    def missing_host_key(self, client, hostname, key):
+        fp = host_key_fingerprint(key)
+        if not self.t.trust_new_hosts:
+            raise HostKeyError(
+                f"{self.t.name}: unknown host key for {hostname} ({key.get_name()} {fp}); refusing to connect. "
+                f"Check the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_{key.get_name().split('-')[-1]}_key.pub), "
+                f"then add it to {self.t.known_hosts_path} or rerun with --trust-new-hosts"
+            )
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        path = Path(self.t.known_hosts_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def open_transport(node, trust_new_hosts: bool = False, known_hosts_path: str | None = None,
+                   connect_timeout_s: float = 10.0) -> Transport:
+    """Open the transport an inventory node asks for."""
+    if node.transport == "local":
+        return LocalTransport(node.name)
+    return SSHTransport(node.host, node.port, node.user, node.identity_file, node.proxy_jump,
+                        trust_new_hosts=trust_new_hosts, known_hosts_path=known_hosts_path,
+                        connect_timeout_s=connect_timeout_s, name=node.name)

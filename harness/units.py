@@ -1,0 +1,130 @@
+"""Quantities with units and thresholds such as ``">= 5.0 GB/s"``.
+
+Decimal prefixes are powers of 1000 (GB = 1e9 bytes), binary ones powers of 1024 (GiB).
+Every quantity is reduced to a base value in its dimension (bytes/s, s, bytes, ratio, count, 1/s),
+so comparisons between GB/s, MB/s and GiB/s are exact and a time compared with a bandwidth is an error.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass
+
+_SIZE = {
+    "B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "PB": 1e15,
+    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4,
+}
+_TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+
+UNITS: dict[str, tuple[str, float]] = {}
+for _u, _f in _SIZE.items():
+    UNITS[_u] = ("size", float(_f))
+    UNITS[f"{_u}/s"] = ("bandwidth", float(_f))
+for _u, _f in _TIME.items():
+    UNITS[_u] = ("time", _f)
+for _u, _f in {"bit/s": 1 / 8, "Kbit/s": 1e3 / 8, "Mbit/s": 1e6 / 8, "Gbit/s": 1e9 / 8, "Gb/s": 1e9 / 8}.items():
+    UNITS[_u] = ("bandwidth", _f)
+UNITS.update({
+    "x": ("ratio", 1.0), "ratio": ("ratio", 1.0), "%": ("ratio", 0.01),
+    "": ("count", 1.0), "count": ("count", 1.0),
+    "IOPS": ("rate", 1.0), "/s": ("rate", 1.0), "tokens/s": ("rate", 1.0),
+    "USD": ("money", 1.0), "$": ("money", 1.0),
+})
+
+DIMENSION_BASE_UNIT = {
+    "size": "B", "bandwidth": "B/s", "time": "s", "ratio": "x", "count": "", "rate": "/s", "money": "USD",
+}
+
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_QTY_RE = re.compile(rf"^\s*({_NUM})\s*([A-Za-zµ%$/]*(?:/s)?)\s*$")
+_OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+_THR_RE = re.compile(rf"^\s*(>=|<=|>|<)\s*(.+?)\s*$")
+
+
+class UnitError(ValueError):
+    """A quantity or threshold could not be parsed, or its unit has the wrong dimension."""
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A number with a unit; ``base`` is the value in the dimension's base unit."""
+
+    value: float
+    unit: str
+    dimension: str
+    base: float
+
+    def to(self, unit: str) -> float:
+        dim, factor = unit_info(unit)
+        if dim != self.dimension:
+            raise UnitError(f"cannot convert {self} ({self.dimension}) to {unit} ({dim})")
+        return self.base / factor
+
+    def __str__(self) -> str:
+        return f"{self.value:g} {self.unit}".strip()
+
+
+def unit_info(unit: str) -> tuple[str, float]:
+    """Return (dimension, factor to base) for a unit; raise UnitError for an unknown unit."""
+    try:
+        return UNITS[unit]
+    except KeyError:
+        known = ", ".join(sorted(u for u in UNITS if u))
+        raise UnitError(f"unknown unit {unit!r} (expected one of {known})") from None
+
+
+def parse_quantity(text: str | int | float, dimension: str | None = None) -> Quantity:
+    """Parse ``"5.23 GB/s"``; when ``dimension`` is given, the unit must belong to it."""
+    if isinstance(text, bool):
+        raise UnitError(f"expected a quantity such as '5 GB/s', got {text!r}")
+    if isinstance(text, (int, float)):
+        text = str(text)
+    m = _QTY_RE.match(text)
+    if not m:
+        raise UnitError(f"expected '<number> <unit>' such as '5.0 GB/s', got {text!r}")
+    value = float(m.group(1))
+    unit = m.group(2)
+    dim, factor = unit_info(unit)
+    if dimension is not None and dim != dimension:
+        want = DIMENSION_BASE_UNIT.get(dimension, dimension)
+        raise UnitError(f"{text!r} is a {dim}, expected a {dimension} (e.g. '{want}')")
+    return Quantity(value=value, unit=unit, dimension=dim, base=value * factor)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A comparison such as ``>= 5.0 GB/s``; ``holds`` takes a value in base units."""
+
+    op: str
+    quantity: Quantity
+
+    def holds(self, value_base: float) -> bool:
+        return _OPS[self.op](value_base, self.quantity.base)
+
+    @property
+    def dimension(self) -> str:
+        return self.quantity.dimension
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.op in (">=", ">")
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.quantity}"
+
+
+def parse_threshold(text: str, dimension: str | None = None) -> Threshold:
+    """Parse ``">= 5.0 GB/s"`` or ``"< 3 GB/s"``."""
+    if not isinstance(text, str):
+        raise UnitError(f"expected a threshold such as '>= 5.0 GB/s', got {text!r}")
+    m = _THR_RE.match(text)
+    if not m:
+        raise UnitError(f"expected '<op> <number> <unit>' with op one of >=, >, <=, <, got {text!r}")
+    return Threshold(op=m.group(1), quantity=parse_quantity(m.group(2), dimension))
+
+
+def format_base(value_base: float, unit: str) -> str:
+    """Format a base-unit value in the given unit, e.g. (5.23e9, 'GB/s') -> '5.23 GB/s'."""
+    _, factor = unit_info(unit)
+    return f"{value_base / factor:.4g} {unit}".strip()

@@ -1,0 +1,4 @@
+"""Workload registry. Importing this package registers every built-in workload."""
+
+from .base import WORKLOADS, GateContext, PlannedStep, Workload, register_workload  # noqa: F401
+from . import fio_read  # noqa: F401,E402
