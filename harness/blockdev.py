@@ -1,0 +1,79 @@
+"""Block-device facts from lsblk/blkid (parsed, pure) and the rule for writing to a device.
+
+kvgate never writes to a block device that holds a partition table or a filesystem unless the target
+says ``allow_destructive: true`` and its ``serial`` matches the device's serial.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+LSBLK_ARGV = ("lsblk", "-J", "-b", "-o", "NAME,PATH,TYPE,SIZE,RO,FSTYPE,PTTYPE,SERIAL,MODEL,MOUNTPOINT")
+
+
+@dataclass(frozen=True)
+class BlockDevice:
+    name: str
+    path: str
+    type: str
+    size_bytes: int
+    ro: bool
+    fstype: str | None
+    pttype: str | None
+    serial: str | None
+    model: str | None
+    mountpoint: str | None
+    children: tuple["BlockDevice", ...] = ()
+
+    @property
+    def holds_data(self) -> bool:
+        return bool(self.fstype or self.pttype or self.children or self.mountpoint)
+
+
+def _dev(d: dict) -> BlockDevice:
+    def s(k):
+        v = d.get(k)
+        return v.strip() if isinstance(v, str) and v.strip() else None
+    return BlockDevice(
+        name=d.get("name", ""), path=d.get("path") or f"/dev/{d.get('name', '')}", type=d.get("type", ""),
+        size_bytes=int(d.get("size") or 0), ro=bool(int(d.get("ro") or 0)) if not isinstance(d.get("ro"), bool) else d["ro"],
+        fstype=s("fstype"), pttype=s("pttype"), serial=s("serial"), model=s("model"), mountpoint=s("mountpoint"),
+        children=tuple(_dev(c) for c in d.get("children", []) or []),
+    )
+
+
+def parse_lsblk(text: str) -> list[BlockDevice]:
+    """Parse ``lsblk -J -b -o ...`` output into a device tree."""
+    return [_dev(d) for d in json.loads(text).get("blockdevices", [])]
+
+
+def find_device(devices: list[BlockDevice], path: str) -> BlockDevice | None:
+    for d in devices:
+        if d.path == path:
+            return d
+        hit = find_device(list(d.children), path)
+        if hit:
+            return hit
+    return None
+
+
+def write_allowed(device: BlockDevice | None, allow_destructive: bool, serial: str | None) -> tuple[bool, str]:
+    """May kvgate write to this device? Returns (allowed, reason)."""
+    if device is None:
+        return False, "device not found in lsblk output"
+    if device.ro:
+        return False, f"{device.path} is read-only"
+    if not device.holds_data:
+        return True, f"{device.path} holds no partition table, filesystem or mount"
+    what = ", ".join(x for x in (
+        f"filesystem {device.fstype}" if device.fstype else "",
+        f"partition table {device.pttype}" if device.pttype else "",
+        "partitions" if device.children else "",
+        f"mounted at {device.mountpoint}" if device.mountpoint else "",
+    ) if x)
+    if not allow_destructive:
+        return False, f"{device.path} holds {what}; set allow_destructive: true and serial to overwrite it"
+    if not serial or serial != device.serial:
+        return False, f"{device.path} holds {what} and its serial {device.serial!r} does not match the target's {serial!r}"
+    return True, f"{device.path} holds {what}; allowed by allow_destructive with matching serial {serial}"

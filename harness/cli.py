@@ -1,0 +1,202 @@
+"""The kvgate command line: validate, plan, run, keygen, verify (and the topic modules' subcommands).
+
+Exit codes of ``run``: 0 every gate PASS, 1 some gate FAIL (or INVALID/SKIPPED), 2 configuration error,
+3 infrastructure error (a gate ERROR), 4 stop-loss hit (STOP), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import BundleError, ConfigError, HarnessError
+
+# Topic modules that add subcommands: each has register(subparsers).
+PLUGIN_MODULES: list[str] = []
+
+DEFAULT_INVENTORY = "inventory/localhost.yaml"
+DEFAULT_GATES = "gates/local.yaml"
+
+
+def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--inventory", "-i", required=required, help="node inventory YAML")
+    p.add_argument("--gates", "-g", required=required, help="gate suite YAML")
+
+
+def _load(args):
+    from .config import load_config
+    return load_config(args.inventory, args.gates)
+
+
+def cmd_validate(args) -> int:
+    cfg = _load(args)
+    print(f"OK: {args.inventory}: {len(cfg.inventory.nodes)} node(s); {args.gates}: suite "
+          f"{cfg.suite.suite.name} v{cfg.suite.suite.version}, {len(cfg.suite.gates)} gate(s)")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from .workloads import WORKLOADS, GateContext
+
+    cfg = _load(args)
+    print(f"suite {cfg.suite.suite.name} v{cfg.suite.suite.version}: {len(cfg.suite.gates)} gate(s), nothing runs")
+    print("every node: snapshot (" + ", ".join(["uname", "os-release", "cpuinfo", "meminfo", "fio --version",
+                                                "lsblk", "numa", "nics"]) + ")")
+    for gate in cfg.suite.gates:
+        wl = WORKLOADS[gate.workload]()
+        nodes = {n.name: n for n in cfg.gate_nodes(gate)}
+        stop = f", stop-loss {gate.stop_loss}" if gate.stop_loss else ""
+        print(f"\n{gate.id} {gate.title} [{gate.workload}] metric {gate.metric}: pass {gate.pass_}{stop}"
+              + (" (informational)" if gate.informational else ""))
+        ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes=nodes, transports={}, steps=None,
+                          gate_dir=Path("."), work_dir=Path("."))
+        for step in wl.plan(ctx):
+            print(f"  [{step.node}] {step.description}")
+            for path, content in step.files.items():
+                print(f"    file {path}:")
+                for line in content.rstrip().splitlines():
+                    print(f"      {line}")
+            if step.argv:
+                print(f"    $ {shlex.join(step.argv)}")
+        if gate.stop_loss:
+            print(f"  if {gate.metric} {gate.stop_loss}: STOP, later gates SKIPPED")
+    return 0
+
+
+def _dev_key():
+    from .bundle import generate_keypair, load_private_key
+    from .paths import state_dir
+
+    prefix = state_dir() / "dev-signing"
+    if not Path(f"{prefix}.key").exists():
+        generate_keypair(prefix)
+    return load_private_key(f"{prefix}.key"), Path(f"{prefix}.pub")
+
+
+def cmd_run(args) -> int:
+    from .bundle import load_private_key
+    from .paths import data_path
+    from .runner import run_suite
+
+    if bool(args.inventory) != bool(args.gates):
+        raise HarnessError("give both --inventory and --gates, or neither for the default suite")
+    if not args.inventory:
+        args.inventory = str(data_path(DEFAULT_INVENTORY))
+        args.gates = str(data_path(DEFAULT_GATES))
+        print(f"no suite given: running the default {DEFAULT_GATES} on {DEFAULT_INVENTORY}", file=sys.stderr)
+    cfg = _load(args)
+    if args.key:
+        key, pub, kind = load_private_key(args.key), None, "operator"
+    else:
+        key, pub = _dev_key()
+        kind = "development"
+        print(f"no --key given: signing with the development key {pub.with_suffix('.key')} (marked as such)",
+              file=sys.stderr)
+    outcome = run_suite(cfg, Path(args.out), key, key_kind=kind, trust_new_hosts=args.trust_new_hosts,
+                        known_hosts_path=args.known_hosts)
+    print()
+    for v in outcome.verdicts:
+        actual = "—" if v.actual is None else f"{v.actual:.4g} {v.unit}"
+        print(f"{v.gate_id:6} {v.outcome.value:8} {v.metric} = {actual} (pass {v.pass_threshold}"
+              + (f", stop-loss {v.stop_loss_threshold}" if v.stop_loss_threshold else "") + f")  {v.reason}")
+    for m in outcome.messages:
+        print(m, file=sys.stderr)
+    print(f"overall: {outcome.overall.value}")
+    print(f"run directory: {outcome.run_dir}")
+    if outcome.bundle:
+        print(f"report ID: {outcome.bundle.report_id}")
+        print(f"bundle: {outcome.bundle.path}" + (f" ({outcome.bundle.tar_path})" if outcome.bundle.tar_path else ""))
+        if pub is not None:
+            print(f"verify with: kvgate verify {outcome.bundle.tar_path or outcome.bundle.path} --pubkey {pub}")
+    return outcome.exit_code
+
+
+def cmd_keygen(args) -> int:
+    from .bundle import generate_keypair, key_fingerprint, load_public_key
+
+    key, pub = generate_keypair(args.out)
+    print(f"wrote {key} (private, mode 0600) and {pub}; fingerprint {key_fingerprint(load_public_key(pub))}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .bundle import verify_bundle
+
+    res = verify_bundle(args.bundle, args.pubkey)
+    if not res.ok:
+        print(f"FAILED: {res.error}")
+        return 1
+    pred = res.statement["predicate"]
+    print(f"OK {res.report_id}: signed by {res.signer} ({pred.get('signing_key', {}).get('kind', '?')} key), "
+          f"created {pred.get('created_utc')}, overall {pred.get('overall')}, "
+          f"{len(res.statement['subject'])} files")
+    if args.verbose:
+        for v in pred.get("verdicts", []):
+            print(f"  {v['gate_id']}: {v['outcome']} {v['metric']} = {v['actual']} {v['unit']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvgate", description="Acceptance gates for KV-cache storage tiers.")
+    p.add_argument("--version", action="version", version=f"kvgate {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("validate", help="check an inventory and a gate suite; every error, with file:line")
+    _config_args(s)
+    s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("plan", help="print what would run on which node, with the exact commands")
+    _config_args(s)
+    s.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser("run", help="run the gates and write a signed bundle (no arguments: the default suite)")
+    _config_args(s, required=False)
+    s.add_argument("--out", "-o", default="runs", help="directory for the run directory and the bundle (default: runs)")
+    s.add_argument("--key", help="Ed25519 private key (from kvgate keygen); default: a development key, marked as such")
+    s.add_argument("--trust-new-hosts", action="store_true",
+                   help="accept and record unknown SSH host keys (changed keys are always refused)")
+    s.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("keygen", help="write an Ed25519 key pair PREFIX.key (0600) and PREFIX.pub")
+    s.add_argument("--out", required=True, metavar="PREFIX")
+    s.set_defaults(func=cmd_keygen)
+
+    s = sub.add_parser("verify", help="verify a bundle (directory or .tar.gz) against a public key")
+    s.add_argument("bundle")
+    s.add_argument("--pubkey", required=True)
+    s.add_argument("--verbose", "-v", action="store_true", help="also list the gates and outcomes")
+    s.set_defaults(func=cmd_verify)
+
+    for mod in PLUGIN_MODULES:
+        importlib.import_module(mod).register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(str(issue), file=sys.stderr)
+        print(f"{len(exc.issues)} configuration error(s)", file=sys.stderr)
+        return 2
+    except BundleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The run: open nodes, snapshot them, run the gates in order, evaluate, and write the signed bundle.
+
+Everything a run does lands in its run directory first (steps, raw output, verdicts); the bundle is made
+from that directory at the end. A gate that cannot run is ERROR; after a STOP the remaining gates are
+SKIPPED; a run with any gate not PASS never ends PASS.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import __version__
+from .bundle import BundleInfo, key_fingerprint, write_bundle
+from .config import Config
+from .errors import HarnessError, TransportError
+from .paths import git_commit
+from .snapshot import take_snapshot
+from .steps import StepLog
+from .transport import Transport, open_transport
+from .verdict import EXIT_CODES, Outcome, Verdict, WorkloadResult, evaluate, overall_outcome, skipped
+from .workloads import WORKLOADS, GateContext
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    verdicts: list[Verdict]
+    overall: Outcome
+    bundle: BundleInfo | None = None
+    interrupted: bool = False
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return EXIT_CODES[self.overall]
+
+
+def _progress_printer(stream=sys.stderr) -> Callable[[str], None]:
+    t0 = time.monotonic()
+
+    def progress(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:7.1f}s] {msg}", file=stream, flush=True)
+    return progress
+
+
+def new_run_dir(out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    for i in range(100):
+        d = out_dir / f"run-{stamp}" if i == 0 else out_dir / f"run-{stamp}-{i}"
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise HarnessError(f"cannot create a run directory under {out_dir}")
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "operator",
+              trust_new_hosts: bool = False, known_hosts_path: str | None = None,
+              progress: Callable[[str], None] | None = None,
+              transports: dict[str, Transport] | None = None, make_tar: bool = True) -> RunOutcome:
+    """Run every gate of the suite and write the bundle under ``out_dir``."""
+    progress = progress or _progress_printer()
+    run_dir = new_run_dir(Path(out_dir))
+    started = time.time()
+    progress(f"run directory {run_dir}")
+    cfg_dir = run_dir / "config"
+    cfg_dir.mkdir()
+    shutil.copyfile(config.inventory_path, cfg_dir / "inventory.yaml")
+    shutil.copyfile(config.gates_path, cfg_dir / "gates.yaml")
+    steps = StepLog(run_dir)
+    opened: dict[str, Transport] = dict(transports or {})
+    node_errors: dict[str, str] = {}
+    verdicts: list[Verdict] = []
+    interrupted = False
+    suite = config.suite
+    try:
+        for node in config.inventory.nodes:
+            if node.name in opened:
+                continue
+            progress(f"connecting to {node.name} ({node.transport}{' ' + node.host if node.host else ''})")
+            try:
+                opened[node.name] = open_transport(node, trust_new_hosts=trust_new_hosts,
+                                                   known_hosts_path=known_hosts_path)
+            except TransportError as exc:
+                node_errors[node.name] = str(exc)
+                progress(f"ERROR {exc}")
+        _write_json(run_dir / "nodes" / "connect-errors.json", node_errors)
+        for name, tr in opened.items():
+            progress(f"snapshot of {name}")
+            _write_json(run_dir / "nodes" / name / "snapshot.json", take_snapshot(tr, steps))
+        stop_at: str | None = None
+        for gate in suite.gates:
+            wl_cls = WORKLOADS[gate.workload]
+            unit = wl_cls.METRICS[gate.metric]
+            if stop_at:
+                verdicts.append(skipped(gate, f"skipped: stop-loss hit at {stop_at}", unit))
+                continue
+            gate_dir = run_dir / "gates" / gate.id
+            gate_dir.mkdir(parents=True, exist_ok=True)
+            nodes = {n.name: n for n in config.gate_nodes(gate)}
+            missing = [n for n in nodes if n not in opened]
+            t0 = time.time()
+            progress(f"{gate.id} {gate.title}: workload {gate.workload} on {', '.join(nodes)}")
+            if missing:
+                result = WorkloadResult(error=f"node(s) unreachable: " + "; ".join(
+                    f"{n}: {node_errors.get(n, 'not connected')}" for n in missing))
+            else:
+                ctx = GateContext(gate=gate, params=config.params[gate.id], nodes=nodes,
+                                  transports={n: opened[n] for n in nodes}, steps=steps, gate_dir=gate_dir,
+                                  work_dir=run_dir, progress=progress)
+                try:
+                    result = wl_cls().run(ctx)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    result = WorkloadResult(error="interrupted by the operator (Ctrl-C)")
+                except HarnessError as exc:
+                    result = WorkloadResult(error=str(exc))
+                except Exception as exc:  # noqa: BLE001 - a bug in a workload is an ERROR verdict, with the trace on disk
+                    (gate_dir / "traceback.txt").write_text(traceback.format_exc())
+                    result = WorkloadResult(error=f"internal error: {type(exc).__name__}: {exc}")
+            verdict = evaluate(gate, result, unit)
+            _write_json(gate_dir / "result.json", {"metrics": result.metrics, "evidence": result.evidence,
+                                                   "invalid_reason": result.invalid_reason, "error": result.error,
+                                                   "started_unix_s": t0, "finished_unix_s": time.time()})
+            _write_json(gate_dir / "verdict.json", verdict.to_dict())
+            verdicts.append(verdict)
+            progress(f"{gate.id}: {verdict.outcome.value}: {verdict.reason}")
+            if interrupted:
+                stop_at = f"{gate.id} (interrupted)"
+            elif verdict.outcome is Outcome.STOP:
+                stop_at = gate.id
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        for tr in opened.values():
+            try:
+                tr.close()
+            except Exception:  # noqa: BLE001
+                pass
+    done_ids = {v.gate_id for v in verdicts}
+    for gate in suite.gates:
+        if gate.id not in done_ids:
+            verdicts.append(skipped(gate, "skipped: run interrupted", WORKLOADS[gate.workload].METRICS[gate.metric]))
+    overall = overall_outcome(verdicts)
+    finished = time.time()
+    pub = private_key.public_key()
+    summary = {
+        "suite": suite.suite.model_dump(), "overall": overall.value,
+        "verdicts": [v.to_dict() for v in verdicts],
+        "run": {"started_unix_s": started, "finished_unix_s": finished, "interrupted": interrupted,
+                "node_errors": node_errors},
+    }
+    _write_json(run_dir / "verdicts.json", summary)
+    outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted)
+    if interrupted:
+        outcome.messages.append(f"interrupted: partial results kept in {run_dir}; no bundle was written")
+        return outcome
+    predicate = {
+        "kvgate": {"version": __version__, "commit": git_commit()},
+        "suite": suite.suite.model_dump(),
+        "overall": overall.value,
+        "verdicts": [v.to_dict() for v in verdicts],
+        "run": {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
+                "duration_s": round(finished - started, 3)},
+        "signing_key": {"kind": key_kind, "fingerprint": key_fingerprint(pub)},
+    }
+    from .report import render_bundle_reports
+
+    progress("signing the bundle")
+    outcome.bundle = write_bundle(run_dir, Path(out_dir), private_key, predicate, make_tar=make_tar,
+                                  render=lambda rid, d: render_bundle_reports(rid, d, predicate))
+    return outcome
