@@ -81,6 +81,23 @@ def estimate_clock_offset(samples: Sequence[tuple[float, float, float]]) -> Cloc
                        samples=len(good))
 
 
+def applied_offset_s(off: ClockOffset, mode: str = "auto") -> float:
+    """The offset to apply when aligning a node's times.
+
+    "measured": always the estimate. "assume_synced": always 0 (nodes run NTP/PTP). "auto": the estimate
+    only when it is larger than its own uncertainty; an offset inside its error bar is not distinguishable
+    from 0, and applying it would add the probe's bias (an SSH exec samples the remote clock late in the
+    round trip) instead of removing an offset.
+    """
+    if mode == "measured":
+        return off.offset_s
+    if mode == "assume_synced":
+        return 0.0
+    if mode == "auto":
+        return off.offset_s if abs(off.offset_s) > off.uncertainty_s else 0.0
+    raise ValueError(f"unknown clock alignment mode {mode!r} (expected auto, measured or assume_synced)")
+
+
 def bytes_in_window(intervals: Iterable[Interval], start_s: float, end_s: float) -> float:
     """Bytes read inside [start_s, end_s], prorating intervals that straddle an edge."""
     total = 0.0

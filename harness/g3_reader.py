@@ -134,7 +134,47 @@ class Worker(threading.Thread):
                 return
 
 
+def create(argv):
+    """Lay out the KV copy once: `files` chunk files of `header_bytes` + `chunk_bytes`, then the manifest.
+
+    The manifest is written last (atomic rename): its presence means the file set is complete.
+    """
+    ap = argparse.ArgumentParser(prog="g3_reader.py create")
+    ap.add_argument("--pool-dir", required=True)
+    ap.add_argument("--manifest-json", required=True, help="the manifest to write (layout + file names)")
+    ap.add_argument("--block-bytes", type=int, default=4 << 20)
+    a = ap.parse_args(argv)
+    manifest = json.loads(a.manifest_json)
+    os.makedirs(a.pool_dir, exist_ok=True)
+    size = manifest["header_bytes"] + manifest["chunk_bytes"]
+    t0 = time.time()
+    for name in manifest["files"]:
+        final = os.path.join(a.pool_dir, name)
+        tmp = final + ".tmp"
+        with open(tmp, "wb") as fh:
+            left = size
+            while left > 0:
+                # fresh random bytes per block: nothing for an array to compress or deduplicate
+                n = fh.write(os.urandom(min(left, a.block_bytes)))
+                left -= n
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    manifest["created_s"] = time.time()
+    manifest["create_duration_s"] = time.time() - t0
+    path = os.path.join(a.pool_dir, "kvgate-manifest.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump(manifest, fh)
+    os.replace(path + ".tmp", path)
+    print(json.dumps({"created": len(manifest["files"]), "bytes": size * len(manifest["files"]),
+                      "duration_s": manifest["create_duration_s"]}))
+    return 0
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "create":
+        return create(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--manifest", required=True, help="JSON {files: [relative names], ...} in the pool")
     ap.add_argument("--pool-dir", required=True)
