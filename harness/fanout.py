@@ -9,7 +9,8 @@ lost exception. Only KeyboardInterrupt propagates, after every remote process gr
 from __future__ import annotations
 
 import json
-import shlex
+import shutil
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -252,6 +253,7 @@ class SynchronizedLaunch:
         self.log_dir = log_dir
         self.runs: dict[str, NodeRun] = {n: NodeRun(n) for n in specs}
         self.go_ref_s: float | None = None
+        self.round_trip_all_s = 0.0  # slowest parallel command round over all nodes seen while arming
         self.events: list[dict] = []
         self._lock = threading.Lock()
 
@@ -302,7 +304,9 @@ class SynchronizedLaunch:
             return res.rc == 0
 
         while waiting and self.clock() < deadline:
+            t_round = self.clock()
             g = fan_out({n: self.specs[n] for n in waiting}, check)
+            self.round_trip_all_s = max(self.round_trip_all_s, self.clock() - t_round)
             for node, err in g.failed.items():
                 self._fail(node, f"arming: {err}")
                 waiting.discard(node)
@@ -318,28 +322,36 @@ class SynchronizedLaunch:
         self._event("armed", ok=sorted(result.succeeded), failed=result.failed)
         return result
 
-    def release(self, lead_s: float = 1.0, nodes: Sequence[str] | None = None) -> float:
+    def release(self, lead_s: float | None = None, nodes: Sequence[str] | None = None) -> float:
         """Write every armed node's go file with one common start instant; returns it (our clock).
 
-        lead_s: how far ahead of now the start is set: long enough for the parallel go-file writes to
-        land first (writes that land late are recorded in the events as late_go_writes).
+        lead_s: how far ahead of now the start is set, long enough for the parallel go-file writes to
+        land first; default: 0.25 s plus twice the slowest parallel round seen while arming. Writes that
+        land late are recorded in the events (late_go_writes).
         """
         nodes = [n for n in (nodes or self.runs) if self.runs[n].armed_at_s is not None and self.runs[n].error is None]
+        if lead_s is None:
+            lead_s = 0.25 + 2 * self.round_trip_all_s
         go_ref = self.clock() + lead_s
         self.go_ref_s = go_ref
 
+        tmpdir = Path(tempfile.mkdtemp(prefix="kvgate-go-"))
+
         def write(node: str, _):
             go_node = go_ref + self.offsets[node]
-            spec = self.specs[node]
-            script = f"printf '%.6f\\n' {go_node:.6f} > {shlex.quote(spec.go_path + '.tmp')} && mv {shlex.quote(spec.go_path + '.tmp')} {shlex.quote(spec.go_path)}"
-            res = self.transports[node].run(["sh", "-c", script], timeout_s=max(5.0, lead_s * 4))
-            if not res.ok:
-                raise HarnessError(f"writing go file: {res.summary()}")
+            # SFTP put over the already open session: no remote process to fork, so it lands fast. The
+            # reader only accepts a go file that ends in a newline, so a partial write is never taken.
+            local = tmpdir / node
+            local.write_text(f"{go_node:.6f}\n")
+            self.transports[node].put(local, self.specs[node].go_path)
             self.runs[node].go_node_s = go_node
             self.runs[node].go_written_at_s = self.clock()
             return go_node
 
-        g = fan_out({n: None for n in nodes}, write)
+        try:
+            g = fan_out({n: None for n in nodes}, write)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
         for node, err in g.failed.items():
             self._fail(node, err)
         late = [n for n in g.succeeded if (self.runs[n].go_written_at_s or 0) > go_ref]

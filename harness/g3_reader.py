@@ -86,8 +86,8 @@ def wait_for_go(go_file, deadline):
     while time.time() < deadline:
         try:
             with open(go_file) as fh:
-                text = fh.read().strip()
-            if text:
+                text = fh.read()
+            if text.endswith("\n"):  # complete write only
                 return float(text)
         except (FileNotFoundError, ValueError):
             pass
@@ -96,11 +96,13 @@ def wait_for_go(go_file, deadline):
 
 
 def sleep_until(t):
+    # No busy-wait: with many readers on few cores, spinning readers starve each other at the start
+    # instant. A plain sleep wakes within the timer slack (about 50 us).
     while True:
         left = t - time.time()
         if left <= 0:
             return
-        time.sleep(left - 0.003 if left > 0.005 else 0)
+        time.sleep(left)
 
 
 class Worker(threading.Thread):

@@ -248,15 +248,13 @@ class G3SharedRead(Workload):
         # 5. Arm, release together, wait.
         specs = {r: self._reader_argv(ctx, ctx.nodes[r], p)[0] for r in live}
         launch = SynchronizedLaunch(live, specs, applied, policy, log_dir=ctx.gate_dir)
-        # Go-file writes run in parallel: allow a few of the slowest round trips before the start instant.
-        lead_s = 0.25 + 3 * max((o.rtt_s for o in offs.succeeded.values()), default=0.0)
         with launch:
             ctx.progress(f"{ctx.gate.id}: arming readers on {len(live)} nodes")
             armed = launch.arm(timeout_s=p.arm_timeout_s)
             if not policy.tolerates(armed) or not armed.succeeded:
                 launch.stop_all("arming failed beyond the failure policy")
             else:
-                go = launch.release(lead_s=lead_s)
+                go = launch.release()
                 ctx.progress(f"{ctx.gate.id}: released at {go:.3f}; reading {p.copy_bytes / 1e9:.3f} GB per node")
                 launch.wait(timeout_s=p.read_timeout_s)
 
