@@ -1,0 +1,102 @@
+"""`kvgate rig up|down|status|kill-node`: the N-node test rig (network namespaces, sshds, shaped port).
+
+Wired into the main CLI with `cli_rig.register(subparsers)`; also runnable alone as
+`python3 -m harness.cli_rig up`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from harness.rig import RigError, RigSpec, kill_node, rig_down, rig_status, rig_up
+
+DEFAULT_STATE_ROOT = Path("/var/tmp/kvgate-rig")
+
+
+def _spec(args: argparse.Namespace) -> RigSpec:
+    state_dir = Path(args.state_dir) if args.state_dir else DEFAULT_STATE_ROOT / args.prefix.rstrip("-")
+    kwargs = {"prefix": args.prefix, "state_dir": state_dir}
+    for name in ("node_count", "subnet", "port_rate_mbit"):
+        value = getattr(args, name, None)
+        if value is not None:
+            kwargs[name] = value
+    return RigSpec(**kwargs)
+
+
+def _handler(args: argparse.Namespace) -> int:
+    try:
+        # `down`, `status` and `kill-node` only need the names, which derive from prefix and node count.
+        if args.rig_cmd == "up":
+            spec = _spec(args)
+            state = rig_up(spec)
+            print(f"rig up: {spec.node_count} nodes, storage port shaped to {spec.port_rate_mbit} Mbit/s")
+            print(f"inventory: {state.inventory_path}")
+            print(f"ssh config: {state.ssh_config}   (e.g. ssh -F {state.ssh_config} n1)")
+            print(f"pool on every node: {state.pool_mount}")
+            return 0
+        spec = _spec(args)
+        if args.rig_cmd == "down":
+            res = rig_down(spec, remove_state=args.purge)
+            print(f"rig down: killed {len(res['killed_pids'])} processes, "
+                  f"deleted {len(res['deleted_namespaces'])} namespaces")
+            return 0
+        if args.rig_cmd == "status":
+            st = rig_status(spec)
+            if args.json:
+                print(json.dumps(st, indent=2))
+            else:
+                for ns, info in st["namespaces"].items():
+                    what = "absent" if info is None else f"{len(info['pids'])} processes"
+                    print(f"{ns:12s} {what}")
+                if "ssh_reachable" in st:
+                    bad = [w for w, ok in st["ssh_reachable"].items() if not ok]
+                    print("ssh: all reachable" if not bad else f"ssh: unreachable: {', '.join(bad)}")
+                print(f"up: {st['up']}")
+            return 0 if st["up"] else 1
+        if args.rig_cmd == "kill-node":
+            pids = kill_node(spec, args.node)
+            print(f"killed {len(pids)} processes of {args.node}")
+            return 0
+    except RigError as exc:
+        print(f"kvgate rig: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+def register(subparsers) -> None:
+    """Add `rig` with up/down/status/kill-node to the kvgate CLI."""
+    p = subparsers.add_parser("rig", help="N-node test rig on this machine (namespaces, sshds, shaped port)")
+    sub = p.add_subparsers(dest="rig_cmd", required=True)
+    for name, help_ in (("up", "build the rig and write its inventory"),
+                        ("down", "tear the rig down (idempotent)"),
+                        ("status", "show namespaces, processes, ssh reachability"),
+                        ("kill-node", "fault injection: kill every process of one node")):
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("--prefix", default="kvg-", help="namespace name prefix (default kvg-)")
+        sp.add_argument("--state-dir", default=None,
+                        help=f"keys, configs, pool, inventory (default {DEFAULT_STATE_ROOT}/<prefix>)")
+        sp.add_argument("--nodes", dest="node_count", type=int, default=None, help="node count (default 8)")
+        if name == "up":
+            sp.add_argument("--subnet", default=None, help="private /24 used inside the namespaces (default 10.77.0.0/24)")
+            sp.add_argument("--port-rate-mbit", type=int, default=None, help="storage port tbf rate (default 1000)")
+        if name == "down":
+            sp.add_argument("--purge", action="store_true", help="also delete the state dir (keys, pool)")
+        if name == "status":
+            sp.add_argument("--json", action="store_true")
+        if name == "kill-node":
+            sp.add_argument("node", help="node name, e.g. n3")
+    p.set_defaults(func=_handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvgate")
+    register(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""kvgate's G3 reader: put to every node and run there (stdlib only, Python >= 3.8).
+
+Reads every file of a KV copy once, cold, with O_DIRECT where the filesystem allows it, from `streams`
+threads, and prints a JSON-lines stream to stdout (one record per line, flushed):
+
+  header  {schema, node, pid, pgid, direct_requested, ...}
+  armed   {t_s, files, bytes_expected, direct_used, direct_error}   (files opened, buffers ready)
+  start   {t_s, go_s}                                             (first read issued)
+  sample  {t0_s, t1_s, bytes}                                     (every interval_s, bytes in (t0, t1])
+  error   {message}
+  end     {t_s, bytes, completed, files_done}
+
+The same records go to `--out` on the node. Synchronized start: after arming, the reader creates
+`--armed-file` and waits for `--go-file` to appear; it holds a Unix time (this node's clock) at which
+to start. `--deadline-s` bounds the reader's whole life so no reader outlives a lost orchestrator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import socket
+import sys
+import threading
+import time
+
+SCHEMA = "kvgate-g3-reader/1"
+ALIGN = 4096
+
+
+class Emitter:
+    def __init__(self, out_path):
+        self.lock = threading.Lock()
+        self.fh = open(out_path, "w") if out_path else None
+        self.stdout_ok = True
+
+    def emit(self, **rec):
+        line = json.dumps(rec, separators=(",", ":"))
+        with self.lock:
+            if self.fh:
+                self.fh.write(line + "\n")
+                self.fh.flush()
+            if self.stdout_ok:
+                try:
+                    sys.stdout.write(line + "\n")
+                    sys.stdout.flush()
+                except (BrokenPipeError, OSError):
+                    # The orchestrator's channel is gone: stop reading rather than run on unobserved.
+                    self.stdout_ok = False
+                    os._exit(5)
+
+
+def open_files(paths, direct_mode):
+    """Open every file; returns (fds, sizes, direct_used, direct_error)."""
+    want_direct = direct_mode in ("auto", "on") and hasattr(os, "O_DIRECT")
+    direct_error = None
+    fds, sizes = [], []
+    flags = os.O_RDONLY
+    if want_direct:
+        try:
+            fd = os.open(paths[0], os.O_RDONLY | os.O_DIRECT)
+            os.close(fd)
+            flags |= os.O_DIRECT
+        except OSError as exc:
+            direct_error = f"O_DIRECT open failed: {exc}"
+            if direct_mode == "on":
+                raise
+    for p in paths:
+        fd = os.open(p, flags)
+        fds.append(fd)
+        sizes.append(os.fstat(fd).st_size)
+    return fds, sizes, bool(flags & getattr(os, "O_DIRECT", 0)), direct_error
+
+
+def drop_file_cache(fds):
+    for fd in fds:
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except (AttributeError, OSError):
+            pass
+
+
+def wait_for_go(go_file, deadline):
+    while time.time() < deadline:
+        try:
+            with open(go_file) as fh:
+                text = fh.read()
+            if text.endswith("\n"):  # complete write only
+                return float(text)
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.002)
+    return None
+
+
+def sleep_until(t):
+    # No busy-wait: with many readers on few cores, spinning readers starve each other at the start
+    # instant. A plain sleep wakes within the timer slack (about 50 us).
+    while True:
+        left = t - time.time()
+        if left <= 0:
+            return
+        time.sleep(left)
+
+
+class Worker(threading.Thread):
+    def __init__(self, queue, qlock, fds, sizes, block_bytes, errors):
+        super().__init__(daemon=True)
+        self.queue, self.qlock = queue, qlock
+        self.fds, self.sizes = fds, sizes
+        self.buf = mmap.mmap(-1, block_bytes)  # page-aligned: good for O_DIRECT
+        self.nbytes = 0  # read by the sampler without a lock: a monotonically growing int
+        self.errors = errors
+        self.files_done = 0
+
+    def run(self):
+        view = memoryview(self.buf)
+        while True:
+            with self.qlock:
+                if not self.queue:
+                    return
+                i = self.queue.pop()
+            fd, size, off = self.fds[i], self.sizes[i], 0
+            try:
+                while off < size:
+                    n = os.preadv(fd, [view], off)
+                    if n <= 0:
+                        break
+                    off += n
+                    self.nbytes += n
+                self.files_done += 1
+            except OSError as exc:
+                self.errors.append(f"read file #{i} at offset {off}: {exc}")
+                return
+
+
+def create(argv):
+    """Lay out the KV copy once: `files` chunk files of `header_bytes` + `chunk_bytes`, then the manifest.
+
+    The manifest is written last (atomic rename): its presence means the file set is complete.
+    """
+    ap = argparse.ArgumentParser(prog="g3_reader.py create")
+    ap.add_argument("--pool-dir", required=True)
+    ap.add_argument("--manifest-json", required=True, help="the manifest to write (layout + file names)")
+    ap.add_argument("--block-bytes", type=int, default=4 << 20)
+    a = ap.parse_args(argv)
+    manifest = json.loads(a.manifest_json)
+    os.makedirs(a.pool_dir, exist_ok=True)
+    size = manifest["header_bytes"] + manifest["chunk_bytes"]
+    t0 = time.time()
+    for name in manifest["files"]:
+        final = os.path.join(a.pool_dir, name)
+        tmp = final + ".tmp"
+        with open(tmp, "wb") as fh:
+            left = size
+            while left > 0:
+                # fresh random bytes per block: nothing for an array to compress or deduplicate
+                n = fh.write(os.urandom(min(left, a.block_bytes)))
+                left -= n
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    manifest["created_s"] = time.time()
+    manifest["create_duration_s"] = time.time() - t0
+    path = os.path.join(a.pool_dir, "kvgate-manifest.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump(manifest, fh)
+    os.replace(path + ".tmp", path)
+    print(json.dumps({"created": len(manifest["files"]), "bytes": size * len(manifest["files"]),
+                      "duration_s": manifest["create_duration_s"]}))
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "create":
+        return create(argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--manifest", required=True, help="JSON {files: [relative names], ...} in the pool")
+    ap.add_argument("--pool-dir", required=True)
+    ap.add_argument("--node", default=socket.gethostname())
+    ap.add_argument("--block-bytes", type=int, default=4 << 20)
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--direct", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--interval-s", type=float, default=0.1)
+    ap.add_argument("--armed-file", required=True)
+    ap.add_argument("--go-file", required=True)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--deadline-s", type=float, default=600.0, help="hard limit on the reader's life")
+    a = ap.parse_args(argv)
+    t_begin = time.time()
+    deadline = t_begin + a.deadline_s
+    em = Emitter(a.out)
+    em.emit(type="header", schema=SCHEMA, node=a.node, pid=os.getpid(), pgid=os.getpgid(0),
+            python=sys.version.split()[0], direct_requested=a.direct, block_bytes=a.block_bytes,
+            streams=a.streams, interval_s=a.interval_s, t_s=t_begin)
+    try:
+        with open(a.manifest) as fh:
+            manifest = json.load(fh)
+        paths = [os.path.join(a.pool_dir, f) for f in manifest["files"]]
+        fds, sizes, direct_used, direct_error = open_files(paths, a.direct)
+    except (OSError, ValueError, KeyError) as exc:
+        em.emit(type="error", message=f"arming failed: {exc}")
+        em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)
+        return 3
+    if not direct_used:
+        drop_file_cache(fds)
+    expected = sum(sizes)
+    em.emit(type="armed", t_s=time.time(), files=len(fds), bytes_expected=expected,
+            direct_used=direct_used, direct_error=direct_error)
+    with open(a.armed_file + ".tmp", "w") as fh:
+        fh.write(f"{time.time()}\n")
+    os.replace(a.armed_file + ".tmp", a.armed_file)
+
+    go = wait_for_go(a.go_file, deadline)
+    if go is None:
+        em.emit(type="error", message="no go signal before the deadline")
+        em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)
+        return 4
+    sleep_until(go)
+    queue = list(range(len(fds)))[::-1]
+    qlock = threading.Lock()
+    errors: list[str] = []
+    workers = [Worker(queue, qlock, fds, sizes, a.block_bytes, errors) for _ in range(max(1, a.streams))]
+    t0 = time.time()
+    for w in workers:
+        w.start()
+    em.emit(type="start", t_s=t0, go_s=go)
+    last_t, last_b = t0, 0
+    while any(w.is_alive() for w in workers):
+        nxt = last_t + a.interval_s
+        while time.time() < nxt and any(w.is_alive() for w in workers):
+            time.sleep(min(0.01, max(0.0, nxt - time.time())))
+        now = time.time()
+        total = sum(w.nbytes for w in workers)
+        em.emit(type="sample", t0_s=last_t, t1_s=now, bytes=total - last_b)
+        last_t, last_b = now, total
+        if now > deadline:
+            em.emit(type="error", message=f"deadline of {a.deadline_s} s reached while reading")
+            em.emit(type="end", t_s=now, bytes=total, completed=False, files_done=sum(w.files_done for w in workers))
+            os._exit(6)
+    for e in errors:
+        em.emit(type="error", message=e)
+    total = sum(w.nbytes for w in workers)
+    done = sum(w.files_done for w in workers)
+    completed = not errors and total == expected and done == len(fds)
+    em.emit(type="end", t_s=time.time(), bytes=total, completed=completed, files_done=done)
+    return 0 if completed else 7
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""G3: N nodes read back one shared KV copy at once, through one port; how close to its line rate?
+
+The KV copy is a file set laid out as an LMCache fs:// pool would hold it (one file per chunk, named
+`<fmt>@<model>@<world_size>@<worker>@<hash>.data`, each a 28-byte metadata header plus
+chunk_tokens x kv_bytes_per_token bytes), created once in the shared pool by one node. Every reader node
+reads the whole copy cold (page cache dropped, recorded; O_DIRECT where the mount allows, recorded),
+started together with a measured skew, and reports a per-interval series. The aggregate is taken over the
+time-aligned window in which all nodes were reading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from ..errors import WorkloadError
+from ..fanout import (FailurePolicy, GroupResult, LaunchSpec, NodeOutcome, SynchronizedLaunch, fan_out,
+                      measure_clock_offsets)
+from ..g3 import (aggregate, applied_offset_s, cross_check_port_rate, nic_ceiling_ratio, nodes_completed,
+                  parse_reader_output, start_skew_s)
+from ..verdict import WorkloadResult
+from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
+
+READER_SRC = Path(__file__).resolve().parents[1] / "g3_reader.py"
+DROP_CACHES_ARGV = ("sh", "-c", "sync && echo 1 > /proc/sys/vm/drop_caches")
+LMCACHE_HEADER_BYTES = 28  # LMCache's fs connector: RemoteMetadata before each chunk's bytes
+MANIFEST = "kvgate-manifest.json"
+
+
+def _size(v: Any) -> int:
+    from ..config import _size_bytes
+    return _size_bytes(v)
+
+
+class G3Params(StrictModel):
+    port: str = Field(description="NODE:NIC whose declared line rate is the ceiling, e.g. storage:st0")
+    readers: list[str] | None = None  # default: every gate node except the port's node
+    pool_target: str = "kvpool"  # a directory target on every reader (the shared pool's mount)
+    pool_subdir: str = "kvgate-g3"
+    model: str = "kvgate/g3-synthetic"
+    kv_bytes_per_token: int = Field(default=131072, gt=0)  # e.g. Llama-3.1-8B, bf16: 2 x 32 x 8 x 128 x 2
+    chunk_tokens: int = Field(default=256, gt=0)
+    chunks: int = Field(default=16, ge=1, le=1_000_000)
+    create_on: str | None = None  # node that lays out the copy when missing (default: first reader)
+    block_bytes: int = Field(default=4 << 20, alias="block")
+    streams: int = Field(default=4, ge=1, le=256)
+    direct: Literal["auto", "on", "off"] = "auto"
+    drop_caches: bool = True
+    interval_s: float = Field(default=0.1, gt=0, le=10)
+    clock_samples: int = Field(default=5, ge=1, le=100)
+    clock_alignment: Literal["auto", "measured", "assume_synced"] = "auto"
+    arm_timeout_s: float = Field(default=60, gt=0)
+    read_timeout_s: float = Field(default=600, gt=0)
+    min_window_s: float = Field(default=1.0, ge=0)
+    max_failed_share: float = Field(default=0.0, ge=0, le=1)
+    on_node_failure: Literal["continue", "abort"] = "continue"
+
+    @field_validator("block_bytes", mode="before")
+    @classmethod
+    def _block(cls, v: Any) -> int:
+        n = _size(v)
+        if n % 4096:
+            raise ValueError(f"block must be a multiple of 4096 bytes for O_DIRECT, got {v!r}")
+        return n
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: str) -> str:
+        node, sep, nic = v.partition(":")
+        if not sep or not node or not nic:
+            raise ValueError(f"expected NODE:NIC (e.g. storage:st0), got {v!r}")
+        return v
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.chunk_tokens * self.kv_bytes_per_token
+
+    @property
+    def copy_bytes(self) -> int:
+        return self.chunks * (LMCACHE_HEADER_BYTES + self.chunk_bytes)
+
+
+def chunk_file_names(model: str, chunks: int) -> list[str]:
+    """LMCache fs-connector style names: key string with '/' -> '-', plus '.data'."""
+    names = []
+    for i in range(chunks):
+        h = hashlib.sha256(f"{model}:{i}".encode()).hexdigest()[:16]
+        names.append(f"vllm@{model}@1@0@{h}".replace("/", "-") + ".data")
+    return names
+
+
+def manifest_for(p: G3Params) -> dict:
+    return {"schema": "kvgate-g3-pool/1", "layout": "lmcache-fs", "model": p.model,
+            "kv_bytes_per_token": p.kv_bytes_per_token, "chunk_tokens": p.chunk_tokens,
+            "chunk_bytes": p.chunk_bytes, "header_bytes": LMCACHE_HEADER_BYTES,
+            "files": chunk_file_names(p.model, p.chunks)}
+
+
+def _pool_dir(node, p: G3Params) -> str:
+    t = node.target(p.pool_target)
+    base = t.path if t.path.startswith("/") else posixpath.join(node.work_dir, t.path)
+    return posixpath.join(base, p.pool_subdir)
+
+
+def _node_dir(node, gate_id: str) -> str:
+    # Per node even when nodes share a filesystem (the rig's nodes share /tmp).
+    return posixpath.join(node.work_dir, f"g3-{gate_id}-{node.name}")
+
+
+@register_workload("g3-shared-read")
+class G3SharedRead(Workload):
+    Params = G3Params
+    METRICS = {
+        "aggregate_read_gb_s": "GB/s",
+        "nic_ceiling_ratio": "ratio",
+        "fairness_min_max": "ratio",
+        "nodes_completed": "count",
+        "start_skew_s": "s",
+    }
+
+    # ---- config-time checks
+    def _roles(self, p: G3Params, nodes: dict) -> tuple[str, str, list[str]]:
+        port_node, _, nic = p.port.partition(":")
+        readers = list(p.readers) if p.readers else [n for n in nodes if n != port_node]
+        return port_node, nic, readers
+
+    def validate_against(self, params, nodes):
+        issues = []
+        port_node, nic, readers = self._roles(params, nodes)
+        node = nodes.get(port_node)
+        if node is None:
+            issues.append((("port",), f"port node {port_node!r} is not among the gate's nodes "
+                           f"(expected one of {', '.join(nodes)})"))
+        elif not any(n.name == nic for n in node.nics):
+            issues.append((("port",), f"node {port_node!r} declares no NIC {nic!r} "
+                           f"(declared: {', '.join(n.name for n in node.nics) or 'none'})"))
+        if not readers:
+            issues.append((("readers",), "no reader nodes (the gate's nodes minus the port node are empty)"))
+        for i, r in enumerate(readers):
+            rn = nodes.get(r)
+            if rn is None:
+                issues.append((("readers", i), f"reader {r!r} is not among the gate's nodes"))
+                continue
+            t = rn.target(params.pool_target)
+            if t is None or t.kind != "directory":
+                issues.append((("pool_target",), f"node {r!r} has no directory target {params.pool_target!r}"))
+        if params.create_on and params.create_on not in readers:
+            issues.append((("create_on",), f"create_on {params.create_on!r} is not a reader"))
+        return issues
+
+    # ---- plan (pure)
+    def _reader_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[LaunchSpec, tuple[str, ...]]:
+        nd = _node_dir(node, ctx.gate.id)
+        pool = _pool_dir(node, p)
+        argv = ("python3", posixpath.join(nd, "g3_reader.py"),
+                "--manifest", posixpath.join(pool, MANIFEST), "--pool-dir", pool, "--node", node.name,
+                "--block-bytes", str(p.block_bytes), "--streams", str(p.streams), "--direct", p.direct,
+                "--interval-s", str(p.interval_s), "--armed-file", posixpath.join(nd, "armed"),
+                "--go-file", posixpath.join(nd, "go"), "--out", posixpath.join(nd, "series.jsonl"),
+                "--deadline-s", str(p.arm_timeout_s + p.read_timeout_s + 60))
+        return LaunchSpec(argv, posixpath.join(nd, "armed"), posixpath.join(nd, "go")), argv
+
+    def _create_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[str, ...]:
+        nd = _node_dir(node, ctx.gate.id)
+        return ("python3", posixpath.join(nd, "g3_reader.py"), "create", "--pool-dir", _pool_dir(node, p),
+                "--manifest-json", json.dumps(manifest_for(p), separators=(",", ":")),
+                "--block-bytes", str(p.block_bytes))
+
+    def plan(self, ctx: GateContext) -> list[PlannedStep]:
+        p: G3Params = ctx.params
+        port_node, nic, readers = self._roles(p, ctx.nodes)
+        creator = ctx.nodes[p.create_on or readers[0]]
+        out = [PlannedStep(port_node, f"read /sys/class/net/{nic}/speed and tc qdisc of {nic} (cross-check)",
+                           ("cat", f"/sys/class/net/{nic}/speed"))]
+        out.append(PlannedStep(creator.name, f"lay out the KV copy ({p.chunks} chunk files, {p.copy_bytes} bytes) "
+                               f"in {_pool_dir(creator, p)} unless its manifest matches",
+                               self._create_argv(ctx, creator, p)))
+        for r in readers:
+            node = ctx.nodes[r]
+            out.append(PlannedStep(r, "measure clock offset (round trips)", ("date", "+%s.%N")))
+            if p.drop_caches:
+                out.append(PlannedStep(r, "drop the page cache (recorded)", DROP_CACHES_ARGV))
+            _, argv = self._reader_argv(ctx, node, p)
+            out.append(PlannedStep(r, "armed reader: opens every file, waits for the common start", argv))
+        return out
+
+    # ---- run
+    def run(self, ctx: GateContext) -> WorkloadResult:
+        p: G3Params = ctx.params
+        port_node, nic, readers = self._roles(p, ctx.nodes)
+        policy = FailurePolicy(p.max_failed_share, p.on_node_failure)
+        ev: dict[str, Any] = {"readers": readers, "port": p.port, "copy_bytes": p.copy_bytes, "chunks": p.chunks,
+                              "chunk_bytes": p.chunk_bytes, "streams_per_node": p.streams,
+                              "block_bytes": p.block_bytes, "policy": vars(policy)}
+        nodes_dir = ctx.gate_dir / "nodes"
+        nodes_dir.mkdir(parents=True, exist_ok=True)
+        tr = {r: ctx.transports[r] for r in readers}
+
+        # 1. The port's line rate: declared, cross-checked where the port's node lets us read it.
+        declared = next(n.line_rate_gbit_s for n in ctx.nodes[port_node].nics if n.name == nic)
+        pt = ctx.transports.get(port_node)
+        speed = tcj = None
+        if pt is not None:
+            r = ctx.steps.run(pt, "port-speed", ("cat", f"/sys/class/net/{nic}/speed"), timeout_s=30)
+            speed = r.stdout if r.ok else None
+            r = ctx.steps.run(pt, "port-qdisc", ("tc", "-j", "qdisc", "show", "dev", nic), timeout_s=30)
+            tcj = r.stdout if r.ok else None
+        port = cross_check_port_rate(declared, speed, tcj)
+        ev["port_rate"] = vars(port) | {"notes": list(port.notes)}
+
+        # 2. Reader script on every node (a node failing here is a node failure like any other).
+        def prepare(name: str, t):
+            nd = _node_dir(ctx.nodes[name], ctx.gate.id)
+            r = ctx.steps.run(t, "mkdir", ("mkdir", "-p", nd), timeout_s=30)
+            if not r.ok:
+                raise WorkloadError(r.summary())
+            t.put(READER_SRC, posixpath.join(nd, "g3_reader.py"))
+            return nd
+
+        prep = fan_out(tr, prepare)
+        self._check_policy(prep, policy, "preparing nodes", ev)
+
+        # 3. The KV copy, once.
+        creator = p.create_on or next(r for r in readers if r in prep.succeeded)
+        ev["pool"] = self._ensure_copy(ctx, creator, p)
+
+        live = {r: tr[r] for r in prep.succeeded}
+        # 4. Clock offsets, cold caches.
+        offs = measure_clock_offsets(live, samples=p.clock_samples)
+        applied = {n: applied_offset_s(o, p.clock_alignment) for n, o in offs.succeeded.items()}
+        ev["clock_offsets"] = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
+        ev["clock_alignment"] = p.clock_alignment
+        ev["clock_offset_errors"] = offs.failed
+        live = {r: live[r] for r in offs.succeeded}
+        drops: dict[str, Any] = {}
+        if p.drop_caches:
+            def drop(name, t):
+                r = ctx.steps.run(t, "drop-caches", DROP_CACHES_ARGV, timeout_s=120)
+                return {"dropped": r.ok, "error": None if r.ok else r.summary()}
+            drops = {n: o.value if o.ok else {"dropped": False, "error": o.error} for n, o in fan_out(live, drop).items()}
+        ev["page_cache_dropped"] = drops
+
+        # 5. Arm, release together, wait.
+        specs = {r: self._reader_argv(ctx, ctx.nodes[r], p)[0] for r in live}
+        launch = SynchronizedLaunch(live, specs, applied, policy, log_dir=ctx.gate_dir)
+        with launch:
+            ctx.progress(f"{ctx.gate.id}: arming readers on {len(live)} nodes")
+            armed = launch.arm(timeout_s=p.arm_timeout_s)
+            if not policy.tolerates(armed) or not armed.succeeded:
+                launch.stop_all("arming failed beyond the failure policy")
+            else:
+                go = launch.release()
+                ctx.progress(f"{ctx.gate.id}: released at {go:.3f}; reading {p.copy_bytes / 1e9:.3f} GB per node")
+                launch.wait(timeout_s=p.read_timeout_s)
+
+        # 6. Per-node raw series (partial ones too), parsed.
+        series = {}
+        node_ev: dict[str, Any] = {}
+        failed: dict[str, str] = {}
+        for name in readers:
+            run = launch.runs.get(name)
+            if run is None:
+                failed[name] = (prep.failed.get(name) or offs.failed.get(name) or "not started")
+                node_ev[name] = {"error": failed[name]}
+                continue
+            ndir = nodes_dir / name
+            ndir.mkdir(parents=True, exist_ok=True)
+            (ndir / "reader.jsonl").write_text(run.stdout)
+            (ndir / "reader.stderr").write_text(run.stderr)
+            info: dict[str, Any] = run.as_dict()
+            try:
+                out = parse_reader_output(run.stdout, name, applied[name],
+                                          source=str(ndir / "reader.jsonl"))
+                armed_rec = _first(run.stdout, "armed")
+                info.update(direct_used=armed_rec.get("direct_used"), direct_error=armed_rec.get("direct_error"),
+                            bytes_read=out.series.total_bytes, completed=out.series.completed,
+                            truncated=out.truncated, samples=len(out.series.intervals), reader_errors=list(out.errors))
+                series[name] = out.series
+            except Exception as exc:  # noqa: BLE001 - unparseable output is that node's failure
+                info["parse_error"] = str(exc)
+                run.error = run.error or f"reader output unparseable: {exc}"
+            if run.error is None and not info.get("completed"):
+                run.error = "reader did not complete: " + "; ".join(info.get("reader_errors") or ["no end record"])
+            if run.error:
+                failed[name] = run.error
+            info["error"] = run.error
+            node_ev[name] = info
+        ev["nodes"] = node_ev
+        ev["failed_nodes"] = failed
+        ev["launch"] = {"go_ref_s": launch.go_ref_s, "events": launch.events}
+
+        ok_series = {n: s for n, s in series.items() if n not in failed}
+        agg = aggregate(ok_series, min_window_s=p.min_window_s)
+        ev["aggregate"] = agg.as_dict()
+        metrics: dict[str, float] = {"nodes_completed": float(nodes_completed(series))}
+        skew = start_skew_s({n: s for n, s in series.items() if s.started_at_s is not None})
+        if skew is not None:
+            metrics["start_skew_s"] = skew
+            ev["start_skew_ms"] = skew * 1e3
+            # Aligned starts are exact only if the applied offsets are: the true skew can be larger by up to
+            # twice the largest offset uncertainty (zero where all nodes share one clock, as in the rig).
+            ev["start_skew_uncertainty_ms"] = 2e3 * max((o.uncertainty_s for o in offs.succeeded.values()), default=0)
+            ev["start_times_node_clock_s"] = {n: s.started_at_s for n, s in series.items()}
+        if agg.aggregate_read_gb_s is not None:
+            metrics["aggregate_read_gb_s"] = agg.aggregate_read_gb_s
+            metrics["nic_ceiling_ratio"] = nic_ceiling_ratio(agg.aggregate_read_gb_s, port.effective_gbit_s)
+        if agg.fairness_min_max is not None:
+            metrics["fairness_min_max"] = agg.fairness_min_max
+        (ctx.gate_dir / "g3.json").write_text(json.dumps({"metrics": metrics, "aggregate": agg.as_dict(),
+                                                          "failed_nodes": failed}, indent=1, default=str))
+
+        group = GroupResult({n: NodeOutcome(n, n not in failed, None, failed.get(n)) for n in readers})
+        err = policy.verdict_error(group)
+        if err:
+            return WorkloadResult(metrics, ev, error=err)
+        if agg.aggregate_read_gb_s is None:
+            return WorkloadResult(metrics, ev, invalid_reason=f"no aggregate: {agg.reason}")
+        not_cold = [n for n in ok_series if not node_ev[n].get("direct_used") and not drops.get(n, {}).get("dropped")]
+        if not_cold:
+            return WorkloadResult(metrics, ev, invalid_reason=(
+                f"not cold: no O_DIRECT and the page cache was not dropped on {', '.join(not_cold)}"))
+        return WorkloadResult(metrics, ev)
+
+    def _check_policy(self, group: GroupResult, policy: FailurePolicy, what: str, ev: dict) -> None:
+        ev.setdefault("phase_failures", {})[what] = group.failed
+        err = policy.verdict_error(group)
+        if err or not group.succeeded:
+            raise WorkloadError(f"{what}: {err or group.summary()}")
+
+    def _ensure_copy(self, ctx: GateContext, creator: str, p: G3Params) -> dict:
+        node = ctx.nodes[creator]
+        t = ctx.transports[creator]
+        pool = _pool_dir(node, p)
+        want = manifest_for(p)
+        r = ctx.steps.run(t, "pool-manifest", ("cat", posixpath.join(pool, MANIFEST)), timeout_s=60)
+        if r.ok:
+            try:
+                have = json.loads(r.stdout)
+                if all(have.get(k) == v for k, v in want.items()):
+                    return {"created": False, "by": creator, "dir": pool, "manifest": have}
+            except json.JSONDecodeError:
+                pass
+        ctx.progress(f"{ctx.gate.id}: laying out the KV copy on {creator}: {p.chunks} x {p.chunk_bytes} bytes in {pool}")
+        r = ctx.steps.run(t, "pool-create", self._create_argv(ctx, node, p),
+                          timeout_s=max(600.0, p.copy_bytes / 10e6))
+        if not r.ok:
+            raise WorkloadError(f"creating the KV copy on {creator} failed: {r.summary()}")
+        return {"created": True, "by": creator, "dir": pool, "report": r.stdout.strip()}
+
+
+def _first(text: str, kind: str) -> dict:
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("type") == kind:
+            return rec
+    return {}

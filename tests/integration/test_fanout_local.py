@@ -1,0 +1,122 @@
+"""SynchronizedLaunch with real reader processes on LocalTransport 'nodes': arm, release together,
+Ctrl-C and a failing node stop every process group, partial output kept."""
+
+import _thread
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.fanout import FailurePolicy, LaunchSpec, SynchronizedLaunch
+from harness.g3 import parse_reader_output, start_skew_s
+from harness.transport import LocalTransport
+
+pytestmark = pytest.mark.integration
+
+READER = Path(__file__).resolve().parents[2] / "harness" / "g3_reader.py"
+
+
+def make_pool(tmp_path, size_bytes):
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    with open(pool / "kv.data", "wb") as fh:
+        fh.truncate(size_bytes)  # sparse: reads are fast but take a while at this size
+    (pool / "m.json").write_text(json.dumps({"files": ["kv.data"]}))
+    return pool
+
+
+def specs_for(tmp_path, pool, nodes, manifest="m.json"):
+    out = {}
+    for n in nodes:
+        d = tmp_path / n
+        d.mkdir()
+        argv = (sys.executable, str(READER), "--manifest", str(pool / manifest), "--pool-dir", str(pool),
+                "--node", n, "--direct", "off", "--streams", "1", "--block-bytes", str(1 << 20),
+                "--interval-s", "0.05", "--armed-file", str(d / "armed"), "--go-file", str(d / "go"),
+                "--deadline-s", "120")
+        out[n] = LaunchSpec(argv, str(d / "armed"), str(d / "go"))
+    return out
+
+
+def gone(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+
+
+def test_release_together_and_complete(tmp_path):
+    pool = make_pool(tmp_path, 64 << 20)
+    nodes = ["a", "b", "c"]
+    tr = {n: LocalTransport(n) for n in nodes}
+    with SynchronizedLaunch(tr, specs_for(tmp_path, pool, nodes), {n: 0.0 for n in nodes},
+                            log_dir=tmp_path / "log") as launch:
+        armed = launch.arm(timeout_s=30)
+        assert set(armed.succeeded) == set(nodes)
+        go = launch.release()
+        res = launch.wait(timeout_s=60)
+    assert not res.failed
+    series = {n: parse_reader_output(launch.runs[n].stdout, n).series for n in nodes}
+    assert all(s.completed and s.total_bytes == 64 << 20 for s in series.values())
+    assert all(s.started_at_s >= go - 0.001 for s in series.values())  # nobody jumped the gun
+    assert start_skew_s(series) < 0.5
+    assert json.loads((tmp_path / "log" / "launch.json").read_text())["go_ref_s"] == go
+
+
+def test_ctrl_c_stops_every_process_group_and_keeps_partial_output(tmp_path):
+    pool = make_pool(tmp_path, 200 << 30)  # far more than can be read before the interrupt
+    nodes = ["a", "b"]
+    tr = {n: LocalTransport(n) for n in nodes}
+    launch = SynchronizedLaunch(tr, specs_for(tmp_path, pool, nodes), {n: 0.0 for n in nodes})
+    with pytest.raises(KeyboardInterrupt):
+        with launch:
+            launch.arm(timeout_s=30)
+            launch.release(lead_s=0.2)
+            threading.Timer(1.5, _thread.interrupt_main).start()
+            launch.wait(timeout_s=60)
+    for n in nodes:
+        run = launch.runs[n]
+        assert run.stopped and run.error
+        assert gone(run.process.pid)
+        out = parse_reader_output(run.stdout, n)
+        assert out.truncated and len(out.series.intervals) >= 3
+
+
+def test_abort_policy_stops_the_others_when_one_node_fails(tmp_path):
+    pool = make_pool(tmp_path, 200 << 30)
+    nodes = ["a", "b", "c"]
+    tr = {n: LocalTransport(n) for n in nodes}
+    launch = SynchronizedLaunch(tr, specs_for(tmp_path, pool, nodes), {n: 0.0 for n in nodes},
+                                policy=FailurePolicy(0.0, "abort"))
+    with launch:
+        launch.arm(timeout_s=30)
+        launch.release(lead_s=0.2)
+        threading.Timer(1.0, lambda: os.killpg(launch.runs["b"].process.pid, 9)).start()
+        t0 = time.time()
+        res = launch.wait(timeout_s=60)
+    assert time.time() - t0 < 20
+    assert set(res.failed) == set(nodes)
+    assert "rc=-9" in launch.runs["b"].error
+    assert all(launch.runs[n].stopped for n in ("a", "c"))
+    assert all(gone(launch.runs[n].process.pid) for n in nodes)
+
+
+def test_a_node_that_cannot_arm_fails_alone(tmp_path):
+    pool = make_pool(tmp_path, 8 << 20)
+    nodes = ["a", "b"]
+    specs = specs_for(tmp_path, pool, nodes)
+    bad = list(specs["b"].argv)
+    bad[bad.index("--manifest") + 1] = str(pool / "missing.json")
+    specs["b"] = LaunchSpec(tuple(bad), specs["b"].armed_path, specs["b"].go_path)
+    tr = {n: LocalTransport(n) for n in nodes}
+    with SynchronizedLaunch(tr, specs, {n: 0.0 for n in nodes}) as launch:
+        armed = launch.arm(timeout_s=30)
+        assert set(armed.failed) == {"b"} and "before arming" in armed.failed["b"]
+        launch.release()
+        res = launch.wait(timeout_s=30)
+    assert set(res.succeeded) == {"a"}
