@@ -16,7 +16,7 @@ from . import __version__
 from .errors import BundleError, ConfigError, HarnessError
 
 # Topic modules that add subcommands: each has register(subparsers).
-PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback"]
+PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback", "harness.cli_rig"]
 
 DEFAULT_INVENTORY = "inventory/localhost.yaml"
 DEFAULT_GATES = "gates/local.yaml"

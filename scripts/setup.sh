@@ -18,6 +18,10 @@ for arg in "$@"; do
 done
 
 APT_PKGS=(fio openssh-server openssh-client openssh-sftp-server util-linux procps iproute2 python3-venv ca-certificates)
+if [ "$WITH_TEST" = 1 ]; then
+  # the 8-node G3 rig: network namespaces, per-node sshd, sshfs (FUSE) mounts of the shared pool
+  APT_PKGS+=(sshfs fuse3)
+fi
 if [ "$WITH_LOOPBACK" = 1 ]; then
   # the qemu guest that runs Debian's kernel with nvmet + nvme-tcp (see docs/loopback.md)
   APT_PKGS+=(qemu-system-x86 busybox-static nvme-cli kmod cpio)
@@ -46,6 +50,9 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 if [ "$WITH_TEST" = 1 ]; then
   .venv/bin/python -m pip install -q -e '.[test]'
+  # G2's CPU reference engine: torch's CPU wheel first (pinned), then LMCache (see docs/g2.md)
+  .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
+  .venv/bin/python -c 'import lmcache' 2>/dev/null || .venv/bin/python -m pip install -q lmcache==0.5.6
 else
   .venv/bin/python -m pip install -q -e .
 fi
