@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.rig import RigError, RigSpec, kill_node, rig_down, rig_status, rig_up
+from harness.rig import RigError, RigSpec, kill_node, rig_down, rig_status, rig_up, set_node_link
 
 DEFAULT_STATE_ROOT = Path("/var/tmp/kvgate-rig")
 
@@ -60,6 +60,10 @@ def _handler(args: argparse.Namespace) -> int:
             pids = kill_node(spec, args.node)
             print(f"killed {len(pids)} processes of {args.node}")
             return 0
+        if args.rig_cmd in ("link-down", "link-up"):
+            set_node_link(spec, args.node, up=args.rig_cmd == "link-up")
+            print(f"{args.node}: link {args.rig_cmd[5:]}")
+            return 0
     except RigError as exc:
         print(f"kvgate rig: {exc}", file=sys.stderr)
         return 2
@@ -67,13 +71,15 @@ def _handler(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    """Add `rig` with up/down/status/kill-node to the kvgate CLI."""
+    """Add `rig` with up/down/status/kill-node/link-down/link-up to the kvgate CLI."""
     p = subparsers.add_parser("rig", help="N-node test rig on this machine (namespaces, sshds, shaped port)")
     sub = p.add_subparsers(dest="rig_cmd", required=True)
     for name, help_ in (("up", "build the rig and write its inventory"),
                         ("down", "tear the rig down (idempotent)"),
                         ("status", "show namespaces, processes, ssh reachability"),
-                        ("kill-node", "fault injection: kill every process of one node")):
+                        ("kill-node", "fault injection: kill every process of one node"),
+                        ("link-down", "fault injection: take one node's link down (its processes live on)"),
+                        ("link-up", "bring one node's link back up")):
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--prefix", default="kvg-", help="namespace name prefix (default kvg-)")
         sp.add_argument("--state-dir", default=None,
@@ -86,7 +92,7 @@ def register(subparsers) -> None:
             sp.add_argument("--purge", action="store_true", help="also delete the state dir (keys, pool)")
         if name == "status":
             sp.add_argument("--json", action="store_true")
-        if name == "kill-node":
+        if name in ("kill-node", "link-down", "link-up"):
             sp.add_argument("node", help="node name, e.g. n3")
     p.set_defaults(func=_handler)
 

@@ -158,14 +158,22 @@ CLOCK_ARGV = ("date", "+%s.%N")
 
 
 def measure_clock_offset(transport: Transport, samples: int = 5, clock: Callable[[], float] = time.time,
-                         timeout_s: float = 10.0) -> ClockOffset:
-    """Offset of a node's clock from ours, from `samples` round trips of `date +%s.%N` (smallest RTT wins)."""
+                         timeout_s: float = 5.0) -> ClockOffset:
+    """Offset of a node's clock from ours, from `samples` round trips of `date +%s.%N` (smallest RTT wins).
+
+    A probe that times out or cannot reach the node fails the node at once: `date` answers in
+    milliseconds on a live node, so one such probe means the node is unreachable or hung, and
+    retrying would only hold up every other node's measurement (timeout_s x samples per node)."""
     got = []
     errors = []
     for _ in range(samples):
         t_send = clock()
         res = transport.run(list(CLOCK_ARGV), timeout_s=timeout_s)
         t_recv = clock()
+        if res.timed_out:
+            raise HarnessError(f"clock probe timed out after {timeout_s:g} s (node unresponsive)")
+        if res.error:
+            raise HarnessError(f"clock probe failed: {res.summary()}")
         if not res.ok:
             errors.append(res.summary())
             continue
@@ -179,17 +187,27 @@ def measure_clock_offset(transport: Transport, samples: int = 5, clock: Callable
 
 
 def measure_clock_offsets(transports: Mapping[str, Transport], samples: int = 5,
-                          clock: Callable[[], float] = time.time, parallel: bool = False) -> GroupResult:
+                          clock: Callable[[], float] = time.time, parallel: bool = False,
+                          timeout_s: float = 5.0) -> GroupResult:
     """Clock offset of every node. Sequential by default: parallel probes compete for the orchestrator's
-    CPU and inflate every round trip, and with it the uncertainty."""
-    if parallel:
-        return fan_out(transports, lambda _n, t: measure_clock_offset(t, samples, clock))
-    return fan_out(transports, lambda _n, t: measure_clock_offset(t, samples, clock), max_workers=1)
+    CPU and inflate every round trip, and with it the uncertainty. A dead node costs one timeout_s."""
+    def one(_n: str, t: Transport) -> ClockOffset:
+        return measure_clock_offset(t, samples, clock, timeout_s)
+    return fan_out(transports, one, max_workers=None if parallel else 1)
 
 
 # ----------------------------------------------------------------------------------------------
 # synchronized launch
 # ----------------------------------------------------------------------------------------------
+
+def output_bytes(proc: Process) -> int | None:
+    """Bytes of stdout a running process has delivered so far, where its transport keeps them in memory
+    (kvgate's local and SSH processes do); None when unknown, which disables stall detection for it."""
+    chunks = getattr(proc, "_out", None)
+    if not isinstance(chunks, list):
+        return None
+    return sum(len(c) for c in list(chunks))
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -360,16 +378,39 @@ class SynchronizedLaunch:
             self.stop_all(reason="go signal failed on " + ", ".join(sorted(g.failed)))
         return go_ref
 
-    def wait(self, timeout_s: float) -> GroupResult:
-        """Wait for every process; on timeout or (policy abort) a failure, stop every process group."""
+    def wait(self, timeout_s: float, stall_timeout_s: float | None = None) -> GroupResult:
+        """Wait for every process; on timeout or (policy abort) a failure, stop every process group.
+
+        stall_timeout_s: a process that streams progress (the G3 reader prints a sample every interval)
+        and whose output stops growing for this long is failed as unreachable or hung and its group is
+        stopped in the background, while the others read on; a node whose link went down is then
+        noticed in seconds, not at the end of timeout_s. None: no stall detection.
+        """
         deadline = self.clock() + timeout_s
         pending = {n for n, r in self.runs.items() if r.process is not None and r.rc is None and not r.stopped}
+        seen: dict[str, tuple[int, float]] = {n: (-1, self.clock()) for n in pending}
+        stoppers: list[threading.Thread] = []
         try:
             while pending:
                 for node in list(pending):
                     run = self.runs[node]
                     rc = run.process.poll()
                     if rc is None:
+                        if stall_timeout_s is not None:
+                            size = output_bytes(run.process)
+                            last_size, since = seen[node]
+                            now = self.clock()
+                            if size is None or size != last_size:
+                                seen[node] = (size if size is not None else -1, now)
+                            elif now - since >= stall_timeout_s:
+                                pending.discard(node)
+                                self._fail(node, f"no output for {now - since:.0f} s (node unreachable or hung): stopped")
+                                th = threading.Thread(target=self._stop_one, args=(node, "stalled"), daemon=True)
+                                th.start()
+                                stoppers.append(th)
+                                if self.policy.on_node_failure == "abort":
+                                    self.stop_all(reason=f"{node} stalled and policy is abort")
+                                    pending.clear()
                         continue
                     pending.discard(node)
                     self._collect(node, rc)
@@ -386,7 +427,22 @@ class SynchronizedLaunch:
         except BaseException:
             self.stop_all(reason="interrupted")
             raise
+        finally:
+            for th in stoppers:
+                th.join(60.0)
         return self._group(lambda r: r.error is None and r.rc == 0)
+
+    def _stop_one(self, node: str, reason: str, grace_s: float = 2.0) -> None:
+        run = self.runs[node]
+        if run.process is None or run.rc is not None:
+            return
+        self._event("stop", node=node, reason=reason)
+        run.stopped = True
+        try:
+            run.process.kill_group(grace_s=grace_s)
+        except Exception as exc:  # noqa: BLE001 - an unreachable node cannot be told anything
+            self._event("stop_failed", node=node, error=_describe(exc))
+        self._collect(node, run.process.wait(5.0))
 
     def _collect(self, node: str, rc: int | None) -> None:
         run = self.runs[node]
@@ -404,7 +460,7 @@ class SynchronizedLaunch:
 
     def stop_all(self, reason: str, grace_s: float = 2.0) -> None:
         """Kill every still-running process group (in parallel); keep whatever output each produced."""
-        live = {n: r for n, r in self.runs.items() if r.process is not None and r.rc is None}
+        live = {n: r for n, r in self.runs.items() if r.process is not None and r.rc is None and not r.stopped}
         if not live:
             return
         self._event("stop_all", reason=reason, nodes=sorted(live))

@@ -633,3 +633,17 @@ def kill_node(spec: RigSpec, node: str) -> list[int]:
 def node_processes(spec: RigSpec, node: str) -> list[tuple[int, str]]:
     """(PID, command line) of every process in a node's namespace."""
     return [(p, process_cmdline(p)) for p in namespace_pids(spec.node_ns(node))]
+
+
+def set_node_link(spec: RigSpec, node: str, up: bool) -> None:
+    """Fault injection: take a node's only link (eth0 in its namespace) down or bring it back up.
+
+    With the link down the node's processes live on, but nothing reaches it and it reaches nothing:
+    kvgate's SSH session to it falls silent and its sshfs mount of the pool stalls, as when a real
+    node's cable or switch port fails."""
+    if node not in spec.node_names():
+        raise RigError(f"rig: no node {node!r} (have {', '.join(spec.node_names())})")
+    cp = subprocess.run(["ip", "-n", spec.node_ns(node), "link", "set", "eth0", "up" if up else "down"],
+                        capture_output=True, text=True)
+    if cp.returncode != 0:
+        raise RigError(f"rig: link {'up' if up else 'down'} on {node} failed: {cp.stderr.strip()}")

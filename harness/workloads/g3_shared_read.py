@@ -53,9 +53,12 @@ class G3Params(StrictModel):
     drop_caches: bool = True
     interval_s: float = Field(default=0.1, gt=0, le=10)
     clock_samples: int = Field(default=5, ge=1, le=100)
+    clock_probe_timeout_s: float = Field(default=5.0, gt=0)  # one timed-out probe fails the node
     clock_alignment: Literal["auto", "measured", "assume_synced"] = "auto"
     arm_timeout_s: float = Field(default=60, gt=0)
     read_timeout_s: float = Field(default=600, gt=0)
+    # A reader prints a sample every interval_s; silence this long means its node is gone (link down, hung).
+    stall_timeout_s: float = Field(default=15.0, gt=0)
     min_window_s: float = Field(default=1.0, ge=0)
     max_failed_share: float = Field(default=0.0, ge=0, le=1)
     on_node_failure: Literal["continue", "abort"] = "continue"
@@ -149,6 +152,9 @@ class G3SharedRead(Workload):
             t = rn.target(params.pool_target)
             if t is None or t.kind != "directory":
                 issues.append((("pool_target",), f"node {r!r} has no directory target {params.pool_target!r}"))
+        if params.stall_timeout_s < 20 * params.interval_s:
+            issues.append((("stall_timeout_s",), f"must be at least 20 x interval_s ({20 * params.interval_s:g} s): "
+                           "a reader is silent between samples"))
         if params.create_on and params.create_on not in readers:
             issues.append((("create_on",), f"create_on {params.create_on!r} is not a reader"))
         return issues
@@ -231,7 +237,7 @@ class G3SharedRead(Workload):
 
         live = {r: tr[r] for r in prep.succeeded}
         # 4. Clock offsets, cold caches.
-        offs = measure_clock_offsets(live, samples=p.clock_samples)
+        offs = measure_clock_offsets(live, samples=p.clock_samples, timeout_s=p.clock_probe_timeout_s)
         applied = {n: applied_offset_s(o, p.clock_alignment) for n, o in offs.succeeded.items()}
         ev["clock_offsets"] = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
         ev["clock_alignment"] = p.clock_alignment
@@ -256,7 +262,7 @@ class G3SharedRead(Workload):
             else:
                 go = launch.release()
                 ctx.progress(f"{ctx.gate.id}: released at {go:.3f}; reading {p.copy_bytes / 1e9:.3f} GB per node")
-                launch.wait(timeout_s=p.read_timeout_s)
+                launch.wait(timeout_s=p.read_timeout_s, stall_timeout_s=p.stall_timeout_s)
 
         # 6. Per-node raw series (partial ones too), parsed.
         series = {}

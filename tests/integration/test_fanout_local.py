@@ -4,6 +4,7 @@ Ctrl-C and a failing node stop every process group, partial output kept."""
 import _thread
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -120,3 +121,35 @@ def test_a_node_that_cannot_arm_fails_alone(tmp_path):
         launch.release()
         res = launch.wait(timeout_s=30)
     assert set(res.succeeded) == {"a"}
+
+
+def test_a_silent_node_is_failed_and_stopped_while_the_others_read_on(tmp_path):
+    # "b" is frozen (SIGSTOP) right after the start, as a node whose link went down looks from here: its
+    # output stops. It must be failed after stall_timeout_s and its process group killed, long before
+    # the read timeout, while "a" completes; b's samples from before the freeze are kept.
+    pool = make_pool(tmp_path, 200 << 30)
+    (tmp_path / "s").mkdir()
+    small = make_pool(tmp_path / "s", 256 << 20)
+    nodes = ["a", "b"]
+    tr = {n: LocalTransport(n) for n in nodes}
+    specs = specs_for(tmp_path, pool, nodes)
+    a_argv = list(specs["a"].argv)
+    a_argv[a_argv.index("--manifest") + 1] = str(small / "m.json")
+    a_argv[a_argv.index("--pool-dir") + 1] = str(small)
+    specs["a"] = LaunchSpec(tuple(a_argv), specs["a"].armed_path, specs["a"].go_path)
+    with SynchronizedLaunch(tr, specs, {n: 0.0 for n in nodes}, poll_s=0.02) as launch:
+        assert set(launch.arm(timeout_s=30).succeeded) == set(nodes)
+        launch.release(lead_s=0.2)
+        time.sleep(0.8)
+        pgid_b = launch.runs["b"].process.pid
+        os.killpg(pgid_b, signal.SIGSTOP)
+        t0 = time.monotonic()
+        res = launch.wait(timeout_s=120, stall_timeout_s=1.5)
+        waited = time.monotonic() - t0
+    assert waited < 15  # not the 120 s read timeout
+    assert set(res.failed) == {"b"} and "no output" in res.failed["b"]
+    assert launch.runs["b"].stopped
+    assert parse_reader_output(launch.runs["a"].stdout, "a").series.completed
+    partial = parse_reader_output(launch.runs["b"].stdout, "b")
+    assert partial.series.intervals and not partial.series.completed
+    assert gone(pgid_b)

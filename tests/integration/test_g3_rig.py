@@ -14,7 +14,8 @@ import yaml
 
 from harness.bundle import generate_keypair, load_private_key, verify_bundle
 from harness.config import load_config
-from harness.rig import RigSpec, check_prerequisites, kill_node, node_processes, rig_down, rig_status, rig_up
+from harness.rig import (RigSpec, check_prerequisites, kill_node, node_processes, rig_down, rig_status, rig_up,
+                         set_node_link)
 from harness.runner import run_suite
 from harness.verdict import Outcome
 import harness.workloads.g3_shared_read  # noqa: F401  (registers g3-shared-read)
@@ -40,20 +41,22 @@ def rig(tmp_path_factory):
     assert not any(ns.startswith("kvgt-") for ns in __import__("harness.rig", fromlist=["x"]).existing_namespaces())
 
 
-def suite_file(tmp_path, **params) -> Path:
+def suite_file(tmp_path, nodes=None, **params) -> Path:
     data = yaml.safe_load((REPO / "gates" / "g3-rig.yaml").read_text())
     data["gates"][0]["params"].update({"chunks": 4, "read_timeout_s": 90}, **params)
+    if nodes is not None:
+        data["gates"][0]["nodes"] = nodes
     p = tmp_path / "g3.yaml"
     p.write_text(yaml.safe_dump(data, sort_keys=False))
     return p
 
 
-def run_g3(rig, tmp_path, **params):
+def run_g3(rig, tmp_path, nodes=None, **params):
     spec, state = rig
     out = tmp_path / "out"
     out.mkdir()
     generate_keypair(out / "k")
-    cfg = load_config(state.inventory_path, suite_file(tmp_path, **params))
+    cfg = load_config(state.inventory_path, suite_file(tmp_path, nodes, **params))
     res = run_suite(cfg, out, load_private_key(out / "k.key"), known_hosts_path=state.known_hosts,
                     progress=lambda m: None)
     return res, out
@@ -121,7 +124,7 @@ def test_node_killed_mid_read_is_error_with_partial_series_others_kept(rig, tmp_
     th = threading.Thread(target=killer, daemon=True)
     th.start()
     t0 = time.time()
-    res, out = run_g3(rig, tmp_path, chunks=6)
+    res, out = run_g3(rig, tmp_path)
     th.join(5)
     assert killed, "the reader on the victim never produced samples"
     assert time.time() - t0 < 150
@@ -149,3 +152,53 @@ def test_node_unreachable_at_start_is_a_clear_error_and_nothing_reads(rig, tmp_p
     assert "unreachable" in v.reason and "n3" in v.reason
     assert not (res.run_dir / "gates" / "G3" / "launch.json").exists()
     assert readers_left(spec) == {n: [] for n in spec.node_names()}
+
+
+def test_node_whose_link_goes_down_mid_read_is_error_long_before_the_read_timeout(rig, tmp_path):
+    # Runs last: the victim's sshfs mount does not survive its link going down. n3 is dead since the
+    # kill test, so the gate runs on the other seven readers.
+    spec, _ = rig
+    victim = "n5"
+    readers = [n for n in spec.node_names() if n != "n3"]
+    series_file = Path(f"/tmp/kvgate-work/g3-G3-{victim}/series.jsonl")
+    if series_file.exists():
+        series_file.unlink()
+    downed = []
+
+    def cut():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if series_file.exists() and series_file.read_text().count('"sample"') >= 10:
+                set_node_link(spec, victim, up=False)
+                downed.append(time.time())
+                return
+            time.sleep(0.05)
+
+    th = threading.Thread(target=cut, daemon=True)
+    th.start()
+    try:
+        res, out = run_g3(rig, tmp_path, nodes=readers + ["storage"], read_timeout_s=300,
+                          stall_timeout_s=8)
+        ended = time.time()
+        th.join(5)
+        assert downed, "the reader on the victim never produced samples"
+        # Noticed by its silence (stall_timeout_s), not at the 300 s read timeout.
+        assert ended - downed[0] < 120
+        v = res.verdicts[0]
+        assert v.outcome is Outcome.ERROR and victim in v.reason
+        ev = v.evidence
+        assert set(ev["failed_nodes"]) == {victim} and "no output" in ev["failed_nodes"][victim]
+        assert ev["nodes"][victim]["samples"] >= 1 and not ev["nodes"][victim]["completed"]
+        partial = (res.run_dir / "gates" / "G3" / "nodes" / victim / "reader.jsonl").read_text()
+        assert '"sample"' in partial
+        assert all(ev["nodes"][n]["completed"] for n in readers if n != victim)
+        assert v.metrics["nodes_completed"] == len(readers) - 1
+        assert verify_bundle(res.bundle.path, out / "k.pub").ok
+        # Unreachable, the victim's reader still ends by itself (its pool mount and its SSH session
+        # time out); none is left running anywhere.
+        deadline = time.time() + 60
+        while time.time() < deadline and any(readers_left(spec).values()):
+            time.sleep(1)
+        assert readers_left(spec) == {n: [] for n in spec.node_names()}
+    finally:
+        set_node_link(spec, victim, up=True)

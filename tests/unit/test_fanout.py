@@ -3,7 +3,8 @@
 import pytest
 
 from harness.errors import HarnessError
-from harness.fanout import FailurePolicy, GroupResult, NodeOutcome, fan_out, measure_clock_offset
+from harness.fanout import (FailurePolicy, GroupResult, NodeOutcome, fan_out, measure_clock_offset,
+                            measure_clock_offsets)
 from harness.g3 import ClockOffset, applied_offset_s
 from harness.transport import CommandResult, Transport
 
@@ -87,3 +88,29 @@ def test_applied_offset_modes():
     assert applied_offset_s(significant, "assume_synced") == 0.0
     with pytest.raises(ValueError):
         applied_offset_s(noise, "guess")
+
+
+class TimingOutTransport(FakeClockTransport):
+    """A node whose every command times out (e.g. a hung login shell): counts the probes it was sent."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, argv, timeout_s=None, env=None, stdin=None):
+        self.calls.append(timeout_s)
+        return CommandResult(tuple(argv), None, "", "", timeout_s, True)
+
+
+def test_clock_probe_fails_the_node_at_its_first_timeout():
+    t = TimingOutTransport()
+    with pytest.raises(HarnessError, match="timed out after 2 s"):
+        measure_clock_offset(t, samples=5, timeout_s=2.0)
+    assert t.calls == [2.0]  # one bounded probe, not timeout x samples
+
+
+def test_clock_offsets_group_keeps_the_live_nodes_when_one_times_out():
+    clock = FakeClock()
+    live = FakeClockTransport(clock, -0.5, [(0.001, 0.001)] * 3)
+    g = measure_clock_offsets({"a": live, "dead": TimingOutTransport()}, samples=3, clock=clock, timeout_s=1.0)
+    assert g.succeeded["a"].offset_s == pytest.approx(-0.5, abs=1e-6)
+    assert "timed out" in g.failed["dead"]
