@@ -12,6 +12,7 @@ runs: wall(8 nodes) / wall(1 node) then measures orchestration overhead (goal <=
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -30,17 +31,17 @@ import harness.workloads.g3_shared_read  # noqa: E402,F401
 REPO = Path(__file__).resolve().parents[1]
 
 
-def one(work: Path, nodes: int, rate_mbit: int, chunks: int) -> dict:
-    spec = RigSpec(prefix="kvgb-", state_dir=work / f"rig{nodes}", node_count=nodes, port_rate_mbit=rate_mbit)
+def one(work: Path, nodes: int, rate_mbit: int, chunks: int, rep: int = 0) -> dict:
+    spec = RigSpec(prefix="kvgb-", state_dir=work / f"rig{nodes}-{rep}", node_count=nodes, port_rate_mbit=rate_mbit)
     try:
         state = rig_up(spec)
         data = yaml.safe_load((REPO / "gates" / "g3-rig.yaml").read_text())
         g = data["gates"][0]
         g["nodes"] = spec.node_names() + ["storage"]
         g["params"]["chunks"] = chunks
-        suite = work / f"g3-{nodes}.yaml"
+        suite = work / f"g3-{nodes}-{rep}.yaml"
         suite.write_text(yaml.safe_dump(data, sort_keys=False))
-        out = work / f"out{nodes}"
+        out = work / f"out{nodes}-{rep}"
         out.mkdir()
         generate_keypair(out / "k")
         cfg = load_config(state.inventory_path, suite)
@@ -53,8 +54,11 @@ def one(work: Path, nodes: int, rate_mbit: int, chunks: int) -> dict:
         launch = res_ev.get("launch", {})
         exits = [e["t_s"] for e in launch.get("events", []) if e["event"] == "exited"]
         read_wall = (max(exits) - launch["go_ref_s"]) if exits and launch.get("go_ref_s") else None
+        import json
+        gate = json.loads((res.run_dir / "gates" / "G3" / "result.json").read_text())
         return {"nodes": nodes, "outcome": v.outcome.value, "reason": v.reason, "metrics": v.metrics,
-                "run_wall_s": time.monotonic() - t0, "read_wall_s": read_wall, "window_s": win.get("window_s")}
+                "run_wall_s": time.monotonic() - t0, "read_wall_s": read_wall, "window_s": win.get("window_s"),
+                "gate_wall_s": gate["finished_unix_s"] - gate["started_unix_s"]}
     finally:
         rig_down(spec)
 
@@ -63,20 +67,32 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate-mbit", type=int, default=1000)
     ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each size; medians are reported")
     a = ap.parse_args()
+    r1s, r8s = [], []
     with tempfile.TemporaryDirectory(prefix="kvgate-g3-bench-") as tmp:
         work = Path(tmp)
-        r8 = one(work, 8, a.rate_mbit, a.chunks)
-        r1 = one(work, 1, a.rate_mbit // 8, a.chunks)
-    for r in (r1, r8):
+        for rep in range(a.repeat):
+            r8s.append(one(work, 8, a.rate_mbit, a.chunks, rep))
+            r1s.append(one(work, 1, a.rate_mbit // 8, a.chunks, rep))
+    for r in r1s + r8s:
         m = r["metrics"]
-        print(f"{r['nodes']} node(s): {r['outcome']}  read wall {r['read_wall_s']:.2f} s  run wall {r['run_wall_s']:.1f} s  "
-              f"aggregate {m.get('aggregate_read_gb_s', float('nan')):.4f} GB/s  ratio {m.get('nic_ceiling_ratio', float('nan')):.3f}  "
-              f"skew {1e3 * m.get('start_skew_s', float('nan')):.1f} ms")
-    ratio = r8["read_wall_s"] / r1["read_wall_s"]
-    print(f"wall_ratio_8_vs_1 = {ratio:.3f}   (goal <= 1.10)")
-    print(f"start_skew_ms_8 = {1e3 * r8['metrics'].get('start_skew_s', float('nan')):.1f}   (goal <= 20)")
-    print(f"aggregate_over_shaped_ceiling_8 = {r8['metrics'].get('nic_ceiling_ratio', float('nan')):.3f}   (goal >= 0.90)")
+        print(f"{r['nodes']} node(s): {r['outcome']}  read wall {r['read_wall_s']:.2f} s  gate wall {r['gate_wall_s']:.1f} s  "
+              f"run wall {r['run_wall_s']:.1f} s  aggregate {m.get('aggregate_read_gb_s', float('nan')):.4f} GB/s  "
+              f"ratio {m.get('nic_ceiling_ratio', float('nan')):.3f}  skew {1e3 * m.get('start_skew_s', float('nan')):.1f} ms")
+
+    def med(rs, f):
+        return statistics.median(f(r) for r in rs)
+
+    print(f"wall_ratio_8_vs_1 (read phase, go -> last reader exit) = "
+          f"{med(r8s, lambda r: r['read_wall_s']) / med(r1s, lambda r: r['read_wall_s']):.3f}   (goal <= 1.10)")
+    print(f"gate_wall_ratio_8_vs_1 (whole G3 gate: copy check, clock probes, cache drop, arm, read) = "
+          f"{med(r8s, lambda r: r['gate_wall_s']) / med(r1s, lambda r: r['gate_wall_s']):.3f}   (informational)")
+    print(f"run_wall_ratio_8_vs_1 (whole kvgate run incl. per-node snapshots and signing) = "
+          f"{med(r8s, lambda r: r['run_wall_s']) / med(r1s, lambda r: r['run_wall_s']):.3f}   (informational)")
+    print(f"start_skew_ms_8 = {1e3 * med(r8s, lambda r: r['metrics'].get('start_skew_s', float('nan'))):.1f}   (goal <= 20)")
+    print(f"aggregate_over_shaped_ceiling_8 = "
+          f"{med(r8s, lambda r: r['metrics'].get('nic_ceiling_ratio', float('nan'))):.3f}   (goal >= 0.90)")
     return 0
 
 

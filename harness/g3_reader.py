@@ -5,7 +5,7 @@ threads, and prints a JSON-lines stream to stdout (one record per line, flushed)
 
   header  {schema, node, pid, pgid, direct_requested, ...}
   armed   {t_s, files, bytes_expected, direct_used, direct_error}   (files opened, buffers ready)
-  start   {t_s, go_s}                                             (first read issued)
+  start   {t_s, go_s, start_priority}                             (first read issued)
   sample  {t0_s, t1_s, bytes}                                     (every interval_s, bytes in (t0, t1])
   error   {message}
   end     {t_s, bytes, completed, files_done}
@@ -105,6 +105,24 @@ def sleep_until(t):
         time.sleep(left)
 
 
+def set_start_priority(realtime):
+    """Make this thread SCHED_FIFO (realtime=True) or SCHED_OTHER again; returns whether it took effect.
+
+    Around the start instant only: a realtime waker preempts every normal task, so all readers on a busy
+    node (or many readers on few cores, as in the rig) issue their first read within microseconds of the
+    go time instead of queueing behind the data path. Needs root or CAP_SYS_NICE; otherwise a no-op."""
+    if not hasattr(os, "sched_setscheduler"):
+        return False
+    try:
+        if realtime:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        else:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 class Worker(threading.Thread):
     def __init__(self, queue, qlock, fds, sizes, block_bytes, errors):
         super().__init__(daemon=True)
@@ -116,6 +134,8 @@ class Worker(threading.Thread):
         self.files_done = 0
 
     def run(self):
+        # Started by a realtime main thread (see set_start_priority): read at normal priority.
+        set_start_priority(False)
         view = memoryview(self.buf)
         while True:
             with self.qlock:
@@ -189,6 +209,8 @@ def main(argv=None):
     ap.add_argument("--go-file", required=True)
     ap.add_argument("--out", default=None)
     ap.add_argument("--deadline-s", type=float, default=600.0, help="hard limit on the reader's life")
+    ap.add_argument("--start-priority", choices=("auto", "normal"), default="auto",
+                    help="auto: wake for the start as SCHED_FIFO where permitted (recorded), then normal")
     a = ap.parse_args(argv)
     t_begin = time.time()
     deadline = t_begin + a.deadline_s
@@ -208,6 +230,11 @@ def main(argv=None):
     if not direct_used:
         drop_file_cache(fds)
     expected = sum(sizes)
+    # Everything the start needs is ready before arming: at the go instant only threads are started.
+    queue = list(range(len(fds)))[::-1]
+    qlock = threading.Lock()
+    errors: list[str] = []
+    workers = [Worker(queue, qlock, fds, sizes, a.block_bytes, errors) for _ in range(max(1, a.streams))]
     em.emit(type="armed", t_s=time.time(), files=len(fds), bytes_expected=expected,
             direct_used=direct_used, direct_error=direct_error)
     with open(a.armed_file + ".tmp", "w") as fh:
@@ -219,15 +246,14 @@ def main(argv=None):
         em.emit(type="error", message="no go signal before the deadline")
         em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)
         return 4
+    realtime = a.start_priority == "auto" and set_start_priority(True)
     sleep_until(go)
-    queue = list(range(len(fds)))[::-1]
-    qlock = threading.Lock()
-    errors: list[str] = []
-    workers = [Worker(queue, qlock, fds, sizes, a.block_bytes, errors) for _ in range(max(1, a.streams))]
     t0 = time.time()
     for w in workers:
         w.start()
-    em.emit(type="start", t_s=t0, go_s=go)
+    if realtime:
+        set_start_priority(False)
+    em.emit(type="start", t_s=t0, go_s=go, start_priority="fifo" if realtime else "normal")
     last_t, last_b = t0, 0
     while any(w.is_alive() for w in workers):
         nxt = last_t + a.interval_s

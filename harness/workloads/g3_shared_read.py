@@ -284,6 +284,7 @@ class G3SharedRead(Workload):
                                           source=str(ndir / "reader.jsonl"))
                 armed_rec = _first(run.stdout, "armed")
                 info.update(direct_used=armed_rec.get("direct_used"), direct_error=armed_rec.get("direct_error"),
+                            start_priority=_first(run.stdout, "start").get("start_priority"),
                             bytes_read=out.series.total_bytes, completed=out.series.completed,
                             truncated=out.truncated, samples=len(out.series.intervals), reader_errors=list(out.errors))
                 series[name] = out.series

@@ -94,6 +94,7 @@ def test_g3_end_to_end_passes_near_the_shaped_ceiling_and_bundle_verifies(rig, t
     assert m["fairness_min_max"] == pytest.approx(min(rates.values()) / max(rates.values()))
     assert ev["port_rate"]["tbf_rate_gbit_s"] == pytest.approx(0.5)
     assert all(n["direct_used"] for n in ev["nodes"].values())  # O_DIRECT works through this FUSE mount
+    assert all(n["start_priority"] == "fifo" for n in ev["nodes"].values())  # root: realtime wake at the start
     assert all(d["dropped"] for d in ev["page_cache_dropped"].values())
     # All rig nodes share one clock: the node-clock start times give the true skew.
     starts = ev["start_times_node_clock_s"].values()
