@@ -388,7 +388,9 @@ class SynchronizedLaunch:
         """
         deadline = self.clock() + timeout_s
         pending = {n for n, r in self.runs.items() if r.process is not None and r.rc is None and not r.stopped}
-        seen: dict[str, tuple[int, float]] = {n: (-1, self.clock()) for n in pending}
+        # Silence counts from the start instant: a released reader prints nothing until then.
+        quiet_from = max(self.clock(), self.go_ref_s or 0.0)
+        seen: dict[str, tuple[int, float]] = {n: (-1, quiet_from) for n in pending}
         stoppers: list[threading.Thread] = []
         try:
             while pending:
@@ -401,7 +403,7 @@ class SynchronizedLaunch:
                             last_size, since = seen[node]
                             now = self.clock()
                             if size is None or size != last_size:
-                                seen[node] = (size if size is not None else -1, now)
+                                seen[node] = (size if size is not None else -1, max(now, since))
                             elif now - since >= stall_timeout_s:
                                 pending.discard(node)
                                 self._fail(node, f"no output for {now - since:.0f} s (node unreachable or hung): stopped")
