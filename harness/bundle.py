@@ -123,6 +123,15 @@ def report_id_for(digest_hex: str, created_utc: str) -> str:
     return f"KVG-{created_utc[:10].replace('-', '')}-{digest_hex[:8]}"
 
 
+def _copy_hashing(src: Path, dst: Path) -> str:
+    h = hashlib.sha256()
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        while chunk := fi.read(_CHUNK):
+            h.update(chunk)
+            fo.write(chunk)
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class BundleInfo:
     path: Path
@@ -132,25 +141,36 @@ class BundleInfo:
 
 def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519PrivateKey,
                  predicate: dict[str, Any], make_tar: bool = True,
-                 render: Callable[[str, Path], list[str]] | None = None) -> BundleInfo:
+                 render: Callable[[str, Path], list[str]] | None = None, move: bool = False) -> BundleInfo:
     """Sign every file under ``run_dir`` into a bundle under ``out_dir``.
 
-    Files are copied into a hidden temporary directory beside the final one and hashed there; ``render``
-    (given the report ID and that directory) may then write reports that print the ID. The directory is
-    renamed into place (and tarred) only after the envelope is written.
+    The files go into a hidden temporary directory beside the final one: copied and hashed in one pass, or,
+    with ``move=True``, the run directory itself is renamed there (no copy; on any failure it is renamed
+    back). ``render`` (given the report ID and that directory) may then write reports that print the ID.
+    The directory is renamed into place (and tarred) only after the envelope is written.
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [f for f in _list_files(run_dir) if f != ENVELOPE]
     created = time.gmtime()
     tmp = Path(tempfile.mkdtemp(prefix=".incomplete-bundle-", dir=out_dir))
+    moved = False
+    if move:
+        try:
+            os.rename(run_dir, tmp)
+            moved = True
+        except OSError:
+            pass  # another filesystem: copy instead
     try:
         subjects = []
         for rel in files:
-            dst = tmp / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(run_dir / rel, dst)
-            subjects.append({"name": rel, "digest": {"sha256": sha256_file(dst)}})
+            if moved:
+                digest = sha256_file(tmp / rel)
+            else:
+                dst = tmp / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                digest = _copy_hashing(run_dir / rel, dst)
+            subjects.append({"name": rel, "digest": {"sha256": digest}})
         pred = dict(predicate, created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", created), rendered_files=[])
         report_id = report_id_for(evidence_digest(subjects, pred), pred["created_utc"])
         rendered = sorted(render(report_id, tmp)) if render else []
@@ -178,7 +198,14 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
         os.chmod(tmp, 0o755)
         os.rename(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if moved:
+            keep = set(files)
+            for rel in _list_files(tmp):
+                if rel not in keep:  # half-written reports or envelope
+                    (tmp / rel).unlink()
+            os.rename(tmp, run_dir)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     tar_path = None
     if make_tar:

@@ -16,7 +16,7 @@ from . import __version__
 from .errors import BundleError, ConfigError, HarnessError
 
 # Topic modules that add subcommands: each has register(subparsers).
-PLUGIN_MODULES: list[str] = []
+PLUGIN_MODULES: list[str] = ["harness.cli_cost"]
 
 DEFAULT_INVENTORY = "inventory/localhost.yaml"
 DEFAULT_GATES = "gates/local.yaml"
@@ -106,8 +106,9 @@ def cmd_run(args) -> int:
     for m in outcome.messages:
         print(m, file=sys.stderr)
     print(f"overall: {outcome.overall.value}")
-    print(f"run directory: {outcome.run_dir}")
-    if outcome.bundle:
+    if not outcome.bundle:
+        print(f"run directory: {outcome.run_dir}")
+    else:
         print(f"report ID: {outcome.bundle.report_id}")
         print(f"bundle: {outcome.bundle.path}" + (f" ({outcome.bundle.tar_path})" if outcome.bundle.tar_path else ""))
         if pub is not None:

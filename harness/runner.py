@@ -187,6 +187,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     from .report import render_bundle_reports
 
     progress("signing the bundle")
+    # The run directory becomes the bundle (renamed, not copied); if signing fails it is renamed back.
     outcome.bundle = write_bundle(run_dir, Path(out_dir), private_key, predicate, make_tar=make_tar,
-                                  render=lambda rid, d: render_bundle_reports(rid, d, predicate))
+                                  render=lambda rid, d: render_bundle_reports(rid, d, predicate), move=True)
+    outcome.run_dir = outcome.bundle.path
     return outcome

@@ -114,3 +114,29 @@ def test_statement_is_in_toto_v1_naming_every_file(bundle):
     assert st["predicate"]["report_id"] == info.report_id
     assert st["_type"] == "https://in-toto.io/Statement/v1"
     assert {s["name"] for s in st["subject"]} >= {"verdicts.json", "report.md", "gates/G1/fio.json"}
+
+
+def test_failed_signing_of_a_moved_run_dir_puts_it_back(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "raw.json").write_text("{}")
+    key, _ = generate_keypair(tmp_path / "k")
+
+    def broken_render(rid, d):
+        (d / "report.md").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        write_bundle(run, tmp_path / "out", load_private_key(key), {}, render=broken_render, move=True)
+    assert sorted(p.name for p in run.iterdir()) == ["raw.json"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []
+
+
+def test_moved_run_dir_becomes_the_bundle(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "raw.json").write_text("{}")
+    key, pub = generate_keypair(tmp_path / "k")
+    info = write_bundle(run, tmp_path / "out", load_private_key(key), {}, move=True, make_tar=False)
+    assert not run.exists() and (info.path / "raw.json").exists()
+    assert verify_bundle(info.path, pub).ok

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""kvgate's G1 figure divided by a direct fio run of the same job on the same target (goal 0.98-1.02).
+
+Both sides run alternately in the same session on one local file target, page cache dropped before each,
+so the machine's noise hits both. Prints each pair and the median ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml  # noqa: E402
+
+from harness.bundle import generate_keypair, load_private_key  # noqa: E402
+from harness.config import load_config  # noqa: E402
+from harness.runner import run_suite  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--runtime-s", type=float, default=5)
+    ap.add_argument("--size", default="1 GiB")
+    ap.add_argument("--work-dir", default="/var/tmp/kvgate-bench")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="kvgate-g1-bench-"))
+    inv = tmp / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"nodes": [{"name": "local", "transport": "local", "work_dir": args.work_dir,
+                                              "read_streams": 1, "targets": [{"name": "t", "kind": "file",
+                                              "path": "bench.bin", "size": args.size}]}]}))
+    gates = tmp / "gates.yaml"
+    gates.write_text(yaml.safe_dump({"suite": {"name": "bench", "version": 1}, "gates": [{
+        "id": "G1", "title": "bench", "workload": "fio-read", "metric": "per_gpu_read_gb_s", "pass": ">= 0 GB/s",
+        "params": {"target": "t", "runtime_s": args.runtime_s, "ramp_s": 1, "iodepth": 16}}]}))
+    cfg = load_config(inv, gates)
+    key = load_private_key(generate_keypair(tmp / "k")[0])
+    pairs = []
+    for i in range(args.rounds):
+        out = run_suite(cfg, tmp / "out", key, progress=lambda m: None, make_tar=False)
+        v = out.verdicts[0]
+        if v.actual is None:
+            print(f"kvgate run failed: {v.reason}")
+            return 1
+        job = out.bundle.path / "gates" / "G1" / "local" / "job.fio"
+        subprocess.run(["sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"], check=False)
+        r = subprocess.run(["fio", "--output-format=json", str(job)], capture_output=True, text=True, check=True)
+        direct = sum(j["read"]["bw_bytes"] for j in json.loads(r.stdout[r.stdout.find("{"):])["jobs"]) / 1e9
+        pairs.append((v.actual, direct))
+        print(f"round {i + 1}: kvgate G1 {v.actual:.4f} GB/s, direct fio {direct:.4f} GB/s, "
+              f"ratio {v.actual / direct:.3f}")
+    ratios = [a / b for a, b in pairs]
+    print(f"median ratio kvgate/direct fio: {statistics.median(ratios):.3f} (goal 0.98-1.02; "
+          f"min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} rounds)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
