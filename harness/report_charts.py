@@ -62,7 +62,7 @@ def stream_bars_svg(streams: Sequence[tuple[str, float]], *, unit: str = "GB/s",
     mpl, plt = _plt()
     with mpl.rc_context(RC):
         n = max(len(streams), 1)
-        fig, ax = plt.subplots(figsize=(min(2.0 + 0.55 * n, 11.0), 3.6))
+        fig, ax = plt.subplots(figsize=(min(3.5 + 0.55 * n, 11.0), 3.6))
         xs = list(range(len(streams)))
         for x, (label, val) in zip(xs, streams):
             bar = ax.bar([x], [val], color=BAR_COLOR, width=0.7)
@@ -71,21 +71,28 @@ def stream_bars_svg(streams: Sequence[tuple[str, float]], *, unit: str = "GB/s",
                         xytext=(0, 2), textcoords="offset points")
         ax.set_xticks(xs, [str(s[0]) for s in streams], rotation=45 if n > 8 else 0,
                       ha="right" if n > 8 else "center")
+        # A reference far above what was measured would flatten the bars: then it is named, not drawn.
+        near = _finite([v for _, v in streams] + [pass_value, stop_value])
+        ref_off_scale = (reference_value is not None and near and reference_value > 2.5 * max(near))
         for value, gid, color, style, name in (
             (pass_value, "pass-line", PASS_COLOR, "-", "pass"),
             (stop_value, "stop-loss-line", STOP_COLOR, "--", "stop-loss"),
-            (reference_value, "reference-line", REF_COLOR, ":", "reference"),
+            (None if ref_off_scale else reference_value, "reference-line", REF_COLOR, ":", "reference"),
         ):
             if value is not None:
                 line = ax.axhline(value, color=color, linestyle=style, linewidth=1.2,
                                   label=f"{name} {value:.3g} {unit}")
                 line.set_gid(gid)
-        tops = _finite([v for _, v in streams] + [pass_value, stop_value, reference_value])
+        tops = _finite([v for _, v in streams] + [pass_value, stop_value] +
+                       ([] if ref_off_scale else [reference_value]))
         ax.set_ylim(0, (max(tops) if tops else 1.0) * 1.15 or 1.0)
         ax.set_ylabel(f"read ({unit})")
         ax.set_title(title)
-        if any(v is not None for v in (pass_value, stop_value, reference_value)):
-            ax.legend(loc="lower right", fontsize=7, framealpha=0.9)
+        if ref_off_scale:
+            ax.text(1.02, 0.02, f"reference {reference_value:.3g} {unit}\n(off scale)", transform=ax.transAxes,
+                    fontsize=7, color=REF_COLOR, va="bottom", gid="reference-note")
+        if any(v is not None for v in (pass_value, stop_value)) or (reference_value is not None and not ref_off_scale):
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, framealpha=0.9)
         fig.tight_layout()
         svg = _svg(fig)
         plt.close(fig)
