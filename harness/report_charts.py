@@ -138,7 +138,7 @@ def ttft_distribution_svg(recompute_s: Sequence[float], readback_s: Sequence[flo
         labels = [g[0] for g in groups]
         keep = [(d, lab) for d, lab in zip(data, labels) if d]
         if keep:
-            bp = bx.boxplot([d for d, _ in keep], vert=True, whis=(5, 95), showfliers=True)
+            bp = bx.boxplot([d for d, _ in keep], whis=(5, 95), showfliers=True)
             bx.set_xticks(range(1, len(keep) + 1), [lab for _, lab in keep])
             for box, (_, lab) in zip(bp["boxes"], keep):
                 box.set_gid(f"box-{_gid(lab)}")
