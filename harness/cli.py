@@ -16,7 +16,7 @@ from . import __version__
 from .errors import BundleError, ConfigError, HarnessError
 
 # Topic modules that add subcommands: each has register(subparsers).
-PLUGIN_MODULES: list[str] = ["harness.cli_cost"]
+PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback"]
 
 DEFAULT_INVENTORY = "inventory/localhost.yaml"
 DEFAULT_GATES = "gates/local.yaml"
@@ -96,8 +96,11 @@ def cmd_run(args) -> int:
         kind = "development"
         print(f"no --key given: signing with the development key {pub.with_suffix('.key')} (marked as such)",
               file=sys.stderr)
+    from .cli_loopback import open_guest_transports
+
+    # nodes labelled kvgate-guest are the local qemu guest: its port, key and known_hosts come from its state
     outcome = run_suite(cfg, Path(args.out), key, key_kind=kind, trust_new_hosts=args.trust_new_hosts,
-                        known_hosts_path=args.known_hosts)
+                        known_hosts_path=args.known_hosts, transports=open_guest_transports(cfg.inventory))
     print()
     for v in outcome.verdicts:
         actual = "—" if v.actual is None else f"{v.actual:.4g} {v.unit}"

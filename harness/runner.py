@@ -153,6 +153,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     finally:
         for tr in opened.values():
             try:
+                if tr.abort():
+                    progress(f"stopped the commands still running on {tr.name}")
                 tr.close()
             except Exception:  # noqa: BLE001
                 pass
@@ -188,7 +190,11 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
 
     progress("signing the bundle")
     # The run directory becomes the bundle (renamed, not copied); if signing fails it is renamed back.
-    outcome.bundle = write_bundle(run_dir, Path(out_dir), private_key, predicate, make_tar=make_tar,
-                                  render=lambda rid, d: render_bundle_reports(rid, d, predicate), move=True)
+    try:
+        outcome.bundle = write_bundle(run_dir, Path(out_dir), private_key, predicate, make_tar=make_tar,
+                                      render=lambda rid, d: render_bundle_reports(rid, d, predicate), move=True)
+    except OSError as exc:
+        raise HarnessError(f"the bundle was not written ({exc}); no half-written bundle was left, and the run "
+                          f"directory with every result is kept at {run_dir}") from None
     outcome.run_dir = outcome.bundle.path
     return outcome

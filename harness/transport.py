@@ -91,6 +91,32 @@ class Transport(abc.ABC):
     def _start(self, argv: Sequence[str], env: dict[str, str], stdin: bytes | None,
                log_path: str | None) -> Process: ...
 
+    def _active(self) -> set:
+        # created lazily so backends need not call a base __init__
+        if not hasattr(self, "_active_procs"):
+            self._active_procs: set = set()
+            self._active_lock = threading.Lock()
+        return self._active_procs
+
+    def _track(self, proc: Process | None, add: bool) -> None:
+        active = self._active()
+        with self._active_lock:
+            if add:
+                active.add(proc)
+            else:
+                active.discard(proc)
+
+    def abort(self, grace_s: float = 2.0) -> int:
+        """Kill the process group of every command still running through this transport; return how many."""
+        active = self._active()
+        with self._active_lock:
+            procs = list(active)
+        for p in procs:
+            if p.poll() is None:
+                p.kill_group(grace_s=grace_s)
+            self._track(p, False)
+        return len(procs)
+
     @abc.abstractmethod
     def put(self, local_path: str | Path, remote_path: str) -> None: ...
 
@@ -110,7 +136,9 @@ class Transport(abc.ABC):
               log_path: str | None = None) -> Process:
         """Start a long-lived command in its own process group; output goes to ``log_path`` (on the node)."""
         argv = [str(a) for a in argv]
-        return self._start(argv, _check_env(env), None, log_path)
+        proc = self._start(argv, _check_env(env), None, log_path)
+        self._track(proc, True)
+        return proc
 
     def run(self, argv: Sequence[str], timeout_s: float | None = None, env: Mapping[str, str] | None = None,
             stdin: bytes | str | None = None) -> CommandResult:
@@ -124,12 +152,16 @@ class Transport(abc.ABC):
         except (TransportError, OSError) as exc:
             return CommandResult(argv_t, None, "", "", time.monotonic() - t0, False,
                                  f"could not start: {exc}", self.name)
-        rc = proc.wait(timeout_s)
-        timed_out = False
-        if rc is None:
-            timed_out = True
-            proc.kill_group()
-            rc = proc.wait(10.0)
+        self._track(proc, True)
+        try:
+            rc = proc.wait(timeout_s)
+            timed_out = False
+            if rc is None:
+                timed_out = True
+                proc.kill_group()
+                rc = proc.wait(10.0)
+        finally:
+            self._track(proc, False)
         out, err = proc.output()
         return CommandResult(argv_t, rc, out.decode(errors="replace"), err.decode(errors="replace"),
                              time.monotonic() - t0, timed_out, None, self.name)

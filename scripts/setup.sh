@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # Set up kvgate on a fresh Debian 12 machine (as root): system packages and a Python venv in .venv.
 #   scripts/setup.sh            control host: fio, openssh, kvgate itself
-#   scripts/setup.sh --test     plus everything the test suite needs
+#   scripts/setup.sh --loopback the NVMe-oF loopback guest's packages too (qemu, busybox, nvme-cli, kmod, cpio)
+#   scripts/setup.sh --test     everything the test suite needs (implies --loopback)
 # Idempotent: rerunning only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WITH_TEST=0
+WITH_LOOPBACK=0
 for arg in "$@"; do
   case "$arg" in
-    --test) WITH_TEST=1 ;;
-    *) echo "setup.sh: unknown option $arg (expected --test)" >&2; exit 2 ;;
+    --test) WITH_TEST=1; WITH_LOOPBACK=1 ;;
+    --loopback) WITH_LOOPBACK=1 ;;
+    *) echo "setup.sh: unknown option $arg (expected --test or --loopback)" >&2; exit 2 ;;
   esac
 done
 
-APT_PKGS=(fio openssh-server openssh-client util-linux procps iproute2 python3-venv ca-certificates)
+APT_PKGS=(fio openssh-server openssh-client openssh-sftp-server util-linux procps iproute2 python3-venv ca-certificates)
+if [ "$WITH_LOOPBACK" = 1 ]; then
+  # the qemu guest that runs Debian's kernel with nvmet + nvme-tcp (see docs/loopback.md)
+  APT_PKGS+=(qemu-system-x86 busybox-static nvme-cli kmod cpio)
+fi
 
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -25,6 +32,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ "$WITH_LOOPBACK" = 1 ] && ! apt-cache policy linux-image-amd64 2>/dev/null | grep -q "Candidate: [0-9]"; then
+  # the guest build resolves and downloads Debian's kernel package: the package lists must know it
+  apt-get update -qq
 fi
 
 PY=${PYTHON:-python3}

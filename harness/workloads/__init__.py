@@ -2,3 +2,4 @@
 
 from .base import WORKLOADS, GateContext, PlannedStep, Workload, register_workload  # noqa: F401
 from . import fio_read  # noqa: F401,E402
+from . import nvme_integrity  # noqa: F401,E402

@@ -117,3 +117,40 @@ def test_default_run_without_arguments(tmp_path):
     tar = next((tmp_path / "out").glob("KVG-*.tar.gz"))
     v = kvgate("verify", tar, "--pubkey", tmp_path / "home" / "dev-signing.pub")
     assert v.returncode == 0 and "(development key)" in v.stdout
+
+
+def test_ctrl_c_stops_remote_fio_keeps_partial_results_and_writes_no_bundle(tmp_path, sshd):
+    import signal
+    import time
+    inv = write_inventory(tmp_path, sshd, tmp_path / "t.bin")
+    gates = tmp_path / "long.yaml"
+    gates.write_text(yaml.safe_dump({"suite": {"name": "long", "version": 1}, "gates": [{
+        "id": "G1", "title": "long read", "workload": "fio-read", "metric": "per_gpu_read_gb_s",
+        "pass": ">= 1 MB/s", "params": {"target": "scratch", "runtime_s": 120, "ramp_s": 0, "bs": "4 KiB",
+                                        "rw": "randread", "iodepth": 1}}]}))
+    out = tmp_path / "out"
+    e = dict(os.environ, KVGATE_HOME=str(tmp_path / "home"))
+    p = subprocess.Popen([sys.executable, "-m", "harness", "run", "-i", str(inv), "-g", str(gates), "--out", str(out),
+                          "--known-hosts", str(sshd.known_hosts)], cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    job = str(tmp_path / "work")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if subprocess.run(["pgrep", "-f", f"fio --output-format=json {job}"], capture_output=True).stdout:
+            break
+        time.sleep(0.2)
+    else:
+        p.kill()
+        pytest.fail("fio never started")
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stdout + stderr
+    assert "no bundle was written" in stderr
+    time.sleep(0.5)
+    assert subprocess.run(["pgrep", "-f", f"fio --output-format=json {job}"], capture_output=True).stdout == b""
+    run_dirs = [d for d in out.iterdir() if d.name.startswith("run-")]
+    assert len(run_dirs) == 1 and not [d for d in out.iterdir() if d.name.startswith("KVG-")]
+    summary = json.loads((run_dirs[0] / "verdicts.json").read_text())
+    assert summary["overall"] != "PASS" and summary["run"]["interrupted"] is True
+    assert (run_dirs[0] / "steps").is_dir()

@@ -1,0 +1,393 @@
+"""cpu-reference engine: a small OpenAI-compatible streaming server whose prompt KV lives in LMCache.
+
+For CI and for trying kvgate without GPUs. The model is a Llama-architecture transformers model built
+from a config with seeded random weights (nothing is downloaded). Each prompt's KV cache is looked up
+in, retrieved from and stored to the real LMCache engine (CPU, with an fs:// pool from the LMCache YAML
+kvgate writes) through ``CPUKVConnector``, a connector that copies between LMCache's memory objects and
+the model's per-layer key/value tensors. A prompt whose KV is in the pool is served by reading it back
+and computing only the last token; otherwise it is prefilled in full and its KV stored.
+
+Endpoints: ``GET /health``, ``GET /metrics`` (Prometheus text, this engine's own hit counters),
+``POST /v1/completions`` (``stream: true`` SSE, or a single JSON body). Prompts are token-id lists, or
+text mapped to ids byte by byte (there is no tokenizer).
+
+Run: ``python3 -m harness.engines.cpu_reference --port 8000 --model-config model.json
+--lmcache-config lmcache.yaml``. Needs torch, transformers and lmcache (the ``cpu-engine`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ENGINE_NAME = "kvgate-cpu-reference"
+METRIC_PREFIX = "kvgate_cpu_ref_"
+
+# A model small enough that CI prefill of a few thousand tokens takes seconds, not minutes.
+DEFAULT_MODEL_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "vocab_size": 4096,
+    "max_position_embeddings": 65536,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "torch_dtype": "float32",
+    "tie_word_embeddings": False,
+}
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {ENGINE_NAME}: {msg}", file=sys.stderr, flush=True)
+
+
+class Counters:
+    """Monotonic counters exposed on /metrics; all updates under one lock."""
+
+    NAMES = {
+        "requests_total": "Completion requests served",
+        "prompt_tokens_total": "Prompt tokens received",
+        "external_query_tokens_total": "Prompt tokens looked up in the KV pool",
+        "external_hit_tokens_total": "Prompt tokens whose KV was read back from the KV pool",
+        "external_read_bytes_total": "KV bytes read back from the KV pool",
+        "external_stored_tokens_total": "Prompt tokens whose KV was handed to LMCache for storing",
+        "prefill_tokens_total": "Prompt tokens computed by the model (not read back)",
+        "generation_tokens_total": "Tokens generated",
+    }
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.values = {k: 0 for k in self.NAMES}
+
+    def add(self, **kw: int) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                self.values[k] += int(v)
+
+    def render(self) -> str:
+        with self._lock:
+            lines = []
+            for k, help_ in self.NAMES.items():
+                name = METRIC_PREFIX + k
+                lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name} {self.values[k]}"]
+            return "\n".join(lines) + "\n"
+
+
+class Engine:
+    """The model plus its LMCache engine; ``complete`` yields generated token ids one by one."""
+
+    def __init__(self, model_config: dict[str, Any], lmcache_config: str | None, seed: int, threads: int | None,
+                 model_name: str, instance_id: str):
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.torch = torch
+        cfg = {k: v for k, v in model_config.items() if k not in ("architectures", "model_type", "torch_dtype")}
+        self.config = LlamaConfig(**cfg)
+        torch.manual_seed(seed)
+        self.model = LlamaForCausalLM(self.config).eval()
+        self.dtype = torch.float32
+        self.model_name = model_name
+        self.layers = self.config.num_hidden_layers
+        self.kv_heads = self.config.num_key_value_heads
+        self.head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+        self.kv_bytes_per_token = self.layers * 2 * self.kv_heads * self.head_dim * 4
+        self.lock = threading.Lock()
+        self.counters = Counters()
+        self.instance_id = instance_id
+        self.lmc = None
+        self.chunk_size = 256
+        if lmcache_config:
+            self._init_lmcache(lmcache_config)
+
+    def _init_lmcache(self, path: str) -> None:
+        import torch
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+        from lmcache.v1.config import LMCacheEngineConfig
+        from lmcache.v1.metadata import LMCacheMetadata
+
+        cfg = LMCacheEngineConfig.from_file(path)
+        self.chunk_size = int(cfg.chunk_size)
+        meta = LMCacheMetadata(
+            model_name=self.model_name, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+            kv_dtype=self.dtype, kv_shape=(self.layers, 2, self.chunk_size, self.kv_heads, self.head_dim),
+            chunk_size=self.chunk_size)
+        self.lmc = LMCacheEngineBuilder.get_or_create(
+            self.instance_id, cfg, meta, make_cpu_connector(self.layers, self.kv_heads, self.head_dim),
+            lambda t, r: None, lambda o, r: o)
+        # The storage manager (and with it the fs:// pool) exists only after post_init.
+        self.lmc.post_init()
+        _log(f"LMCache engine up: chunk_size={self.chunk_size} remote_url={cfg.remote_url} "
+             f"local_cpu={cfg.local_cpu} max_local_cpu_size={cfg.max_local_cpu_size}")
+
+    def close(self) -> None:
+        if self.lmc is not None:
+            from lmcache.v1.cache_engine import LMCacheEngineBuilder
+            LMCacheEngineBuilder.destroy(self.instance_id)
+            self.lmc = None
+
+    def _empty_kv(self, n: int):
+        t = self.torch
+        return ([t.zeros(1, self.kv_heads, n, self.head_dim, dtype=self.dtype) for _ in range(self.layers)],
+                [t.zeros(1, self.kv_heads, n, self.head_dim, dtype=self.dtype) for _ in range(self.layers)])
+
+    def _cache_from(self, keys, values, n: int):
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        for i in range(self.layers):
+            cache.update(keys[i][:, :, :n].contiguous(), values[i][:, :, :n].contiguous(), i)
+        return cache
+
+    def complete(self, tokens: list[int], max_tokens: int):
+        """Generator of token ids; the first arrives after prefill (or read-back plus one step)."""
+        t = self.torch
+        with self.lock, t.inference_mode():
+            n = len(tokens)
+            ids = t.tensor(tokens, dtype=t.long)
+            hit = 0
+            if self.lmc is not None:
+                keys, values = self._empty_kv(n)
+                req_id = uuid.uuid4().hex
+                mask = self.lmc.retrieve(ids, kvcaches=(keys, values), req_id=req_id)
+                hit = int(mask.sum().item())
+                self.counters.add(external_query_tokens_total=n, external_hit_tokens_total=hit,
+                                  external_read_bytes_total=hit * self.kv_bytes_per_token)
+            # At least the last prompt token is computed: its logits give the first output token.
+            reuse = min(hit, n - 1)
+            cache = self._cache_from(keys, values, reuse) if reuse > 0 else None
+            out = self.model(input_ids=ids[reuse:].unsqueeze(0), past_key_values=cache, use_cache=True,
+                             position_ids=t.arange(reuse, n).unsqueeze(0))
+            cache = out.past_key_values
+            self.counters.add(requests_total=1, prompt_tokens_total=n, prefill_tokens_total=n - reuse)
+            if self.lmc is not None and hit < n:
+                full_k = [cache.layers[i].keys for i in range(self.layers)]
+                full_v = [cache.layers[i].values for i in range(self.layers)]
+                self.lmc.store(ids, kvcaches=(full_k, full_v), req_id=uuid.uuid4().hex)
+                self.counters.add(external_stored_tokens_total=n - hit)
+            nxt = int(out.logits[0, -1].argmax().item())
+            for step in range(max_tokens):
+                self.counters.add(generation_tokens_total=1)
+                yield nxt
+                if step + 1 == max_tokens:
+                    break
+                out = self.model(input_ids=t.tensor([[nxt]]), past_key_values=cache, use_cache=True,
+                                 position_ids=t.tensor([[n + step]]))
+                cache = out.past_key_values
+                nxt = int(out.logits[0, -1].argmax().item())
+
+
+def make_cpu_connector(layers: int, kv_heads: int, head_dim: int):
+    """An LMCache connector for CPU tensors: LMCache's [2, layers, tokens, heads*dim] memory objects
+    <-> the model's per-layer [1, heads, tokens, dim] key and value tensors (``kvcaches=(keys, values)``)."""
+    import torch
+    from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
+
+    class CPUKVConnector(GPUConnectorInterface):
+        def from_gpu(self, memory_obj, start, end, **kwargs):
+            keys, values = kwargs["kvcaches"]
+            dst = memory_obj.tensor
+            for i in range(layers):
+                for j, src in enumerate((keys[i], values[i])):
+                    dst[j, i].copy_(src[0, :, start:end, :].transpose(0, 1).reshape(end - start, kv_heads * head_dim))
+
+        def to_gpu(self, memory_obj, start, end, **kwargs):
+            keys, values = kwargs["kvcaches"]
+            src = memory_obj.tensor
+            for i in range(layers):
+                for j, dst in enumerate((keys[i], values[i])):
+                    dst[0, :, start:end, :].copy_(src[j, i].reshape(end - start, kv_heads, head_dim).transpose(0, 1))
+
+        def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
+            for m, s, e in zip(memory_objs, starts, ends):
+                self.from_gpu(m, s, e, **kwargs)
+
+        def batched_to_gpu(self, memory_objs, starts, ends, **kwargs):
+            for m, s, e in zip(memory_objs, starts, ends):
+                self.to_gpu(m, s, e, **kwargs)
+
+        def get_shape(self, num_tokens):
+            return torch.Size([layers, 2, num_tokens, kv_heads, head_dim])
+
+        def initialize_kvcaches_ptr(self, **kwargs):
+            pass
+
+    return CPUKVConnector()
+
+
+def prompt_ids(prompt: Any, vocab_size: int) -> list[int]:
+    """Token ids from an OpenAI ``prompt``: a list of ids, or text mapped byte by byte."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = list(prompt.encode())
+    elif isinstance(prompt, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        ids = prompt
+    else:
+        raise ValueError("prompt must be a string or a list of token ids")
+    if not ids:
+        raise ValueError("prompt is empty")
+    bad = [x for x in ids if not 0 <= x < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} outside the vocabulary (size {vocab_size})")
+    return ids
+
+
+def make_handler(engine: Engine):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = ENGINE_NAME
+
+        def log_message(self, fmt, *args):
+            _log("http " + (fmt % args))
+
+        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _error(self, code: int, msg: str) -> None:
+            self._send(code, json.dumps({"error": {"message": msg, "code": code}}).encode())
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._send(200, b"{}")
+            elif self.path == "/metrics":
+                self._send(200, engine.counters.render().encode(), "text/plain; version=0.0.4")
+            elif self.path == "/v1/models":
+                self._send(200, json.dumps({"object": "list", "data": [
+                    {"id": engine.model_name, "object": "model", "owned_by": ENGINE_NAME}]}).encode())
+            else:
+                self._error(404, f"no route {self.path}")
+
+        def do_POST(self):
+            if self.path != "/v1/completions":
+                return self._error(404, f"no route {self.path}")
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+                ids = prompt_ids(body.get("prompt"), engine.config.vocab_size)
+                max_tokens = int(body.get("max_tokens", 16))
+                if max_tokens < 1:
+                    raise ValueError("max_tokens must be >= 1")
+            except (ValueError, TypeError, json.JSONDecodeError) as exc:
+                return self._error(400, str(exc))
+            cid = f"cmpl-{uuid.uuid4().hex[:16]}"
+            created = int(time.time())
+            model = body.get("model") or engine.model_name
+
+            def event(text: str, finish: str | None) -> dict:
+                return {"id": cid, "object": "text_completion", "created": created, "model": model,
+                        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+            gen = engine.complete(ids, max_tokens)
+            if not body.get("stream"):
+                try:
+                    out = [f" t{tok}" for tok in gen]
+                except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
+                    _log("request failed: " + traceback.format_exc())
+                    return self._error(500, f"{type(exc).__name__}: {exc}")
+                resp = event("".join(out), "length")
+                resp["usage"] = {"prompt_tokens": len(ids), "completion_tokens": len(out),
+                                 "total_tokens": len(ids) + len(out)}
+                return self._send(200, json.dumps(resp).encode())
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for i, tok in enumerate(gen):
+                    finish = "length" if i + 1 == max_tokens else None
+                    self._chunk(b"data: " + json.dumps(event(f" t{tok}", finish)).encode() + b"\n\n")
+            except (BrokenPipeError, ConnectionResetError):
+                return
+            except Exception as exc:  # noqa: BLE001 - the stream carries the error to the client
+                _log("request failed: " + traceback.format_exc())
+                self._chunk(b"data: " + json.dumps({"error": {"message": f"{type(exc).__name__}: {exc}",
+                                                              "code": 500}}).encode() + b"\n\n")
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+
+    return Handler
+
+
+def load_model_config(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return dict(DEFAULT_MODEL_CONFIG)
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object (a HF config.json)")
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m harness.engines.cpu_reference", description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--model-config", help="HF-style config.json of a Llama-architecture model (default: built-in small)")
+    ap.add_argument("--model-name", default="kvgate-cpu-reference")
+    ap.add_argument("--lmcache-config", help="LMCache YAML; without it no KV pool is used (pure re-compute)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+
+    if not args.host.startswith("127."):
+        # The reference engine has no authentication: loopback only.
+        print(f"{ENGINE_NAME}: --host must be a loopback address (127.0.0.0/8), got {args.host}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        d = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvgate-cpu-ref-prom-{os.getpid()}"
+        d.mkdir(parents=True, exist_ok=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(d)
+    t0 = time.perf_counter()
+    engine = Engine(load_model_config(args.model_config), args.lmcache_config, args.seed, args.threads,
+                    args.model_name, f"kvgate-cpu-ref-{os.getpid()}")
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(engine))
+    server.daemon_threads = True
+
+    def stop(signum, frame):
+        _log(f"signal {signum}: closing LMCache and exiting")
+        try:
+            engine.close()
+        finally:
+            # LMCache leaves non-daemon threads behind; exit without waiting for them.
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    _log(f"ready on http://{args.host}:{args.port} after {time.perf_counter() - t0:.1f} s "
+         f"(kv_bytes_per_token={engine.kv_bytes_per_token})")
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        rc = main()
+    except BaseException:  # noqa: BLE001 - a crash at start must leave its traceback in the log
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(rc)

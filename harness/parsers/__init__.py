@@ -1,0 +1,1 @@
+"""Pure parsers of command output (tested on captured real output under tests/fixtures/)."""
