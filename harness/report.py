@@ -15,6 +15,7 @@ re-render a verified bundle offline and get the same bytes. Rendered files (list
 Evidence keys the charts and tables read (a workload that records them gets them drawn):
   streams: [{node, label, gpu, read_gb_s, ...}]                    -> <gate>-streams.svg/.csv
   ttft_recompute_s: [float], ttft_readback_s: [float]              -> <gate>-ttft.svg, <gate>-ttft.csv
+    (else read from the raw gates/<gate>/requests-{recompute,readback}.jsonl of g2-ttft, -> <gate>-requests.csv)
   series: {node: [[t_s, read_gb_s], ...]}, nic_line_rate_gb_s      -> <gate>-series.svg/.csv
   any other list of flat records (e.g. requests: [{...}])          -> <gate>-<key>.csv
   validity: {name: {proven: bool, detail: str}} or <name>_proven / <name>_detail -> evidence-validity column
@@ -108,6 +109,23 @@ def validity(verdict: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"name": name, "proven": ev[key], "detail": str(ev.get(f"{name}_detail", ""))})
     if out:
         return out
+    if "readback_hit_tokens" in ev or "readback_device_read_bytes" in ev:
+        # G2 (g2-ttft): hits from the engine's counters, cold from bytes read off the pool's device.
+        hit, query = ev.get("readback_hit_tokens"), ev.get("readback_query_tokens")
+        if hit is None or not query:
+            out.append({"name": "hits", "proven": False, "detail": "the engine exposed no hit counters"})
+        else:
+            out.append({"name": "hits", "proven": hit > 0,
+                        "detail": f"{hit:.0f} of {query:.0f} read-back tokens hit the tier ({hit / query:.1%})"})
+        rb = ev.get("readback_device_read_bytes")
+        drop = ev.get("page_cache_dropped")
+        tail = "" if drop is None else f"; page cache dropped: {'yes' if drop else 'no'}"
+        if rb is None:
+            out.append({"name": "cold", "proven": False, "detail": "bytes read from the pool device unknown" + tail})
+        else:
+            out.append({"name": "cold", "proven": rb > 0,
+                        "detail": f"{fmt_bytes(rb)} read from the pool device during read-back" + tail})
+        return out
     nodes = ev.get("nodes")
     if isinstance(nodes, dict) and nodes and all(isinstance(v, dict) for v in nodes.values()):
         if any("page_cache_dropped" in v for v in nodes.values()):
@@ -163,6 +181,45 @@ def fio_job_rows(text: str, node: str) -> list[dict[str, Any]]:
     return rows
 
 
+REQUEST_FILES = {"recompute": "requests-recompute.jsonl", "readback": "requests-readback.jsonl"}
+
+
+def request_records(gate_dir: Path | None) -> dict[str, list[dict[str, Any]]]:
+    """Per-request records of a TTFT gate (``requests-<phase>.jsonl``, one JSON object per line), by phase."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    if gate_dir is None:
+        return out
+    for phase, name in REQUEST_FILES.items():
+        p = gate_dir / name
+        if not p.is_file():
+            continue
+        recs = []
+        for line in p.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                recs.append(rec)
+        out[phase] = recs
+    return out
+
+
+def ttft_lists(verdict: dict[str, Any], gate_dir: Path | None) -> tuple[list[float] | None, list[float] | None]:
+    """TTFTs (s) of the successful requests: evidence ``ttft_recompute_s`` / ``ttft_readback_s``, else the raw
+    ``requests-<phase>.jsonl`` records."""
+    ev = verdict.get("evidence") or {}
+    rc, rb = ev.get("ttft_recompute_s"), ev.get("ttft_readback_s")
+    if isinstance(rc, list) or isinstance(rb, list):
+        return rc, rb
+    recs = request_records(gate_dir)
+    if not recs:
+        return None, None
+    pick = lambda rs: [float(r["ttft_s"]) for r in rs if r.get("error") is None and r.get("ttft_s") is not None]  # noqa: E731
+    return (pick(recs["recompute"]) if "recompute" in recs else None,
+            pick(recs["readback"]) if "readback" in recs else None)
+
+
 def _flat_records(v: Any) -> bool:
     return (isinstance(v, list) and bool(v) and all(isinstance(r, dict) for r in v)
             and all(not isinstance(x, (dict, list)) for r in v for x in r.values()))
@@ -187,7 +244,13 @@ def gate_tables(verdict: dict[str, Any], gate_dir: Path | None) -> dict[str, pd.
     for key in sorted(ev):
         if _flat_records(ev[key]):
             out[key] = _ordered_frame(ev[key], ("node", "label", "gpu", "request", "mode"))
-    rc, rb = ev.get("ttft_recompute_s"), ev.get("ttft_readback_s")
+    recs = request_records(gate_dir)
+    if recs:
+        rows = [{"phase": phase, **{k: (json.dumps(v) if isinstance(v, (list, dict)) else v)
+                                    for k, v in r.items() if k != "output_text"}}
+                for phase, rs in recs.items() for r in rs]
+        out["requests"] = _ordered_frame(rows, ("phase", "request_id", "ttft_s", "latency_s", "error"))
+    rc, rb = ttft_lists(verdict, gate_dir)
     if isinstance(rc, list) or isinstance(rb, list):
         rows = [{"mode": "recompute", "request": i, "ttft_s": v} for i, v in enumerate(rc or [])]
         rows += [{"mode": "readback", "request": i, "ttft_s": v} for i, v in enumerate(rb or [])]
@@ -218,7 +281,7 @@ def verdicts_frame(verdicts: list[dict[str, Any]]) -> pd.DataFrame:
 # --------------------------------------------------------------------------- charts
 
 
-def gate_charts(verdict: dict[str, Any]) -> dict[str, tuple[str, str]]:
+def gate_charts(verdict: dict[str, Any], gate_dir: Path | None = None) -> dict[str, tuple[str, str]]:
     """kind -> (caption, svg) for the charts a gate's evidence supports."""
     from . import report_charts as rc
 
@@ -242,7 +305,7 @@ def gate_charts(verdict: dict[str, Any]) -> dict[str, tuple[str, str]]:
             " with the pass and stop-loss thresholds and the reference figure" if per_stream else
             f" (the thresholds apply to {metric}, not to single streams)")
         out["streams"] = (caption, svg)
-    rcmp, rbk = ev.get("ttft_recompute_s"), ev.get("ttft_readback_s")
+    rcmp, rbk = ttft_lists(verdict, gate_dir)
     if (isinstance(rcmp, list) and rcmp) or (isinstance(rbk, list) and rbk):
         ref_s = quantity_in((verdict.get("reference") or {}).get("value"), "s")
         svg = rc.ttft_distribution_svg(rcmp or [], rbk or [], reference_p50_s=ref_s,
@@ -333,7 +396,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             tables[rel] = frame
             g_tables.append({"path": rel, "rows": len(frame), "key": key})
         g_charts = []
-        for kind, (caption, svg) in gate_charts(v).items():
+        for kind, (caption, svg) in gate_charts(v, gate_dir).items():
             rel = f"{CHARTS_DIR}/{gid}-{kind}.svg"
             charts[rel] = svg
             g_charts.append({"path": rel, "kind": kind, "caption": caption, "id": f"chart-{gid}-{kind}"})

@@ -124,3 +124,26 @@ def test_compare_shared_metrics_and_direction():
     assert rows[("G1", "total_read_gb_s")].change == "worse"
     assert rows[("G2", "ttft_p50_s")].change == "worse"  # lower is better: "<=" pass threshold
     assert direction("foo", {"metric": "bar"}) is None
+
+
+def test_g2_raw_request_records_feed_tables_chart_and_validity(tmp_path):
+    """g2-ttft keeps per-request records in requests-<phase>.jsonl; failed requests have no TTFT."""
+    from harness.report import gate_charts, gate_tables, validity
+
+    def rec(rid, ttft, error=None):
+        return json.dumps({"request_id": rid, "prompt_tokens": 100, "queue_s": 0.0, "ttft_s": ttft, "itl_s": [0.01],
+                           "latency_s": None, "e2e_s": None, "output_chunks": 1, "output_text": "x",
+                           "http_status": 200 if error is None else 500, "error": error}) + "\n"
+
+    (tmp_path / "requests-recompute.jsonl").write_text("".join(rec(f"r{i}", 11.0 + i) for i in range(3)))
+    (tmp_path / "requests-readback.jsonl").write_text(rec("b0", 0.9) + rec("b1", None, "HTTP 500"))
+    v = {"gate_id": "G2", "metric": "readback_speedup_p50", "unit": "x",
+         "evidence": {"readback_hit_tokens": 0.0, "readback_query_tokens": 1000.0,
+                      "readback_device_read_bytes": 5_000_000, "page_cache_dropped": False}}
+    t = gate_tables(v, tmp_path)
+    assert len(t["requests"]) == 5 and "output_text" not in t["requests"].columns
+    assert t["ttft"].groupby("mode").ttft_s.apply(list).to_dict() == {"readback": [0.9], "recompute": [11.0, 12.0, 13.0]}
+    assert 'id="ecdf-readback"' in gate_charts(v, tmp_path)["ttft"][1]
+    hits, cold = validity(v)
+    assert (hits["name"], hits["proven"]) == ("hits", False)  # zero hit tokens: not read from the tier
+    assert cold["proven"] is True and "page cache dropped: no" in cold["detail"]
