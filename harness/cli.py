@@ -16,7 +16,7 @@ from . import __version__
 from .errors import BundleError, ConfigError, HarnessError
 
 # Topic modules that add subcommands: each has register(subparsers).
-PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback", "harness.cli_rig"]
+PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback", "harness.cli_rig", "harness.cli_report"]
 
 DEFAULT_INVENTORY = "inventory/localhost.yaml"
 DEFAULT_GATES = "gates/local.yaml"
@@ -127,9 +127,11 @@ def cmd_verify(args) -> int:
     print(f"OK {res.report_id}: signed by {res.signer} ({pred.get('signing_key', {}).get('kind', '?')} key), "
           f"created {pred.get('created_utc')}, overall {pred.get('overall')}, "
           f"{len(res.statement['subject'])} files")
-    if args.verbose:
-        for v in pred.get("verdicts", []):
-            print(f"  {v['gate_id']}: {v['outcome']} {v['metric']} = {v['actual']} {v['unit']}")
+    for v in pred.get("verdicts", []):
+        actual = "—" if v.get("actual") is None else f"{v['actual']:.4g} {v.get('unit', '')}".strip()
+        print(f"  {v['gate_id']}: {v['outcome']} {v['metric']} = {actual}")
+    for rid in pred.get("input_report_ids", []) if args.verbose else []:
+        print(f"  input report: {rid}")
     return 0
 
 
@@ -162,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("verify", help="verify a bundle (directory or .tar.gz) against a public key")
     s.add_argument("bundle")
     s.add_argument("--pubkey", required=True)
-    s.add_argument("--verbose", "-v", action="store_true", help="also list the gates and outcomes")
+    s.add_argument("--verbose", "-v", action="store_true", help="also list the input report IDs a bundle cites")
     s.set_defaults(func=cmd_verify)
 
     for mod in PLUGIN_MODULES:

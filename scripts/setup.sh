@@ -21,6 +21,8 @@ APT_PKGS=(fio openssh-server openssh-client openssh-sftp-server util-linux procp
 if [ "$WITH_TEST" = 1 ]; then
   # the 8-node G3 rig: network namespaces, per-node sshd, sshfs (FUSE) mounts of the shared pool
   APT_PKGS+=(sshfs fuse3)
+  # the report HTML is checked in headless Chromium through chromedriver
+  APT_PKGS+=(chromium chromium-driver)
 fi
 if [ "$WITH_LOOPBACK" = 1 ]; then
   # the qemu guest that runs Debian's kernel with nvmet + nvme-tcp (see docs/loopback.md)

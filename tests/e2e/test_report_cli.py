@@ -14,15 +14,11 @@ import yaml
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-# Until the lead wires harness.cli_report into PLUGIN_MODULES, add it for this process only.
-LAUNCH = ("import sys, harness.cli as c\n"
-          "'harness.cli_report' in c.PLUGIN_MODULES or c.PLUGIN_MODULES.append('harness.cli_report')\n"
-          "sys.exit(c.main(sys.argv[1:]))")
 
 
 def kvgate(*args, home, timeout=300):
     env = dict(os.environ, KVGATE_HOME=str(home))
-    return subprocess.run([sys.executable, "-c", LAUNCH, *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)
 
 
