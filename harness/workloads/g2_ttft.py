@@ -80,6 +80,21 @@ def make_prompts(seed: int, lengths: list[int], per_length: int, vocab_size: int
     return out
 
 
+def launch_values(p: G2Params, work_dir: str, gate_id: str, port: int, run_tag: str) -> dict[str, Any]:
+    """Pure: the values an engine profile's argv/env templates are filled with for one G2 run."""
+    remote = posixpath.join(work_dir, f"kvgate-g2-{gate_id}-{run_tag}")
+    pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(work_dir, p.pool_dir)
+    values = {"python": p.python, "host": p.host, "port": port, "model": p.model,
+              "served_model_name": p.served_model_name, "seed": p.seed, "run_dir": remote,
+              "pool_dir": posixpath.join(pool_root, f"run-{run_tag}"),
+              "lmcache_config": posixpath.join(remote, "lmcache.yaml"),
+              "model_config": posixpath.join(remote, "model-config.json"),
+              "tensor_parallel_size": 1, "max_model_len": max(p.prompt_tokens) + p.max_tokens + 16,
+              "cpu_cache_gb": 4, "disk_cache_gb": 64}
+    values.update(p.engine_values)
+    return values
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -219,18 +234,7 @@ class G2Ttft(Workload):
         return dict(DEFAULT_CPU_REF_MODEL)
 
     def _layout(self, ctx: GateContext, node, port: int, run_tag: str) -> dict[str, Any]:
-        p: G2Params = ctx.params
-        remote = posixpath.join(node.work_dir, f"kvgate-g2-{ctx.gate.id}-{run_tag}")
-        pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(node.work_dir, p.pool_dir)
-        values = {"python": p.python, "host": p.host, "port": port, "model": p.model,
-                  "served_model_name": p.served_model_name, "seed": p.seed, "run_dir": remote,
-                  "pool_dir": posixpath.join(pool_root, f"run-{run_tag}"),
-                  "lmcache_config": posixpath.join(remote, "lmcache.yaml"),
-                  "model_config": posixpath.join(remote, "model-config.json"),
-                  "tensor_parallel_size": 1, "max_model_len": max(p.prompt_tokens) + p.max_tokens + 16,
-                  "cpu_cache_gb": 4, "disk_cache_gb": 64}
-        values.update(p.engine_values)
-        return values
+        return launch_values(ctx.params, node.work_dir, ctx.gate.id, port, run_tag)
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2Params = ctx.params
