@@ -11,7 +11,9 @@ One run on one node (the first of the gate's nodes):
 A read-back phase below ``min_hit_rate`` hit tokens, or with no bytes read from the pool's device, is
 INVALID, never PASS. An engine that does not become ready is ERROR with its log in the bundle.
 
-Prompts are token-id lists drawn deterministically from ``seed`` at the configured lengths.
+Prompts are drawn deterministically from ``seed`` at the configured lengths: text that the model's
+tokenizer encodes to exactly that many tokens when the profile or the gate names a tokenizer (a local
+``tokenizer.json``), token-id lists otherwise (the cpu-reference engine has no tokenizer).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class G2Params(StrictModel):
     request_timeout_s: float = Field(default=1800.0, gt=0)
     python: str = "python3"
     engine_values: dict[str, str] = Field(default_factory=dict)
+    tokenizer: str | None = None  # local tokenizer.json or directory; overrides the profile's
 
     @field_validator("prompt_tokens")
     @classmethod
@@ -93,6 +96,14 @@ def launch_values(p: G2Params, work_dir: str, gate_id: str, port: int, run_tag: 
               "cpu_cache_gb": 4, "disk_cache_gb": 64}
     values.update(p.engine_values)
     return values
+
+
+def make_text_prompts(seed: int, lengths: list[int], per_length: int, tokenizer) -> list[CompletionRequest]:
+    """Deterministic text prompts that the model's tokenizer encodes to exactly the configured lengths."""
+    from ..engines.prompts import text_prompt
+    return [CompletionRequest(f"s{seed}-n{length}-i{i}", text_prompt(tokenizer, length, f"kvgate-g2:{seed}:{i}"),
+                              prompt_tokens=length)
+            for length in lengths for i in range(per_length)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -280,7 +291,17 @@ class G2Ttft(Workload):
         model_cfg = self._model_config(p)
         bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)
         vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size", 32000))
-        prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
+        tok_spec = p.tokenizer or prof.tokenizer
+        if tok_spec and prof.engine != "cpu-reference":  # cpu-reference has no tokenizer: token ids there
+            from ..engines.prompts import load_tokenizer
+            try:
+                prompts = make_text_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, load_tokenizer(tok_spec))
+            except (OSError, ValueError) as exc:
+                return WorkloadResult(evidence=evidence, error=f"tokenizer {tok_spec}: {exc}")
+            evidence.update(prompt_kind="text", tokenizer=tok_spec)
+        else:
+            prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
+            evidence["prompt_kind"] = "token_ids"
         expected_bytes = sum(r.prompt_tokens for r in prompts) * bpt
         evidence.update(kv_bytes_per_token=bpt, expected_kv_bytes=expected_bytes, prompts=len(prompts),
                         prompt_tokens=p.prompt_tokens, seed=p.seed)
