@@ -68,7 +68,7 @@ class MultiTurnParams(StrictModel):
     max_memory_reuse: float = Field(default=0.1, ge=0, le=1,
                                     description="largest share of returning context allowed to come from engine memory")
     request_timeout_s: float = Field(default=1800.0, gt=0)
-    python: str = "python3"
+    python: str | None = None  # default: this interpreter on a local node, python3 on an SSH node
     engine_values: dict[str, str] = Field(default_factory=dict)
 
 
@@ -202,7 +202,7 @@ class G2MultiTurn(Workload):
                      prompt_tokens=[p.first_prompt_tokens + (p.turns - 1) * (p.reply_tokens + p.user_tokens)],
                      max_tokens=p.max_tokens, seed=p.seed, pool_dir=p.pool_dir, host=p.host, python=p.python,
                      engine_values=p.engine_values)
-        return launch_values(g, node.work_dir, gate_id, port, run_tag)
+        return launch_values(g, node.work_dir, gate_id, port, run_tag, node.transport)
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: MultiTurnParams = ctx.params

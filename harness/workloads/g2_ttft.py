@@ -22,6 +22,7 @@ import json
 import posixpath
 import random
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -59,7 +60,8 @@ class G2Params(StrictModel):
     min_hit_rate: float = Field(default=0.95, ge=0, le=1)
     populate_timeout_s: float = Field(default=120.0, gt=0)
     request_timeout_s: float = Field(default=1800.0, gt=0)
-    python: str = "python3"
+    # the engine's interpreter; default: this interpreter on a local node, python3 on an SSH node
+    python: str | None = None
     engine_values: dict[str, str] = Field(default_factory=dict)
     tokenizer: str | None = None  # local tokenizer.json or directory; overrides the profile's
 
@@ -83,11 +85,20 @@ def make_prompts(seed: int, lengths: list[int], per_length: int, vocab_size: int
     return out
 
 
-def launch_values(p: G2Params, work_dir: str, gate_id: str, port: int, run_tag: str) -> dict[str, Any]:
+def engine_python(python: str | None, node_transport: str) -> str:
+    """The engine's interpreter: as given, else this one on a local node (its venv has the engine
+    packages), else ``python3`` on the node's PATH."""
+    if python:
+        return python
+    return sys.executable if node_transport == "local" else "python3"
+
+
+def launch_values(p: G2Params, work_dir: str, gate_id: str, port: int, run_tag: str,
+                  node_transport: str = "ssh") -> dict[str, Any]:
     """Pure: the values an engine profile's argv/env templates are filled with for one G2 run."""
     remote = posixpath.join(work_dir, f"kvgate-g2-{gate_id}-{run_tag}")
     pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(work_dir, p.pool_dir)
-    values = {"python": p.python, "host": p.host, "port": port, "model": p.model,
+    values = {"python": engine_python(p.python, node_transport), "host": p.host, "port": port, "model": p.model,
               "served_model_name": p.served_model_name, "seed": p.seed, "run_dir": remote,
               "pool_dir": posixpath.join(pool_root, f"run-{run_tag}"),
               "lmcache_config": posixpath.join(remote, "lmcache.yaml"),
@@ -245,7 +256,7 @@ class G2Ttft(Workload):
         return dict(DEFAULT_CPU_REF_MODEL)
 
     def _layout(self, ctx: GateContext, node, port: int, run_tag: str) -> dict[str, Any]:
-        return launch_values(ctx.params, node.work_dir, ctx.gate.id, port, run_tag)
+        return launch_values(ctx.params, node.work_dir, ctx.gate.id, port, run_tag, node.transport)
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2Params = ctx.params
@@ -407,7 +418,9 @@ class G2Ttft(Workload):
     def _versions(self, ctx, transport, prof: EngineProfile, p: G2Params) -> dict[str, str | None]:
         code = ("import importlib.metadata as m\nfor d in ('vllm','lmcache','torch','transformers','sglang','kvbm'):\n"
                 "    try: print(d, m.version(d))\n    except Exception: pass\n")
-        res = ctx.steps.run(transport, "g2-versions", [p.python, "-c", code], timeout_s=60)
+        python = engine_python(p.python, ctx.nodes[transport.name].transport if transport.name in ctx.nodes
+                               else "ssh")
+        res = ctx.steps.run(transport, "g2-versions", [python, "-c", code], timeout_s=60)
         out = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
         if prof.lmcache is not None and out.get("lmcache") and out["lmcache"] != prof.lmcache.version:
             out["warning"] = f"profile written for LMCache {prof.lmcache.version}, node has {out['lmcache']}"
