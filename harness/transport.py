@@ -111,11 +111,13 @@ class Transport(abc.ABC):
         active = self._active()
         with self._active_lock:
             procs = list(active)
+        killed = 0
         for p in procs:
             if p.poll() is None:
                 p.kill_group(grace_s=grace_s)
+                killed += 1
             self._track(p, False)
-        return len(procs)
+        return killed
 
     @abc.abstractmethod
     def put(self, local_path: str | Path, remote_path: str) -> None: ...
