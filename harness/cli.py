@@ -16,7 +16,7 @@ from . import __version__
 from .errors import BundleError, ConfigError, HarnessError
 
 # Topic modules that add subcommands: each has register(subparsers).
-PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback", "harness.cli_rig"]
+PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback", "harness.cli_rig", "harness.cli_report"]
 
 DEFAULT_INVENTORY = "inventory/localhost.yaml"
 DEFAULT_GATES = "gates/local.yaml"
@@ -67,20 +67,10 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _dev_key():
-    from .bundle import generate_keypair, load_private_key
-    from .paths import state_dir
-
-    prefix = state_dir() / "dev-signing"
-    if not Path(f"{prefix}.key").exists():
-        generate_keypair(prefix)
-    return load_private_key(f"{prefix}.key"), Path(f"{prefix}.pub")
-
-
 def cmd_run(args) -> int:
-    from .bundle import load_private_key
     from .paths import data_path
     from .runner import run_suite
+    from .signing import resolve_signing_key
 
     if bool(args.inventory) != bool(args.gates):
         raise HarnessError("give both --inventory and --gates, or neither for the default suite")
@@ -89,17 +79,15 @@ def cmd_run(args) -> int:
         args.gates = str(data_path(DEFAULT_GATES))
         print(f"no suite given: running the default {DEFAULT_GATES} on {DEFAULT_INVENTORY}", file=sys.stderr)
     cfg = _load(args)
-    if args.key:
-        key, pub, kind = load_private_key(args.key), None, "operator"
-    else:
-        key, pub = _dev_key()
-        kind = "development"
-        print(f"no --key given: signing with the development key {pub.with_suffix('.key')} (marked as such)",
+    signing = resolve_signing_key(args.key)
+    if signing.kind == "development":
+        print(f"no --key given: signing with the development key {signing.key_path} (marked as such)",
               file=sys.stderr)
     from .cli_loopback import open_guest_transports
 
     # nodes labelled kvgate-guest are the local qemu guest: its port, key and known_hosts come from its state
-    outcome = run_suite(cfg, Path(args.out), key, key_kind=kind, trust_new_hosts=args.trust_new_hosts,
+    outcome = run_suite(cfg, Path(args.out), signing.private, key_kind=signing.kind,
+                        trust_new_hosts=args.trust_new_hosts,
                         known_hosts_path=args.known_hosts, transports=open_guest_transports(cfg.inventory))
     print()
     for v in outcome.verdicts:
@@ -114,8 +102,9 @@ def cmd_run(args) -> int:
     else:
         print(f"report ID: {outcome.bundle.report_id}")
         print(f"bundle: {outcome.bundle.path}" + (f" ({outcome.bundle.tar_path})" if outcome.bundle.tar_path else ""))
-        if pub is not None:
-            print(f"verify with: kvgate verify {outcome.bundle.tar_path or outcome.bundle.path} --pubkey {pub}")
+        if signing.pub_path is not None:
+            print(f"verify with: kvgate verify {outcome.bundle.tar_path or outcome.bundle.path} "
+                  f"--pubkey {signing.pub_path}")
     return outcome.exit_code
 
 
@@ -138,9 +127,11 @@ def cmd_verify(args) -> int:
     print(f"OK {res.report_id}: signed by {res.signer} ({pred.get('signing_key', {}).get('kind', '?')} key), "
           f"created {pred.get('created_utc')}, overall {pred.get('overall')}, "
           f"{len(res.statement['subject'])} files")
-    if args.verbose:
-        for v in pred.get("verdicts", []):
-            print(f"  {v['gate_id']}: {v['outcome']} {v['metric']} = {v['actual']} {v['unit']}")
+    for v in pred.get("verdicts", []):
+        actual = "—" if v.get("actual") is None else f"{v['actual']:.4g} {v.get('unit', '')}".strip()
+        print(f"  {v['gate_id']}: {v['outcome']} {v['metric']} = {actual}")
+    for rid in pred.get("input_report_ids", []) if args.verbose else []:
+        print(f"  input report: {rid}")
     return 0
 
 
@@ -173,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("verify", help="verify a bundle (directory or .tar.gz) against a public key")
     s.add_argument("bundle")
     s.add_argument("--pubkey", required=True)
-    s.add_argument("--verbose", "-v", action="store_true", help="also list the gates and outcomes")
+    s.add_argument("--verbose", "-v", action="store_true", help="also list the input report IDs a bundle cites")
     s.set_defaults(func=cmd_verify)
 
     for mod in PLUGIN_MODULES:

@@ -10,7 +10,6 @@ the input bundles. Exit codes (as the rest of kvgate): 0 written; 2 bad paramete
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
@@ -18,7 +17,8 @@ from pathlib import Path
 
 from harness import bundle as bundle_mod
 from harness import cost_params, cost_report
-from harness.errors import BundleError, ConfigError, HarnessError
+from harness.errors import BundleError
+from harness.signing import resolve_signing_key
 
 
 def register(subparsers) -> None:
@@ -39,20 +39,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=handler)
 
 
-def _signing_key(args):
-    """(private key, public key path or None, kind): the operator's --key, else the development key that
-    ``kvgate run`` uses too ($KVGATE_HOME/dev-signing.key), recorded as such in the predicate."""
-    if args.key is not None:
-        return bundle_mod.load_private_key(args.key), None, "operator"
-    from harness.paths import state_dir
-
-    prefix = state_dir() / "dev-signing"
-    if not Path(f"{prefix}.key").exists():
-        bundle_mod.generate_keypair(prefix)
-    print(f"no --key given: signing with the development key {prefix}.key (marked as such)", file=sys.stderr)
-    return bundle_mod.load_private_key(f"{prefix}.key"), Path(f"{prefix}.pub"), "development"
-
-
 def run(args) -> bundle_mod.BundleInfo:
     """Resolve params and measured inputs, compute, write and sign. Raises HarnessError subclasses."""
     if args.pubkey and len(args.pubkey) not in (1, len(args.bundle)):
@@ -64,34 +50,25 @@ def run(args) -> bundle_mod.BundleInfo:
         key = args.pubkey[i] if len(args.pubkey) > 1 else args.pubkey[0]
         measured.extend(cost_params.measured_from_bundle(b, key))
     resolved = cost_params.resolve(args.params, measured)
-    private_key, pub, kind = _signing_key(args)
+    signing = resolve_signing_key(args.key)
+    if signing.kind == "development":
+        print(f"no --key given: signing with the development key {signing.key_path} (marked as such)",
+              file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".cost-staging-", dir=args.out))
-    predicate = dict(cost_report.predicate(resolved),
-                     signing_key={"kind": kind, "fingerprint": bundle_mod.key_fingerprint(private_key.public_key())})
+    predicate = dict(cost_report.predicate(resolved), signing_key=signing.predicate_entry())
     try:
         tables = cost_report.write_staging(resolved, staging)
-        info = bundle_mod.write_bundle(staging, args.out, private_key, predicate,
-                                       render=cost_report.renderer(resolved, tables))
+        info = bundle_mod.write_bundle(staging, args.out, signing.private, predicate,
+                                       render=cost_report.renderer(resolved, tables), move=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return info, pub
+    return info, signing.pub_path
 
 
 def handler(args) -> int:
-    try:
-        info, pub = run(args)
-    except ConfigError as exc:
-        for issue in exc.issues:
-            print(str(issue), file=sys.stderr)
-        print(f"{len(exc.issues)} configuration error(s)", file=sys.stderr)
-        return 2
-    except BundleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
+    """Errors propagate to kvgate's main, which maps them to exit codes (2 config/bundle, 3 other)."""
+    info, pub = run(args)
     results = (info.path / "tables" / "results.csv").read_text().splitlines()
     values = dict(line.split(",")[:2] for line in results[1:])
     print(f"report {info.report_id}")
@@ -103,16 +80,3 @@ def handler(args) -> int:
     print(f"net_usd_per_month {values['net_usd_per_month']}  break_even_hit_rate {values['break_even_hit_rate']}  "
           f"capacity_tb {values['capacity_tb']}  throughput_gain {values['throughput_gain']}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m harness.cli_cost``) until the lead wires ``register`` into harness.cli."""
-    parser = argparse.ArgumentParser(prog="kvgate")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

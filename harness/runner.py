@@ -21,6 +21,7 @@ from .bundle import BundleInfo, key_fingerprint, write_bundle
 from .config import Config
 from .errors import HarnessError, TransportError
 from .paths import git_commit
+from .provenance import collect_provenance
 from .snapshot import take_snapshot
 from .steps import StepLog
 from .transport import Transport, open_transport
@@ -104,6 +105,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
         for name, tr in opened.items():
             progress(f"snapshot of {name}")
             _write_json(run_dir / "nodes" / name / "snapshot.json", take_snapshot(tr, steps))
+            # Extra facts for the report's provenance section (GPUs, NVMe, NVMe-oF, NICs, vLLM/LMCache).
+            _write_json(run_dir / "nodes" / name / "provenance.json", collect_provenance(tr, steps))
         stop_at: str | None = None
         for gate in suite.gates:
             wl_cls = WORKLOADS[gate.workload]

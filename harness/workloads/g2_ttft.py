@@ -11,7 +11,9 @@ One run on one node (the first of the gate's nodes):
 A read-back phase below ``min_hit_rate`` hit tokens, or with no bytes read from the pool's device, is
 INVALID, never PASS. An engine that does not become ready is ERROR with its log in the bundle.
 
-Prompts are token-id lists drawn deterministically from ``seed`` at the configured lengths.
+Prompts are drawn deterministically from ``seed`` at the configured lengths: text that the model's
+tokenizer encodes to exactly that many tokens when the profile or the gate names a tokenizer (a local
+``tokenizer.json``), token-id lists otherwise (the cpu-reference engine has no tokenizer).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import posixpath
 import random
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -57,8 +60,10 @@ class G2Params(StrictModel):
     min_hit_rate: float = Field(default=0.95, ge=0, le=1)
     populate_timeout_s: float = Field(default=120.0, gt=0)
     request_timeout_s: float = Field(default=1800.0, gt=0)
-    python: str = "python3"
+    # the engine's interpreter; default: this interpreter on a local node, python3 on an SSH node
+    python: str | None = None
     engine_values: dict[str, str] = Field(default_factory=dict)
+    tokenizer: str | None = None  # local tokenizer.json or directory; overrides the profile's
 
     @field_validator("prompt_tokens")
     @classmethod
@@ -78,6 +83,38 @@ def make_prompts(seed: int, lengths: list[int], per_length: int, vocab_size: int
             ids = [rng.randrange(10, vocab_size) for _ in range(length)]
             out.append(CompletionRequest(f"s{seed}-n{length}-i{i}", ids, prompt_tokens=length))
     return out
+
+
+def engine_python(python: str | None, node_transport: str) -> str:
+    """The engine's interpreter: as given, else this one on a local node (its venv has the engine
+    packages), else ``python3`` on the node's PATH."""
+    if python:
+        return python
+    return sys.executable if node_transport == "local" else "python3"
+
+
+def launch_values(p: G2Params, work_dir: str, gate_id: str, port: int, run_tag: str,
+                  node_transport: str = "ssh") -> dict[str, Any]:
+    """Pure: the values an engine profile's argv/env templates are filled with for one G2 run."""
+    remote = posixpath.join(work_dir, f"kvgate-g2-{gate_id}-{run_tag}")
+    pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(work_dir, p.pool_dir)
+    values = {"python": engine_python(p.python, node_transport), "host": p.host, "port": port, "model": p.model,
+              "served_model_name": p.served_model_name, "seed": p.seed, "run_dir": remote,
+              "pool_dir": posixpath.join(pool_root, f"run-{run_tag}"),
+              "lmcache_config": posixpath.join(remote, "lmcache.yaml"),
+              "model_config": posixpath.join(remote, "model-config.json"),
+              "tensor_parallel_size": 1, "max_model_len": max(p.prompt_tokens) + p.max_tokens + 16,
+              "cpu_cache_gb": 4, "disk_cache_gb": 64}
+    values.update(p.engine_values)
+    return values
+
+
+def make_text_prompts(seed: int, lengths: list[int], per_length: int, tokenizer) -> list[CompletionRequest]:
+    """Deterministic text prompts that the model's tokenizer encodes to exactly the configured lengths."""
+    from ..engines.prompts import text_prompt
+    return [CompletionRequest(f"s{seed}-n{length}-i{i}", text_prompt(tokenizer, length, f"kvgate-g2:{seed}:{i}"),
+                              prompt_tokens=length)
+            for length in lengths for i in range(per_length)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -219,18 +256,7 @@ class G2Ttft(Workload):
         return dict(DEFAULT_CPU_REF_MODEL)
 
     def _layout(self, ctx: GateContext, node, port: int, run_tag: str) -> dict[str, Any]:
-        p: G2Params = ctx.params
-        remote = posixpath.join(node.work_dir, f"kvgate-g2-{ctx.gate.id}-{run_tag}")
-        pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(node.work_dir, p.pool_dir)
-        values = {"python": p.python, "host": p.host, "port": port, "model": p.model,
-                  "served_model_name": p.served_model_name, "seed": p.seed, "run_dir": remote,
-                  "pool_dir": posixpath.join(pool_root, f"run-{run_tag}"),
-                  "lmcache_config": posixpath.join(remote, "lmcache.yaml"),
-                  "model_config": posixpath.join(remote, "model-config.json"),
-                  "tensor_parallel_size": 1, "max_model_len": max(p.prompt_tokens) + p.max_tokens + 16,
-                  "cpu_cache_gb": 4, "disk_cache_gb": 64}
-        values.update(p.engine_values)
-        return values
+        return launch_values(ctx.params, node.work_dir, ctx.gate.id, port, run_tag, node.transport)
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2Params = ctx.params
@@ -276,7 +302,17 @@ class G2Ttft(Workload):
         model_cfg = self._model_config(p)
         bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)
         vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size", 32000))
-        prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
+        tok_spec = p.tokenizer or prof.tokenizer
+        if tok_spec and prof.engine != "cpu-reference":  # cpu-reference has no tokenizer: token ids there
+            from ..engines.prompts import load_tokenizer
+            try:
+                prompts = make_text_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, load_tokenizer(tok_spec))
+            except (OSError, ValueError) as exc:
+                return WorkloadResult(evidence=evidence, error=f"tokenizer {tok_spec}: {exc}")
+            evidence.update(prompt_kind="text", tokenizer=tok_spec)
+        else:
+            prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
+            evidence["prompt_kind"] = "token_ids"
         expected_bytes = sum(r.prompt_tokens for r in prompts) * bpt
         evidence.update(kv_bytes_per_token=bpt, expected_kv_bytes=expected_bytes, prompts=len(prompts),
                         prompt_tokens=p.prompt_tokens, seed=p.seed)
@@ -382,7 +418,9 @@ class G2Ttft(Workload):
     def _versions(self, ctx, transport, prof: EngineProfile, p: G2Params) -> dict[str, str | None]:
         code = ("import importlib.metadata as m\nfor d in ('vllm','lmcache','torch','transformers','sglang','kvbm'):\n"
                 "    try: print(d, m.version(d))\n    except Exception: pass\n")
-        res = ctx.steps.run(transport, "g2-versions", [p.python, "-c", code], timeout_s=60)
+        python = engine_python(p.python, ctx.nodes[transport.name].transport if transport.name in ctx.nodes
+                               else "ssh")
+        res = ctx.steps.run(transport, "g2-versions", [python, "-c", code], timeout_s=60)
         out = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
         if prof.lmcache is not None and out.get("lmcache") and out["lmcache"] != prof.lmcache.version:
             out["warning"] = f"profile written for LMCache {prof.lmcache.version}, node has {out['lmcache']}"

@@ -26,8 +26,7 @@ def kvgate_home(tmp_path, monkeypatch):
 
 
 def kvgate_cost(*args: str) -> subprocess.CompletedProcess:
-    # `python -m harness.cli_cost` is the same register()/handler() that `kvgate cost` wires in
-    return subprocess.run([sys.executable, "-m", "harness.cli_cost", "cost", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "harness", "cost", *map(str, args)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
 
 

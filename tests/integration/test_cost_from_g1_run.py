@@ -35,7 +35,7 @@ def test_real_g1_bundle_feeds_per_gpu_read(tmp_path):
     params.write_text(text.replace("\n  per_gpu_read: 5.23 GB/s\n", "\n"))
     out = tmp_path / "cost"
     cost = subprocess.run(
-        [sys.executable, "-m", "harness.cli_cost", "cost", "--params", str(params), "--bundle", str(tar),
+        [sys.executable, "-m", "harness", "cost", "--params", str(params), "--bundle", str(tar),
          "--pubkey", str(tmp_path / "home" / "dev-signing.pub"), "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert cost.returncode == 0, cost.stderr

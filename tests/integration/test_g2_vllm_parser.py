@@ -1,50 +1,119 @@
-"""Optional: every vLLM command line kvgate generates is accepted by vLLM's own argument parser.
+"""Optional group: every vLLM command line kvgate generates is accepted by vLLM's own ``vllm serve`` parser,
+and broken ones are rejected by it.
 
-Runs only where vllm is installed (CPU build is enough: ``VLLM_TARGET_DEVICE=cpu``); skipped otherwise.
+Runs where vllm is installed; a CPU-only machine is enough with ``VLLM_TARGET_DEVICE=cpu`` (vLLM cannot
+serve there, but its CLI parser runs). The parser is built the way ``vllm``'s own CLI main builds it
+(top-level parser, the ``serve`` subcommand's ``subparser_init``), and after parsing the subcommand's own
+``validate`` runs, so this is what ``vllm serve ...`` on a GPU node would accept or refuse at argument time.
 """
 
+import json
 import os
 
 import pytest
 
 from harness.engines import list_profiles, load_profile, vllm_serve_argv
+from harness.workloads.g2_ttft import G2Params, launch_values
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-VALUES = {"python": "python3", "host": "127.0.0.1", "port": 8000, "model": "meta-llama/Llama-3.1-70B",
-          "served_model_name": "g2", "seed": 0, "run_dir": "/r", "pool_dir": "/pool", "lmcache_config": "/r/l.yaml",
-          "model_config": "/r/c.json", "tensor_parallel_size": 8, "max_model_len": 131072, "cpu_cache_gb": 4,
-          "disk_cache_gb": 64}
+VLLM_PROFILES = [n for n in list_profiles() if load_profile(n).engine in ("vllm", "dynamo-vllm")]
 
 
-def _vllm_parser():
+class VllmRejected(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def vllm_serve():
+    """parse(argv) -> argparse.Namespace for a full ``["vllm", "serve", ...]`` argv, using vLLM's parser."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    pytest.importorskip("vllm", reason="vllm is not installed (optional group)")
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:
-        from vllm.utils import FlexibleArgumentParser
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    return make_arg_parser(FlexibleArgumentParser())
+    pytest.importorskip("vllm", reason="vllm is not installed (optional group; see docs/g2.md for the install)")
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    sub = parser.add_subparsers(required=False, dest="subparser")
+    cmd = ServeSubcommand()
+    cmd.subparser_init(sub)
+
+    def parse(argv):
+        assert argv[0] == "vllm", argv
+        try:
+            args = parser.parse_args(argv[1:])
+            cmd.validate(args)
+        except SystemExit as exc:  # argparse's way of saying "rejected" (it printed why on stderr)
+            raise VllmRejected(f"vllm rejected {argv[1:]} (exit {exc.code})") from None
+        return args
+
+    return parse
 
 
-def _as_parser_args(argv):
-    assert argv[:2] == ["vllm", "serve"]
-    return ["--model", argv[2], *argv[3:]]
+def _values(**over):
+    p = G2Params(engine="vllm-lmcache", model="meta-llama/Llama-3.1-70B", prompt_tokens=[8192, 32768],
+                 engine_values={"tensor_parallel_size": "8", **over})
+    return launch_values(p, "/var/tmp/kvgate", "g2-vllm", 8000, "abcd1234")
 
 
-@pytest.mark.parametrize("name", [n for n in list_profiles() if load_profile(n).engine in ("vllm", "dynamo-vllm")])
-def test_profile_argv_accepted_by_vllm(name):
-    parser = _vllm_parser()
-    argv = load_profile(name).render_argv(VALUES)
-    args = parser.parse_args(_as_parser_args(argv))
-    assert args.model == VALUES["model"] and args.tensor_parallel_size == 8
-    assert args.enable_prefix_caching is False
-    assert args.kv_transfer_config is not None
+def test_there_are_vllm_profiles():
+    assert "vllm-lmcache" in VLLM_PROFILES and "dynamo-kvbm" in VLLM_PROFILES
 
 
-def test_generated_argv_accepted_by_vllm():
-    parser = _vllm_parser()
-    args = parser.parse_args(_as_parser_args(vllm_serve_argv("m", "127.0.0.1", 8000, max_model_len=8192,
-                                                             gpu_memory_utilization=0.9)))
-    assert args.max_model_len == 8192 and args.gpu_memory_utilization == 0.9
+@pytest.mark.parametrize("name", VLLM_PROFILES)
+def test_profile_argv_accepted_by_vllm(vllm_serve, name):
+    prof = load_profile(name)
+    argv = prof.render_argv(_values())
+    args = vllm_serve(argv)
+    assert args.subparser == "serve" and args.model_tag == "meta-llama/Llama-3.1-70B"
+    assert args.tensor_parallel_size == 8 and args.port == 8000 and args.host == "127.0.0.1"
+    assert args.max_model_len == 32768 + 2 + 16
+    assert args.enable_prefix_caching is False  # hits must come from the connector's tier
+    # vLLM turned the JSON into its own KVTransferConfig (pydantic-validated field names and kv_role)
+    kvt = args.kv_transfer_config
+    want = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert type(kvt).__name__ == "KVTransferConfig"
+    assert kvt.kv_connector == want["kv_connector"] and kvt.kv_role == "kv_both"
+    assert kvt.kv_connector_module_path == want.get("kv_connector_module_path")
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"max_model_len": 131072, "gpu_memory_utilization": 0.9, "served_model_name": "g2", "tensor_parallel_size": 4},
+    {"kv_connector": "DynamoConnector", "kv_connector_module_path": "kvbm.vllm_integration.connector"},
+    {"kv_connector": None, "prefix_caching": True},
+])
+def test_generated_argv_accepted_by_vllm(vllm_serve, kw):
+    argv = vllm_serve_argv("Qwen/Qwen3-0.6B", "127.0.0.1", 8011, **kw)
+    args = vllm_serve(argv)
+    assert args.model_tag == "Qwen/Qwen3-0.6B" and args.port == 8011
+    assert args.enable_prefix_caching is bool(kw.get("prefix_caching", False))
+    assert args.tensor_parallel_size == kw.get("tensor_parallel_size", 1)
+    if "max_model_len" in kw:
+        assert args.max_model_len == 131072 and args.gpu_memory_utilization == 0.9
+        assert args.served_model_name == ["g2"]
+    if kw.get("kv_connector", "LMCacheConnectorV1"):
+        assert args.kv_transfer_config.kv_connector == kw.get("kv_connector", "LMCacheConnectorV1")
+    else:
+        assert args.kv_transfer_config is None
+
+
+def _broken(argv, flag, value):
+    out = list(argv)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+@pytest.mark.parametrize("breakage", ["kv_role", "kv_key", "json", "tp", "flag"])
+def test_broken_argv_rejected_by_vllm(vllm_serve, breakage):
+    """The check has teeth: each of these is one edit away from a profile's argv, and vLLM refuses it."""
+    good = load_profile("vllm-lmcache").render_argv(_values())
+    vllm_serve(good)  # the unbroken line passes
+    bad = {
+        "kv_role": _broken(good, "--kv-transfer-config", '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_all"}'),
+        "kv_key": _broken(good, "--kv-transfer-config", '{"kv_conector":"LMCacheConnectorV1","kv_role":"kv_both"}'),
+        "json": _broken(good, "--kv-transfer-config", '{"kv_connector":"LMCacheConnectorV1",'),
+        "tp": _broken(good, "--tensor-parallel-size", "eight"),
+        "flag": good + ["--enable-kv-tier-magic"],
+    }[breakage]
+    with pytest.raises(VllmRejected):
+        vllm_serve(bad)

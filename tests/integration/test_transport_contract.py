@@ -90,7 +90,8 @@ def test_spawn_and_kill_group(transport, tmp_path):
     log = str(tmp_path / "spawn.log")
     p = transport.spawn(["sh", "-c", f"echo started; bash -c 'exec -a {tag} sleep 300' & wait"], log_path=log)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and "started" not in (tmp_path / "spawn.log").read_text():
+    logf = tmp_path / "spawn.log"
+    while time.monotonic() < deadline and not (logf.exists() and "started" in logf.read_text()):
         time.sleep(0.05)
     assert p.poll() is None
     p.kill_group(grace_s=2)
@@ -140,5 +141,30 @@ def test_ssh_config_alias_and_proxy_jump(sshd, tmp_path):
         assert t._jump is not None
         r = t.run(["echo", "via-jump"])
         assert r.ok and r.stdout == "via-jump\n"
+    finally:
+        t.close()
+
+
+def test_noisy_login_shell_output_before_the_pid_line_is_kept_as_stderr(sshd, tmp_path):
+    """A line printed on stderr before the wrapper's pid report (as a login shell's rc file might) stays stderr,
+    and the process group is still found and killed on timeout."""
+    from harness.transport import _SSHProcess
+
+    t = SSHTransport("127.0.0.1", sshd.port, sshd.user, str(sshd.client_key), known_hosts_path=str(sshd.known_hosts))
+    try:
+        ch = t._channel()
+        tag = f"kvgate-noisy-{uuid.uuid4().hex[:8]}"
+        from harness.transport import remote_command
+        ch.exec_command("echo 'rc file says hi' >&2; " + remote_command(
+            ["bash", "-c", f"echo out; exec -a {tag} sleep 300"], {}, None))
+        p = _SSHProcess(t, ch, None)
+        assert p.wait(1.0) is None
+        p.kill_group(grace_s=1)
+        assert p.wait(10) is not None
+        out, err = p.output()
+        assert p.pgid is not None
+        assert b"rc file says hi" in err and b"KVGATE-PGID" not in err
+        time.sleep(0.3)
+        assert subprocess.run(["pgrep", "-f", tag], capture_output=True).stdout == b""
     finally:
         t.close()

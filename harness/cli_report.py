@@ -1,0 +1,201 @@
+"""``kvgate report BUNDLE`` (verify, re-evaluate from raw data, re-render offline) and
+``kvgate compare BUNDLE_A BUNDLE_B`` (delta table and chart of the metrics two runs share).
+
+Exit codes of ``report``: 0 verified and the re-evaluated verdicts equal the signed ones; 1 verification
+failed (nothing is re-rendered) or the verdicts differ (the report says what differs); 2 usage / bundle error.
+``compare``: 0 written; 1 a bundle failed verification; 2 usage / bundle error.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import filecmp
+import json
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from .errors import BundleError
+
+
+@contextlib.contextmanager
+def bundle_dir(path: str | Path) -> Iterator[Path]:
+    """A bundle directory for a directory or a ``.tar.gz`` (extracted to a temporary directory, data filter)."""
+    path = Path(path)
+    if path.is_dir():
+        yield path
+        return
+    if not path.is_file():
+        raise BundleError(f"{path}: no such bundle (expected a directory or a .tar.gz)")
+    with tempfile.TemporaryDirectory(prefix="kvgate-report-") as td:
+        try:
+            with tarfile.open(path, "r:gz") as tf:
+                tf.extractall(td, filter="data")
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise BundleError(f"{path}: not a readable bundle archive: {exc}") from None
+        entries = list(Path(td).iterdir())
+        if len(entries) != 1 or not entries[0].is_dir():
+            raise BundleError(f"{path}: archive must hold exactly one bundle directory")
+        yield entries[0]
+
+
+def _envelope_keyid(d: Path) -> str | None:
+    try:
+        return json.loads((d / "attestation.dsse.json").read_text())["signatures"][0]["keyid"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def resolve_pubkey(d: Path, pubkey: str | None) -> tuple[Path | None, str]:
+    """The key to verify with: --pubkey, else the local development key when the bundle names it."""
+    if pubkey:
+        return Path(pubkey), "given"
+    from .bundle import key_fingerprint, load_public_key
+    from .paths import state_dir
+
+    dev = state_dir() / "dev-signing.pub"
+    if dev.is_file() and key_fingerprint(load_public_key(dev)) == _envelope_keyid(d):
+        return dev, "development key of this machine"
+    return None, f"no --pubkey given and the bundle's signer {_envelope_keyid(d)} is not this machine's development key"
+
+
+def _verify(d: Path, pubkey: str | None):
+    from .bundle import verify_bundle
+
+    key, how = resolve_pubkey(d, pubkey)
+    if key is None:
+        raise BundleError(how + "; give --pubkey SIGNER.pub")
+    return verify_bundle(d, key), how
+
+
+def cmd_report(args) -> int:
+    from .reevaluate import reevaluate_bundle
+    from .report import write_reports
+
+    with bundle_dir(args.bundle) as d:
+        res, how = _verify(d, args.pubkey)
+        if not res.ok:
+            print(f"FAILED verification: {res.error}")
+            print("nothing was re-rendered: the bundle does not match its signature")
+            return 1
+        pred = res.statement["predicate"]
+        rid = res.report_id
+        print(f"OK {rid}: signature and every file verified (key {res.signer}, {how})")
+        re = reevaluate_bundle(d, pred)
+        for c in re.checks:
+            s = (c.signed or {}).get("outcome", "—")
+            n = (c.reevaluated or {}).get("outcome", "—")
+            print(f"  {c.gate_id}: signed {s}, re-evaluated {n} ({c.source})" + ("" if c.same else "  DIFFERS"))
+        render_pred = {k: v for k, v in pred.items() if k not in ("report_id", "rendered_files", "created_utc")}
+        render_pred["verdicts"] = re.verdicts_for_render()
+        if not re.same:
+            render_pred["overall"] = re.overall_reevaluated or pred.get("overall")
+            render_pred["rerender_notice"] = ("Re-rendered by kvgate report: the verdicts re-evaluated from the raw "
+                                              "data differ from the signed ones: " + "; ".join(re.differences))
+        out = Path(args.out) if args.out else Path(f"{rid}-report")
+        out.mkdir(parents=True, exist_ok=True)
+        files = write_reports(rid, d, render_pred, out)
+        (out / "reevaluation.json").write_text(json.dumps({
+            "report_id": rid, "same": re.same, "differences": re.differences,
+            "overall_signed": re.overall_signed, "overall_reevaluated": re.overall_reevaluated,
+            "gates": [{"gate_id": c.gate_id, "source": c.source, "signed": (c.signed or {}).get("outcome"),
+                       "reevaluated": (c.reevaluated or {}).get("outcome"), "differences": c.differences}
+                      for c in re.checks]}, indent=1) + "\n")
+        signed_files = set(pred.get("rendered_files", []))
+        same_files = [f for f in files if f in signed_files and filecmp.cmp(d / f, out / f, shallow=False)]
+        differ = [f for f in files if f in signed_files and f not in same_files]
+        print(f"re-rendered {len(files)} files into {out}: {len(same_files)} identical to the signed copies"
+              + (f", differing: {', '.join(differ)}" if differ else ""))
+        if re.same:
+            print(f"verdicts: SAME as signed (overall {re.overall_signed})")
+            return 0
+        print("verdicts: DIFFER from the signed ones:")
+        for line in re.differences:
+            print(f"  {line}")
+        return 1
+
+
+def _predicate(d: Path, pubkey: str | None) -> tuple[dict, str, str | None]:
+    """(predicate, report id, note) of a bundle; verified where a key is known, else read and marked."""
+    from .bundle import verify_bundle
+
+    key, how = resolve_pubkey(d, pubkey)
+    if key is not None:
+        res = verify_bundle(d, key)
+        if not res.ok:
+            raise _VerifyFailed(f"{d.name}: FAILED verification: {res.error}")
+        return res.statement["predicate"], res.report_id, None
+    try:
+        env = json.loads((d / "attestation.dsse.json").read_text())
+        st = json.loads(base64.b64decode(env["payload"]))
+    except (OSError, ValueError, KeyError) as exc:
+        raise BundleError(f"{d}: not a kvgate bundle: {exc}") from None
+    rid = st["predicate"].get("report_id", d.name)
+    return st["predicate"], rid, f"{rid} is NOT verified ({how})"
+
+
+class _VerifyFailed(Exception):
+    pass
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare_predicates, outcome_changes, render_html, render_markdown
+    from .report import to_csv_bytes
+
+    try:
+        with bundle_dir(args.bundle_a) as da, bundle_dir(args.bundle_b) as db:
+            pa, ida, na = _predicate(da, args.pubkey)
+            pb, idb, nb = _predicate(db, args.pubkey_b or args.pubkey)
+    except _VerifyFailed as exc:
+        print(str(exc))
+        return 1
+    notes = [n for n in (na, nb) if n]
+    frame = compare_predicates(pa, pb)
+    changes = outcome_changes(pa, pb)
+    for n in notes:
+        print(f"WARNING: {n}", file=sys.stderr)
+    print(f"A = {ida} (overall {pa.get('overall')}), B = {idb} (overall {pb.get('overall')})")
+    for g, oa, ob in changes:
+        print(f"  {g}: {oa} -> {ob}")
+    if frame.empty:
+        print("the two runs share no metric")
+    for r in frame.itertuples():
+        mark = "*" if r.judged else " "
+        print(f" {mark}{r.gate:5} {r.metric:28} A {r.a:<12.5g} B {r.b:<12.5g} delta {r.delta:+.4g} "
+              f"({r.delta_pct:+.2f}%) {r.change}")
+    if args.out:
+        from .report_charts import compare_svg
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        svg = None
+        if not frame.empty:
+            svg = compare_svg([(f"{r.gate} {r.metric}", r.delta_pct) for r in frame.itertuples()],
+                              label_a=ida, label_b=idb, title=f"{ida} -> {idb}")
+            (out / "compare.svg").write_text(svg)
+        (out / "compare.csv").write_bytes(to_csv_bytes(frame))
+        (out / "compare.md").write_text(render_markdown(ida, idb, frame, changes, notes))
+        (out / "compare.html").write_text(render_html(ida, idb, frame, changes, notes, svg))
+        print(f"wrote {out}/compare.md, compare.html, compare.csv" + (", compare.svg" if svg else ""))
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``report`` and ``compare`` to the kvgate command line."""
+    s = subparsers.add_parser("report", help="verify a bundle, re-evaluate its verdicts from the raw files with "
+                              "its own suite, and re-render its reports offline")
+    s.add_argument("bundle", help="bundle directory or .tar.gz")
+    s.add_argument("--pubkey", help="signer's public key (default: this machine's development key, if it signed)")
+    s.add_argument("--out", "-o", help="directory for the re-rendered reports (default: ./<report ID>-report)")
+    s.set_defaults(func=cmd_report)
+
+    s = subparsers.add_parser("compare", help="delta table and chart of the metrics two runs share")
+    s.add_argument("bundle_a")
+    s.add_argument("bundle_b")
+    s.add_argument("--pubkey", help="public key to verify both bundles (default: the development key, if it signed)")
+    s.add_argument("--pubkey-b", help="public key for BUNDLE_B when another key signed it")
+    s.add_argument("--out", "-o", help="write compare.md, compare.html, compare.csv and compare.svg here")
+    s.set_defaults(func=cmd_compare)

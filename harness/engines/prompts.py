@@ -1,0 +1,95 @@
+"""Text prompts of an exact token length, built with the model's own tokenizer (pure, deterministic).
+
+Random token ids decode to text that does not always re-encode to the same number of tokens (BPE merges
+across the joins, normalisation, special tokens the engine adds). ``text_prompt`` therefore draws ids,
+decodes, re-encodes as the engine will (``add_special_tokens=True``) and trims or extends until the text
+encodes to exactly the requested length; a tokenizer for which that does not converge is an error, never
+a prompt of another length.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class TextTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...        # as the engine encodes a prompt (special tokens on)
+    def decode(self, ids: list[int]) -> str: ...
+    def content_ids(self) -> list[int]: ...               # ids prompts may be drawn from (no special tokens)
+
+
+class HFTokenizers:
+    """Adapter for a ``tokenizers.Tokenizer`` (a model's ``tokenizer.json``)."""
+
+    def __init__(self, tok: Any):
+        self.tok = tok
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "HFTokenizers":
+        from tokenizers import Tokenizer
+        return cls(Tokenizer.from_file(str(path)))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=True).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def content_ids(self) -> list[int]:
+        special = {t.content for t in self.tok.get_added_tokens_decoder().values() if t.special}
+        return sorted(i for t, i in self.tok.get_vocab(with_added_tokens=True).items() if t not in special)
+
+
+def load_tokenizer(spec: str) -> HFTokenizers:
+    """A local ``tokenizer.json`` file, or a directory holding one (nothing is downloaded)."""
+    p = Path(spec)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"tokenizer {spec!r}: no tokenizer.json there (kvgate loads tokenizers from local files)")
+    return HFTokenizers.from_file(p)
+
+
+def stable_word_ids(tok: TextTokenizer, content: list[int], content_set: set[int]) -> list[int]:
+    """Word-initial tokens (decoded text starts with one space) that re-encode to themselves: joined, they
+    decode to text the pre-tokenizer splits at the same places, so the token count is kept."""
+    out = []
+    for i in content:
+        s = tok.decode([i])
+        if len(s) > 1 and s[0] == " " and not s[1].isspace() and [j for j in tok.encode(s) if j in content_set] == [i]:
+            out.append(i)
+    return out
+
+
+def text_prompt(tok: TextTokenizer, length: int, key: str, max_rounds: int = 50) -> str:
+    """Deterministic (same tokenizer, length and key -> same text) text that ``tok.encode`` turns into exactly
+    ``length`` tokens. Raises ValueError when it cannot be reached."""
+    if length < 1:
+        raise ValueError("prompt length must be >= 1 token")
+    content = tok.content_ids()
+    if not content:
+        raise ValueError("the tokenizer has no non-special tokens to build prompts from")
+    content_set = set(content)
+    overhead = len(tok.encode(""))  # special tokens the engine adds around any prompt (e.g. BOS)
+    if length <= overhead:
+        raise ValueError(f"prompt length {length} leaves no room for text: the tokenizer adds {overhead} "
+                         "special token(s) to every prompt")
+    pool = stable_word_ids(tok, content, content_set) or content
+    rng = random.Random(f"kvgate-text:{key}:{length}")
+    ids = [rng.choice(pool) for _ in range(max(length - overhead, 1))]
+    for _ in range(max_rounds):
+        text = tok.decode(ids)
+        got = tok.encode(text)
+        n = len(got)
+        if n == length:
+            return text
+        if n > length:
+            # keep the content tokens of the re-encoding, minus the excess (special tokens are re-added)
+            kept = [i for i in got if i in content_set]
+            ids = kept[:max(len(kept) - (n - length), 1)]
+        else:
+            ids = ids + [rng.choice(pool) for _ in range(length - n)]
+    raise ValueError(f"could not build a text prompt of exactly {length} tokens with this tokenizer "
+                     f"(last try: {n} tokens after {max_rounds} rounds)")

@@ -1,0 +1,304 @@
+"""G2 single-instance gain: multi-turn sessions that come back after their KV left the engine's memory,
+throughput with the KV tier vs without (the reference cites +29-40%). Reported as an informational gate.
+
+Two instances of the engine on one node, side by side, serve the same deterministic conversation; each
+request goes to one and then the other, so load from elsewhere on the machine falls on both alike:
+1. without the tier: the engine's own bounded KV memory only (``--gpu-cache-tokens``), so a session that
+   comes back after others evicted its KV is prefilled again from scratch;
+2. with the tier: the same engine memory plus LMCache with a fresh fs:// pool; a returning session's
+   earlier context is read back from the tier and only its new tokens are computed.
+Sessions are served round-robin, turn by turn (turn 1 of every session, then turn 2, ...), one request at
+a time; each turn's prompt is the session's whole history (first prompt, then per turn a deterministic
+assistant reply and a new user message) so its prefix is the previous turn's prompt. Throughput is the
+prompt plus generated tokens of all requests divided by the sum of their client-side latencies (the
+counter reads between requests are not counted).
+
+Proof, from the engine's counters read before and after every request: the returning turns did not find
+their context in engine memory (both phases; else the workload did not test what it claims: INVALID), and
+in the tier phase at least ``min_tier_hit_rate`` of their earlier context came from the tier (INVALID
+otherwise). Greedy outputs of both phases are compared (same KV, same tokens).
+
+Engines: ``cpu-reference`` (its ``--gpu-cache-tokens`` and ``--no-kv-tier`` flags make the two modes).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import Field
+
+from ..engines import DEFAULT_CPU_REF_MODEL, check_lmcache_config, kv_bytes_per_token, load_profile, metric_total
+from ..engines import write_lmcache_yaml
+from ..errors import ConfigError, WorkloadError
+from ..ttft_client import CompletionRequest, RequestRecord, run_requests_sync
+from ..verdict import WorkloadResult
+from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
+from .g2_ttft import _Engine, free_port, launch_values
+
+SUPPORTED_ENGINES = ("cpu-reference",)
+COUNTERS = ("prompt_tokens_total", "prefill_tokens_total", "gpu_hit_tokens_total", "gpu_evicted_tokens_total",
+            "external_hit_tokens_total", "external_read_bytes_total", "generation_tokens_total")
+
+
+class MultiTurnParams(StrictModel):
+    engine: str = "cpu-reference"
+    model: str = "kvgate-cpu-reference"
+    served_model_name: str = "kvgate-g2-multiturn"
+    model_config_inline: dict[str, Any] | None = None
+    sessions: int = Field(default=6, ge=2, le=10000)
+    turns: int = Field(default=3, ge=2, le=100)
+    first_prompt_tokens: int = Field(default=1024, ge=2)
+    user_tokens: int = Field(default=192, ge=1)
+    reply_tokens: int = Field(default=64, ge=0)
+    max_tokens: int = Field(default=4, ge=1, le=4096)
+    gpu_cache_tokens: int = Field(default=2048, ge=1, description="engine KV memory, in tokens")
+    lmcache_overrides: dict[str, Any] = Field(default_factory=dict)
+    seed: int = 0
+    pool_dir: str = "kvgate-kv-pool"
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)
+    min_tier_hit_rate: float = Field(default=0.9, ge=0, le=1)
+    max_memory_reuse: float = Field(default=0.1, ge=0, le=1,
+                                    description="largest share of returning context allowed to come from engine memory")
+    request_timeout_s: float = Field(default=1800.0, gt=0)
+    python: str | None = None  # default: this interpreter on a local node, python3 on an SSH node
+    engine_values: dict[str, str] = Field(default_factory=dict)
+
+
+def conversation(p: MultiTurnParams, vocab_size: int) -> list[list[list[int]]]:
+    """Pure and deterministic: ``prompts[turn][session]`` token ids; turn t's prompt extends turn t-1's."""
+    out: list[list[list[int]]] = [[] for _ in range(p.turns)]
+    for s in range(p.sessions):
+        rng = random.Random(f"kvgate-g2-multiturn:{p.seed}:{s}")
+        hist = [rng.randrange(10, vocab_size) for _ in range(p.first_prompt_tokens)]
+        out[0].append(list(hist))
+        for t in range(1, p.turns):
+            hist += [rng.randrange(10, vocab_size) for _ in range(p.reply_tokens + p.user_tokens)]
+            out[t].append(list(hist))
+    return out
+
+
+def request_order(prompts: list[list[list[int]]]) -> list[tuple[int, int, list[int]]]:
+    """Round-robin: every session's turn 1, then every session's turn 2, ... as (turn, session, ids)."""
+    return [(t, s, ids) for t, per_turn in enumerate(prompts) for s, ids in enumerate(per_turn)]
+
+
+def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: float,
+                       max_memory_reuse: float) -> WorkloadResult:
+    """Pure. ``phases['no_tier'|'tier']`` = {wall_s, tokens, records: [{turn, prior_tokens, delta: {...}, ok,
+    output_text}]}. Metrics, validity and the evidence summary."""
+    metrics: dict[str, float] = {}
+    ev: dict[str, Any] = {}
+    failed = []
+    for name, ph in phases.items():
+        recs = ph["records"]
+        failed += [f"{name}: turn {r['turn']} session {r['session']}: {r['error']}" for r in recs if not r["ok"]]
+        back = [r for r in recs if r["turn"] > 0]
+        prior = sum(r["prior_tokens"] for r in back)
+        mem = sum(r["delta"].get("gpu_hit_tokens_total", 0) for r in back)
+        tier = sum(r["delta"].get("external_hit_tokens_total", 0) for r in back)
+        if ph["wall_s"] > 0:
+            metrics[f"{name}_throughput_tokens_per_s"] = ph["tokens"] / ph["wall_s"]
+            metrics[f"{name}_sessions_per_s"] = ph["sessions"] / ph["wall_s"]
+        ev[name] = {"wall_s": ph["wall_s"], "tokens": ph["tokens"], "requests": len(recs),
+                    "returning_prior_tokens": prior, "returning_memory_hit_tokens": mem,
+                    "returning_tier_hit_tokens": tier,
+                    "prefill_tokens": sum(r["delta"].get("prefill_tokens_total", 0) for r in recs),
+                    "memory_evicted_tokens": sum(r["delta"].get("gpu_evicted_tokens_total", 0) for r in recs),
+                    "tier_read_bytes": sum(r["delta"].get("external_read_bytes_total", 0) for r in recs)}
+        ev[name]["memory_reuse"] = mem / prior if prior else None
+        ev[name]["tier_hit_rate"] = tier / prior if prior else None
+    nt, t = metrics.get("no_tier_throughput_tokens_per_s"), metrics.get("tier_throughput_tokens_per_s")
+    if nt and t:
+        metrics["throughput_gain_ratio"] = t / nt
+    if ev.get("tier", {}).get("tier_hit_rate") is not None:
+        metrics["tier_hit_rate"] = ev["tier"]["tier_hit_rate"]
+    a = [r.get("output_text") for r in phases.get("no_tier", {}).get("records", [])]
+    b = [r.get("output_text") for r in phases.get("tier", {}).get("records", [])]
+    ev["outputs_matching"] = sum(x == y for x, y in zip(a, b))
+    error = f"{len(failed)} requests failed; first: {failed[0]}" if failed else None
+    invalid = None
+    for name in ("no_tier", "tier"):
+        reuse = ev.get(name, {}).get("memory_reuse")
+        if reuse is not None and reuse > max_memory_reuse:
+            invalid = invalid or (f"{name}: {reuse:.0%} of the returning sessions' context was still in engine "
+                                  f"memory (limit {max_memory_reuse:.0%}): more sessions or less gpu_cache_tokens")
+    if ev.get("no_tier", {}).get("returning_tier_hit_tokens"):
+        invalid = invalid or "the run without the tier got tier hits: the modes are not what they claim"
+    rate = ev.get("tier", {}).get("tier_hit_rate")
+    if rate is None:
+        invalid = invalid or "no returning turns in the tier phase: nothing was measured"
+    elif rate < min_tier_hit_rate:
+        invalid = invalid or (f"the tier served {rate:.1%} of the returning sessions' context "
+                              f"(below {min_tier_hit_rate:.0%}): the gain is not the tier's")
+    return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
+
+
+def _delta(before: list, after: list) -> dict[str, float]:
+    out = {}
+    for c in COUNTERS:
+        a, b = metric_total(before, ["kvgate_cpu_ref_" + c]), metric_total(after, ["kvgate_cpu_ref_" + c])
+        if a is not None and b is not None:
+            out[c] = b - a
+    return out
+
+
+@register_workload("g2-multiturn")
+class G2MultiTurn(Workload):
+    Params = MultiTurnParams
+    METRICS = {"throughput_gain_ratio": "x", "tier_throughput_tokens_per_s": "tokens/s",
+               "no_tier_throughput_tokens_per_s": "tokens/s", "tier_sessions_per_s": "/s",
+               "no_tier_sessions_per_s": "/s", "tier_hit_rate": "ratio"}
+
+    def validate_against(self, params, nodes):
+        issues = []
+        try:
+            prof = load_profile(params.engine)
+        except ConfigError as exc:
+            return [(("engine",), str(exc.issues[0]))]
+        if prof.engine not in SUPPORTED_ENGINES:
+            issues.append((("engine",), f"g2-multiturn runs on {', '.join(SUPPORTED_ENGINES)} engines; "
+                           f"{params.engine!r} is a {prof.engine} engine (no with/without-tier modes yet)"))
+        elif prof.lmcache is not None and params.lmcache_overrides:
+            cfg = {**prof.lmcache.config, **params.lmcache_overrides}
+            for path, msg in check_lmcache_config(cfg, prof.lmcache.version):
+                if path and path[0] in params.lmcache_overrides:
+                    issues.append((("lmcache_overrides",) + tuple(path), msg))
+        if len(nodes) != 1:
+            issues.append((("nodes",), f"g2-multiturn runs on exactly one node, got {len(nodes)}"))
+        return issues
+
+    def _argv(self, prof, v, p: MultiTurnParams, tier: bool) -> list[str]:
+        return prof.render_argv(v) + ["--gpu-cache-tokens", str(p.gpu_cache_tokens)] + ([] if tier else ["--no-kv-tier"])
+
+    def plan(self, ctx: GateContext) -> list[PlannedStep]:
+        p: MultiTurnParams = ctx.params
+        prof = load_profile(p.engine)
+        node = next(iter(ctx.nodes.values()))
+        v = self._values(p, node, ctx.gate.id, p.port or 8000, "<run>")
+        n = p.sessions * p.turns
+        order = f"{p.sessions} sessions x {p.turns} turns round-robin ({n} requests, one at a time)"
+        return [
+            PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
+                        ("mkdir", "-p", v["run_dir"], v["pool_dir"])),
+            PlannedStep(node.name, "start an instance without the tier", tuple(self._argv(prof, v, p, False))),
+            PlannedStep(node.name, "start an instance with the tier (next port)", tuple(self._argv(prof, v, p, True))),
+            PlannedStep(node.name, f"{order}, each request to both instances in turn; engine counters before and "
+                        "after each request"),
+            PlannedStep(node.name, "stop both instances (kill their process groups)"),
+        ]
+
+    @staticmethod
+    def _values(p: MultiTurnParams, node, gate_id: str, port: int, run_tag: str) -> dict[str, Any]:
+        from .g2_ttft import G2Params
+        g = G2Params(engine=p.engine, model=p.model, served_model_name=p.served_model_name,
+                     prompt_tokens=[p.first_prompt_tokens + (p.turns - 1) * (p.reply_tokens + p.user_tokens)],
+                     max_tokens=p.max_tokens, seed=p.seed, pool_dir=p.pool_dir, host=p.host, python=p.python,
+                     engine_values=p.engine_values)
+        return launch_values(g, node.work_dir, gate_id, port, run_tag, node.transport)
+
+    def run(self, ctx: GateContext) -> WorkloadResult:
+        p: MultiTurnParams = ctx.params
+        node = next(iter(ctx.nodes.values()))
+        transport = ctx.transports[node.name]
+        prof = load_profile(p.engine)
+        is_local = getattr(node, "transport", "local") == "local"
+        if p.port:
+            ports = {"no_tier": p.port, "tier": p.port + 1}
+        else:
+            ports = {n: free_port(p.host) if is_local else 8000 + i for i, n in enumerate(("no_tier", "tier"))}
+        run_tag = uuid.uuid4().hex[:8]
+        v = self._values(p, node, ctx.gate.id, ports["no_tier"], run_tag)
+        client_host = p.host if is_local else (node.host or p.host)
+        urls = {n: f"http://{client_host}:{port}" for n, port in ports.items()}
+        base_url = urls["no_tier"]
+        gate_dir = ctx.gate_dir
+        model_cfg = dict(p.model_config_inline) if p.model_config_inline is not None else dict(DEFAULT_CPU_REF_MODEL)
+        vocab = int(model_cfg.get("vocab_size", 32000))
+        prompts = conversation(p, vocab)
+        order = request_order(prompts)
+        ev: dict[str, Any] = {"engine_profile": prof.name, "base_urls": urls, "pool_dir": v["pool_dir"],
+                              "sessions": p.sessions, "turns": p.turns, "gpu_cache_tokens": p.gpu_cache_tokens,
+                              "kv_bytes_per_token": kv_bytes_per_token(model_cfg, "float32"),
+                              "context_tokens_per_session_last_turn": len(prompts[-1][0])}
+        res = ctx.steps.run(transport, "g2mt-mkdir", ["mkdir", "-p", v["run_dir"], v["pool_dir"],
+                                                      posixpath.join(v["run_dir"], "prometheus")])
+        if not res.ok:
+            return WorkloadResult(evidence=ev, error=f"could not create directories: {res.summary()}")
+        (gate_dir / "model-config.json").write_text(json.dumps(model_cfg, indent=1))
+        transport.put(gate_dir / "model-config.json", v["model_config"])
+        if prof.lmcache is not None:
+            from ..engines import LMCacheSettings
+            settings = LMCacheSettings(version=prof.lmcache.version,
+                                       config={**prof.lmcache.config, **p.lmcache_overrides})
+            try:
+                ev["lmcache_config"] = write_lmcache_yaml(settings, v, gate_dir / "lmcache.yaml")
+            except ConfigError as exc:
+                return WorkloadResult(evidence=ev, error=f"LMCache config rejected: {exc}")
+            transport.put(gate_dir / "lmcache.yaml", v["lmcache_config"])
+
+        # Both instances run side by side and get the same request one after the other (no-tier, then tier),
+        # so that load from elsewhere on the machine falls on both alike.
+        engines: dict[str, _Engine] = {}
+        try:
+            for name, tier in (("no_tier", False), ("tier", True)):
+                vv = {**v, "port": ports[name]}
+                engines[name] = _Engine(ctx, transport, prof, self._argv(prof, vv, p, tier), prof.render_env(vv),
+                                        urls[name], posixpath.join(v["run_dir"], f"engine-{name}.log"),
+                                        gate_dir / f"engine-{name}.log")
+                ctx.progress(f"{ctx.gate.id}: starting {prof.name} ({name}) on {urls[name]}")
+                engines[name].start()
+            for name, eng in engines.items():
+                ok, why = eng.wait_ready(prof.ready_timeout_s)
+                if not ok:
+                    return WorkloadResult(evidence=ev, error=f"{prof.name} ({name}) did not start: {why}; "
+                                          f"log gate_dir/engine-{name}.log:\n{eng.log_tail()}")
+            ctx.progress(f"{ctx.gate.id}: {len(order)} requests on each instance, interleaved")
+            phases = self._interleaved(engines, p, order)
+        except (httpx.HTTPError, WorkloadError, OSError) as exc:
+            tails = "\n".join(f"--- {n}:\n{e.log_tail()}" for n, e in engines.items())
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{tails}")
+        finally:
+            for eng in engines.values():
+                eng.stop()
+        for name, ph in phases.items():
+            with (gate_dir / f"requests-{name}.jsonl").open("w") as f:
+                for r in ph["records"]:
+                    f.write(json.dumps(r) + "\n")
+
+        result = evaluate_multiturn(phases, p.min_tier_hit_rate, p.max_memory_reuse)
+        result.evidence = {**ev, **result.evidence}
+        (gate_dir / "g2-multiturn-summary.json").write_text(json.dumps(
+            {"metrics": result.metrics, "evidence": result.evidence, "invalid_reason": result.invalid_reason,
+             "error": result.error}, indent=1, default=str))
+        return result
+
+    @staticmethod
+    def _interleaved(engines: dict[str, _Engine], p: MultiTurnParams, order) -> dict[str, dict[str, Any]]:
+        """Each request to every instance in turn, one at a time; counters around each request (their
+        reads are outside the measured time)."""
+        phases = {n: {"wall_s": 0.0, "tokens": 0, "sessions": p.sessions, "records": []} for n in engines}
+        for turn, session, ids in order:
+            for name, eng in engines.items():
+                ph = phases[name]
+                before = eng.metrics()
+                req = CompletionRequest(f"t{turn}-s{session}", ids, max_tokens=p.max_tokens, prompt_tokens=len(ids))
+                t0 = time.perf_counter()
+                rec: RequestRecord = run_requests_sync(eng.base_url, [req], p.served_model_name, concurrency=1,
+                                                       timeout_s=p.request_timeout_s)[0]
+                ph["wall_s"] += time.perf_counter() - t0
+                after = eng.metrics()
+                prior = len(ids) - p.reply_tokens - p.user_tokens if turn > 0 else 0
+                ph["tokens"] += len(ids) + (rec.output_chunks if rec.ok else 0)
+                ph["records"].append({"turn": turn, "session": session, "prompt_tokens": len(ids),
+                                      "prior_tokens": prior, "ok": rec.ok, "error": rec.error, "ttft_s": rec.ttft_s,
+                                      "latency_s": rec.latency_s, "output_text": rec.output_text,
+                                      "delta": _delta(before, after)})
+        return phases

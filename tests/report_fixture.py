@@ -1,0 +1,29 @@
+"""The fixed report bundle (tests/fixtures/reports/): its run directory and predicate, copied for a test."""
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+FIXED = Path(__file__).parent / "fixtures" / "reports"
+FIXED_ID = "KVG-20260101-0123abcd"
+
+
+def fixed_run(tmp_path: Path) -> tuple[Path, dict]:
+    """A private copy of the fixed run directory and its predicate."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXED / "fixed_run", run)
+    return run, copy.deepcopy(json.loads((FIXED / "predicate.json").read_text()))
+
+
+def g1_only(run: Path, predicate: dict) -> dict:
+    """Restrict the fixed run to its G1 gate (fio-read, which this kvgate can re-evaluate)."""
+    import yaml
+
+    gates = yaml.safe_load((run / "config" / "gates.yaml").read_text())
+    gates["gates"] = [g for g in gates["gates"] if g["id"] == "G1"]
+    (run / "config" / "gates.yaml").write_text(yaml.safe_dump(gates, sort_keys=False))
+    for g in ("G2", "G3"):
+        shutil.rmtree(run / "gates" / g)
+    predicate["verdicts"] = [v for v in predicate["verdicts"] if v["gate_id"] == "G1"]
+    return predicate
