@@ -203,10 +203,7 @@ def measure_clock_offsets(transports: Mapping[str, Transport], samples: int = 5,
 def output_bytes(proc: Process) -> int | None:
     """Bytes of stdout a running process has delivered so far, where its transport keeps them in memory
     (kvgate's local and SSH processes do); None when unknown, which disables stall detection for it."""
-    chunks = getattr(proc, "_out", None)
-    if not isinstance(chunks, list):
-        return None
-    return sum(len(c) for c in list(chunks))
+    return proc.stdout_bytes_so_far()
 
 
 @dataclass(frozen=True)

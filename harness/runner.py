@@ -22,6 +22,7 @@ from .config import Config
 from .errors import HarnessError, TransportError
 from .paths import git_commit
 from .provenance import collect_provenance
+from .fanout import fan_out
 from .snapshot import take_snapshot
 from .steps import StepLog
 from .transport import Transport, open_transport
@@ -102,11 +103,15 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 node_errors[node.name] = str(exc)
                 progress(f"ERROR {exc}")
         _write_json(run_dir / "nodes" / "connect-errors.json", node_errors)
-        for name, tr in opened.items():
-            progress(f"snapshot of {name}")
+        def snapshot(name: str, tr: Transport) -> None:
             _write_json(run_dir / "nodes" / name / "snapshot.json", take_snapshot(tr, steps))
             # Extra facts for the report's provenance section (GPUs, NVMe, NVMe-oF, NICs, vLLM/LMCache).
             _write_json(run_dir / "nodes" / name / "provenance.json", collect_provenance(tr, steps))
+
+        if opened:
+            progress(f"snapshot of {', '.join(opened)} (in parallel)")
+            for name, err in fan_out(opened, snapshot).failed.items():
+                progress(f"snapshot of {name} failed: {err}")
         stop_at: str | None = None
         for gate in suite.gates:
             wl_cls = WORKLOADS[gate.workload]

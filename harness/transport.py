@@ -73,6 +73,11 @@ class Process(abc.ABC):
     def output(self) -> tuple[bytes, bytes]:
         """Captured stdout and stderr (after exit); empty when logging to a file."""
 
+    def stdout_bytes_so_far(self) -> int | None:
+        """Bytes of stdout delivered so far while running (None when not captured in memory)."""
+        chunks = getattr(self, "_out", None)
+        return sum(len(c) for c in list(chunks)) if isinstance(chunks, list) else None
+
 
 def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
     env = dict(env or {})
