@@ -137,27 +137,19 @@ def parse_nvme_list(text: str) -> list[dict[str, Any]]:
 
 
 def parse_nvme_list_subsys(text: str) -> list[dict[str, Any]]:
-    """``nvme list-subsys -o json``: subsystems (NQN) and their controller paths (transport, address, state).
+    """``nvme list-subsys -o json`` as report rows: subsystems (NQN) and their controller paths (transport,
+    address, state). The parsing itself is the loopback's parser (harness.parsers.nvme)."""
+    from .parsers.nvme import ParseError, parse_list_subsys
 
-    nvme-cli 2.x prints a list of hosts, each with ``Subsystems``; 1.x prints ``{"Subsystems": [...]}``.
-    """
-    data = _load(text, "nvme list-subsys")
-    if data is None:
-        return []
-    hosts = data if isinstance(data, list) else [data]
-    out = []
-    for host in hosts:
-        if not isinstance(host, dict):
-            raise ProvenanceParseError("nvme list-subsys: expected objects")
-        for sub in host.get("Subsystems") or []:
-            if "NQN" not in sub:
-                raise ProvenanceParseError("nvme list-subsys: a subsystem has no NQN")
-            out.append({
-                "name": sub.get("Name"), "nqn": sub["NQN"], "host_nqn": host.get("HostNQN"),
-                "paths": [{"controller": p.get("Name"), "transport": p.get("Transport"),
-                           "address": p.get("Address"), "state": p.get("State")} for p in sub.get("Paths") or []],
-            })
-    return out
+    try:
+        subsystems = parse_list_subsys(text)
+    except ParseError as exc:
+        raise ProvenanceParseError(str(exc)) from None
+    return [{"name": s.name or None, "nqn": s.nqn, "host_nqn": s.host_nqn or None,
+             "paths": [{"controller": p.controller or None, "transport": p.transport or None,
+                        "address": ",".join(f"{k}={v}" for k, v in p.address.items()) or None,
+                        "state": p.state or None} for p in s.paths]}
+            for s in subsystems]
 
 
 # --------------------------------------------------------------------------- NICs, versions

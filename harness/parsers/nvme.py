@@ -96,7 +96,7 @@ def parse_list_subsys(text: str) -> list[NvmeSubsystem]:
                          address=parse_address(str(p.get("Address", ""))), state=str(p.get("State", "")))
                 for p in sub.get("Paths", []) or [])
             if "NQN" not in sub:
-                raise ParseError(f"nvme list-subsys: subsystem without NQN: {sub!r}"[:200])
+                raise ParseError(f"nvme list-subsys: a subsystem has no NQN: {sub!r}"[:200])
             out.append(NvmeSubsystem(name=str(sub.get("Name", "")), nqn=str(sub["NQN"]),
                                      host_nqn=host_nqn, paths=paths))
     return out
