@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import ConfigError, ConfigIssue
-from .units import Quantity, Threshold, UnitError, parse_quantity, parse_threshold, unit_info
+from .units import Threshold, UnitError, parse_quantity, parse_threshold, unit_info
 from .yamlload import LineIndex, load_yaml, validate
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

@@ -25,8 +25,6 @@ Raw fio JSON under gates/<gate>/<node>/fio.json becomes <gate>-jobs.csv (one row
 from __future__ import annotations
 
 import hashlib
-import html as _html
-import io
 import json
 import math
 from dataclasses import dataclass, field

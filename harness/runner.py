@@ -126,7 +126,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
             t0 = time.time()
             progress(f"{gate.id} {gate.title}: workload {gate.workload} on {', '.join(nodes)}")
             if missing:
-                result = WorkloadResult(error=f"node(s) unreachable: " + "; ".join(
+                result = WorkloadResult(error="node(s) unreachable: " + "; ".join(
                     f"{n}: {node_errors.get(n, 'not connected')}" for n in missing))
             else:
                 ctx = GateContext(gate=gate, params=config.params[gate.id], nodes=nodes,

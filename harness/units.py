@@ -39,7 +39,7 @@ DIMENSION_BASE_UNIT = {
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _QTY_RE = re.compile(rf"^\s*({_NUM})\s*([A-Za-zµ%$/]*(?:/s)?)\s*$")
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-_THR_RE = re.compile(rf"^\s*(>=|<=|>|<)\s*(.+?)\s*$")
+_THR_RE = re.compile(r"^\s*(>=|<=|>|<)\s*(.+?)\s*$")
 
 
 class UnitError(ValueError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import posixpath
 import threading
-from pathlib import Path
 from typing import Any, Callable, Literal
 
 from pydantic import Field, field_validator

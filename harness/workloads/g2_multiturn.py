@@ -28,19 +28,17 @@ import posixpath
 import random
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
 from pydantic import Field
 
 from ..engines import DEFAULT_CPU_REF_MODEL, check_lmcache_config, kv_bytes_per_token, load_profile, metric_total
-from ..engines import write_lmcache_yaml
 from ..errors import ConfigError, WorkloadError
 from ..ttft_client import CompletionRequest, RequestRecord, run_requests_sync
 from ..verdict import WorkloadResult
 from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
-from .g2_ttft import _Engine, free_port, launch_values
+from .g2_ttft import _Engine, free_port, launch_values, stage_engine_files
 
 SUPPORTED_ENGINES = ("cpu-reference",)
 COUNTERS = ("prompt_tokens_total", "prefill_tokens_total", "gpu_hit_tokens_total", "gpu_evicted_tokens_total",
@@ -218,7 +216,6 @@ class G2MultiTurn(Workload):
         v = self._values(p, node, ctx.gate.id, ports["no_tier"], run_tag)
         client_host = p.host if is_local else (node.host or p.host)
         urls = {n: f"http://{client_host}:{port}" for n, port in ports.items()}
-        base_url = urls["no_tier"]
         gate_dir = ctx.gate_dir
         model_cfg = dict(p.model_config_inline) if p.model_config_inline is not None else dict(DEFAULT_CPU_REF_MODEL)
         vocab = int(model_cfg.get("vocab_size", 32000))
@@ -228,21 +225,16 @@ class G2MultiTurn(Workload):
                               "sessions": p.sessions, "turns": p.turns, "gpu_cache_tokens": p.gpu_cache_tokens,
                               "kv_bytes_per_token": kv_bytes_per_token(model_cfg, "float32"),
                               "context_tokens_per_session_last_turn": len(prompts[-1][0])}
-        res = ctx.steps.run(transport, "g2mt-mkdir", ["mkdir", "-p", v["run_dir"], v["pool_dir"],
-                                                      posixpath.join(v["run_dir"], "prometheus")])
-        if not res.ok:
-            return WorkloadResult(evidence=ev, error=f"could not create directories: {res.summary()}")
-        (gate_dir / "model-config.json").write_text(json.dumps(model_cfg, indent=1))
-        transport.put(gate_dir / "model-config.json", v["model_config"])
+        settings = None
         if prof.lmcache is not None:
             from ..engines import LMCacheSettings
             settings = LMCacheSettings(version=prof.lmcache.version,
                                        config={**prof.lmcache.config, **p.lmcache_overrides})
-            try:
-                ev["lmcache_config"] = write_lmcache_yaml(settings, v, gate_dir / "lmcache.yaml")
-            except ConfigError as exc:
-                return WorkloadResult(evidence=ev, error=f"LMCache config rejected: {exc}")
-            transport.put(gate_dir / "lmcache.yaml", v["lmcache_config"])
+        err, cfg = stage_engine_files(ctx, transport, v, gate_dir, model_cfg, settings, "g2mt-mkdir")
+        if err:
+            return WorkloadResult(evidence=ev, error=err)
+        if cfg is not None:
+            ev["lmcache_config"] = cfg
 
         # Both instances run side by side and get the same request one after the other (no-tier, then tier),
         # so that load from elsewhere on the machine falls on both alike.

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 from pydantic import Field, field_validator
 
-from ..engines import (DEFAULT_CPU_REF_MODEL, EngineProfile, check_lmcache_config, kv_bytes_per_token,
+from ..engines import (DEFAULT_CPU_REF_MODEL, EngineProfile, kv_bytes_per_token,
                        lmcache_config, load_profile, metric_total, parse_block_stat, parse_prometheus,
                        shell_line, write_lmcache_yaml)
 from ..errors import ConfigError, WorkloadError
@@ -83,6 +83,26 @@ def make_prompts(seed: int, lengths: list[int], per_length: int, vocab_size: int
             ids = [rng.randrange(10, vocab_size) for _ in range(length)]
             out.append(CompletionRequest(f"s{seed}-n{length}-i{i}", ids, prompt_tokens=length))
     return out
+
+
+def stage_engine_files(ctx: GateContext, transport, v: dict[str, Any], gate_dir: Path, model_cfg: dict[str, Any],
+                       lmcache, step: str) -> tuple[str | None, dict[str, Any] | None]:
+    """Create the engine's directories on the node and put its model config and its LMCache YAML (strictly
+    checked) there. Returns (error, the LMCache config written or None)."""
+    res = ctx.steps.run(transport, step, ["mkdir", "-p", v["run_dir"], v["pool_dir"],
+                                          posixpath.join(v["run_dir"], "prometheus")])
+    if not res.ok:
+        return f"could not create directories: {res.summary()}", None
+    (gate_dir / "model-config.json").write_text(json.dumps(model_cfg, indent=1))
+    transport.put(gate_dir / "model-config.json", v["model_config"])
+    if lmcache is None:
+        return None, None
+    try:
+        cfg = write_lmcache_yaml(lmcache, v, gate_dir / "lmcache.yaml")
+    except ConfigError as exc:
+        return f"LMCache config rejected: {exc}", None
+    transport.put(gate_dir / "lmcache.yaml", v["lmcache_config"])
+    return None, cfg
 
 
 def engine_python(python: str | None, node_transport: str) -> str:
@@ -318,18 +338,10 @@ class G2Ttft(Workload):
                         prompt_tokens=p.prompt_tokens, seed=p.seed)
 
         # Files for the node: LMCache YAML (strictly checked), model config.
-        res = ctx.steps.run(transport, "g2-mkdir", ["mkdir", "-p", v["run_dir"], v["pool_dir"],
-                                                    posixpath.join(v["run_dir"], "prometheus")])
-        if not res.ok:
-            return WorkloadResult(evidence=evidence, error=f"could not create directories: {res.summary()}")
-        (gate_dir / "model-config.json").write_text(json.dumps(model_cfg, indent=1))
-        transport.put(gate_dir / "model-config.json", v["model_config"])
+        err, cfg = stage_engine_files(ctx, transport, v, gate_dir, model_cfg, prof.lmcache, "g2-mkdir")
+        if err:
+            return WorkloadResult(evidence=evidence, error=err)
         if prof.lmcache is not None:
-            try:
-                cfg = write_lmcache_yaml(prof.lmcache, v, gate_dir / "lmcache.yaml")
-            except ConfigError as exc:
-                return WorkloadResult(evidence=evidence, error=f"LMCache config rejected: {exc}")
-            transport.put(gate_dir / "lmcache.yaml", v["lmcache_config"])
             evidence["lmcache_version_pinned"] = prof.lmcache.version
             evidence["lmcache_config"] = cfg
         evidence["versions"] = self._versions(ctx, transport, prof, p)
