@@ -133,6 +133,11 @@ class Transport(abc.ABC):
     def close(self) -> None:
         pass
 
+    def forward_port(self, remote_host: str, remote_port: int) -> tuple[str, int]:
+        """An address on this machine that reaches ``remote_host:remote_port`` as seen from the node.
+        Local nodes are this machine, so it is the address itself."""
+        return remote_host, remote_port
+
     def __enter__(self):
         return self
 
@@ -484,6 +489,7 @@ class SSHTransport(Transport):
         client.get_transport().set_keepalive(keepalive_s)
         self.client = client
         self._sftp = None
+        self._forwards: list[socket.socket] = []
 
     def _known_name(self) -> str:
         return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
@@ -538,7 +544,59 @@ class SSHTransport(Transport):
         except OSError as exc:
             raise TransportError(f"{self.name}: get {remote_path}: {exc}") from None
 
+    def forward_port(self, remote_host: str, remote_port: int) -> tuple[str, int]:
+        """Listen on 127.0.0.1:<free port> here and carry each connection over this SSH connection
+        (direct-tcpip) to ``remote_host:remote_port`` as the node sees it, e.g. an engine bound to the
+        node's loopback. The listener lives until ``close()``."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        self._forwards.append(listener)
+        tr = self.client.get_transport()
+
+        def pipe(a, b):
+            try:
+                while True:
+                    data = a.recv(65536)
+                    if not data:
+                        break
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for x in (a, b):
+                    try:
+                        x.close()
+                    except OSError:
+                        pass
+
+        def accept_loop():
+            while True:
+                try:
+                    conn, peer = listener.accept()
+                except OSError:
+                    return  # listener closed
+                try:
+                    ch = tr.open_channel("direct-tcpip", (remote_host, remote_port), peer,
+                                         timeout=self.connect_timeout_s)
+                except Exception:  # noqa: BLE001 - nothing listens there (yet): the client sees a reset
+                    conn.close()
+                    continue
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                threading.Thread(target=pipe, args=(conn, ch), daemon=True).start()
+                threading.Thread(target=pipe, args=(ch, conn), daemon=True).start()
+
+        threading.Thread(target=accept_loop, daemon=True, name=f"fwd-{self.name}-{remote_port}").start()
+        return "127.0.0.1", listener.getsockname()[1]
+
     def close(self):
+        for listener in self._forwards:
+            try:
+                listener.close()
+            except OSError:
+                pass
+        self._forwards = []
         if self._sftp is not None:
             self._sftp.close()
             self._sftp = None

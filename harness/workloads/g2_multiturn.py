@@ -38,7 +38,7 @@ from ..errors import ConfigError, WorkloadError
 from ..ttft_client import CompletionRequest, RequestRecord, run_requests_sync
 from ..verdict import WorkloadResult
 from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
-from .g2_ttft import _Engine, free_port, launch_values, stage_engine_files
+from .g2_ttft import _Engine, client_base_url, free_port, launch_values, stage_engine_files
 
 SUPPORTED_ENGINES = ("cpu-reference",)
 COUNTERS = ("prompt_tokens_total", "prefill_tokens_total", "gpu_hit_tokens_total", "gpu_evicted_tokens_total",
@@ -214,8 +214,7 @@ class G2MultiTurn(Workload):
             ports = {n: free_port(p.host) if is_local else 8000 + i for i, n in enumerate(("no_tier", "tier"))}
         run_tag = uuid.uuid4().hex[:8]
         v = self._values(p, node, ctx.gate.id, ports["no_tier"], run_tag)
-        client_host = p.host if is_local else (node.host or p.host)
-        urls = {n: f"http://{client_host}:{port}" for n, port in ports.items()}
+        urls = {n: client_base_url(transport, node, p.host, port)[0] for n, port in ports.items()}
         gate_dir = ctx.gate_dir
         model_cfg = dict(p.model_config_inline) if p.model_config_inline is not None else dict(DEFAULT_CPU_REF_MODEL)
         vocab = int(model_cfg.get("vocab_size", 32000))

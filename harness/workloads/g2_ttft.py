@@ -105,6 +105,17 @@ def stage_engine_files(ctx: GateContext, transport, v: dict[str, Any], gate_dir:
     return None, cfg
 
 
+def client_base_url(transport, node, bind_host: str, port: int) -> tuple[str, str]:
+    """Where the TTFT client reaches the engine, and how: directly on a local node or on an SSH node's
+    routable bind address; through an SSH port forward when the engine binds the node's loopback."""
+    if getattr(node, "transport", "local") == "local":
+        return f"http://{bind_host}:{port}", "direct"
+    if bind_host in ("127.0.0.1", "localhost", "::1"):
+        host, fport = transport.forward_port(bind_host, port)
+        return f"http://{host}:{fport}", f"ssh-forward to {node.name}:{bind_host}:{port}"
+    return f"http://{bind_host if bind_host not in ('0.0.0.0', '::') else node.host}:{port}", "direct"
+
+
 def engine_python(python: str | None, node_transport: str) -> str:
     """The engine's interpreter: as given, else this one on a local node (its venv has the engine
     packages), else ``python3`` on the node's PATH."""
@@ -313,11 +324,11 @@ class G2Ttft(Workload):
         port = p.port or (free_port(p.host) if is_local else 8000)
         run_tag = uuid.uuid4().hex[:8]
         v = self._layout(ctx, node, port, run_tag)
-        client_host = p.host if is_local else (node.host or p.host)
-        base_url = f"http://{client_host}:{port}"
+        base_url, client_path = client_base_url(transport, node, p.host, port)
         gate_dir = ctx.gate_dir
         evidence: dict[str, Any] = {"engine_profile": prof.name, "engine": prof.engine,
                                     "engine_version": prof.engine_version, "base_url": base_url,
+                                    "client_path": client_path,
                                     "pool_dir": v["pool_dir"], "run_dir_on_node": v["run_dir"]}
         model_cfg = self._model_config(p)
         bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)

@@ -168,3 +168,33 @@ def test_noisy_login_shell_output_before_the_pid_line_is_kept_as_stderr(sshd, tm
         assert subprocess.run(["pgrep", "-f", tag], capture_output=True).stdout == b""
     finally:
         t.close()
+
+
+def test_forward_port_reaches_a_service_on_the_nodes_loopback(transport):
+    """An HTTP server bound to the node's 127.0.0.1 is reachable from here through the transport."""
+    import http.server
+    import threading
+    import httpx
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"hello from the node"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        host, port = transport.forward_port("127.0.0.1", srv.server_address[1])
+        for _ in range(3):  # several connections through one forward
+            r = httpx.get(f"http://{host}:{port}/", timeout=10)
+            assert r.status_code == 200 and r.text == "hello from the node"
+        if isinstance(transport, SSHTransport):
+            assert port != srv.server_address[1]
+    finally:
+        srv.shutdown()
