@@ -432,7 +432,7 @@ class SSHTransport(Transport):
         self.host = resolved.get("hostname", host)
         self.port = int(port or resolved.get("port", 22))
         self.user = user or resolved.get("user") or os.environ.get("USER") or "root"
-        keys = [identity_file] if identity_file else [os.path.expanduser(p) for p in resolved.get("identityfile", [])]
+        keys = [os.path.expanduser(identity_file)] if identity_file else [os.path.expanduser(p) for p in resolved.get("identityfile", [])]
         proxy_jump = proxy_jump or resolved.get("proxyjump")
         if proxy_jump and proxy_jump.lower() == "none":
             proxy_jump = None
