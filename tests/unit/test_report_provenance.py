@@ -26,14 +26,14 @@ def test_nvme_list_verbose_nvmeof_loopback(fixtures):
 
 
 def test_nvme_list_flat_shapes(fixtures):
-    ps = parse_nvme_list(read(fixtures, "nvme_list_powerstore_tcp.json"))
+    ps = parse_nvme_list(read(fixtures, "nvme_list_flat_tcp_handwritten.json"))
     assert [(c["device"], c["model"], c["serial"], c["firmware"], c["size_bytes"]) for c in ps] == [
-        ("/dev/nvme0n1", "dellemc", "FP08RZ2", "2.1.0.0", 5368709120),
-        ("/dev/nvme0n2", "dellemc", "FP08RZ2", "2.1.0.0", 5368709120)]
-    assert ps[1]["namespaces"][0]["nsid"] == 9222
-    sam = parse_nvme_list(read(fixtures, "nvme_list_samsung_pcie.json"))
-    assert sam[0]["model"] == "SAMSUNG MZ1LB1T9HALS-000FB" and sam[0]["firmware"] == "EDA78F2Q"
-    assert sam[0]["namespaces"][0]["nsid"] is None  # older nvme-cli prints no NameSpace
+        ("/dev/nvme0n1", "example-array", "EXAMPLE0001", "1.0.0.0", 10737418240),
+        ("/dev/nvme0n2", "example-array", "EXAMPLE0001", "1.0.0.0", 10737418240)]
+    assert ps[1]["namespaces"][0]["nsid"] == 102
+    old = parse_nvme_list(read(fixtures, "nvme_list_flat_pcie_old_handwritten.json"))
+    assert old[0]["model"] == "EXAMPLE NVME SSD 1.92TB" and old[0]["firmware"] == "FW000001"
+    assert old[0]["namespaces"][0]["nsid"] is None  # older nvme-cli prints no NameSpace
 
 
 def test_nvme_list_no_device_is_empty(fixtures):
@@ -53,8 +53,8 @@ def test_list_subsys_both_sources(fixtures):
                    "host_nqn": "nqn.2024-01.io.kvgate:host-guest",
                    "paths": [{"controller": "nvme0", "transport": "tcp",
                               "address": "traddr=127.0.0.1,trsvcid=4420,src_addr=127.0.0.1", "state": "live"}]}]
-    ps = parse_nvme_list_subsys(read(fixtures, "nvme_list_subsys_powerstore_tcp.json"))
-    assert ps[0]["nqn"] == "nqn.1988-11.com.dell:powerstore:00:1b7322d7546dFD05675D"
+    ps = parse_nvme_list_subsys(read(fixtures, "nvme_list_subsys_two_paths_handwritten.json"))
+    assert ps[0]["nqn"] == "nqn.2024-01.com.example:array01:kvpool"
     assert [(p["controller"], p["state"]) for p in ps[0]["paths"]] == [("nvme3", "live"), ("nvme2", "live")]
     # nvme-cli 1.x wraps the subsystems in one object
     one = parse_nvme_list_subsys(json.dumps({"Subsystems": [{"Name": "nvme-subsys1", "NQN": "nqn.x", "Paths": []}]}))
@@ -64,13 +64,13 @@ def test_list_subsys_both_sources(fixtures):
 
 
 def test_nvidia_smi_by_header(fixtures):
-    gpus = parse_nvidia_smi_csv(read(fixtures, "nvidia_smi_h100x4_driver_drift.csv"))
+    gpus = parse_nvidia_smi_csv(read(fixtures, "nvidia_smi_4gpu_driver_drift_handwritten.csv"))
     assert [g["index"] for g in gpus] == [0, 1, 2, 3]
     assert {g["name"] for g in gpus} == {"NVIDIA H100 80GB HBM3"}
     assert [g["driver_version"] for g in gpus].count("550.54.15") == 1
-    assert gpus[2]["pci_bus_id"] == "00000000:3D:00.0" and gpus[2]["memory_total_mib"] is None
-    one = parse_nvidia_smi_csv(read(fixtures, "nvidia_smi_h100_with_units.csv"))
-    assert one == [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "driver_version": "595.71.05",
+    assert gpus[2]["pci_bus_id"] == "00000000:3A:00.0" and gpus[2]["memory_total_mib"] is None
+    one = parse_nvidia_smi_csv(read(fixtures, "nvidia_smi_units_handwritten.csv"))
+    assert one == [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "driver_version": "570.86.10",
                     "memory_total_mib": 81559, "pci_bus_id": None}]
     with pytest.raises(ProvenanceParseError, match="fields"):
         parse_nvidia_smi_csv("index, name\n0, A, extra\n")
