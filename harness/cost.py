@@ -387,22 +387,22 @@ def default_ranges(
     return out
 
 
+def _grid(base: Mapping[str, float], x_name: str, xs: Sequence[float], y_name: str, ys: Sequence[float],
+          outputs: Sequence[str], timing: str) -> pd.DataFrame:
+    """Outputs over the grid ys x xs (long format: y, x, outputs...), evaluated in one vectorized call."""
+    x = np.asarray(xs, dtype=np.float64)[None, :]
+    y = np.asarray(ys, dtype=np.float64)[:, None]
+    out = sweep(base, {x_name: x, y_name: y}, timing)
+    xx, yy = np.broadcast_arrays(x, y)
+    return pd.DataFrame({y_name: yy.ravel(), x_name: xx.ravel(), **{k: out[k].ravel() for k in outputs}})
+
+
 def net_vs_hit_rate(
     base: Mapping[str, float], hit_rates: np.ndarray, revisit_rates: Sequence[float], timing: str = "model"
 ) -> pd.DataFrame:
     """Net saving per month over a grid of hit rate x revisit rate (long format), one vectorized call."""
-    h = np.asarray(hit_rates, dtype=np.float64)[None, :]
-    r = np.asarray(revisit_rates, dtype=np.float64)[:, None]
-    out = sweep(base, {"hit_rate": h, "revisit_rate": r}, timing)
-    hh, rr = np.broadcast_arrays(h, r)
-    return pd.DataFrame(
-        {
-            "revisit_rate": rr.ravel(),
-            "hit_rate": hh.ravel(),
-            "net_usd_per_month": out["net_usd_per_month"].ravel(),
-            "break_even_hit_rate": out["break_even_hit_rate"].ravel(),
-        }
-    )
+    return _grid(base, "hit_rate", hit_rates, "revisit_rate", revisit_rates,
+                 ("net_usd_per_month", "break_even_hit_rate"), timing)
 
 
 def break_even_curve(
@@ -412,17 +412,8 @@ def break_even_curve(
     timing: str = "model",
 ) -> pd.DataFrame:
     """Break-even hit rate over a grid of storage price x GPU price (long format), one vectorized call."""
-    s = np.asarray(storage_usd_per_tb_month, dtype=np.float64)[None, :]
-    g = np.asarray(gpu_usd_per_hour, dtype=np.float64)[:, None]
-    out = sweep(base, {"storage_usd_per_tb_month": s, "gpu_usd_per_hour": g}, timing)
-    ss, gg = np.broadcast_arrays(s, g)
-    return pd.DataFrame(
-        {
-            "gpu_usd_per_hour": gg.ravel(),
-            "storage_usd_per_tb_month": ss.ravel(),
-            "break_even_hit_rate": out["break_even_hit_rate"].ravel(),
-        }
-    )
+    return _grid(base, "storage_usd_per_tb_month", storage_usd_per_tb_month, "gpu_usd_per_hour",
+                 gpu_usd_per_hour, ("break_even_hit_rate",), timing)
 
 
 def to_csv_bytes(frame: pd.DataFrame) -> bytes:

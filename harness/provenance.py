@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from typing import Any
 
@@ -83,13 +82,13 @@ def parse_nvidia_smi_csv(text: str) -> list[dict[str, Any]]:
 
 
 def _load(text: str, what: str) -> Any:
-    text = text.strip()
-    if not text:
-        return None
+    """JSON output of a command (None when empty), with the loopback parsers' reading of it."""
+    from .parsers.nvme import ParseError, load_json
+
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ProvenanceParseError(f"{what}: not JSON: {exc}") from None
+        return load_json(text, what)
+    except ParseError as exc:
+        raise ProvenanceParseError(str(exc)) from None
 
 
 def parse_nvme_list(text: str) -> list[dict[str, Any]]:

@@ -66,7 +66,8 @@ def parse_address(text: str) -> dict[str, str]:
     return out
 
 
-def _load_json(text: str, what: str):
+def load_json(text: str, what: str):
+    """Parse a command's JSON output; None when it printed nothing."""
     text = text.strip()
     if not text:
         return None
@@ -81,7 +82,7 @@ def parse_list_subsys(text: str) -> list[NvmeSubsystem]:
 
     Empty output or ``[]`` means nothing is connected.
     """
-    data = _load_json(text, "nvme list-subsys")
+    data = load_json(text, "nvme list-subsys")
     if data is None:
         return []
     hosts = data if isinstance(data, list) else [data]
@@ -118,7 +119,7 @@ class NvmeNamespace:
 
 def parse_list_verbose(text: str) -> list[NvmeNamespace]:
     """Parse ``nvme list -v -o json`` (nvme-cli 2.x): namespaces per subsystem, by NQN."""
-    data = _load_json(text, "nvme list -v")
+    data = load_json(text, "nvme list -v")
     if data is None:
         return []
     if not isinstance(data, dict) or not isinstance(data.get("Devices", []), list):
