@@ -155,6 +155,10 @@ class Node(Strict):
     identity_file: str | None = None
     proxy_jump: str | None = None
     work_dir: str = "/tmp/kvgate-work"
+    # The interpreter of the node's engine environment (a venv with torch/LMCache/vLLM), used by the
+    # engine workloads when the gate does not name one; default: kvgate's own interpreter on a local
+    # node, python3 on an SSH node.
+    engine_python: str | None = None
     gpus: list[Gpu] = Field(default_factory=list)
     read_streams: int | None = Field(default=None, ge=1, le=1024)
     nics: list[Nic] = Field(default_factory=list)

@@ -200,7 +200,7 @@ class G2MultiTurn(Workload):
                      prompt_tokens=[p.first_prompt_tokens + (p.turns - 1) * (p.reply_tokens + p.user_tokens)],
                      max_tokens=p.max_tokens, seed=p.seed, pool_dir=p.pool_dir, host=p.host, python=p.python,
                      engine_values=p.engine_values)
-        return launch_values(g, node.work_dir, gate_id, port, run_tag, node.transport)
+        return launch_values(g, node.work_dir, gate_id, port, run_tag, node.transport, node.engine_python)
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: MultiTurnParams = ctx.params

@@ -116,20 +116,23 @@ def client_base_url(transport, node, bind_host: str, port: int) -> tuple[str, st
     return f"http://{bind_host if bind_host not in ('0.0.0.0', '::') else node.host}:{port}", "direct"
 
 
-def engine_python(python: str | None, node_transport: str) -> str:
-    """The engine's interpreter: as given, else this one on a local node (its venv has the engine
-    packages), else ``python3`` on the node's PATH."""
+def engine_python(python: str | None, node_transport: str, node_engine_python: str | None = None) -> str:
+    """The engine's interpreter: as the gate gives it, else the node's ``engine_python`` (its engine
+    environment), else this one on a local node (kvgate's venv, where setup installs the CPU engine),
+    else ``python3`` on the node's PATH."""
     if python:
         return python
+    if node_engine_python:
+        return node_engine_python
     return sys.executable if node_transport == "local" else "python3"
 
 
 def launch_values(p: G2Params, work_dir: str, gate_id: str, port: int, run_tag: str,
-                  node_transport: str = "ssh") -> dict[str, Any]:
+                  node_transport: str = "ssh", node_engine_python: str | None = None) -> dict[str, Any]:
     """Pure: the values an engine profile's argv/env templates are filled with for one G2 run."""
     remote = posixpath.join(work_dir, f"kvgate-g2-{gate_id}-{run_tag}")
     pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(work_dir, p.pool_dir)
-    values = {"python": engine_python(p.python, node_transport), "host": p.host, "port": port, "model": p.model,
+    values = {"python": engine_python(p.python, node_transport, node_engine_python), "host": p.host, "port": port, "model": p.model,
               "served_model_name": p.served_model_name, "seed": p.seed, "run_dir": remote,
               "pool_dir": posixpath.join(pool_root, f"run-{run_tag}"),
               "lmcache_config": posixpath.join(remote, "lmcache.yaml"),
@@ -287,7 +290,8 @@ class G2Ttft(Workload):
         return dict(DEFAULT_CPU_REF_MODEL)
 
     def _layout(self, ctx: GateContext, node, port: int, run_tag: str) -> dict[str, Any]:
-        return launch_values(ctx.params, node.work_dir, ctx.gate.id, port, run_tag, node.transport)
+        return launch_values(ctx.params, node.work_dir, ctx.gate.id, port, run_tag, node.transport,
+                             node.engine_python)
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2Params = ctx.params
@@ -441,8 +445,8 @@ class G2Ttft(Workload):
     def _versions(self, ctx, transport, prof: EngineProfile, p: G2Params) -> dict[str, str | None]:
         code = ("import importlib.metadata as m\nfor d in ('vllm','lmcache','torch','transformers','sglang','kvbm'):\n"
                 "    try: print(d, m.version(d))\n    except Exception: pass\n")
-        python = engine_python(p.python, ctx.nodes[transport.name].transport if transport.name in ctx.nodes
-                               else "ssh")
+        node = ctx.nodes.get(transport.name)
+        python = engine_python(p.python, node.transport if node else "ssh", node.engine_python if node else None)
         res = ctx.steps.run(transport, "g2-versions", [python, "-c", code], timeout_s=60)
         out = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
         if prof.lmcache is not None and out.get("lmcache") and out["lmcache"] != prof.lmcache.version:

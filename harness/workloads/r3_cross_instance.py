@@ -13,7 +13,8 @@ Requests are sent from each node to its engine on the node's loopback (the refer
 loopback only), by a stdlib Python client run through the node's transport.
 
 The engine code travels to the node as a minimal package (``harness/engines/cpu_reference.py`` under a
-run directory on PYTHONPATH), so nodes need python3 with torch, transformers and lmcache, not kvgate.
+run directory on PYTHONPATH), so nodes need an engine environment with torch, transformers and lmcache, not
+kvgate: the gate's `python`, else the node's `engine_python`, else python3 on the node.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ..errors import ConfigError
 from ..fanout import fan_out
 from ..verdict import WorkloadResult
 from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
-from .g2_ttft import make_prompts
+from .g2_ttft import engine_python, make_prompts
 
 ENGINE_SRC = Path(__file__).resolve().parents[1] / "engines" / "cpu_reference.py"
 
@@ -74,7 +75,7 @@ class R3Params(StrictModel):
     prompts_per_length: int = Field(default=2, ge=1, le=1000)
     max_tokens: int = Field(default=2, ge=1, le=4096)
     seed: int = 0
-    python: str = "python3"
+    python: str | None = None  # default: the node's engine_python, else python3 on the node
     populate_timeout_s: float = Field(default=120.0, gt=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
 
@@ -152,7 +153,7 @@ class R3CrossInstance(Workload):
         t = node.target(p.pool_target)
         base = t.path if t.path.startswith("/") else posixpath.join(node.work_dir, t.path)
         run_dir = posixpath.join(node.work_dir, f"kvgate-r3-{ctx.gate.id}-{tag}-{node.name}")
-        return {"python": p.python, "host": "127.0.0.1", "port": port, "model": p.served_model_name,
+        return {"python": engine_python(p.python, node.transport, node.engine_python), "host": "127.0.0.1", "port": port, "model": p.served_model_name,
                 "served_model_name": p.served_model_name, "seed": p.seed, "run_dir": run_dir,
                 "pool_dir": posixpath.join(base, p.pool_subdir, f"run-{tag}"),
                 "lmcache_config": posixpath.join(run_dir, "lmcache.yaml"),
@@ -205,7 +206,7 @@ class R3CrossInstance(Workload):
         # 1. Per node: directories, engine package, model config, LMCache YAML, a free loopback port.
         def prepare(name: str, role: str) -> dict[str, Any]:
             t = ctx.transports[name]
-            r = ctx.steps.run(t, f"r3-{role}-port", [p.python, "-c", FREE_PORT], timeout_s=60)
+            r = ctx.steps.run(t, f"r3-{role}-port", [engine_python(p.python, ctx.nodes[name].transport, ctx.nodes[name].engine_python), "-c", FREE_PORT], timeout_s=60)
             if not r.ok or not r.stdout.strip().isdigit():
                 raise RuntimeError(f"no free port on {name}: {r.summary()}")
             v = self._layout(ctx, ctx.nodes[name], int(r.stdout.strip()), tag)
@@ -313,7 +314,7 @@ class R3CrossInstance(Workload):
     def _serve(self, ctx: GateContext, name: str, v: dict, role: str, p: R3Params) -> dict:
         t = ctx.transports[name]
         res = ctx.steps.run(t, f"r3-{role}-serve",
-                            [p.python, "-c", NODE_CLIENT, f"http://127.0.0.1:{v['port']}", p.served_model_name,
+                            [v["python"], "-c", NODE_CLIENT, f"http://127.0.0.1:{v['port']}", p.served_model_name,
                              posixpath.join(v["run_dir"], "prompts.json"), str(p.max_tokens), str(p.request_timeout_s)],
                             timeout_s=p.request_timeout_s * (p.prompts_per_length * len(p.prompt_tokens)) + 60)
         if not res.ok:
