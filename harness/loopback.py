@@ -523,7 +523,10 @@ class Loopback:
     def probe(self) -> LoopbackState:
         outputs = {}
         for name, argv in probe_commands(self.spec).items():
-            res = self.run(f"probe-{name}", argv, 60)
+            res = self.run(f"probe-{name}", argv, 120)
+            if res.timed_out or res.error:
+                # Not "absent": a probe that did not answer (a loaded node) must not become a plan.
+                raise LoopbackError(f"probe {name} did not answer: {res.summary()}")
             outputs[name] = (res.rc, res.stdout)
         return parse_state(outputs)
 
