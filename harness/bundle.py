@@ -2,6 +2,7 @@
 
 Layout of a bundle directory ``KVG-YYYYMMDD-xxxxxxxx/``:
   attestation.dsse.json   DSSE envelope; its payload is the in-toto statement (base64)
+  signatures/*.dsse.json  signing records of co-signatures (harness.dsse, kvgate cosign); not subjects
   <every other file>      one subject each in the statement, with its sha256
 The report ID is derived from the sha256 of the statement payload, so it names exactly one content.
 The bundle is assembled under a temporary name and renamed into place only when complete.
@@ -25,20 +26,15 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .dsse import (PAYLOAD_TYPE, STATEMENT_TYPE, check_signing_records, envelope_signatures, is_record_path,
+                   key_fingerprint, pae)
+from .dsse import canonical as _canonical
 from .errors import BundleError
 
-PAYLOAD_TYPE = "application/vnd.in-toto+json"
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kvgate.dev/acceptance-report/v1"
 ENVELOPE = "attestation.dsse.json"
 REPORT_ID_PLACEHOLDER = "@@KVGATE_REPORT_ID@@"
 _CHUNK = 1 << 20
-
-
-def pae(payload_type: str, payload: bytes) -> bytes:
-    """DSSE pre-authentication encoding."""
-    t = payload_type.encode()
-    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
 
 
 def generate_keypair(prefix: str | Path) -> tuple[Path, Path]:
@@ -78,11 +74,6 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
     return key
 
 
-def key_fingerprint(pub: Ed25519PublicKey) -> str:
-    raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
-
-
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -101,10 +92,6 @@ def _list_files(root: Path) -> list[str]:
                 raise BundleError(f"{p}: symlinks are not allowed in a bundle")
             out.append(p.relative_to(root).as_posix())
     return sorted(out)
-
-
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
 def evidence_digest(subjects: list[dict], predicate: dict[str, Any]) -> str:
@@ -141,18 +128,22 @@ class BundleInfo:
 
 def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519PrivateKey,
                  predicate: dict[str, Any], make_tar: bool = True,
-                 render: Callable[[str, Path], list[str]] | None = None, move: bool = False) -> BundleInfo:
+                 render: Callable[[str, Path], list[str]] | None = None, move: bool = False,
+                 clock: Callable[[], time.struct_time] = time.gmtime) -> BundleInfo:
     """Sign every file under ``run_dir`` into a bundle under ``out_dir``.
 
     The files go into a hidden temporary directory beside the final one: copied and hashed in one pass, or,
     with ``move=True``, the run directory itself is renamed there (no copy; on any failure it is renamed
     back). ``render`` (given the report ID and that directory) may then write reports that print the ID.
+    ``clock`` gives ``created_utc`` (a seam for tests that need bundles of different dates).
     The directory is renamed into place (and tarred) only after the envelope is written.
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [f for f in _list_files(run_dir) if f != ENVELOPE]
-    created = time.gmtime()
+    if any(is_record_path(f) for f in files):
+        raise BundleError(f"{run_dir}: a top-level signatures/ is reserved for signing records")
+    created = clock()
     tmp = Path(tempfile.mkdtemp(prefix=".incomplete-bundle-", dir=out_dir))
     moved = False
     if move:
@@ -207,18 +198,22 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
         else:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    tar_path = None
-    if make_tar:
-        tar_path = out_dir / f"{report_id}.tar.gz"
-        tmp_tar = out_dir / f".incomplete-{report_id}.tar.gz"
-        try:
-            with tarfile.open(tmp_tar, "w:gz", compresslevel=6) as tf:
-                tf.add(final, arcname=report_id)
-            os.rename(tmp_tar, tar_path)
-        except BaseException:
-            tmp_tar.unlink(missing_ok=True)
-            raise
+    tar_path = tar_bundle(final, out_dir / f"{report_id}.tar.gz") if make_tar else None
     return BundleInfo(final, tar_path, report_id)
+
+
+def tar_bundle(bundle_dir: Path, tar_path: Path) -> Path:
+    """Write ``tar_path`` (one top directory named like ``bundle_dir``) under a hidden temporary name beside
+    it, renamed into place (replacing an older one) only when complete."""
+    tmp_tar = tar_path.parent / f".incomplete-{tar_path.name}"
+    try:
+        with tarfile.open(tmp_tar, "w:gz", compresslevel=6) as tf:
+            tf.add(bundle_dir, arcname=bundle_dir.name)
+        os.rename(tmp_tar, tar_path)
+    except BaseException:
+        tmp_tar.unlink(missing_ok=True)
+        raise
+    return tar_path
 
 
 @dataclass(frozen=True)
@@ -237,9 +232,19 @@ def _fail(msg: str, report_id: str | None = None, statement=None) -> VerifyResul
 def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
                   public_key: Ed25519PublicKey | None = None) -> VerifyResult:
     """Check the signature, then every subject digest; reject missing and extra files."""
-    path = Path(path)
     if public_key is None:
         public_key = load_public_key(pubkey_path)  # type: ignore[arg-type]
+    return _verify(Path(path), public_key)
+
+
+def verify_content(path: str | Path) -> VerifyResult:
+    """Every file against the statement and every signing record against its own key, checking no
+    signature of the statement against a trusted key (``signer`` is None): for callers that judge the
+    signatures themselves (harness.cosign)."""
+    return _verify(Path(path), None)
+
+
+def _verify(path: Path, public_key: Ed25519PublicKey | None) -> VerifyResult:
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         with tempfile.TemporaryDirectory(prefix="kvgate-verify-") as td:
             try:
@@ -250,7 +255,7 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
             entries = [p for p in Path(td).iterdir()]
             if len(entries) != 1 or not entries[0].is_dir():
                 return _fail(f"{path}: archive must hold exactly one bundle directory")
-            return verify_bundle(entries[0], public_key=public_key)
+            return _verify(entries[0], public_key)
     env_path = path / ENVELOPE
     if not env_path.is_file():
         return _fail(f"{env_path}: missing (not a kvgate bundle)")
@@ -263,16 +268,16 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
         return _fail(f"{ENVELOPE}: malformed envelope: {exc}")
     if ptype != PAYLOAD_TYPE:
         return _fail(f"{ENVELOPE}: unexpected payloadType {ptype!r}")
-    fp = key_fingerprint(public_key)
+    fp = key_fingerprint(public_key) if public_key is not None else None
     good = False
-    for s in sigs if isinstance(sigs, list) else []:
+    for s in sigs if isinstance(sigs, list) and public_key is not None else []:
         try:
             public_key.verify(base64.b64decode(s["sig"], validate=True), pae(ptype, payload))
             good = True
             break
         except (InvalidSignature, ValueError, KeyError, TypeError):
             continue
-    if not good:
+    if public_key is not None and not good:
         return _fail(f"{ENVELOPE}: signature does not verify with key {fp}")
     try:
         statement = json.loads(payload)
@@ -286,7 +291,7 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
                      f"({report_id})", report_id, statement)
     expected = {s["name"]: s["digest"]["sha256"] for s in subjects}
     try:
-        present = [f for f in _list_files(path) if f != ENVELOPE]
+        present = [f for f in _list_files(path) if f != ENVELOPE and not is_record_path(f)]
     except Exception as exc:  # noqa: BLE001 - e.g. a symlink planted in the bundle
         return _fail(str(exc), report_id, statement)
     for rel in sorted(expected):
@@ -300,4 +305,11 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
         return _fail(f"{extra[0]}: file not in the signed statement", report_id, statement)
     if path.name.startswith("KVG-") and path.name != report_id:
         return _fail(f"bundle directory name {path.name} does not match report ID {report_id}", report_id, statement)
+    try:
+        parsed_sigs = envelope_signatures(envelope)
+    except ValueError as exc:
+        return _fail(f"{ENVELOPE}: malformed signatures: {exc}", report_id, statement)
+    _, record_error = check_signing_records(path, ptype, payload, parsed_sigs, report_id, pred.get("created_utc"))
+    if record_error:
+        return _fail(record_error, report_id, statement)
     return VerifyResult(True, report_id, statement, None, fp)
