@@ -16,7 +16,8 @@ from . import __version__
 from .errors import BundleError, ConfigError, HarnessError
 
 # Topic modules that add subcommands: each has register(subparsers).
-PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback", "harness.cli_rig", "harness.cli_report"]
+PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback", "harness.cli_rig", "harness.cli_report",
+                             "harness.cli_evidence"]
 
 DEFAULT_INVENTORY = "inventory/localhost.yaml"
 DEFAULT_GATES = "gates/local.yaml"
@@ -117,16 +118,30 @@ def cmd_keygen(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .bundle import verify_bundle
+    from .cosign import verify_signers
+    from .keyring import keyring_from_pubkeys, load_keyring
 
-    res = verify_bundle(args.bundle, args.pubkey)
+    if not args.pubkey and not args.keyring:
+        raise BundleError("give --pubkey SIGNER.pub (repeatable) or --keyring KEYRING.yaml")
+    named = keyring_from_pubkeys(args.pubkey or [])
+    ring = list(load_keyring(args.keyring).entries) if args.keyring else []
+    # a key in both: the keyring's entry (with its validity and revocation) is the one that judges
+    res = verify_signers(args.bundle, trusted=named + ring, require_keys=named, require_roles=args.require_role or [])
     if not res.ok:
         print(f"FAILED: {res.error}")
+        for c in res.signatures:
+            print(f"  signature: {c.line()}")
         return 1
     pred = res.statement["predicate"]
-    print(f"OK {res.report_id}: signed by {res.signer} ({pred.get('signing_key', {}).get('kind', '?')} key), "
-          f"created {pred.get('created_utc')}, overall {pred.get('overall')}, "
+    original = pred.get("signing_key", {})
+    by = ", ".join((f"{c.name} ({c.role}) " if c.role else (f"{c.name} " if args.keyring else "")) + c.keyid
+                   + (f" ({original.get('kind', '?')} key)" if c.keyid == original.get("fingerprint") else "")
+                   for c in res.accepted)
+    print(f"OK {res.report_id}: signed by {by}, created {pred.get('created_utc')}, overall {pred.get('overall')}, "
           f"{len(res.statement['subject'])} files")
+    if args.keyring or len(res.signatures) > 1:
+        for c in res.signatures:
+            print(f"  signature: {c.line()}")
     for v in pred.get("verdicts", []):
         actual = "—" if v.get("actual") is None else f"{v['actual']:.4g} {v.get('unit', '')}".strip()
         print(f"  {v['gate_id']}: {v['outcome']} {v['metric']} = {actual}")
@@ -161,9 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, metavar="PREFIX")
     s.set_defaults(func=cmd_keygen)
 
-    s = sub.add_parser("verify", help="verify a bundle (directory or .tar.gz) against a public key")
+    s = sub.add_parser("verify", help="verify a bundle (directory or .tar.gz): every named key signed it; with "
+                       "--keyring, who signed in which role, refusing signatures made after a key's revocation")
     s.add_argument("bundle")
-    s.add_argument("--pubkey", required=True)
+    s.add_argument("--pubkey", action="append", help="a signer's public key; repeatable: every one must have signed")
+    s.add_argument("--keyring", help="keyring YAML: names, roles, validity and revocation of signing keys")
+    s.add_argument("--require-role", action="append", choices=["vendor", "customer", "lab"],
+                   help="with --keyring: some accepted signature must have this role; repeatable")
     s.add_argument("--verbose", "-v", action="store_true", help="also list the input report IDs a bundle cites")
     s.set_defaults(func=cmd_verify)
 

@@ -62,6 +62,19 @@ def resolve_pubkey(d: Path, pubkey: str | None) -> tuple[Path | None, str]:
     return None, f"no --pubkey given and the bundle's signer {_envelope_keyid(d)} is not this machine's development key"
 
 
+def _signers(d: Path, pubkey: str | None, keyring: str | None):
+    """Every signature of the envelope judged with the keyring and the verifying key (harness.cosign)."""
+    from .cosign import verify_signers
+    from .keyring import keyring_from_pubkeys, load_keyring
+
+    key = resolve_pubkey(d, pubkey)[0] if pubkey or not keyring else None
+    named = keyring_from_pubkeys([key]) if key is not None else []
+    ring = list(load_keyring(keyring).entries) if keyring else []
+    what = " and ".join(x for x in (f"the keyring {keyring}" if keyring else "",
+                                     f"the key {key.name}" if key is not None else "") if x)
+    return verify_signers(d, trusted=named + ring, require_keys=named), what
+
+
 def _verify(d: Path, pubkey: str | None):
     from .bundle import verify_bundle
 
@@ -76,14 +89,22 @@ def cmd_report(args) -> int:
     from .report import write_reports
 
     with bundle_dir(args.bundle) as d:
-        res, how = _verify(d, args.pubkey)
-        if not res.ok:
+        res, how = (None, f"keyring {args.keyring}") if args.keyring and not args.pubkey else _verify(d, args.pubkey)
+        if res is not None and not res.ok:
             print(f"FAILED verification: {res.error}")
             print("nothing was re-rendered: the bundle does not match its signature")
             return 1
-        pred = res.statement["predicate"]
-        rid = res.report_id
-        print(f"OK {rid}: signature and every file verified (key {res.signer}, {how})")
+        signers, checked_with = _signers(d, args.pubkey if res is not None else None, args.keyring)
+        if not signers.ok:
+            print(f"FAILED verification: {signers.error}")
+            print("nothing was re-rendered: the bundle's signatures do not stand")
+            return 1
+        pred = signers.statement["predicate"]
+        rid = signers.report_id
+        who = f"key {res.signer}" if res is not None else ", ".join(c.who for c in signers.accepted)
+        print(f"OK {rid}: signature and every file verified ({who}, {how})")
+        for c in signers.signatures if len(signers.signatures) > 1 or args.keyring else []:
+            print(f"  signature: {c.line()}")
         re = reevaluate_bundle(d, pred)
         for c in re.checks:
             s = (c.signed or {}).get("outcome", "—")
@@ -91,6 +112,11 @@ def cmd_report(args) -> int:
             print(f"  {c.gate_id}: signed {s}, re-evaluated {n} ({c.source})" + ("" if c.same else "  DIFFERS"))
         render_pred = {k: v for k, v in pred.items() if k not in ("report_id", "rendered_files", "created_utc")}
         render_pred["verdicts"] = re.verdicts_for_render()
+        if len(signers.signatures) > 1 or args.keyring:  # else the signed copy's text already says it all
+            from .cosign import signer_view
+
+            render_pred["rerender_signers"] = {"signatures": signer_view(signers.signatures),
+                                               "checked_with": checked_with}
         if not re.same:
             render_pred["overall"] = re.overall_reevaluated or pred.get("overall")
             render_pred["rerender_notice"] = ("Re-rendered by kvgate report: the verdicts re-evaluated from the raw "
@@ -189,6 +215,8 @@ def register(subparsers) -> None:
                               "its own suite, and re-render its reports offline")
     s.add_argument("bundle", help="bundle directory or .tar.gz")
     s.add_argument("--pubkey", help="signer's public key (default: this machine's development key, if it signed)")
+    s.add_argument("--keyring", help="keyring YAML: the re-rendered report names every signer and role, and "
+                   "a refused signature (made after its key's revocation) fails the command")
     s.add_argument("--out", "-o", help="directory for the re-rendered reports (default: ./<report ID>-report)")
     s.set_defaults(func=cmd_report)
 
