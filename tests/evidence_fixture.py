@@ -29,8 +29,8 @@ def clock_at(utc: str):
 
 def acceptance_bundle(tmp: Path, out: Path, key_path: Path, created_utc: str, *, suite: str = "fixed-report",
                       g1_gb_s: float | None = None, make_tar: bool = True) -> BundleInfo:
-    """The fixed three-gate run as a signed bundle created at ``created_utc``; G1's figure (and outcome,
-    against its >= 5 GB/s pass and < 3 GB/s stop-loss) set to ``g1_gb_s`` when given."""
+    """The fixed three-gate run as a signed bundle created at ``created_utc``; G1's figure set to ``g1_gb_s``
+    when given, judged against a >= 5 GB/s pass and < 3 GB/s stop-loss (the verdict says so too)."""
     key = load_private_key(key_path)
     work = Path(tmp) / f"src-{suite}-{created_utc.replace(':', '')}-{g1_gb_s}"
     work.mkdir(parents=True)
@@ -41,6 +41,7 @@ def acceptance_bundle(tmp: Path, out: Path, key_path: Path, created_utc: str, *,
         g1 = pred["verdicts"][0]
         g1["actual"] = g1_gb_s
         g1["metrics"] = dict(g1.get("metrics") or {}, per_gpu_read_gb_s=g1_gb_s)
+        g1["pass_threshold"], g1["stop_loss_threshold"] = ">= 5 GB/s", "< 3 GB/s"
         g1["outcome"] = "PASS" if g1_gb_s >= 5.0 else "STOP" if g1_gb_s < 3.0 else "FAIL"
         pred["overall"] = "PASS" if all(v["outcome"] == "PASS" for v in pred["verdicts"]) else g1["outcome"]
     return write_bundle(run, out, key, pred, make_tar=make_tar, clock=clock_at(created_utc),
