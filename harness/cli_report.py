@@ -80,7 +80,7 @@ def _verify(d: Path, pubkey: str | None):
 
     key, how = resolve_pubkey(d, pubkey)
     if key is None:
-        raise BundleError(how + "; give --pubkey SIGNER.pub")
+        raise BundleError(how + "; give --pubkey SIGNER.pub or --keyring KEYRING.yaml")
     return verify_bundle(d, key), how
 
 

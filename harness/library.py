@@ -134,6 +134,9 @@ def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Co
             continue
         if not top.is_dir():
             raise BundleError(f"{top}: no such directory or bundle archive")
+        if _is_site(top) or top.resolve() in skip_r:
+            raise BundleError(f"{top}: is a kvgate library site, not a directory of bundles (give {top}/{BUNDLES} "
+                              "to rebuild from its bundles)")
         before = len(copies)
         if (top / ENVELOPE).is_file():
             add_dir(top)

@@ -198,6 +198,15 @@ def test_a_directory_without_bundles_and_a_foreign_site(lib, tmp_path):
     assert (foreign / "index.html").read_text() == "mine"
 
 
+def test_a_site_is_not_a_bundle_directory_but_its_bundles_are(lib, tmp_path):
+    with pytest.raises(BundleError, match="is a kvgate library site, not a directory of bundles"):
+        build_library([lib["site"]], tmp_path / "site", lib["trusted"])
+    res = build_library([lib["site"] / "bundles"], tmp_path / "site", lib["trusted"],
+                        built_utc="2026-07-01T00:00:00Z")
+    assert (tmp_path / "site" / "library.json").read_bytes() == (lib["site"] / "library.json").read_bytes()
+    assert len(res.entries) == 6
+
+
 def test_a_bundle_signed_by_a_stranger_is_listed_as_failed(lib, tmp_path):
     other = acceptance_bundle(tmp_path, tmp_path / "runs", lib["keys"]["stranger"][0], "2026-02-01T00:00:00Z")
     res = build_library([other.path], tmp_path / "site", lib["trusted"])
