@@ -50,10 +50,11 @@ def opened(path: str | Path) -> Iterator[Path]:
     if not path.is_file():
         raise BundleError(f"{path}: no such bundle (expected a directory or a .tar.gz)")
     with tempfile.TemporaryDirectory(prefix="kvgate-bundle-") as td:
-        yield _extract(path, Path(td))
+        yield extract_archive(path, Path(td))
 
 
-def _extract(tar: Path, into: Path) -> Path:
+def extract_archive(tar: Path, into: Path) -> Path:
+    """Extract a bundle archive into ``into`` (data filter); the one bundle directory it must hold."""
     try:
         with tarfile.open(tar, "r:gz") as tf:
             tf.extractall(into, filter="data")
@@ -354,7 +355,7 @@ def cosign_bundle(path: str | Path, key: Ed25519PrivateKey, trusted: list[KeyEnt
         return CosignResult(rid, fp, signed, d, tar, "signed" if signed else "already signed", refreshed)
     work = Path(tempfile.mkdtemp(prefix=".cosign-", dir=tar.parent))
     try:
-        inner = _extract(tar, work)
+        inner = extract_archive(tar, work)
         rid, signed = _sign_dir(inner, key, now, list(trusted))
         if signed is not None:
             tar_bundle(inner, tar)

@@ -42,7 +42,7 @@ from typing import Any
 import jinja2
 
 from .bundle import ENVELOPE, tar_bundle
-from .cosign import TAR_SUFFIX, SignersResult, _extract, verify_signers
+from .cosign import TAR_SUFFIX, SignersResult, extract_archive, verify_signers
 from .errors import BundleError
 from .keyring import KeyEntry, Keyring
 from .paths import data_path
@@ -115,7 +115,7 @@ def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Co
         n += 1
         into = work / f"a{n}"
         into.mkdir(parents=True)
-        d = _extract(tar, into)
+        d = extract_archive(tar, into)
         name = tar.name[: -len(TAR_SUFFIX)]
         if d.name != name:
             raise BundleError(f"{tar}: not a bundle archive: it holds {d.name}/, not {name}/")
@@ -479,7 +479,7 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
                 entries.append(rec)
                 continue
             try:
-                d = _extract(tar, Path(td) / f"b{i}")
+                d = extract_archive(tar, Path(td) / f"b{i}")
             except BundleError as exc:
                 problems.append(str(exc))
                 entries.append(rec)
