@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from harness.engines import kv_bytes_per_token  # noqa: E402
-from harness.ttft_client import CompletionRequest, run_requests_sync  # noqa: E402
+from harness.engines.client import CompletionRequest, run_requests_sync  # noqa: E402
 from harness.workloads.g2_ttft import free_port, make_prompts  # noqa: E402
 
 MODEL = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 4,
@@ -43,7 +43,7 @@ def drop_caches() -> bool:
 def start(work: Path, port: int, label: str):
     log = open(work / f"engine-{label}.log", "wb")
     env = dict(os.environ, PYTHONHASHSEED="0", PROMETHEUS_MULTIPROC_DIR=str(work / "prom"))
-    p = subprocess.Popen([sys.executable, "-m", "harness.engines.cpu_reference", "--port", str(port),
+    p = subprocess.Popen([sys.executable, "-m", "harness.node.cpu_reference", "--port", str(port),
                           "--model-config", str(work / "model.json"), "--lmcache-config", str(work / "lmcache.yaml")],
                          cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     for _ in range(600):

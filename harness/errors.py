@@ -1,4 +1,6 @@
-"""One exception root for kvgate, with config, transport, workload and gate branches."""
+"""One exception root for kvgate, with config, transport, workload and bundle branches.
+
+The CLI maps each branch to one exit code (harness.cli.main.EXIT_FOR_ERROR); nothing below the CLI exits."""
 
 from __future__ import annotations
 
@@ -41,10 +43,6 @@ class HostKeyError(TransportError):
 
 class WorkloadError(HarnessError):
     """A workload could not run (its evidence is still on disk)."""
-
-
-class GateError(HarnessError):
-    """A gate could not be evaluated."""
 
 
 class BundleError(HarnessError):

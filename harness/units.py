@@ -124,7 +124,14 @@ def parse_threshold(text: str, dimension: str | None = None) -> Threshold:
     return Threshold(op=m.group(1), quantity=parse_quantity(m.group(2), dimension))
 
 
-def format_base(value_base: float, unit: str) -> str:
-    """Format a base-unit value in the given unit, e.g. (5.23e9, 'GB/s') -> '5.23 GB/s'."""
-    _, factor = unit_info(unit)
-    return f"{value_base / factor:.4g} {unit}".strip()
+def parse_size_bytes(value: str | int) -> int:
+    """A positive size in bytes from an int or a quantity such as ``"4 GiB"``; raise UnitError otherwise."""
+    if isinstance(value, bool):
+        raise UnitError(f"expected a size such as '4 GiB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        n = int(parse_quantity(str(value), "size").base)
+    if n <= 0:
+        raise UnitError(f"size must be positive, got {value!r} (expected e.g. '4 GiB')")
+    return n

@@ -4,8 +4,8 @@
 
 Writes a signed bundle DIR/<REPORT-ID>/ (and DIR/<REPORT-ID>.tar.gz) holding the tables (CSV), a Markdown and
 a self-contained HTML report with charts, and the parameters as given; its predicate lists the report IDs of
-the input bundles. Exit codes (as the rest of kvgate): 0 written; 2 bad parameters or a refused input bundle;
-3 any other failure.
+the input bundles. Exit codes (harness.cli.exits, as the rest of kvgate): 0 written; 2 bad parameters or a
+refused input bundle; 3 any other failure.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import bundle as bundle_mod
-from harness import cost_params, cost_report
-from harness.errors import BundleError
-from harness.signing import resolve_signing_key
+from ..cost import params as cost_params
+from ..cost import report as cost_report
+from ..errors import BundleError
+from ..report.bundle import BundleInfo, write_bundle
+from ..report.signing import resolve_signing_key
+from .exits import EXIT_OK
 
 
 def register(subparsers) -> None:
@@ -39,8 +41,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=handler)
 
 
-def run(args) -> bundle_mod.BundleInfo:
-    """Resolve params and measured inputs, compute, write and sign. Raises HarnessError subclasses."""
+def run(args) -> tuple[BundleInfo, Path | None]:
+    """Resolve params and measured inputs, compute, write and sign. Returns the bundle and the development key's
+    public key (None for an operator key). Raises HarnessError subclasses."""
     if args.pubkey and len(args.pubkey) not in (1, len(args.bundle)):
         raise BundleError(f"{len(args.bundle)} --bundle but {len(args.pubkey)} --pubkey (give one per bundle, or one)")
     if args.bundle and not args.pubkey:
@@ -59,7 +62,7 @@ def run(args) -> bundle_mod.BundleInfo:
     predicate = dict(cost_report.predicate(resolved), signing_key=signing.predicate_entry())
     try:
         tables = cost_report.write_staging(resolved, staging)
-        info = bundle_mod.write_bundle(staging, args.out, signing.private, predicate,
+        info = write_bundle(staging, args.out, signing.private, predicate,
                                        render=cost_report.renderer(resolved, tables), move=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -67,7 +70,7 @@ def run(args) -> bundle_mod.BundleInfo:
 
 
 def handler(args) -> int:
-    """Errors propagate to kvgate's main, which maps them to exit codes (2 config/bundle, 3 other)."""
+    """Errors propagate to kvgate's main, which maps them to exit codes (harness.cli.exits)."""
     info, pub = run(args)
     results = (info.path / "tables" / "results.csv").read_text().splitlines()
     values = dict(line.split(",")[:2] for line in results[1:])
@@ -79,4 +82,4 @@ def handler(args) -> int:
         print(f"verify with: kvgate verify {info.tar_path or info.path} --pubkey {pub}")
     print(f"net_usd_per_month {values['net_usd_per_month']}  break_even_hit_rate {values['break_even_hit_rate']}  "
           f"capacity_tb {values['capacity_tb']}  throughput_gain {values['throughput_gain']}")
-    return 0
+    return EXIT_OK

@@ -6,6 +6,9 @@
 
 A node whose ``labels`` hold ``kvgate-guest: <state-dir or "default">`` is the guest: its address,
 port, key and known_hosts come from the guest's state file, since the forwarded port can change.
+
+Exit codes (harness.cli.exits): 0 done; 2 a configuration error; 3 the guest or the loopback could not be
+brought up or torn down (the result is printed first).
 """
 
 from __future__ import annotations
@@ -16,15 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-from harness.errors import HarnessError
+from ..config import load_inventory
+from ..errors import ConfigError, ConfigIssue
+from ..paths import given_or_shipped
+from ..rigs.guest import build_guest, default_state_dir, guest_running, open_node_transport, start_guest, stop_guest
+from ..rigs.loopback import Loopback, LoopbackSpec
+from ..transport.steps import StepLog
+from .exits import EXIT_INFRA, EXIT_OK
 
-GUEST_LABEL = "kvgate-guest"
-DEFAULT_INVENTORY = "inventory/loopback.yaml"  # resolved against the repository when not found here
-
-
-def default_state_dir() -> Path:
-    from harness.guest import default_cache_root
-    return default_cache_root() / "run"
+DEFAULT_INVENTORY = "inventory/loopback.yaml"
 
 
 def register(subparsers) -> None:
@@ -61,36 +64,25 @@ def register(subparsers) -> None:
 
 
 def _guest_up(args) -> int:
-    from harness.guest import build_guest, guest_running, start_guest
     state_dir = args.state_dir or default_state_dir()
-    try:
-        running = guest_running(state_dir)
-        if running:
-            print(f"guest already running: pid {running.pid}, ssh root@127.0.0.1 -p {running.ssh_port}")
-            return 0
-        t0 = time.monotonic()
-        image = build_guest(progress=lambda m: print(m, file=sys.stderr))
-        state = start_guest(image, state_dir, ssh_port=args.port, memory_mib=args.memory_mib,
-                            boot_timeout_s=args.boot_timeout_s, progress=lambda m: print(m, file=sys.stderr))
-    except HarnessError as exc:
-        print(f"kvgate loopback guest-up: {exc}", file=sys.stderr)
-        return 1
+    running = guest_running(state_dir)
+    if running:
+        print(f"guest already running: pid {running.pid}, ssh root@127.0.0.1 -p {running.ssh_port}")
+        return EXIT_OK
+    t0 = time.monotonic()
+    image = build_guest(progress=lambda m: print(m, file=sys.stderr))
+    state = start_guest(image, state_dir, ssh_port=args.port, memory_mib=args.memory_mib,
+                        boot_timeout_s=args.boot_timeout_s, progress=lambda m: print(m, file=sys.stderr))
     print(f"guest up in {time.monotonic() - t0:.1f} s: kernel {state.kernel_release}, pid {state.pid}, "
           f"ssh -i {state.identity_file} -o UserKnownHostsFile={state.known_hosts_path} "
           f"-p {state.ssh_port} root@127.0.0.1; console {state.console_log}")
-    return 0
+    return EXIT_OK
 
 
 def _guest_down(args) -> int:
-    from harness.guest import stop_guest
-    state_dir = args.state_dir or default_state_dir()
-    try:
-        stopped = stop_guest(state_dir)
-    except HarnessError as exc:
-        print(f"kvgate loopback guest-down: {exc}", file=sys.stderr)
-        return 1
+    stopped = stop_guest(args.state_dir or default_state_dir())
     print("guest stopped" if stopped else "no guest running")
-    return 0
+    return EXIT_OK
 
 
 def pick_target(inventory, node_name: str | None, target_name: str | None):
@@ -100,68 +92,32 @@ def pick_target(inventory, node_name: str | None, target_name: str | None):
     if len(cands) != 1:
         what = f"node={node_name or '*'} target={target_name or '*'}"
         found = ", ".join(f"{n.name}/{t.name}" for n, t in cands) or "none"
-        raise HarnessError(f"expected exactly one nvmeof-loopback target for {what}; found {found}")
+        raise ConfigError(ConfigIssue(str(getattr(inventory, "path", "inventory")), None, "nodes[].targets[]",
+                                      f"expected exactly one nvmeof-loopback target for {what}; found {found}"))
     return cands[0]
 
 
-def open_node_transport(node, state_dir: Path | None):
-    """The node's transport; a kvgate-guest node is reached at the guest's recorded port and keys."""
-    from harness.transport import SSHTransport, open_transport
-    label = node.labels.get(GUEST_LABEL) if node.labels else None
-    if label is None:
-        return open_transport(node)
-    from harness.guest import GuestError, guest_running
-    sd = state_dir or (default_state_dir() if label in ("", "default") else Path(label).expanduser())
-    st = guest_running(sd)
-    if st is None:
-        raise GuestError(f"node {node.name} is the loopback guest but none runs (state {sd}): "
-                         "run 'kvgate loopback guest-up' first")
-    return SSHTransport(st.host, st.ssh_port, st.user, st.identity_file, known_hosts_path=st.known_hosts_path,
-                        name=node.name)
-
-
-def open_guest_transports(inventory, state_dir: Path | None = None) -> dict:
-    """Transports for the inventory's kvgate-guest nodes (for ``run_suite(transports=...)``)."""
-    return {n.name: open_node_transport(n, state_dir) for n in inventory.nodes
-            if n.labels and GUEST_LABEL in n.labels}
-
-
-def inventory_path(arg: str) -> Path:
-    from harness.paths import data_path
-    p = Path(arg)
-    return p if p.exists() or arg != DEFAULT_INVENTORY else data_path(*DEFAULT_INVENTORY.split("/"))
-
-
 def _provision(args) -> int:
-    from harness.loopback import Loopback, LoopbackSpec
-    from harness.steps import StepLog
-    tr = None
+    inv = load_inventory(given_or_shipped(args.inventory, "inventory"))
+    node, target = pick_target(inv, args.node, args.target)
+    spec = LoopbackSpec.from_target(target, node.name)
+    tr = open_node_transport(node, args.state_dir)
     try:
-        from harness.config import load_inventory
-        inv = load_inventory(inventory_path(args.inventory))
-        node, target = pick_target(inv, args.node, args.target)
-        spec = LoopbackSpec.from_target(target, node.name)
-        tr = open_node_transport(node, args.state_dir)
         steps_dir = args.steps_dir or Path("runs") / "loopback" / f"{args.loopback_op}-{time.strftime('%Y%m%d-%H%M%S')}"
         steps = StepLog(steps_dir)
         print(f"steps: {steps.root}", file=sys.stderr)
         lb = Loopback(tr, spec, run=lambda name, argv, timeout_s: steps.run(tr, name, argv, timeout_s=timeout_s),
                       progress=lambda m: print(m, file=sys.stderr))
         if args.loopback_op == "status":
-            data = lb.status()
-            ok = True
+            data, ok = lb.status(), True
         elif args.loopback_op == "up":
             res = lb.up(verify=not args.no_verify)
             data, ok = res.as_dict(), res.ok
         else:
             res = lb.down()
             data, ok = res.as_dict(), res.ok
-    except HarnessError as exc:
-        print(f"kvgate loopback {args.loopback_op}: {exc}", file=sys.stderr)
-        return 2 if exc.__class__.__name__ == "ConfigError" else 1
     finally:
-        if tr is not None:
-            tr.close()
+        tr.close()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=2, default=str))
@@ -169,7 +125,7 @@ def _provision(args) -> int:
         print(json.dumps(data, indent=2, default=str))
     else:
         print(_human(args.loopback_op, data))
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_INFRA
 
 
 def _human(op: str, data: dict) -> str:

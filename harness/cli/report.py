@@ -1,45 +1,53 @@
-"""``kvgate report BUNDLE`` (verify, re-evaluate from raw data, re-render offline) and
-``kvgate compare BUNDLE_A BUNDLE_B`` (delta table and chart of the metrics two runs share).
+"""Bundles on the command line: ``kvgate keygen``, ``verify``, ``report BUNDLE`` (verify, re-evaluate from raw
+data, re-render offline) and ``compare BUNDLE_A BUNDLE_B`` (delta table and chart of the metrics two runs share).
 
-Exit codes of ``report``: 0 verified and the re-evaluated verdicts equal the signed ones; 1 verification
-failed (nothing is re-rendered) or the verdicts differ (the report says what differs); 2 usage / bundle error.
-``compare``: 0 written; 1 a bundle failed verification; 2 usage / bundle error.
+``report``: 0 verified and the re-evaluated verdicts equal the signed ones; 1 verification failed (nothing is
+re-rendered) or the verdicts differ (the report says what differs); 2 usage / bundle error.
+``compare``: 0 written; 1 a bundle failed verification; 2 usage / bundle error (harness.cli.exits).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import filecmp
 import json
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
-from typing import Iterator
 
-from .errors import BundleError
+from ..errors import BundleError
+from ..gates.reevaluate import reevaluate_bundle
+from ..paths import state_dir
+from ..report.bundle import (generate_keypair, key_fingerprint, load_public_key, open_bundle,
+                             verify_bundle)
+from ..report.charts import compare_svg
+from ..report.compare import compare_predicates, outcome_changes, render_html, render_markdown
+from ..report.render import to_csv_bytes, write_reports
+from .exits import EXIT_NO, EXIT_OK
 
 
-@contextlib.contextmanager
-def bundle_dir(path: str | Path) -> Iterator[Path]:
-    """A bundle directory for a directory or a ``.tar.gz`` (extracted to a temporary directory, data filter)."""
-    path = Path(path)
-    if path.is_dir():
-        yield path
-        return
-    if not path.is_file():
-        raise BundleError(f"{path}: no such bundle (expected a directory or a .tar.gz)")
-    with tempfile.TemporaryDirectory(prefix="kvgate-report-") as td:
-        try:
-            with tarfile.open(path, "r:gz") as tf:
-                tf.extractall(td, filter="data")
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise BundleError(f"{path}: not a readable bundle archive: {exc}") from None
-        entries = list(Path(td).iterdir())
-        if len(entries) != 1 or not entries[0].is_dir():
-            raise BundleError(f"{path}: archive must hold exactly one bundle directory")
-        yield entries[0]
+def cmd_keygen(args) -> int:
+    key, pub = generate_keypair(args.out)
+    print(f"wrote {key} (private, mode 0600) and {pub}; fingerprint {key_fingerprint(load_public_key(pub))}")
+    return EXIT_OK
+
+
+def cmd_verify(args) -> int:
+    res = verify_bundle(args.bundle, args.pubkey)
+    if not res.ok:
+        print(f"FAILED: {res.error}")
+        return EXIT_NO
+    pred = res.statement["predicate"]
+    print(f"OK {res.report_id}: signed by {res.signer} ({pred.get('signing_key', {}).get('kind', '?')} key), "
+          f"created {pred.get('created_utc')}, overall {pred.get('overall')}, "
+          f"{len(res.statement['subject'])} files")
+    for v in pred.get("verdicts", []):
+        actual = "—" if v.get("actual") is None else f"{v['actual']:.4g} {v.get('unit', '')}".strip()
+        print(f"  {v['gate_id']}: {v['outcome']} {v['metric']} = {actual}")
+    for rid in pred.get("input_report_ids", []) if args.verbose else []:
+        print(f"  input report: {rid}")
+    return EXIT_OK
+
+
 
 
 def _envelope_keyid(d: Path) -> str | None:
@@ -53,9 +61,6 @@ def resolve_pubkey(d: Path, pubkey: str | None) -> tuple[Path | None, str]:
     """The key to verify with: --pubkey, else the local development key when the bundle names it."""
     if pubkey:
         return Path(pubkey), "given"
-    from .bundle import key_fingerprint, load_public_key
-    from .paths import state_dir
-
     dev = state_dir() / "dev-signing.pub"
     if dev.is_file() and key_fingerprint(load_public_key(dev)) == _envelope_keyid(d):
         return dev, "development key of this machine"
@@ -63,8 +68,6 @@ def resolve_pubkey(d: Path, pubkey: str | None) -> tuple[Path | None, str]:
 
 
 def _verify(d: Path, pubkey: str | None):
-    from .bundle import verify_bundle
-
     key, how = resolve_pubkey(d, pubkey)
     if key is None:
         raise BundleError(how + "; give --pubkey SIGNER.pub")
@@ -72,15 +75,12 @@ def _verify(d: Path, pubkey: str | None):
 
 
 def cmd_report(args) -> int:
-    from .reevaluate import reevaluate_bundle
-    from .report import write_reports
-
-    with bundle_dir(args.bundle) as d:
+    with open_bundle(args.bundle) as d:
         res, how = _verify(d, args.pubkey)
         if not res.ok:
             print(f"FAILED verification: {res.error}")
             print("nothing was re-rendered: the bundle does not match its signature")
-            return 1
+            return EXIT_NO
         pred = res.statement["predicate"]
         rid = res.report_id
         print(f"OK {rid}: signature and every file verified (key {res.signer}, {how})")
@@ -111,17 +111,15 @@ def cmd_report(args) -> int:
               + (f", differing: {', '.join(differ)}" if differ else ""))
         if re.same:
             print(f"verdicts: SAME as signed (overall {re.overall_signed})")
-            return 0
+            return EXIT_OK
         print("verdicts: DIFFER from the signed ones:")
         for line in re.differences:
             print(f"  {line}")
-        return 1
+        return EXIT_NO
 
 
 def _predicate(d: Path, pubkey: str | None) -> tuple[dict, str, str | None]:
     """(predicate, report id, note) of a bundle; verified where a key is known, else read and marked."""
-    from .bundle import verify_bundle
-
     key, how = resolve_pubkey(d, pubkey)
     if key is not None:
         res = verify_bundle(d, key)
@@ -142,16 +140,13 @@ class _VerifyFailed(Exception):
 
 
 def cmd_compare(args) -> int:
-    from .compare import compare_predicates, outcome_changes, render_html, render_markdown
-    from .report import to_csv_bytes
-
     try:
-        with bundle_dir(args.bundle_a) as da, bundle_dir(args.bundle_b) as db:
+        with open_bundle(args.bundle_a) as da, open_bundle(args.bundle_b) as db:
             pa, ida, na = _predicate(da, args.pubkey)
             pb, idb, nb = _predicate(db, args.pubkey_b or args.pubkey)
     except _VerifyFailed as exc:
         print(str(exc))
-        return 1
+        return EXIT_NO
     notes = [n for n in (na, nb) if n]
     frame = compare_predicates(pa, pb)
     changes = outcome_changes(pa, pb)
@@ -167,8 +162,6 @@ def cmd_compare(args) -> int:
         print(f" {mark}{r.gate:5} {r.metric:28} A {r.a:<12.5g} B {r.b:<12.5g} delta {r.delta:+.4g} "
               f"({r.delta_pct:+.2f}%) {r.change}")
     if args.out:
-        from .report_charts import compare_svg
-
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         svg = None
@@ -180,11 +173,21 @@ def cmd_compare(args) -> int:
         (out / "compare.md").write_text(render_markdown(ida, idb, frame, changes, notes))
         (out / "compare.html").write_text(render_html(ida, idb, frame, changes, notes, svg))
         print(f"wrote {out}/compare.md, compare.html, compare.csv" + (", compare.svg" if svg else ""))
-    return 0
+    return EXIT_OK
 
 
 def register(subparsers) -> None:
-    """Add ``report`` and ``compare`` to the kvgate command line."""
+    """Add ``keygen``, ``verify``, ``report`` and ``compare`` to the kvgate command line."""
+    s = subparsers.add_parser("keygen", help="write an Ed25519 key pair PREFIX.key (0600) and PREFIX.pub")
+    s.add_argument("--out", required=True, metavar="PREFIX")
+    s.set_defaults(func=cmd_keygen)
+
+    s = subparsers.add_parser("verify", help="verify a bundle (directory or .tar.gz) against a public key")
+    s.add_argument("bundle")
+    s.add_argument("--pubkey", required=True)
+    s.add_argument("--verbose", "-v", action="store_true", help="also list the input report IDs a bundle cites")
+    s.set_defaults(func=cmd_verify)
+
     s = subparsers.add_parser("report", help="verify a bundle, re-evaluate its verdicts from the raw files with "
                               "its own suite, and re-render its reports offline")
     s.add_argument("bundle", help="bundle directory or .tar.gz")

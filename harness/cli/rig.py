@@ -1,17 +1,14 @@
-"""`kvgate rig up|down|status|kill-node`: the N-node test rig (network namespaces, sshds, shaped port).
-
-Wired into the main CLI with `cli_rig.register(subparsers)`; also runnable alone as
-`python3 -m harness.cli_rig up`.
-"""
+"""`kvgate rig up|down|status|kill-node|link-down|link-up`: the N-node test rig (network namespaces, sshds,
+one shaped storage port). A RigError exits 3 like every infrastructure error (harness.cli.exits)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from harness.rig import RigError, RigSpec, kill_node, rig_down, rig_status, rig_up, set_node_link
+from ..rigs.netns import RigSpec, kill_node, rig_down, rig_status, rig_up, set_node_link
+from .exits import EXIT_NO, EXIT_OK
 
 DEFAULT_STATE_ROOT = Path("/var/tmp/kvgate-rig")
 
@@ -27,47 +24,38 @@ def _spec(args: argparse.Namespace) -> RigSpec:
 
 
 def _handler(args: argparse.Namespace) -> int:
-    try:
-        # `down`, `status` and `kill-node` only need the names, which derive from prefix and node count.
-        if args.rig_cmd == "up":
-            spec = _spec(args)
-            state = rig_up(spec)
-            print(f"rig up: {spec.node_count} nodes, storage port shaped to {spec.port_rate_mbit} Mbit/s")
-            print(f"inventory: {state.inventory_path}")
-            print(f"ssh config: {state.ssh_config}   (e.g. ssh -F {state.ssh_config} n1)")
-            print(f"pool on every node: {state.pool_mount}")
-            return 0
-        spec = _spec(args)
-        if args.rig_cmd == "down":
-            res = rig_down(spec, remove_state=args.purge)
-            print(f"rig down: killed {len(res['killed_pids'])} processes, "
-                  f"deleted {len(res['deleted_namespaces'])} namespaces")
-            return 0
-        if args.rig_cmd == "status":
-            st = rig_status(spec)
-            if args.json:
-                print(json.dumps(st, indent=2))
-            else:
-                for ns, info in st["namespaces"].items():
-                    what = "absent" if info is None else f"{len(info['pids'])} processes"
-                    print(f"{ns:12s} {what}")
-                if "ssh_reachable" in st:
-                    bad = [w for w, ok in st["ssh_reachable"].items() if not ok]
-                    print("ssh: all reachable" if not bad else f"ssh: unreachable: {', '.join(bad)}")
-                print(f"up: {st['up']}")
-            return 0 if st["up"] else 1
-        if args.rig_cmd == "kill-node":
-            pids = kill_node(spec, args.node)
-            print(f"killed {len(pids)} processes of {args.node}")
-            return 0
-        if args.rig_cmd in ("link-down", "link-up"):
-            set_node_link(spec, args.node, up=args.rig_cmd == "link-up")
-            print(f"{args.node}: link {args.rig_cmd[5:]}")
-            return 0
-    except RigError as exc:
-        print(f"kvgate rig: {exc}", file=sys.stderr)
-        return 2
-    return 2
+    # `down`, `status` and `kill-node` only need the names, which derive from prefix and node count.
+    spec = _spec(args)
+    if args.rig_cmd == "up":
+        state = rig_up(spec)
+        print(f"rig up: {spec.node_count} nodes, storage port shaped to {spec.port_rate_mbit} Mbit/s")
+        print(f"inventory: {state.inventory_path}")
+        print(f"ssh config: {state.ssh_config}   (e.g. ssh -F {state.ssh_config} n1)")
+        print(f"pool on every node: {state.pool_mount}")
+    elif args.rig_cmd == "down":
+        res = rig_down(spec, remove_state=args.purge)
+        print(f"rig down: killed {len(res['killed_pids'])} processes, "
+              f"deleted {len(res['deleted_namespaces'])} namespaces")
+    elif args.rig_cmd == "status":
+        st = rig_status(spec)
+        if args.json:
+            print(json.dumps(st, indent=2))
+        else:
+            for ns, info in st["namespaces"].items():
+                what = "absent" if info is None else f"{len(info['pids'])} processes"
+                print(f"{ns:12s} {what}")
+            if "ssh_reachable" in st:
+                bad = [w for w, ok in st["ssh_reachable"].items() if not ok]
+                print("ssh: all reachable" if not bad else f"ssh: unreachable: {', '.join(bad)}")
+            print(f"up: {st['up']}")
+        return EXIT_OK if st["up"] else EXIT_NO
+    elif args.rig_cmd == "kill-node":
+        pids = kill_node(spec, args.node)
+        print(f"killed {len(pids)} processes of {args.node}")
+    else:  # link-down, link-up
+        set_node_link(spec, args.node, up=args.rig_cmd == "link-up")
+        print(f"{args.node}: link {args.rig_cmd[5:]}")
+    return EXIT_OK
 
 
 def register(subparsers) -> None:
@@ -95,14 +83,3 @@ def register(subparsers) -> None:
         if name in ("kill-node", "link-down", "link-up"):
             sp.add_argument("node", help="node name, e.g. n3")
     p.set_defaults(func=_handler)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvgate")
-    register(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

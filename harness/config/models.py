@@ -1,4 +1,4 @@
-"""Inventory and gate-suite models, strictly validated, with every error mapped to file:line.
+"""Inventory and gate-suite models, strictly validated (loading and cross-checks: harness.config.loading).
 
 Values that later reach a command line are either validated against a strict pattern here (node names,
 host names, user names, device paths, NIC names) or passed on as one literal argv element (file paths).
@@ -7,14 +7,11 @@ host names, user names, device paths, NIC names) or passed on as one literal arg
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import ConfigError, ConfigIssue
-from .units import Threshold, UnitError, parse_quantity, parse_threshold, unit_info
-from .yamlload import LineIndex, load_yaml, validate
+from ..units import Threshold, UnitError, parse_quantity, parse_size_bytes, parse_threshold
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$|^\[?[0-9A-Fa-f:]+\]?$")
@@ -38,19 +35,10 @@ def _safe_path(v: str) -> str:
 
 
 def _size_bytes(v: Any) -> int:
-    if isinstance(v, bool):
-        raise ValueError(f"expected a size such as '4 GiB', got {v!r}")
-    if isinstance(v, int):
-        n = v
-    else:
-        try:
-            q = parse_quantity(str(v), "size")
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-        n = int(q.base)
-    if n <= 0:
-        raise ValueError(f"size must be positive, got {v!r} (expected e.g. '4 GiB')")
-    return n
+    try:
+        return parse_size_bytes(v)
+    except UnitError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class Gpu(Strict):
@@ -316,108 +304,3 @@ class Gate(Strict):
 class GateSuite(Strict):
     suite: SuiteMeta
     gates: list[Gate] = Field(min_length=1)
-
-
-class Config:
-    """A validated inventory + gate suite, with the parsed params of every gate."""
-
-    def __init__(self, inventory: Inventory, suite: GateSuite, params: dict[str, Any],
-                 inventory_path: Path, gates_path: Path):
-        self.inventory = inventory
-        self.suite = suite
-        self.params = params  # gate id -> validated params model
-        self.inventory_path = inventory_path
-        self.gates_path = gates_path
-
-    def gate_nodes(self, gate: Gate) -> list[Node]:
-        if gate.nodes:
-            return [self.inventory.node(n) for n in gate.nodes]  # type: ignore[misc]
-        return list(self.inventory.nodes)
-
-
-def load_inventory(path: str | Path) -> Inventory:
-    data, index = load_yaml(path)
-    inv = validate(Inventory, data, index)
-    issues, first = [], {}
-    for i, node in enumerate(inv.nodes):
-        if node.name in first:
-            issues.append(index.issue(("nodes", i, "name"),
-                                      f"duplicate node name {node.name!r} (first at nodes[{first[node.name]}])"))
-        first.setdefault(node.name, i)
-    if issues:
-        raise ConfigError(issues)
-    return inv
-
-
-def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None,
-                 params_out: dict[str, Any]) -> list[ConfigIssue]:
-    from .workloads import WORKLOADS
-
-    issues: list[ConfigIssue] = []
-    seen: dict[str, int] = {}
-    for i, gate in enumerate(suite.gates):
-        at = ("gates", i)
-        if gate.id in seen:
-            issues.append(index.issue(at + ("id",), f"duplicate gate id {gate.id!r} (first at gates[{seen[gate.id]}])"))
-        seen.setdefault(gate.id, i)
-        wl = WORKLOADS.get(gate.workload)
-        if wl is None:
-            issues.append(index.issue(at + ("workload",),
-                                      f"unknown workload {gate.workload!r} (expected one of {', '.join(sorted(WORKLOADS))})"))
-            continue
-        unit = wl.METRICS.get(gate.metric)
-        if unit is None:
-            issues.append(index.issue(at + ("metric",), f"workload {gate.workload!r} has no metric {gate.metric!r} "
-                                      f"(expected one of {', '.join(sorted(wl.METRICS))})"))
-        else:
-            dim, _ = unit_info(unit)
-            for key, thr in (("pass", gate.pass_), ("stop_loss", gate.stop_loss)):
-                if thr is not None and thr.dimension != dim:
-                    issues.append(index.issue(at + (key,), f"{thr} is a {thr.dimension} but metric {gate.metric} "
-                                              f"is a {dim} (expected a threshold in e.g. {unit})"))
-            if gate.reference is not None:
-                ref = parse_quantity(gate.reference.value)
-                if ref.dimension != dim:
-                    issues.append(index.issue(at + ("reference", "value"), f"reference {ref} is a {ref.dimension} but "
-                                              f"metric {gate.metric} is a {dim} (expected e.g. {unit})"))
-        try:
-            params = validate(wl.Params, gate.params, index, prefix=at + ("params",))
-        except ConfigError as exc:
-            issues.extend(exc.issues)
-            continue
-        params_out[gate.id] = params
-        if inventory is not None:
-            nodes = []
-            for j, n in enumerate(gate.nodes or []):
-                node = inventory.node(n)
-                if node is None:
-                    issues.append(index.issue(at + ("nodes", j), f"node {n!r} is not in the inventory "
-                                              f"(expected one of {', '.join(x.name for x in inventory.nodes)})"))
-                else:
-                    nodes.append(node)
-            if not gate.nodes:
-                nodes = list(inventory.nodes)
-            for path, msg in wl().validate_against(params, {n.name: n for n in nodes}):
-                issues.append(index.issue(at + ("params",) + tuple(path), msg))
-    return issues
-
-
-def load_config(inventory_path: str | Path, gates_path: str | Path) -> Config:
-    """Load and cross-check both files; raise ConfigError listing every issue in both."""
-    issues: list[ConfigIssue] = []
-    inventory = suite = None
-    try:
-        inventory = load_inventory(inventory_path)
-    except ConfigError as exc:
-        issues.extend(exc.issues)
-    params: dict[str, Any] = {}
-    try:
-        data, index = load_yaml(gates_path)
-        suite = validate(GateSuite, data, index)
-        issues.extend(_check_gates(suite, index, inventory, params))
-    except ConfigError as exc:
-        issues.extend(exc.issues)
-    if issues:
-        raise ConfigError(sorted(issues, key=lambda i: (i.file != str(inventory_path), i.file, i.line or 0)))
-    assert inventory is not None and suite is not None
-    return Config(inventory, suite, params, Path(inventory_path), Path(gates_path))

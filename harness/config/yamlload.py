@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .errors import ConfigError, ConfigIssue
+from ..errors import ConfigError, ConfigIssue
 
 PathT = tuple[Any, ...]
 

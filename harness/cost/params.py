@@ -9,6 +9,7 @@ A params file that sets an input a bundle measures is an error, never a silent o
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,11 +18,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from harness import cost
-
-from harness.errors import ConfigError, ConfigIssue
-from harness.units import UnitError, parse_quantity
-from harness.yamlload import LineIndex, load_yaml, validate
+from ..config.yamlload import LineIndex, load_yaml, validate
+from ..engines.kv import ArchError, ModelArch, arch_from_config
+from ..errors import BundleError, ConfigError, ConfigIssue
+from ..report.bundle import open_bundle, verify_bundle
+from ..units import UnitError, parse_quantity
+from . import model as cost
 
 
 # --------------------------------------------------------------------------- unit-checked fields
@@ -256,11 +258,11 @@ class InputValue:
 
 @dataclass(frozen=True)
 class Resolved:
-    """Parameters ready for :func:`harness.cost.evaluate`: one value and one source per input."""
+    """Parameters ready for :func:`harness.cost.model.evaluate`: one value and one source per input."""
 
     params: CostParams
     params_path: Path
-    arch: cost.ModelArch
+    arch: ModelArch
     model_config_path: Path
     inputs: dict[str, InputValue]
     measured: tuple[MeasuredInput, ...]
@@ -294,8 +296,8 @@ def _json_key_line(text: str, key: str) -> int:
     return 1
 
 
-def load_model_arch(config_path: Path, kv_dtype: str | None) -> cost.ModelArch:
-    """Read a config.json into a :class:`harness.cost.ModelArch`; errors name the file and line of the key."""
+def load_model_arch(config_path: Path, kv_dtype: str | None) -> ModelArch:
+    """Read a config.json into a :class:`harness.engines.kv.ModelArch`; errors name the file and line of the key."""
     try:
         text = config_path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -307,8 +309,8 @@ def load_model_arch(config_path: Path, kv_dtype: str | None) -> cost.ModelArch:
     if not isinstance(data, dict):
         raise ConfigError([ConfigIssue(str(config_path), 1, "", "expected a JSON object")])
     try:
-        return cost.arch_from_config(data, name=config_path.stem, kv_dtype=kv_dtype)
-    except cost.ArchError as exc:
+        return arch_from_config(data, name=config_path.stem, kv_dtype=kv_dtype)
+    except ArchError as exc:
         raise ConfigError(
             [ConfigIssue(str(config_path), _json_key_line(text, exc.field), exc.field, exc.message)]
         ) from None
@@ -365,7 +367,7 @@ def resolve(
                 f"'measured' needs {' and '.join(missing)}: give a G2 bundle or set measured.* in the file")))
 
     config_path = (params_path.parent / params.model.config)
-    arch: cost.ModelArch | None = None
+    arch: ModelArch | None = None
     try:
         arch = load_model_arch(config_path, params.model.kv_dtype)
     except ConfigError as exc:
@@ -410,42 +412,27 @@ def resolve(
 def measured_from_bundle(bundle_path: str | Path, pubkey_path: str | Path) -> list[MeasuredInput]:
     """Verify a report bundle (directory or .tar.gz) and return the cost inputs its verdicts.json measured.
 
-    Nothing is read from a bundle before :func:`harness.bundle.verify_bundle` says OK, and the verdicts.json
+    Nothing is read from a bundle before :func:`harness.report.bundle.verify_bundle` says OK, and the verdicts.json
     bytes used are checked against the digest in the signed statement (so a file swapped after verification
     is refused too). Raises ``BundleError`` (one line, naming the bundle) when the bundle does not verify,
     holds no verdicts.json, or measured nothing the cost model uses.
     """
-    import hashlib
-    import tarfile
-    import tempfile
-
-    from harness.bundle import verify_bundle
-    from harness.errors import BundleError
-
     bundle_path = Path(bundle_path)
     if not bundle_path.exists():
         raise BundleError(f"{bundle_path}: no such bundle")
-    with tempfile.TemporaryDirectory(prefix="kvgate-cost-in-") as td:
-        root = bundle_path
-        if bundle_path.is_file():
-            try:
-                with tarfile.open(bundle_path, "r:gz") as tf:
-                    tf.extractall(td, filter="data")
-            except (tarfile.TarError, OSError, EOFError) as exc:
-                raise BundleError(f"{bundle_path}: refused: not a readable bundle archive: {exc}") from None
-            entries = list(Path(td).iterdir())
-            if len(entries) != 1 or not entries[0].is_dir():
-                raise BundleError(f"{bundle_path}: refused: archive must hold exactly one bundle directory")
-            root = entries[0]
-        result = verify_bundle(root, pubkey_path)
-        if not result.ok or result.statement is None or result.report_id is None:
-            raise BundleError(f"{bundle_path}: refused: does not verify: {result.error}")
-        digests = {s["name"]: s["digest"]["sha256"] for s in result.statement.get("subject", [])}
-        if "verdicts.json" not in digests:
-            raise BundleError(f"{bundle_path}: refused: {result.report_id} holds no verdicts.json")
-        raw = (root / "verdicts.json").read_bytes()
-        if hashlib.sha256(raw).hexdigest() != digests["verdicts.json"]:
-            raise BundleError(f"{bundle_path}: refused: verdicts.json changed after verification")
+    try:
+        with open_bundle(bundle_path) as root:
+            result = verify_bundle(root, pubkey_path)
+            if not result.ok or result.statement is None or result.report_id is None:
+                raise BundleError(f"{bundle_path}: refused: does not verify: {result.error}")
+            digests = {s["name"]: s["digest"]["sha256"] for s in result.statement.get("subject", [])}
+            if "verdicts.json" not in digests:
+                raise BundleError(f"{bundle_path}: refused: {result.report_id} holds no verdicts.json")
+            raw = (root / "verdicts.json").read_bytes()
+            if hashlib.sha256(raw).hexdigest() != digests["verdicts.json"]:
+                raise BundleError(f"{bundle_path}: refused: verdicts.json changed after verification")
+    except BundleError as exc:  # an unreadable archive is refused like a bundle that does not verify
+        raise BundleError(str(exc) if "refused" in str(exc) else f"refused: {exc}") from None
     try:
         verdicts = json.loads(raw)
     except ValueError as exc:

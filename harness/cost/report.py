@@ -17,7 +17,6 @@ Tables are a pure function of the params and the measured inputs: same inputs, b
 from __future__ import annotations
 
 import html
-import io
 import json
 import shutil
 from dataclasses import asdict
@@ -27,8 +26,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import cost
-from harness.cost_params import Resolved
+from ..report.charts import svg_text
+from ..report.render import to_csv_bytes
+from . import model as cost
+from .params import Resolved
 
 UNITS: dict[str, str] = {
     "kv_bytes_per_token": "B",
@@ -127,13 +128,6 @@ def build_tables(r: Resolved) -> dict[str, pd.DataFrame]:
 # --------------------------------------------------------------------------- charts
 
 
-def _svg(fig) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
-
-
 def render_charts(r: Resolved, tables: dict[str, pd.DataFrame]) -> dict[str, str]:
     """Tornado and break-even charts as SVG text (deterministic: fixed hash salt, no date)."""
     import matplotlib
@@ -157,7 +151,7 @@ def render_charts(r: Resolved, tables: dict[str, pd.DataFrame]) -> dict[str, str
         ax.set_xlabel(f"{metric} ({UNITS.get(metric, '')}); base {_fmt(base_m)}")
         ax.set_title(f"Sensitivity of {metric}")
         ax.legend(loc="lower right", fontsize=8)
-        tornado_svg = _svg(fig)
+        tornado_svg = svg_text(fig)
         plt.close(fig)
 
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -182,7 +176,7 @@ def render_charts(r: Resolved, tables: dict[str, pd.DataFrame]) -> dict[str, str
         a2.set_title("Break-even hit rate")
         a2.legend(fontsize=8)
         fig.tight_layout()
-        break_even_svg = _svg(fig)
+        break_even_svg = svg_text(fig)
         plt.close(fig)
     return {"tornado.svg": tornado_svg, "break_even.svg": break_even_svg}
 
@@ -201,7 +195,7 @@ def write_staging(r: Resolved, staging: Path) -> dict[str, pd.DataFrame]:
     (staging / "measured_inputs.json").write_text(json.dumps(measured, indent=1, sort_keys=True) + "\n")
     tables = build_tables(r)
     for name, frame in tables.items():
-        (staging / "tables" / f"{name}.csv").write_bytes(cost.to_csv_bytes(frame))
+        (staging / "tables" / f"{name}.csv").write_bytes(to_csv_bytes(frame, "%.10g"))
     for name, svg in render_charts(r, tables).items():
         (staging / "charts" / name).write_text(svg)
     return tables
@@ -326,7 +320,7 @@ def render_html(r: Resolved, tables: dict[str, pd.DataFrame], report_id: str, ch
 
 
 def renderer(r: Resolved, tables: dict[str, pd.DataFrame]):
-    """The ``render`` callback for :func:`harness.bundle.write_bundle`: reports that print the report ID."""
+    """The ``render`` callback for :func:`harness.report.bundle.write_bundle`: reports that print the report ID."""
 
     def render(report_id: str, bundle_dir: Path) -> list[str]:
         charts = {n: (bundle_dir / "charts" / n).read_text() for n in ("tornado.svg", "break_even.svg")}

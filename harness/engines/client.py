@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import httpx
+
+from ..parsers.sse import DONE, chunk_text, sse_data
+from ..stats import percentile
 
 Clock = Callable[[], float]
 
@@ -74,37 +76,6 @@ class RequestRecord:
         return d
 
 
-def parse_sse_lines(lines: Iterable[str]) -> list[dict | str]:
-    """Pure: the ``data:`` payloads of an SSE stream, JSON-decoded, with ``"[DONE]"`` kept as a string.
-
-    Raises ValueError on a data line that is neither JSON nor ``[DONE]``.
-    """
-    out: list[dict | str] = []
-    for line in lines:
-        line = line.strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            out.append("[DONE]")
-        else:
-            out.append(json.loads(data))
-    return out
-
-
-def chunk_text(event: dict) -> str:
-    """Text carried by one completions or chat-completions stream event ('' when none)."""
-    choices = event.get("choices") or []
-    parts = []
-    for c in choices:
-        if c.get("text"):
-            parts.append(c["text"])
-        delta = c.get("delta") or {}
-        if delta.get("content"):
-            parts.append(delta["content"])
-    return "".join(parts)
-
-
 async def stream_completion(client: httpx.AsyncClient, url: str, request: CompletionRequest, model: str,
                             clock: Clock = time.perf_counter, queue_s: float = 0.0,
                             timeout_s: float | None = 600.0) -> RequestRecord:
@@ -134,11 +105,10 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                 return rec(f"HTTP {resp.status_code}: {body.strip()[:500]}", clock())
             done = False
             async for line in resp.aiter_lines():
-                line = line.strip()
-                if not line.startswith("data:"):
+                data = sse_data(line)
+                if data is None:
                     continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                if data == DONE:
                     done = True
                     break
                 try:
@@ -194,18 +164,6 @@ def run_requests_sync(base_url: str, requests: Sequence[CompletionRequest], mode
                       **kw) -> list[RequestRecord]:
     """``run_requests`` from synchronous code (a workload's ``run``)."""
     return asyncio.run(run_requests(base_url, requests, model, concurrency=concurrency, **kw))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method); ``q`` in [0, 100]."""
-    if not values:
-        raise ValueError("percentile of an empty sequence")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be within [0, 100], got {q}")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Run on every node in parallel, then aggregate: group results, failure-share policy, clock offsets,
-and a synchronized launch (arm every node's reader, release all together, stop every one on failure).
+"""Run on every node in parallel, then aggregate: group results, the failure-share policy, and a
+synchronized launch (arm every node's reader, release all together, stop every one on failure).
 
 Used by every multi-node workload. Everything here talks to nodes only through the Transport contract,
 so tests inject a transport at that seam; failures become data (NodeOutcome with an error), never a
@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
-from .errors import HarnessError
-from .g3 import ClockOffset, estimate_clock_offset
-from .transport import Process, Transport
+from ..errors import HarnessError
+from ..transport import Process, Transport
 
 T = TypeVar("T")
 
@@ -118,82 +117,16 @@ def fan_out(items: Mapping[str, Any], fn: Callable[[str, Any], T], max_workers: 
 
     if not items:
         return GroupResult({})
-    with ThreadPoolExecutor(max_workers=max_workers or min(64, len(items))) as ex:
+    ex = ThreadPoolExecutor(max_workers=max_workers or min(64, len(items)))
+    try:
         outcomes = list(ex.map(one, list(items)))
+    except BaseException:
+        # Ctrl-C: return at once instead of waiting for every node's command to end; the caller stops the
+        # remote process groups (Transport.abort), and the threads end with them.
+        ex.shutdown(wait=False, cancel_futures=True)
+        raise
+    ex.shutdown(wait=True)
     return GroupResult({o.node: o for o in outcomes})
-
-
-def run_all(transports: Mapping[str, Transport], argv: Sequence[str] | Callable[[str], Sequence[str]],
-            timeout_s: float | None = None, steps=None, name: str = "cmd") -> GroupResult:
-    """Run one command on every node; a non-zero exit is that node's error. Values are CommandResults."""
-    def fn(node: str, t: Transport):
-        av = argv(node) if callable(argv) else argv
-        res = steps.run(t, name, av, timeout_s=timeout_s) if steps is not None else t.run(av, timeout_s=timeout_s)
-        if not res.ok:
-            raise HarnessError(res.summary())
-        return res
-    return fan_out(transports, fn)
-
-
-def open_transports(nodes: Mapping[str, Any], opener: Callable[[Any], Transport]) -> tuple[dict[str, Transport], GroupResult]:
-    """Connect to every node in parallel. Returns the open transports and the group result; the caller
-    decides (by policy) whether to go on; nothing has started anywhere yet."""
-    group = fan_out(nodes, lambda _n, node: opener(node))
-    return dict(group.succeeded), group
-
-
-def close_all(transports: Mapping[str, Transport]) -> None:
-    for t in transports.values():
-        try:
-            t.close()
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
-
-
-# ----------------------------------------------------------------------------------------------
-# clocks
-# ----------------------------------------------------------------------------------------------
-
-CLOCK_ARGV = ("date", "+%s.%N")
-
-
-def measure_clock_offset(transport: Transport, samples: int = 5, clock: Callable[[], float] = time.time,
-                         timeout_s: float = 5.0) -> ClockOffset:
-    """Offset of a node's clock from ours, from `samples` round trips of `date +%s.%N` (smallest RTT wins).
-
-    A probe that times out or cannot reach the node fails the node at once: `date` answers in
-    milliseconds on a live node, so one such probe means the node is unreachable or hung, and
-    retrying would only hold up every other node's measurement (timeout_s x samples per node)."""
-    got = []
-    errors = []
-    for _ in range(samples):
-        t_send = clock()
-        res = transport.run(list(CLOCK_ARGV), timeout_s=timeout_s)
-        t_recv = clock()
-        if res.timed_out:
-            raise HarnessError(f"clock probe timed out after {timeout_s:g} s (node unresponsive)")
-        if res.error:
-            raise HarnessError(f"clock probe failed: {res.summary()}")
-        if not res.ok:
-            errors.append(res.summary())
-            continue
-        try:
-            got.append((t_send, float(res.stdout.strip()), t_recv))
-        except ValueError:
-            errors.append(f"unparseable clock reading {res.stdout.strip()[:40]!r}")
-    if not got:
-        raise HarnessError("clock offset: no usable sample: " + "; ".join(errors[:3]))
-    return estimate_clock_offset(got)
-
-
-def measure_clock_offsets(transports: Mapping[str, Transport], samples: int = 5,
-                          clock: Callable[[], float] = time.time, parallel: bool = False,
-                          timeout_s: float = 5.0) -> GroupResult:
-    """Clock offset of every node. Sequential by default: parallel probes compete for the orchestrator's
-    CPU and inflate every round trip, and with it the uncertainty. A dead node costs one timeout_s."""
-    def one(_n: str, t: Transport) -> ClockOffset:
-        return measure_clock_offset(t, samples, clock, timeout_s)
-    return fan_out(transports, one, max_workers=None if parallel else 1)
 
 
 # ----------------------------------------------------------------------------------------------

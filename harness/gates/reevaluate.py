@@ -4,7 +4,7 @@ For each gate of ``config/gates.yaml`` (validated against ``config/inventory.yam
 the metrics are re-derived from the raw output where a re-deriver for the workload exists (fio-read: every
 ``gates/<gate>/<node>/fio.json`` through the same pure parser the run used; the cold-read proof from the
 drop-caches step's recorded rc), else taken from ``gates/<gate>/result.json``; then the gate is evaluated with
-:func:`harness.verdict.evaluate` and compared with the signed verdict. Differences are data, never an exception.
+:func:`harness.gates.verdict.evaluate` and compared with the signed verdict. Differences are data, never an exception.
 
 Other workloads add a re-deriver with ``@rederiver("workload-name")``: ``fn(gate_dir, result, params, ctx)
 -> (metrics, invalid_reason)`` where ``result`` is result.json as a dict and ``ctx`` gives ``bundle_dir``.
@@ -18,8 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ConfigError, HarnessError
-from .verdict import Outcome, Verdict, WorkloadResult, evaluate, overall_outcome, skipped
+from ..config import load_config
+from ..errors import ConfigError, HarnessError
+from ..parsers.fio import parse_fio_json
+from ..workloads import WORKLOADS
+from ..workloads.base import RecordedEvidence, WorkloadResult
+from ..workloads.fio_read import cold_invalid_reason, read_metrics
+from .verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 
 REDERIVERS: dict[str, Callable[..., tuple[dict[str, float], str | None]]] = {}
 REL_TOL = 1e-9
@@ -102,13 +107,10 @@ def _read_json(p: Path) -> Any:
 
 def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reevaluation:
     """Re-evaluate every gate of the bundle's suite from its raw files and compare with ``predicate``."""
-    from .config import load_config
-    from .workloads import WORKLOADS
-
     bundle_dir = Path(bundle_dir)
     signed_by_id = {v["gate_id"]: v for v in predicate.get("verdicts", [])}
     try:
-        cfg = load_config(bundle_dir / "config" / "inventory.yaml", bundle_dir / "config" / "gates.yaml")
+        cfg = load_config(bundle_dir / "config" / "inventory.yaml", bundle_dir / "config" / "gates.yaml", WORKLOADS)
     except ConfigError as exc:
         first = str(exc.issues[0]) if exc.issues else str(exc)
         msg = f"the bundle's own suite does not load with this kvgate: {first}"
@@ -139,7 +141,8 @@ def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reev
                 if fn is not None and not error:
                     metrics, invalid = fn(gate_dir, result, cfg.params[gate.id], {"bundle_dir": bundle_dir})
                     source = f"raw output re-parsed ({gate.workload})"
-                v = evaluate(gate, WorkloadResult(metrics, result.get("evidence") or {}, invalid, error), unit)
+                evidence = RecordedEvidence.model_validate(result.get("evidence") or {})
+                v = evaluate(gate, WorkloadResult(metrics, evidence, invalid, error), unit)
             except (HarnessError, OSError, ValueError, KeyError, TypeError) as exc:
                 v = Verdict(gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
                             stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, actual=None,
@@ -166,24 +169,20 @@ def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reev
 
 @rederiver("fio-read")
 def _fio_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
-    """G1 from the raw fio JSON of every node; cold proof from the recorded drop-caches steps."""
-    from .fio import parse_fio_json
-
+    """G1 from the raw fio JSON of every node; cold proof from the recorded drop-caches steps. The metrics and
+    the cold rule are the workload's own pure functions."""
     ev = result.get("evidence") or {}
     nodes = sorted((ev.get("nodes") or {}).keys()) or sorted(p.parent.name for p in gate_dir.glob("*/fio.json"))
-    per_stream: list[float] = []
-    per_node: list[float] = []
+    per_node: dict[str, list[float]] = {}
     for node in nodes:
         raw = (gate_dir / node / "fio.json").read_text()
         run = parse_fio_json(raw)
         if not run.groups:
             raise HarnessError(f"{gate_dir.name}/{node}/fio.json: fio reported no jobs")
-        per_stream += [g.read_gb_s for g in run.groups]
-        per_node.append(sum(g.read_gb_s for g in run.groups))
-    if not per_stream:
+        per_node[node] = [g.read_gb_s for g in run.groups]
+    if not per_node:
         raise HarnessError(f"{gate_dir.name}: no fio.json under the gate directory")
-    metrics = {"per_gpu_read_gb_s": min(per_stream), "per_gpu_read_gb_s_mean": sum(per_stream) / len(per_stream),
-               "node_read_gb_s_min": min(per_node), "total_read_gb_s": sum(per_node)}
+    metrics = read_metrics(per_node)
     # Cold proof: page cache dropped on every node, or O_DIRECT on. A node counts as dropped only when the
     # evidence says so AND the step log holds a drop-caches step on that node that exited 0.
     steps_dir = Path(ctx["bundle_dir"]) / "steps"
@@ -191,8 +190,4 @@ def _fio_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str
     for node in nodes:
         logged = any(rc.read_text().strip() == "0" for rc in steps_dir.glob(f"*-{node}-drop-caches/rc"))
         dropped[node] = logged and bool((ev.get("nodes") or {}).get(node, {}).get("page_cache_dropped"))
-    not_cold = [n for n in nodes if not dropped[n]]
-    invalid = None
-    if not_cold and not getattr(params, "direct", ev.get("direct", True)):
-        invalid = f"not cold: page cache could not be dropped on {', '.join(not_cold)} and O_DIRECT was off"
-    return metrics, invalid
+    return metrics, cold_invalid_reason(dropped, getattr(params, "direct", ev.get("direct", True)))

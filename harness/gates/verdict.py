@@ -6,6 +6,9 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..units import unit_info
+from ..workloads.base import WorkloadResult
+
 
 class Outcome(str, enum.Enum):
     PASS = "PASS"
@@ -19,11 +22,6 @@ class Outcome(str, enum.Enum):
 
 # Worst first: the overall outcome of a run is the worst of its gates' outcomes.
 SEVERITY = [Outcome.STOP, Outcome.ERROR, Outcome.INVALID, Outcome.FAIL, Outcome.SKIPPED, Outcome.PASS, Outcome.INFO]
-
-EXIT_CODES = {
-    Outcome.PASS: 0, Outcome.INFO: 0, Outcome.FAIL: 1, Outcome.INVALID: 1, Outcome.SKIPPED: 1,
-    Outcome.ERROR: 3, Outcome.STOP: 4,
-}
 
 
 @dataclass(frozen=True)
@@ -46,22 +44,6 @@ class Verdict:
         d["outcome"] = self.outcome.value
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
-        d = dict(d)
-        d["outcome"] = Outcome(d["outcome"])
-        return cls(**d)
-
-
-@dataclass
-class WorkloadResult:
-    """What a workload hands back: metrics in the units its METRICS table declares, plus evidence."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    evidence: dict[str, Any] = field(default_factory=dict)
-    invalid_reason: str | None = None
-    error: str | None = None
-
 
 def overall_outcome(verdicts: list[Verdict]) -> Outcome:
     """Worst outcome of all gates; a run with no gates, or any gate not run, is never PASS."""
@@ -82,12 +64,10 @@ def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
     Order: error -> ERROR; missing evidence -> INVALID; informational -> INFO; pass holds -> PASS;
     stop-loss holds -> STOP; otherwise FAIL.
     """
-    from .units import unit_info
-
     common = dict(
         gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
         stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, unit=metric_unit,
-        evidence=dict(result.evidence), reference=gate.reference.model_dump() if gate.reference else {},
+        evidence=result.evidence_dict(), reference=gate.reference.model_dump() if gate.reference else {},
         metrics=dict(result.metrics),
     )
     actual = result.metrics.get(gate.metric)

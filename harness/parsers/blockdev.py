@@ -1,4 +1,5 @@
-"""Block-device facts from lsblk/blkid (parsed, pure) and the rule for writing to a device.
+"""Block-device facts from lsblk, blkid and /sys/block/DEV/stat (parsed, pure) and the rule for writing to a
+device.
 
 kvgate never writes to a block device that holds a partition table or a filesystem unless the target
 says ``allow_destructive: true`` and its ``serial`` matches the device's serial.
@@ -25,10 +26,6 @@ class BlockDevice:
     model: str | None
     mountpoint: str | None
     children: tuple["BlockDevice", ...] = ()
-
-    @property
-    def holds_data(self) -> bool:
-        return bool(self.fstype or self.pttype or self.children or self.mountpoint)
 
 
 def _dev(d: dict) -> BlockDevice:
@@ -95,3 +92,28 @@ def write_allowed(device: BlockDevice | None, probe: dict[str, str], allow_destr
     if not serial or serial != device.serial:
         return False, f"{device.path} holds {what} and its serial {device.serial!r} does not match the target's {serial!r}"
     return True, f"{device.path} holds {what}; allowed by allow_destructive with matching serial {serial}"
+
+
+@dataclass(frozen=True)
+class BlockStat:
+    """``/sys/block/DEV/stat`` (Documentation/block/stat.rst); sectors are 512 bytes whatever the device."""
+
+    read_ios: int
+    read_sectors: int
+    write_ios: int
+    write_sectors: int
+
+    @property
+    def read_bytes(self) -> int:
+        return self.read_sectors * 512
+
+    @property
+    def write_bytes(self) -> int:
+        return self.write_sectors * 512
+
+
+def parse_block_stat(text: str) -> BlockStat:
+    f = text.split()
+    if len(f) < 11 or not all(x.isdigit() for x in f):
+        raise ValueError(f"not a /sys/block/DEV/stat line: {text.strip()[:200]!r}")
+    return BlockStat(int(f[0]), int(f[2]), int(f[4]), int(f[6]))

@@ -1,9 +1,9 @@
-"""Node facts for the report's provenance section that the snapshot does not hold: GPUs and driver
-(nvidia-smi), NICs with speed, MTU, state and driver, NVMe controllers/namespaces (``nvme list -o json``),
-NVMe-oF subsystems (``nvme list-subsys -o json``), and the versions of vLLM, LMCache, torch and Python.
+"""Pure parsers of the facts kvgate records about every node (the commands: harness.execute.facts).
 
-Commands run as logged steps; each output goes through a pure parser tested on captured real output
-(tests/fixtures/provenance/). A tool that is not installed is recorded as absent, not as an error.
+/proc and /etc reads (kernel, OS, CPU, memory, NUMA CPU lists), NICs from /sys/class/net (speed, MTU,
+state, driver), GPUs and driver (nvidia-smi), NVMe controllers/namespaces (``nvme list -o json``), NVMe-oF
+subsystems (``nvme list-subsys -o json``), and the versions of vLLM, LMCache, torch and Python. Each
+parser is tested on captured output (tests/fixtures/provenance/).
 """
 
 from __future__ import annotations
@@ -12,32 +12,6 @@ import csv
 import io
 import re
 from typing import Any
-
-NVIDIA_SMI_ARGV = ("nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,pci.bus_id",
-                   "--format=csv,nounits")
-NVME_LIST_ARGV = ("nvme", "list", "-o", "json")
-NVME_LIST_SUBSYS_ARGV = ("nvme", "list-subsys", "-o", "json")
-NICS_ARGV = ("sh", "-c", "for i in /sys/class/net/*; do n=${i##*/}; "
-             "d=$(readlink \"$i/device/driver\" 2>/dev/null); "
-             "printf '%s %s %s %s %s\\n' \"$n\" \"$(cat \"$i/speed\" 2>/dev/null || echo -)\" "
-             "\"$(cat \"$i/mtu\" 2>/dev/null || echo -)\" \"$(cat \"$i/operstate\" 2>/dev/null || echo -)\" "
-             "\"${d##*/}\"; done")
-VERSION_PACKAGES = ("vllm", "lmcache", "torch", "nixl")
-VERSIONS_ARGV = ("python3", "-c",
-                 "import json, platform, importlib.metadata as m\n"
-                 "out = {'python': platform.python_version()}\n"
-                 f"for p in {list(VERSION_PACKAGES)!r}:\n"
-                 "    try:\n        out[p] = m.version(p)\n"
-                 "    except m.PackageNotFoundError:\n        out[p] = None\n"
-                 "print(json.dumps(out, sort_keys=True))")
-
-PROVENANCE_COMMANDS: dict[str, tuple[str, ...]] = {
-    "nvidia_smi": NVIDIA_SMI_ARGV,
-    "nvme_list": NVME_LIST_ARGV,
-    "nvme_list_subsys": NVME_LIST_SUBSYS_ARGV,
-    "nics": NICS_ARGV,
-    "versions": VERSIONS_ARGV,
-}
 
 
 class ProvenanceParseError(ValueError):
@@ -83,7 +57,7 @@ def parse_nvidia_smi_csv(text: str) -> list[dict[str, Any]]:
 
 def _load(text: str, what: str) -> Any:
     """JSON output of a command (None when empty), with the loopback parsers' reading of it."""
-    from .parsers.nvme import ParseError, load_json
+    from .nvme import ParseError, load_json
 
     try:
         return load_json(text, what)
@@ -138,7 +112,7 @@ def parse_nvme_list(text: str) -> list[dict[str, Any]]:
 def parse_nvme_list_subsys(text: str) -> list[dict[str, Any]]:
     """``nvme list-subsys -o json`` as report rows: subsystems (NQN) and their controller paths (transport,
     address, state). The parsing itself is the loopback's parser (harness.parsers.nvme)."""
-    from .parsers.nvme import ParseError, parse_list_subsys
+    from .nvme import ParseError, parse_list_subsys
 
     try:
         subsystems = parse_list_subsys(text)
@@ -177,41 +151,31 @@ def parse_versions(text: str) -> dict[str, str | None]:
     return {str(k): (str(v) if v is not None else None) for k, v in data.items()}
 
 
-# --------------------------------------------------------------------------- collection
+# --------------------------------------------------------------------------- /proc, /etc, NUMA
 
 
-def _absent(r) -> bool:
-    """The tool is not installed (shell 127, or the local spawn failed with 'No such file')."""
-    return r.rc == 127 or (r.rc is None and "No such file" in (r.error or ""))
+def parse_cpuinfo(text: str) -> dict[str, Any]:
+    models = [l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("model name")]
+    return {"cpu_model": models[0] if models else None, "logical_cpus": len(models) or
+            sum(1 for l in text.splitlines() if l.startswith("processor"))}
 
 
-def collect_provenance(transport, steps) -> dict[str, Any]:
-    """Run the provenance commands as logged steps and parse what they printed; failures become data."""
-    prov: dict[str, Any] = {"node": transport.name, "errors": {}, "absent": []}
-    for key, argv in PROVENANCE_COMMANDS.items():
-        r = steps.run(transport, f"provenance-{key}", argv, timeout_s=60)
-        if _absent(r):
-            prov["absent"].append(argv[0])
-            continue
-        if key.startswith("nvme_list") and not r.ok and not r.stdout.strip():
-            # nvme-cli 2.3 exits 1 with no output when the host has no NVMe device at all.
-            prov["nvme_controllers" if key == "nvme_list" else "nvme_subsystems"] = []
-            prov.setdefault("notes", {})[key] = (r.stderr.strip().splitlines() or [f"rc {r.rc}"])[-1]
-            continue
-        if not r.ok:
-            prov["errors"][key] = r.summary()
-            continue
-        try:
-            if key == "nvidia_smi":
-                prov["gpus"] = parse_nvidia_smi_csv(r.stdout)
-            elif key == "nvme_list":
-                prov["nvme_controllers"] = parse_nvme_list(r.stdout)
-            elif key == "nvme_list_subsys":
-                prov["nvme_subsystems"] = parse_nvme_list_subsys(r.stdout)
-            elif key == "nics":
-                prov["nics"] = parse_nics(r.stdout)
-            elif key == "versions":
-                prov["versions"] = parse_versions(r.stdout)
-        except ProvenanceParseError as exc:
-            prov["errors"][key] = f"unparseable output: {exc}"
-    return prov
+def parse_meminfo(text: str) -> dict[str, Any]:
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            return {"mem_total_bytes": int(line.split()[1]) * 1024}
+    return {"mem_total_bytes": None}
+
+
+def parse_os_release(text: str) -> dict[str, Any]:
+    kv = dict(l.split("=", 1) for l in text.splitlines() if "=" in l)
+    return {"os": kv.get("PRETTY_NAME", "").strip('"') or None}
+
+
+def parse_numa(text: str) -> dict[int, str]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            out[int(parts[0])] = parts[1]
+    return out

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .errors import WorkloadError
+from ..errors import WorkloadError
 
 ENGINES = ("io_uring", "libaio", "psync", "libcufile")
 

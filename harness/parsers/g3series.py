@@ -1,5 +1,6 @@
-"""Pure functions for multi-node shared reads (G3): clock alignment, the common window, aggregate,
-fairness, start skew, and parsers for the raw per-node series (kvgate's reader and fio bandwidth logs).
+"""Pure functions for multi-node shared reads (G3): the common window, aggregate, fairness, start skew,
+the port's line rate, and parsers for the raw per-node series (kvgate's reader and fio bandwidth logs).
+Clock offsets are estimated in harness.execute.clock.
 
 Nothing here does I/O except reading text handed in; a bundle can be re-evaluated offline from its raw files.
 
@@ -54,48 +55,6 @@ class NodeSeries:
         if self.started_at_s is not None:
             return self.started_at_s - self.clock_offset_s
         return self.intervals[0].start_s - self.clock_offset_s if self.intervals else None
-
-
-@dataclass(frozen=True)
-class ClockOffset:
-    """A node clock's offset from the reference clock, estimated from round trips."""
-
-    offset_s: float
-    uncertainty_s: float  # half the round trip of the sample used: the true offset is within +/- this
-    rtt_s: float
-    samples: int
-
-
-def estimate_clock_offset(samples: Sequence[tuple[float, float, float]]) -> ClockOffset:
-    """NTP-style offset from (t_send_ref, t_node, t_recv_ref) samples: use the smallest round trip.
-
-    The node time was taken somewhere between send and receive, so the offset is within +/- rtt/2
-    of `t_node - midpoint`.
-    """
-    good = [s for s in samples if s[2] >= s[0]]
-    if not good:
-        raise ValueError("estimate_clock_offset: no usable samples")
-    t_send, t_node, t_recv = min(good, key=lambda s: s[2] - s[0])
-    rtt = t_recv - t_send
-    return ClockOffset(offset_s=t_node - (t_send + t_recv) / 2.0, uncertainty_s=rtt / 2.0, rtt_s=rtt,
-                       samples=len(good))
-
-
-def applied_offset_s(off: ClockOffset, mode: str = "auto") -> float:
-    """The offset to apply when aligning a node's times.
-
-    "measured": always the estimate. "assume_synced": always 0 (nodes run NTP/PTP). "auto": the estimate
-    only when it is larger than its own uncertainty; an offset inside its error bar is not distinguishable
-    from 0, and applying it would add the probe's bias (an SSH exec samples the remote clock late in the
-    round trip) instead of removing an offset.
-    """
-    if mode == "measured":
-        return off.offset_s
-    if mode == "assume_synced":
-        return 0.0
-    if mode == "auto":
-        return off.offset_s if abs(off.offset_s) > off.uncertainty_s else 0.0
-    raise ValueError(f"unknown clock alignment mode {mode!r} (expected auto, measured or assume_synced)")
 
 
 def bytes_in_window(intervals: Iterable[Interval], start_s: float, end_s: float) -> float:
@@ -201,6 +160,21 @@ def aggregate(series: Mapping[str, NodeSeries], min_window_s: float = 0.0) -> Ag
         nodes=names,
         reason=reason,
     )
+
+
+def rate_series(series: Mapping[str, NodeSeries], t0_s: float | None = None) -> dict[str, list[tuple[float, float]]]:
+    """Every node's read rate over time on the reference clock: ``node -> [(t_s, read_gb_s)]``, one point per
+    sample interval at its start (the rate holds until the next point), ``t_s`` counted from ``t0_s`` (default:
+    the earliest aligned interval start of all nodes). Empty intervals keep their point (a stall shows as 0)."""
+    aligned = {n: s.aligned() for n, s in series.items()}
+    starts = [ivs[0].start_s for ivs in aligned.values() if ivs]
+    if t0_s is None:
+        t0_s = min(starts) if starts else 0.0
+    out: dict[str, list[tuple[float, float]]] = {}
+    for node in sorted(aligned):
+        out[node] = [(iv.start_s - t0_s, (iv.nbytes / (iv.end_s - iv.start_s) / GB) if iv.end_s > iv.start_s else 0.0)
+                     for iv in aligned[node]]
+    return out
 
 
 def start_skew_s(series: Mapping[str, NodeSeries]) -> float | None:

@@ -10,6 +10,7 @@ The bundle is assembled under a temporary name and renamed into place only when 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -19,19 +20,18 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import BundleError
+from ..errors import BundleError
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kvgate.dev/acceptance-report/v1"
 ENVELOPE = "attestation.dsse.json"
-REPORT_ID_PLACEHOLDER = "@@KVGATE_REPORT_ID@@"
 _CHUNK = 1 << 20
 
 
@@ -221,6 +221,28 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
     return BundleInfo(final, tar_path, report_id)
 
 
+@contextlib.contextmanager
+def open_bundle(path: str | Path) -> Iterator[Path]:
+    """A bundle's directory: the directory itself, or a ``.tar.gz`` extracted (tar's ``data`` filter: no links
+    out, no devices) into a temporary directory that lives as long as the ``with`` block."""
+    path = Path(path)
+    if path.is_dir():
+        yield path
+        return
+    if not path.is_file():
+        raise BundleError(f"{path}: no such bundle (expected a directory or a .tar.gz)")
+    with tempfile.TemporaryDirectory(prefix="kvgate-bundle-") as td:
+        try:
+            with tarfile.open(path, "r:gz") as tf:
+                tf.extractall(td, filter="data")
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise BundleError(f"{path}: not a readable bundle archive: {exc}") from None
+        entries = list(Path(td).iterdir())
+        if len(entries) != 1 or not entries[0].is_dir():
+            raise BundleError(f"{path}: archive must hold exactly one bundle directory")
+        yield entries[0]
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     ok: bool
@@ -240,17 +262,12 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
     path = Path(path)
     if public_key is None:
         public_key = load_public_key(pubkey_path)  # type: ignore[arg-type]
-    if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-        with tempfile.TemporaryDirectory(prefix="kvgate-verify-") as td:
-            try:
-                with tarfile.open(path, "r:gz") as tf:
-                    tf.extractall(td, filter="data")
-            except (tarfile.TarError, OSError, EOFError) as exc:
-                return _fail(f"{path}: not a readable bundle archive: {exc}")
-            entries = [p for p in Path(td).iterdir()]
-            if len(entries) != 1 or not entries[0].is_dir():
-                return _fail(f"{path}: archive must hold exactly one bundle directory")
-            return verify_bundle(entries[0], public_key=public_key)
+    if path.is_file():
+        try:
+            with open_bundle(path) as d:
+                return verify_bundle(d, public_key=public_key)
+        except BundleError as exc:
+            return _fail(str(exc))
     env_path = path / ENVELOPE
     if not env_path.is_file():
         return _fail(f"{env_path}: missing (not a kvgate bundle)")

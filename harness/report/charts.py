@@ -11,11 +11,12 @@ Artists that tests and readers look for carry an SVG id (``gid``): ``bar-<label>
 from __future__ import annotations
 
 import bisect
+import io
 import math
 import re
 from typing import Iterable, Mapping, Sequence
 
-from .cost_report import _svg
+from ..stats import percentile
 
 PASS_COLOR = "#2e7d32"
 STOP_COLOR = "#c62828"
@@ -43,15 +44,12 @@ def _finite(xs: Iterable[float]) -> list[float]:
     return [float(x) for x in xs if x is not None and math.isfinite(float(x))]
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default method) of finite values; None when empty."""
-    xs = sorted(_finite(values))
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+def svg_text(fig) -> str:
+    """A matplotlib figure as SVG text without the XML prolog or a date, for inlining into HTML."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
 
 
 def stream_bars_svg(streams: Sequence[tuple[str, float]], *, unit: str = "GB/s", pass_value: float | None = None,
@@ -94,7 +92,7 @@ def stream_bars_svg(streams: Sequence[tuple[str, float]], *, unit: str = "GB/s",
         if any(v is not None for v in (pass_value, stop_value)) or (reference_value is not None and not ref_off_scale):
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, framealpha=0.9)
         fig.tight_layout()
-        svg = _svg(fig)
+        svg = svg_text(fig)
         plt.close(fig)
     return svg
 
@@ -145,7 +143,7 @@ def ttft_distribution_svg(recompute_s: Sequence[float], readback_s: Sequence[flo
         bx.set_ylabel("TTFT (s), whiskers p5-p95")
         bx.set_title("spread")
         fig.tight_layout()
-        svg = _svg(fig)
+        svg = svg_text(fig)
         plt.close(fig)
     return svg
 
@@ -206,7 +204,7 @@ def node_series_svg(series: Mapping[str, Sequence[Sequence[float]]], *, nic_line
         ax.set_title(title)
         ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
         fig.tight_layout()
-        svg = _svg(fig)
+        svg = svg_text(fig)
         plt.close(fig)
     return svg
 
@@ -229,6 +227,6 @@ def compare_svg(rows: Sequence[tuple[str, float | None]], *, label_a: str, label
         ax.set_xlabel(f"change from {label_a} to {label_b} (%)")
         ax.set_title(title)
         fig.tight_layout()
-        svg = _svg(fig)
+        svg = svg_text(fig)
         plt.close(fig)
     return svg

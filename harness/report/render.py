@@ -33,8 +33,13 @@ from typing import Any
 
 import jinja2
 import pandas as pd
+from pydantic import ValidationError
 
-from .paths import data_path
+from ..paths import data_path
+from ..units import UnitError, parse_quantity, parse_threshold
+from ..workloads.base import ChartInputs
+from . import charts as rc
+from .junit import verdicts_to_junit
 
 TABLES_DIR = "tables"
 CHARTS_DIR = "charts"
@@ -63,8 +68,6 @@ def threshold_in(threshold: str | None, unit: str) -> float | None:
     """The number of a threshold string (``">= 100 MB/s"``) expressed in ``unit``; None if not convertible."""
     if not threshold:
         return None
-    from .units import UnitError, parse_threshold
-
     try:
         return parse_threshold(threshold).quantity.to(unit)
     except (UnitError, ValueError):
@@ -74,8 +77,6 @@ def threshold_in(threshold: str | None, unit: str) -> float | None:
 def quantity_in(text: str | None, unit: str) -> float | None:
     if not text:
         return None
-    from .units import UnitError, parse_quantity
-
     try:
         return parse_quantity(text).to(unit)
     except (UnitError, ValueError):
@@ -157,7 +158,7 @@ def validity_text(items: list[dict[str, Any]]) -> str:
 
 
 def fio_job_rows(text: str, node: str) -> list[dict[str, Any]]:
-    """One row per job of ``fio --output-format=json`` (pure; the grouped view is harness.fio)."""
+    """One row per job of ``fio --output-format=json`` (pure; the grouped view is harness.parsers.fio)."""
     start = text.find("{")
     if start < 0:
         return []
@@ -203,12 +204,21 @@ def request_records(gate_dir: Path | None) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def chart_inputs(verdict: dict[str, Any]) -> ChartInputs:
+    """The fields of a gate's evidence the report draws, read through the model the workloads write them with
+    (harness.workloads.base.ChartInputs). Evidence of another shape (a bundle of another kvgate) draws nothing."""
+    try:
+        return ChartInputs.model_validate(verdict.get("evidence") or {})
+    except ValidationError:
+        return ChartInputs()
+
+
 def ttft_lists(verdict: dict[str, Any], gate_dir: Path | None) -> tuple[list[float] | None, list[float] | None]:
     """TTFTs (s) of the successful requests: evidence ``ttft_recompute_s`` / ``ttft_readback_s``, else the raw
     ``requests-<phase>.jsonl`` records."""
-    ev = verdict.get("evidence") or {}
-    rc, rb = ev.get("ttft_recompute_s"), ev.get("ttft_readback_s")
-    if isinstance(rc, list) or isinstance(rb, list):
+    ci = chart_inputs(verdict)
+    rc, rb = ci.ttft_recompute_s, ci.ttft_readback_s
+    if rc is not None or rb is not None:
         return rc, rb
     recs = request_records(gate_dir)
     if not recs:
@@ -231,8 +241,9 @@ def _ordered_frame(rows: list[dict[str, Any]], first: tuple[str, ...] = ()) -> p
     return pd.DataFrame(rows, columns=cols)
 
 
-def to_csv_bytes(frame: pd.DataFrame) -> bytes:
-    return frame.to_csv(index=False, lineterminator="\n", float_format="%.9g").encode()
+def to_csv_bytes(frame: pd.DataFrame, float_format: str = "%.9g") -> bytes:
+    """A table as CSV with a fixed float format and ``\\n`` line ends, so equal numbers give equal bytes."""
+    return frame.to_csv(index=False, lineterminator="\n", float_format=float_format).encode()
 
 
 def gate_tables(verdict: dict[str, Any], gate_dir: Path | None) -> dict[str, pd.DataFrame]:
@@ -253,10 +264,9 @@ def gate_tables(verdict: dict[str, Any], gate_dir: Path | None) -> dict[str, pd.
         rows = [{"mode": "recompute", "request": i, "ttft_s": v} for i, v in enumerate(rc or [])]
         rows += [{"mode": "readback", "request": i, "ttft_s": v} for i, v in enumerate(rb or [])]
         out["ttft"] = pd.DataFrame(rows, columns=["mode", "request", "ttft_s"])
-    series = ev.get("series")
-    if isinstance(series, dict) and series:
-        rows = [{"node": n, "t_s": float(p[0]), "read_gb_s": float(p[1])}
-                for n in sorted(series) for p in series[n]]
+    series = chart_inputs(verdict).series
+    if series:
+        rows = [{"node": n, "t_s": t, "read_gb_s": v} for n in sorted(series) for t, v in series[n]]
         out["series"] = pd.DataFrame(rows, columns=["node", "t_s", "read_gb_s"])
     if gate_dir is not None and gate_dir.is_dir():
         jobs = []
@@ -281,16 +291,13 @@ def verdicts_frame(verdicts: list[dict[str, Any]]) -> pd.DataFrame:
 
 def gate_charts(verdict: dict[str, Any], gate_dir: Path | None = None) -> dict[str, tuple[str, str]]:
     """kind -> (caption, svg) for the charts a gate's evidence supports."""
-    from . import report_charts as rc
-
-    ev = verdict.get("evidence") or {}
+    ci = chart_inputs(verdict)
     metric, unit = verdict.get("metric", ""), verdict.get("unit") or ""
     gid = verdict["gate_id"]
     out: dict[str, tuple[str, str]] = {}
-    streams = ev.get("streams")
-    if isinstance(streams, list) and streams and all(isinstance(s, dict) and "read_gb_s" in s for s in streams):
-        multi = len({s.get("node") for s in streams}) > 1
-        bars = [((f"{s.get('node')}/" if multi else "") + str(s.get("label")), float(s["read_gb_s"])) for s in streams]
+    if ci.streams:
+        multi = len({s.node for s in ci.streams}) > 1
+        bars = [((f"{s.node}/" if multi else "") + s.label, s.read_gb_s) for s in ci.streams]
         per_stream = metric.startswith(PER_STREAM_PREFIXES)
         ref = quantity_in((verdict.get("reference") or {}).get("value"), "GB/s")
         svg = rc.stream_bars_svg(
@@ -310,11 +317,9 @@ def gate_charts(verdict: dict[str, Any], gate_dir: Path | None = None) -> dict[s
                                        title=f"{gid}: TTFT re-compute vs read-back")
         out["ttft"] = ("Distribution of time to first token, KV re-computed vs read back from the tier "
                        "(empirical CDF with p50 marked; spread p5-p95)", svg)
-    series = ev.get("series")
-    if isinstance(series, dict) and any(series.values()):
-        line = ev.get("nic_line_rate_gb_s")
+    if any(ci.series.values()):
         pass_v = threshold_in(verdict.get("pass_threshold"), "GB/s") if unit.endswith("/s") else None
-        svg = rc.node_series_svg(series, nic_line_rate_gb_s=float(line) if line is not None else None,
+        svg = rc.node_series_svg(ci.series, nic_line_rate_gb_s=ci.nic_line_rate_gb_s,
                                  pass_value=pass_v, title=f"{gid}: read rate per node over time")
         out["series"] = ("Read rate of every node over time, their aggregate and the NIC line rate", svg)
     return out
@@ -446,8 +451,6 @@ def render_markdown(report_id: str, predicate: dict[str, Any], bundle_dir: Path 
 def write_reports(report_id: str, bundle_dir: Path, predicate: dict[str, Any], out_dir: Path | None = None) -> list[str]:
     """Render every report file of ``bundle_dir`` into ``out_dir`` (default: the bundle itself);
     return the written paths relative to ``out_dir``, sorted."""
-    from .junit import verdicts_to_junit
-
     out_dir = Path(out_dir or bundle_dir)
     r = build(report_id, Path(bundle_dir), predicate)
     files: dict[str, bytes] = {
@@ -470,5 +473,5 @@ def write_reports(report_id: str, bundle_dir: Path, predicate: dict[str, Any], o
 
 
 def render_bundle_reports(report_id: str, staging: Path, predicate: dict[str, Any]) -> list[str]:
-    """The render hook of :func:`harness.bundle.write_bundle`: write every report file into the staging bundle."""
+    """The render hook of :func:`harness.report.bundle.write_bundle`: write every report file into the staging bundle."""
     return write_reports(report_id, Path(staging), predicate)

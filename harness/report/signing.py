@@ -7,8 +7,8 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ..paths import state_dir
 from .bundle import generate_keypair, key_fingerprint, load_private_key
-from .paths import state_dir
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.errors import HarnessError
+from ..errors import HarnessError
+from ..transport import SSHTransport, Transport, open_transport
+from ..transport.local import free_port
 
 # Modules the guest needs; their dependency closure is resolved with modprobe --show-depends.
 GUEST_MODULES = (
@@ -434,13 +436,6 @@ def _write_cpio(stage: Path, dest: Path) -> None:
 # --------------------------------------------------------------------------- running
 
 
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
@@ -497,7 +492,7 @@ def start_guest(image: GuestImage, state_dir: Path, ssh_port: int | None = None,
     qemu_log = state_dir / "qemu.stderr"
     last_error = ""
     for attempt in range(5):
-        port = ssh_port if (ssh_port and attempt == 0) else free_loopback_port()
+        port = ssh_port if (ssh_port and attempt == 0) else free_port()
         if ssh_port and attempt == 0 and not port_is_free(port):
             progress(f"port 127.0.0.1:{port} is taken, picking another")
             continue
@@ -589,3 +584,34 @@ def guest_running(state_dir: Path) -> GuestState | None:
         return None
     state = GuestState.from_file(path)
     return state if _is_our_qemu(state.pid, state.initrd_path) else None
+
+
+# ----------------------------------------------------------------------------------- as an inventory node
+
+GUEST_LABEL = "kvgate-guest"
+
+
+def default_state_dir() -> Path:
+    """Where ``kvgate loopback guest-up`` records the running guest by default."""
+    return default_cache_root() / "run"
+
+
+def open_node_transport(node, state_dir: Path | None = None) -> Transport:
+    """The node's transport; a node labelled ``kvgate-guest: <state dir or "default">`` is the local qemu
+    guest, reached at the guest's recorded port with its key and known_hosts (the forwarded port can change)."""
+    label = node.labels.get(GUEST_LABEL) if node.labels else None
+    if label is None:
+        return open_transport(node)
+    sd = state_dir or (default_state_dir() if label in ("", "default") else Path(label).expanduser())
+    st = guest_running(sd)
+    if st is None:
+        raise GuestError(f"node {node.name} is the loopback guest but none runs (state {sd}): "
+                         "run 'kvgate loopback guest-up' first")
+    return SSHTransport(st.host, st.ssh_port, st.user, st.identity_file, known_hosts_path=st.known_hosts_path,
+                        name=node.name)
+
+
+def open_guest_transports(inventory, state_dir: Path | None = None) -> dict[str, Transport]:
+    """Transports for the inventory's kvgate-guest nodes (for ``run_suite(transports=...)``)."""
+    return {n.name: open_node_transport(n, state_dir) for n in inventory.nodes
+            if n.labels and GUEST_LABEL in n.labels}

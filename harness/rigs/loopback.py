@@ -10,7 +10,7 @@ only what exists, in reverse order. Each phase re-probes because later objects d
 earlier ones (the backing device name, the /dev/nvmeXnY the kernel picks).
 
 Runner seam: every command goes through ``run(name, argv, timeout_s) -> CommandResult`` so the
-CLI and workloads can route it through ``harness.steps`` (argv/stdout/stderr/rc on disk).
+CLI and workloads can route it through the step log (``harness.transport.steps``) (argv/stdout/stderr/rc on disk).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from harness.errors import HarnessError
-from harness.parsers import nvme as P
+from ..errors import HarnessError
+from ..parsers import nvme as P
 
 Runner = Callable[[str, Sequence[str], float | None], Any]  # returns a CommandResult
 

@@ -35,15 +35,12 @@ from pathlib import Path
 
 import yaml
 
-try:  # the foundation's exception root; the rig also works on its own
-    from harness.errors import HarnessError
-except ImportError:  # pragma: no cover - before the foundation lands
-    class HarnessError(Exception):
-        """Root of kvgate errors (fallback until harness.errors lands)."""
+from ..errors import HarnessError
+from ..node import program_path
 
 
 SSHD = "/usr/sbin/sshd"
-FORWARDER = Path(__file__).with_name("rig_forward.py")
+FORWARDER = program_path("rig_forward.py")
 STORAGE_NODE = "storage"
 STORAGE_HOST_OCTET = 100
 HUB_HOST_OCTET = 254

@@ -16,18 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__
-from .bundle import BundleInfo, key_fingerprint, write_bundle
-from .config import Config
-from .errors import HarnessError, TransportError
-from .paths import git_commit
-from .provenance import collect_provenance
-from .fanout import fan_out
-from .snapshot import take_snapshot
-from .steps import StepLog
-from .transport import Transport, open_transport
-from .verdict import EXIT_CODES, Outcome, Verdict, WorkloadResult, evaluate, overall_outcome, skipped
-from .workloads import WORKLOADS, GateContext
+from .. import __version__
+from ..config import Config
+from ..errors import HarnessError, TransportError
+from ..execute.facts import collect_node_facts
+from ..execute.fanout import fan_out
+from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
+from ..paths import git_commit
+from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
+from ..report.render import render_bundle_reports
+from ..transport import Transport, open_transport
+from ..transport.steps import StepLog
+from ..workloads.base import GateContext, WorkloadResult
 
 
 @dataclass
@@ -38,12 +38,6 @@ class RunOutcome:
     bundle: BundleInfo | None = None
     interrupted: bool = False
     messages: list[str] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        if self.interrupted:
-            return 130
-        return EXIT_CODES[self.overall]
 
 
 def _progress_printer(stream=sys.stderr) -> Callable[[str], None]:
@@ -103,18 +97,19 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 node_errors[node.name] = str(exc)
                 progress(f"ERROR {exc}")
         _write_json(run_dir / "nodes" / "connect-errors.json", node_errors)
-        def snapshot(name: str, tr: Transport) -> None:
-            _write_json(run_dir / "nodes" / name / "snapshot.json", take_snapshot(tr, steps))
-            # Extra facts for the report's provenance section (GPUs, NVMe, NVMe-oF, NICs, vLLM/LMCache).
-            _write_json(run_dir / "nodes" / name / "provenance.json", collect_provenance(tr, steps))
+        def facts(name: str, tr: Transport) -> None:
+            # snapshot.json (kernel, CPU, memory, fio, block devices, NUMA, NICs) and provenance.json (GPUs,
+            # NVMe, NVMe-oF, vLLM/LMCache versions): one command list, also what `kvgate plan` prints.
+            for file, data in collect_node_facts(tr, steps).items():
+                _write_json(run_dir / "nodes" / name / f"{file}.json", data)
 
         if opened:
             progress(f"snapshot of {', '.join(opened)} (in parallel)")
-            for name, err in fan_out(opened, snapshot).failed.items():
+            for name, err in fan_out(opened, facts).failed.items():
                 progress(f"snapshot of {name} failed: {err}")
         stop_at: str | None = None
         for gate in suite.gates:
-            wl_cls = WORKLOADS[gate.workload]
+            wl_cls = config.workload(gate)
             unit = wl_cls.METRICS[gate.metric]
             if stop_at:
                 verdicts.append(skipped(gate, f"skipped: stop-loss hit at {stop_at}", unit))
@@ -131,7 +126,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
             else:
                 ctx = GateContext(gate=gate, params=config.params[gate.id], nodes=nodes,
                                   transports={n: opened[n] for n in nodes}, steps=steps, gate_dir=gate_dir,
-                                  work_dir=run_dir, progress=progress)
+                                  progress=progress)
                 try:
                     result = wl_cls().run(ctx)
                 except KeyboardInterrupt:
@@ -143,9 +138,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                     (gate_dir / "traceback.txt").write_text(traceback.format_exc())
                     result = WorkloadResult(error=f"internal error: {type(exc).__name__}: {exc}")
             verdict = evaluate(gate, result, unit)
-            _write_json(gate_dir / "result.json", {"metrics": result.metrics, "evidence": result.evidence,
-                                                   "invalid_reason": result.invalid_reason, "error": result.error,
-                                                   "started_unix_s": t0, "finished_unix_s": time.time()})
+            _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
+                                                   "finished_unix_s": time.time()})
             _write_json(gate_dir / "verdict.json", verdict.to_dict())
             verdicts.append(verdict)
             progress(f"{gate.id}: {verdict.outcome.value}: {verdict.reason}")
@@ -166,7 +160,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     done_ids = {v.gate_id for v in verdicts}
     for gate in suite.gates:
         if gate.id not in done_ids:
-            verdicts.append(skipped(gate, "skipped: run interrupted", WORKLOADS[gate.workload].METRICS[gate.metric]))
+            verdicts.append(skipped(gate, "skipped: run interrupted", config.workload(gate).METRICS[gate.metric]))
     overall = overall_outcome(verdicts)
     finished = time.time()
     pub = private_key.public_key()
@@ -191,8 +185,6 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 "duration_s": round(finished - started, 3)},
         "signing_key": {"kind": key_kind, "fingerprint": key_fingerprint(pub)},
     }
-    from .report import render_bundle_reports
-
     progress("signing the bundle")
     # The run directory becomes the bundle (renamed, not copied); if signing fails it is renamed back.
     try:

@@ -15,13 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import HarnessError
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from ..errors import HarnessError
+from .local import free_port
 
 
 def find_sshd() -> str:

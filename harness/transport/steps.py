@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .transport import CommandResult, Transport
+from .base import CommandResult, Transport
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -35,12 +35,23 @@ class StepLog:
     def run(self, transport: Transport, name: str, argv: Sequence[str], timeout_s: float | None = None,
             env: Mapping[str, str] | None = None, stdin: bytes | str | None = None) -> CommandResult:
         d = self.new_dir(transport.name, name)
-        (d / "argv.json").write_text(json.dumps({"node": transport.name, "argv": [str(a) for a in argv],
-                                                 "env": dict(env or {}), "timeout_s": timeout_s}, indent=1))
+        _write_argv(d, transport.name, argv, env, timeout_s)
         _write_status(d, {"status": "running", "started_unix_s": time.time()})
         result = transport.run(argv, timeout_s=timeout_s, env=env, stdin=stdin)
         record(d, result)
         return result
+
+    def keep(self, node: str, name: str, result: CommandResult) -> Path:
+        """Record a command that already ran as a step (e.g. the last look of a polling loop)."""
+        d = self.new_dir(node, name)
+        _write_argv(d, node, result.argv, None, None)
+        record(d, result)
+        return d
+
+
+def _write_argv(d: Path, node: str, argv: Sequence[str], env: Mapping[str, str] | None, timeout_s: float | None) -> None:
+    (d / "argv.json").write_text(json.dumps({"node": node, "argv": [str(a) for a in argv], "env": dict(env or {}),
+                                             "timeout_s": timeout_s}, indent=1))
 
 
 def _write_status(d: Path, status: dict) -> None:

@@ -16,10 +16,9 @@ from typing import Any
 
 from pydantic import Field
 
-from ..loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, LoopbackSpec, backing_device,
-                        nvme_device, probe_commands, resolve_loopback_device)
-from ..verdict import WorkloadResult
-from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
+from ..rigs.loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, LoopbackSpec, backing_device,
+                             nvme_device, probe_commands, resolve_loopback_device)
+from .base import Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload
 from .fio_read import TARGET_RESOLVERS
 
 TARGET_RESOLVERS.setdefault("nvmeof-loopback", resolve_loopback_device)
@@ -30,9 +29,24 @@ class NvmeIntegrityParams(StrictModel):
     length_bytes: int = Field(default=INTEGRITY_LEN_BYTES, ge=65536, le=64 * 1024 * 1024)
 
 
+class NvmeIntegrityEvidence(Evidence):
+    """Per node: every read-back (direction, bytes compared, bytes that differ, digests) as checked."""
+
+    nodes: dict[str, dict[str, Any]] = {}
+
+
+def evaluate_integrity(ev: NvmeIntegrityEvidence, errors: list[str]) -> WorkloadResult:
+    """Pure: the metrics (bytes compared, bytes that differ) over every node's checks."""
+    mismatched = sum(int(d["mismatched_bytes"]) for d in ev.nodes.values())
+    checked = sum(int(d["checked_bytes"]) for d in ev.nodes.values())
+    metrics = {"mismatched_bytes": float(mismatched), "checked_bytes": float(checked)}
+    return WorkloadResult(metrics, ev, error="; ".join(errors) if errors else None)
+
+
 @register_workload("nvme-integrity")
 class NvmeIntegrity(Workload):
     Params = NvmeIntegrityParams
+    EvidenceModel = NvmeIntegrityEvidence
     METRICS = {"mismatched_bytes": "B", "checked_bytes": "B"}
 
     def validate_against(self, params: Any, nodes: dict[str, Any]) -> list[tuple[tuple, str]]:
@@ -61,9 +75,7 @@ class NvmeIntegrity(Workload):
         return out
 
     def run(self, ctx: GateContext) -> WorkloadResult:
-        mismatched = 0
-        checked = 0
-        evidence: dict[str, Any] = {"nodes": {}}
+        ev = NvmeIntegrityEvidence()
         errors = []
         for name, node in ctx.nodes.items():
             tr = ctx.transports[name]
@@ -80,16 +92,11 @@ class NvmeIntegrity(Workload):
                 errors.append(f"{name}: {exc}")
                 continue
             d = res.as_dict()
-            evidence["nodes"][name] = d
+            ev.nodes = {**ev.nodes, name: d}
             (ctx.gate_dir / f"{name}-integrity.json").write_text(json.dumps(d, indent=1))
             failed = [c for c in res.checks if c.error]
             if failed:
                 errors.append(f"{name}: " + "; ".join(f"{c.direction}: {c.error}" for c in failed))
-            mismatched += res.mismatched_bytes
-            checked += res.checked_bytes
             ctx.progress(f"{name}: {res.checked_bytes} bytes read back through {res.device}, "
                          f"{res.mismatched_bytes} differ")
-        if errors:
-            return WorkloadResult({"mismatched_bytes": float(mismatched), "checked_bytes": float(checked)},
-                                  evidence, error="; ".join(errors))
-        return WorkloadResult({"mismatched_bytes": float(mismatched), "checked_bytes": float(checked)}, evidence)
+        return evaluate_integrity(ev, errors)

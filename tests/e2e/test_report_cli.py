@@ -82,8 +82,8 @@ def test_tampered_raw_file_is_caught_before_any_rerender(runs):
 
 def test_signed_but_wrong_verdict_is_reported_as_different(runs):
     """A bundle correctly signed whose verdict does not follow from its raw fio output."""
-    from harness.bundle import load_private_key, write_bundle
-    from harness.report import render_bundle_reports
+    from harness.report.bundle import load_private_key, write_bundle
+    from harness.report.render import render_bundle_reports
 
     tmp, home, (a, _) = runs
     work = tmp / "lying"

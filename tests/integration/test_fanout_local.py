@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.fanout import FailurePolicy, LaunchSpec, SynchronizedLaunch
-from harness.g3 import parse_reader_output, start_skew_s
+from harness.execute.fanout import FailurePolicy, LaunchSpec, SynchronizedLaunch
+from harness.parsers.g3series import parse_reader_output, start_skew_s
 from harness.transport import LocalTransport
 
 pytestmark = pytest.mark.integration

@@ -10,10 +10,11 @@ import yaml
 # Not skipped when torch/lmcache are missing: CI installs the cpu-engine extra and this must really run.
 
 import harness.workloads.g2_ttft  # noqa: E402,F401  (registers g2-ttft)
-from harness.bundle import generate_keypair, verify_bundle  # noqa: E402
+from harness.report.bundle import generate_keypair, verify_bundle  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.runner import run_suite  # noqa: E402
-from harness.verdict import Outcome  # noqa: E402
+from harness.workloads import WORKLOADS  # noqa: E402
+from harness.suite.runner import run_suite  # noqa: E402
+from harness.gates.verdict import Outcome  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ def _suite(tmp_path, **param_overrides):
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"nodes": [{"name": "localhost", "transport": "local",
                                               "work_dir": str(tmp_path / "work")}]}))
-    return load_config(inv, gates)
+    return load_config(inv, gates, WORKLOADS)
 
 
 def _run(tmp_path, config):

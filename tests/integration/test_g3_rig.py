@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bundle import generate_keypair, load_private_key, verify_bundle
+from harness.report.bundle import generate_keypair, load_private_key, verify_bundle
 from harness.config import load_config
-from harness.rig import (RigSpec, check_prerequisites, kill_node, node_processes, rig_down, rig_status, rig_up,
+from harness.workloads import WORKLOADS
+from harness.rigs.netns import (RigSpec, check_prerequisites, kill_node, node_processes, rig_down, rig_status, rig_up,
                          set_node_link)
-from harness.runner import run_suite
-from harness.verdict import Outcome
+from harness.suite.runner import run_suite
+from harness.gates.verdict import Outcome
 import harness.workloads.g3_shared_read  # noqa: F401  (registers g3-shared-read)
 
 pytestmark = pytest.mark.integration
@@ -38,7 +39,7 @@ def rig(tmp_path_factory):
         yield spec, state
     finally:
         rig_down(spec)
-    assert not any(ns.startswith("kvgt-") for ns in __import__("harness.rig", fromlist=["x"]).existing_namespaces())
+    assert not any(ns.startswith("kvgt-") for ns in __import__("harness.rigs.netns", fromlist=["x"]).existing_namespaces())
 
 
 def suite_file(tmp_path, nodes=None, **params) -> Path:
@@ -56,7 +57,7 @@ def run_g3(rig, tmp_path, nodes=None, **params):
     out = tmp_path / "out"
     out.mkdir()
     generate_keypair(out / "k")
-    cfg = load_config(state.inventory_path, suite_file(tmp_path, nodes, **params))
+    cfg = load_config(state.inventory_path, suite_file(tmp_path, nodes, **params), WORKLOADS)
     res = run_suite(cfg, out, load_private_key(out / "k.key"), known_hosts_path=state.known_hosts,
                     progress=lambda m: None)
     return res, out

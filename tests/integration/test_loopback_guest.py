@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import guest as G
-from harness.loopback import Loopback, LoopbackSpec
+from harness.rigs import guest as G
+from harness.rigs.loopback import Loopback, LoopbackSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -116,7 +116,7 @@ def test_integrity_check_detects_a_backing_that_loses_writes(guest):
 
 
 def test_fio_reads_through_nvme_tcp(guest):
-    from harness.fio import parse_fio_json
+    from harness.parsers.fio import parse_fio_json
     tr, _, _ = guest
     lb = Loopback(tr, replace(SPEC, backing="brd"))
     try:

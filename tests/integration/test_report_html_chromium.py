@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.report import render_bundle_reports
+from harness.report.render import render_bundle_reports
 from report_fixture import FIXED_ID, fixed_run
 
 pytestmark = pytest.mark.integration

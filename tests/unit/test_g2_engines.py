@@ -6,11 +6,13 @@ import json
 import pytest
 import yaml
 
-from harness.engines import (BlockStat, check_lmcache_config, kv_bytes_per_token, list_profiles, load_profile,
-                             metric_total, parse_block_stat, parse_prometheus, vllm_serve_argv, write_lmcache_yaml,
-                             LMCacheSettings)
+from harness.engines import (LMCacheSettings, check_lmcache_config, kv_bytes_per_token, list_profiles, load_profile,
+                             vllm_serve_argv, write_lmcache_yaml)
+from harness.parsers.blockdev import BlockStat, parse_block_stat
+from harness.parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from harness.errors import ConfigError
-from harness.ttft_client import RequestRecord
+from harness.engines.client import RequestRecord
+from harness.workloads.engine import engine_values
 from harness.workloads.g2_ttft import evaluate_g2, make_prompts
 
 
@@ -154,13 +156,14 @@ def test_vllm_argv_turns_gpu_prefix_caching_off_and_sets_the_lmcache_connector()
 def test_every_shipped_profile_loads_and_renders():
     names = list_profiles()
     assert {"cpu-reference", "vllm-lmcache", "dynamo-kvbm", "sglang-hicache"} <= set(names)
-    values = {"python": "python3", "host": "127.0.0.1", "port": 8000, "model": "m", "served_model_name": "m",
-              "seed": 0, "run_dir": "/r", "pool_dir": "/pool", "lmcache_config": "/r/l.yaml",
-              "model_config": "/r/c.json", "tensor_parallel_size": 8, "max_model_len": 8192,
-              "cpu_cache_gb": 4, "disk_cache_gb": 64}
     for n in names:
         p = load_profile(n)
+        values = engine_values(p, python="python3", host="127.0.0.1", port=8000, model="m", served_model_name="m",
+                               seed=0, run_dir="/r", pool_dir="/pool", max_model_len=8192,
+                               extra={"lmcache_config": "/r/l.yaml", "tensor_parallel_size": 8})
         argv = p.render_argv(values)
+        if p.program:  # a program kvgate ships to the node runs from the run directory, not from kvgate
+            assert argv[:2] == ["python3", f"/r/{p.program}"] and "harness" not in " ".join(argv)
         assert all("{" not in a or a.startswith("{\"") for a in argv), argv
         env = p.render_env(values)
         if p.engine in ("vllm", "dynamo-vllm"):

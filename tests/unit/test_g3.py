@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.g3 import (
+from harness.execute.clock import estimate_clock_offset
+from harness.parsers.g3series import (
     Interval, NodeSeries, SeriesParseError, aggregate, bytes_in_window, common_window, cross_check_port_rate,
-    estimate_clock_offset, fairness_min_max, nic_ceiling_ratio, nodes_completed, parse_fio_bw_log,
-    parse_reader_output, parse_tc_tbf_rate_gbit_s, start_skew_s,
+    fairness_min_max, nic_ceiling_ratio, nodes_completed, parse_fio_bw_log, parse_reader_output,
+    parse_tc_tbf_rate_gbit_s, rate_series, start_skew_s,
 )
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "fio_bwlog"
