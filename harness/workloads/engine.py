@@ -204,6 +204,11 @@ def start_engine(engine: EngineProcess, label: str) -> str | None:
     return f"{engine.profile.name} ({label}) did not start: {why}; log {engine.local_log.name}:\n{tail}"
 
 
+def pool_files_argv(pool_dir: str) -> list[str]:
+    """Sizes of the finished KV chunk files (``*.data``) in a pool directory, one per line."""
+    return ["find", pool_dir, "-type", "f", "-name", "*.data", "-printf", "%s\n"]
+
+
 def pool_contents(ctx: GateContext, transport: Any, pool_dir: str, expected_bytes: int, timeout_s: float,
                   step: str) -> dict[str, Any]:
     """The finished KV chunk files in a pool directory as one node sees them, waiting up to ``timeout_s``
@@ -212,7 +217,7 @@ def pool_contents(ctx: GateContext, transport: Any, pool_dir: str, expected_byte
     The one rule: only ``*.data`` files count. LMCache's fs connector writes each chunk to ``NAME.tmp`` and
     renames it ``NAME.data`` when complete, so a half-written chunk is never taken for a stored one. The
     last look is kept as a logged step."""
-    argv = ["find", pool_dir, "-type", "f", "-name", "*.data", "-printf", "%s\n"]
+    argv = pool_files_argv(pool_dir)
     deadline = time.monotonic() + timeout_s
     while True:
         r = transport.run(argv, timeout_s=60)

@@ -37,7 +37,7 @@ from ..stats import percentile
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
                    drop_caches, register_workload, write_summary)
 from .engine import (EngineProcess, client_base_url, engine_port, engine_python, engine_values, pool_contents,
-                     profile_issues, stage_engine_files, start_engine)
+                     pool_files_argv, profile_issues, stage_engine_files, start_engine)
 
 
 class G2Params(StrictModel):
@@ -209,7 +209,7 @@ class G2Ttft(Workload):
             PlannedStep(node.name, f"re-compute: {n} never-seen prompts of {p.prompt_tokens} tokens, TTFT each "
                         "(this also stores their KV in the pool)"),
             PlannedStep(node.name, f"wait until the finished chunk files in {v['pool_dir']} hold the expected KV bytes",
-                        ("find", v["pool_dir"], "-type", "f", "-name", "*.data", "-printf", "%s\n")),
+                        tuple(pool_files_argv(v["pool_dir"]))),
             PlannedStep(node.name, "stop the engine (kill its process group)"),
             PlannedStep(node.name, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV),
             PlannedStep(node.name, "start the engine again", tuple(argv)),

@@ -33,7 +33,7 @@ from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
                    target_path, write_summary)
 from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_values, pool_contents,
-                     profile_issues, stage_engine_files, start_engine)
+                     pool_files_argv, profile_issues, stage_engine_files, start_engine)
 
 # Runs on the node: POST every prompt to the engine on the node's loopback, then GET /metrics.
 # argv: URL MODEL PROMPTS_JSON MAX_TOKENS TIMEOUT_S; prints one JSON object.
@@ -196,7 +196,7 @@ class R3CrossInstance(Workload):
         out.append(PlannedStep(writer, f"writer: serve {n} new prompts of {p.prompt_tokens} tokens (stores their KV); "
                                "hit counter must stay 0", ("python3", "-c", "<client>")))
         out.append(PlannedStep(writer, "wait until the finished chunk files in the pool hold the expected KV bytes",
-                               ("find", "<pool>", "-type", "f", "-name", "*.data", "-printf", "%s\n")))
+                               tuple(pool_files_argv("<pool>"))))
         out.append(PlannedStep(reader, f"reader (never saw them): serve the same {n} prompts; hit_rate = hit / looked-up "
                                "tokens from its counters", ("python3", "-c", "<client>")))
         out.append(PlannedStep(writer, "stop both engines (process groups); fetch their logs"))

@@ -105,6 +105,15 @@ def test_g3_end_to_end_passes_near_the_shaped_ceiling_and_bundle_verifies(rig, t
     for n in spec.node_names():
         assert (run_dir / "gates" / "G3" / "nodes" / n / "reader.jsonl").stat().st_size > 0
     assert readers_left(spec) == {n: [] for n in spec.node_names()}
+    # The real bundle's report draws every reader's rate over time against the port's line rate.
+    assert ev["nic_line_rate_gb_s"] == pytest.approx(0.5 / 8)
+    assert sorted(ev["series"]) == spec.node_names() and all(len(ev["series"][n]) >= 2 for n in spec.node_names())
+    svg = (run_dir / "charts" / "G3-series.svg").read_text()
+    for gid in [f"series-{n}" for n in spec.node_names()] + ["aggregate-line", "nic-ceiling-line"]:
+        assert f'id="{gid}"' in svg, gid
+    assert 'id="chart-G3-series"' in (run_dir / "report.html").read_text()
+    table = (run_dir / "tables" / "G3-series.csv").read_text().splitlines()
+    assert table[0] == "node,t_s,read_gb_s" and {r.split(",")[0] for r in table[1:]} == set(spec.node_names())
 
 
 def test_node_killed_mid_read_is_error_with_partial_series_others_kept(rig, tmp_path):
