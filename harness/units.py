@@ -124,8 +124,9 @@ def parse_threshold(text: str, dimension: str | None = None) -> Threshold:
     return Threshold(op=m.group(1), quantity=parse_quantity(m.group(2), dimension))
 
 
-def parse_size_bytes(value: str | int) -> int:
-    """A positive size in bytes from an int or a quantity such as ``"4 GiB"``; raise UnitError otherwise."""
+def parse_size_bytes(value: str | int, multiple_of: int = 1, what: str = "size") -> int:
+    """A positive size in bytes from an int or a quantity such as ``"4 GiB"``, a multiple of ``multiple_of``
+    (e.g. 512 for O_DIRECT); raise UnitError (a ValueError, so pydantic validators may call this) otherwise."""
     if isinstance(value, bool):
         raise UnitError(f"expected a size such as '4 GiB', got {value!r}")
     if isinstance(value, int):
@@ -133,5 +134,7 @@ def parse_size_bytes(value: str | int) -> int:
     else:
         n = int(parse_quantity(str(value), "size").base)
     if n <= 0:
-        raise UnitError(f"size must be positive, got {value!r} (expected e.g. '4 GiB')")
+        raise UnitError(f"{what} must be positive, got {value!r} (expected e.g. '4 GiB')")
+    if n % multiple_of:
+        raise UnitError(f"{what} must be a multiple of {multiple_of} bytes for O_DIRECT, got {value!r}")
     return n

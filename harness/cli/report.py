@@ -48,8 +48,6 @@ def cmd_verify(args) -> int:
     return EXIT_OK
 
 
-
-
 def _envelope_keyid(d: Path) -> str | None:
     try:
         return json.loads((d / "attestation.dsse.json").read_text())["signatures"][0]["keyid"]

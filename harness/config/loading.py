@@ -15,6 +15,7 @@ from ..units import parse_quantity, unit_info
 from .models import Gate, GateSuite, Inventory, Node
 from .yamlload import LineIndex, load_yaml, validate
 
+
 class Config:
     """A validated inventory + gate suite, with the parsed params of every gate."""
 

@@ -34,13 +34,6 @@ def _safe_path(v: str) -> str:
     return v
 
 
-def _size_bytes(v: Any) -> int:
-    try:
-        return parse_size_bytes(v)
-    except UnitError as exc:
-        raise ValueError(str(exc)) from None
-
-
 class Gpu(Strict):
     index: int = Field(ge=0)
     numa_node: int | None = Field(default=None, ge=0)
@@ -90,7 +83,7 @@ class Target(Strict):
     @field_validator("size_bytes", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
-        return None if v is None else _size_bytes(v)
+        return None if v is None else parse_size_bytes(v)
 
     @field_validator("path", "backing_path")
     @classmethod

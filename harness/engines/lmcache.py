@@ -31,7 +31,6 @@ class LMCacheSettings(BaseModel):
     config: dict[str, Any]
 
 
-
 # Key -> accepted Python types, for the LMCache version a profile pins. Read from LMCache 0.5.6's
 # lmcache/v1/config.py (_CONFIG_DEFINITIONS) for the keys kvgate uses; LMCache itself only warns on
 # unknown keys and turns values it cannot convert into None, so kvgate refuses both before launch.

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import httpx
 
-from ..engines import EngineProfile, LMCacheSettings, load_profile, write_lmcache_yaml
+from ..engines import ArchError, EngineProfile, LMCacheSettings, arch_from_config, load_profile, write_lmcache_yaml
 from ..errors import ConfigError
 from ..node import program_path
 from ..parsers.prometheus import Sample, parse_prometheus
@@ -52,6 +52,24 @@ def profile_issues(engine: str, nodes: dict[str, Any], workload: str, node_count
         what = "one node" if node_count == 1 else f"{node_count} nodes"
         issues.append((("nodes",), f"{workload} runs on exactly {what}, got {len(nodes)}"))
     return prof, issues
+
+
+def model_config_issues(config: dict[str, Any] | None, key: str, kv_dtype: str | None) -> list[tuple[tuple, str]]:
+    """A model config given in the gate must describe a KV shape (KV bytes per token are computed from it):
+    the issue names the key of the config that is missing or wrong."""
+    if config is None:
+        return []
+    try:
+        arch_from_config(config, kv_dtype=kv_dtype)
+    except ArchError as exc:
+        return [((key, exc.field), exc.message)]
+    return []
+
+
+def engine_node(ctx: GateContext, engine: str, python: str | None) -> tuple[Any, Any, EngineProfile, str]:
+    """A single-node engine gate's node, its transport, the engine profile and the engine's interpreter."""
+    node = next(iter(ctx.nodes.values()))
+    return node, ctx.transports[node.name], load_profile(engine), engine_python(python, node.transport)
 
 
 def engine_python(python: str | None, node_transport: str) -> str:

@@ -19,7 +19,7 @@ from ..execute.facts import NUMA_ARGV
 from ..parsers.blockdev import LSBLK_ARGV, find_device, parse_lsblk
 from ..parsers.facts import parse_numa
 from ..parsers.fio import FioRun, StreamSpec, job_file, parse_cpulist, parse_fio_json, split_regions
-from ..units import UnitError, parse_size_bytes
+from ..units import parse_size_bytes
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
                    Workload, WorkloadResult, drop_caches, register_workload, target_path)
 
@@ -45,13 +45,7 @@ class FioReadParams(StrictModel):
     @field_validator("bs_bytes", mode="before")
     @classmethod
     def _bs(cls, v: Any) -> int:
-        try:
-            n = parse_size_bytes(v)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-        if n % 512:
-            raise ValueError(f"block size must be a multiple of 512 bytes for O_DIRECT, got {v!r}")
-        return n
+        return parse_size_bytes(v, multiple_of=512, what="block size")
 
 
 def streams_for(node, region_total_bytes: int, bs_bytes: int, numjobs: int,

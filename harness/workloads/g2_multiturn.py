@@ -38,8 +38,8 @@ from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
 from ..errors import WorkloadError
 from ..parsers.prometheus import Sample, counter_delta
 from .base import Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload, write_summary
-from .engine import (EngineProcess, client_base_url, engine_port, engine_python, engine_values, profile_issues,
-                     stage_engine_files, start_engine)
+from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_python, engine_values,
+                     model_config_issues, profile_issues, stage_engine_files, start_engine)
 
 SUPPORTED_ENGINES = ("cpu-reference",)
 COUNTER_PREFIX = "kvgate_cpu_ref_"
@@ -180,6 +180,7 @@ class G2MultiTurn(Workload):
 
     def validate_against(self, params, nodes):
         prof, issues = profile_issues(params.engine, nodes, "g2-multiturn", engines=SUPPORTED_ENGINES)
+        issues = model_config_issues(params.model_config_inline, "model_config_inline", "float32") + issues
         if prof is not None and prof.engine in SUPPORTED_ENGINES and prof.lmcache is not None \
                 and params.lmcache_overrides:
             cfg = {**prof.lmcache.config, **params.lmcache_overrides}
@@ -220,10 +221,7 @@ class G2MultiTurn(Workload):
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: MultiTurnParams = ctx.params
-        node = next(iter(ctx.nodes.values()))
-        transport = ctx.transports[node.name]
-        prof = load_profile(p.engine)
-        python = engine_python(p.python, node.transport)
+        node, transport, prof, python = engine_node(ctx, p.engine, p.python)
         ports = {"no_tier": engine_port(ctx, transport, node, p.port, python, "g2mt-port-no-tier")}
         ports["tier"] = p.port + 1 if p.port else engine_port(ctx, transport, node, 0, python, "g2mt-port-tier")
         run_tag = uuid.uuid4().hex[:8]

@@ -36,8 +36,9 @@ from ..parsers.prometheus import counter_delta
 from ..stats import percentile
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
                    drop_caches, register_workload, write_summary)
-from .engine import (EngineProcess, client_base_url, engine_port, engine_python, engine_values, pool_contents,
-                     pool_files_argv, profile_issues, stage_engine_files, start_engine)
+from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_python, engine_values,
+                     model_config_issues, pool_contents, pool_files_argv, profile_issues, stage_engine_files,
+                     start_engine)
 
 
 class G2Params(StrictModel):
@@ -182,7 +183,8 @@ class G2Ttft(Workload):
         if prof is not None and prof.engine != "cpu-reference" and (
                 params.model_config_inline is None and params.model_config_path is None):
             issues.insert(0, (("model_config",), "needs the model's config.json (for KV bytes per token and vocab size)"))
-        return issues
+        kv_dtype = "float32" if prof is not None and prof.engine == "cpu-reference" else None
+        return model_config_issues(params.model_config_inline, "model_config_inline", kv_dtype) + issues
 
     def _model_config(self, p: G2Params) -> dict[str, Any]:
         if p.model_config_inline is not None:
@@ -222,10 +224,7 @@ class G2Ttft(Workload):
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: G2Params = ctx.params
-        node = next(iter(ctx.nodes.values()))
-        transport = ctx.transports[node.name]
-        prof = load_profile(p.engine)
-        python = engine_python(p.python, node.transport)
+        node, transport, prof, python = engine_node(ctx, p.engine, p.python)
         port = engine_port(ctx, transport, node, p.port, python, "g2-port")
         run_tag = uuid.uuid4().hex[:8]
         v = launch_values(p, prof, node.work_dir, ctx.gate.id, port, run_tag, node.transport)
@@ -234,7 +233,10 @@ class G2Ttft(Workload):
         ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,
                         base_url=base_url, client_path=client_path, pool_dir=v["pool_dir"], run_dir_on_node=v["run_dir"])
         model_cfg = self._model_config(p)
-        bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)
+        try:
+            bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)
+        except ValueError as exc:  # a model_config file read only now
+            return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
         vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size", 32000))
         tok_spec = p.tokenizer or prof.tokenizer
         if tok_spec and prof.engine != "cpu-reference":  # cpu-reference has no tokenizer: token ids there

@@ -23,7 +23,7 @@ from ..execute.fanout import FailurePolicy, GroupResult, LaunchSpec, NodeOutcome
 from ..node import program_path
 from ..parsers.g3series import (NodeSeries, PortRate, aggregate, cross_check_port_rate, nic_ceiling_ratio,
                                 nodes_completed, parse_reader_output, rate_series, start_skew_s)
-from ..units import UnitError, parse_size_bytes
+from ..units import parse_size_bytes
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel, Workload,
                    WorkloadResult, drop_caches, register_workload, target_path, write_summary)
 
@@ -60,13 +60,7 @@ class G3Params(StrictModel):
     @field_validator("block_bytes", mode="before")
     @classmethod
     def _block(cls, v: Any) -> int:
-        try:
-            n = parse_size_bytes(v)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-        if n % 4096:
-            raise ValueError(f"block must be a multiple of 4096 bytes for O_DIRECT, got {v!r}")
-        return n
+        return parse_size_bytes(v, multiple_of=4096, what="block")
 
     @field_validator("port")
     @classmethod

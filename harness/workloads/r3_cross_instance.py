@@ -32,8 +32,8 @@ from ..execute.fanout import fan_out
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
                    target_path, write_summary)
-from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_values, pool_contents,
-                     pool_files_argv, profile_issues, stage_engine_files, start_engine)
+from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_values, model_config_issues,
+                     pool_contents, pool_files_argv, profile_issues, stage_engine_files, start_engine)
 
 # Runs on the node: POST every prompt to the engine on the node's loopback, then GET /metrics.
 # argv: URL MODEL PROMPTS_JSON MAX_TOKENS TIMEOUT_S; prints one JSON object.
@@ -57,6 +57,7 @@ for p in json.load(open(prompts_path)):
         records.append({"id": p["id"], "ok": False, "elapsed_s": time.time() - t0, "error": repr(exc)[:300]})
 print(json.dumps({"metrics_before": before, "records": records, "metrics_after": metrics()}))
 """
+
 
 class R3Params(StrictModel):
     engine: str = "cpu-reference"
@@ -155,6 +156,7 @@ class R3CrossInstance(Workload):
                                    engines=("cpu-reference",))
         if issues and issues[0][0] == ("engine",) and "runs on" not in issues[0][1]:
             return issues[:1]  # the profile does not load
+        issues += model_config_issues(params.model_config_inline, "model_config_inline", "float32")
         writer, reader = self._roles(params, nodes)
         for key, n in (("writer", writer), ("reader", reader)):
             if n is None or n not in nodes:

@@ -67,9 +67,10 @@ def test_cold_readback_beats_recompute_with_hits_and_bytes_from_the_pool(tmp_pat
 
 
 def test_engine_that_crashes_at_start_is_error_with_its_log(tmp_path):
-    # zero attention heads: the model cannot be built, the engine exits with a traceback before serving
+    # a negative MLP size: the KV shape is fine (kvgate accepts the config), but the model cannot be built,
+    # so the engine exits with a traceback before serving
     bad = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())["gates"][0]["params"]
-    bad["model_config_inline"]["num_attention_heads"] = 0
+    bad["model_config_inline"]["intermediate_size"] = -1
     out, _ = _run(tmp_path, _suite(tmp_path, model_config_inline=bad["model_config_inline"]))
     v = out.verdicts[0]
     assert v.outcome is Outcome.ERROR

@@ -2,6 +2,7 @@
 engine profiles, prompt generation and the G2 verdict rules."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -230,3 +231,20 @@ def test_g2_failed_requests_are_an_error_not_a_faster_p50():
     r = evaluate_g2([rec("a", 10.0)], [rec("a", None, "HTTP 500: boom")], 200, 200, 4096, 0.95, 4096)
     assert r.error.startswith("1 of 2 requests failed") and "HTTP 500" in r.error
     assert "ttft_readback_p50_s" not in r.metrics
+
+
+def test_a_model_config_without_a_kv_shape_is_a_config_error_at_its_line(tmp_path):
+    from harness.config import load_config
+    from harness.errors import ConfigError
+    from harness.workloads import WORKLOADS
+
+    root = Path(__file__).resolve().parents[2]
+    suite = yaml.safe_load((root / "gates" / "g2-cpu-reference.yaml").read_text())
+    suite["gates"][0]["params"]["model_config_inline"]["num_attention_heads"] = 0
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    (tmp_path / "i.yaml").write_text("nodes:\n  - {name: n1, transport: local}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    [issue] = err.value.issues
+    assert issue.path == "gates[0].params.model_config_inline.num_attention_heads"
+    assert "positive integer" in issue.message and issue.line

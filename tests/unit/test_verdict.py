@@ -4,7 +4,7 @@ import pytest
 
 from harness.config import Gate
 from harness.gates.verdict import Outcome, evaluate, overall_outcome, skipped
-from harness.workloads.base import RecordedEvidence, WorkloadResult
+from harness.workloads.base import WorkloadResult
 
 
 def gate(**kw):
