@@ -61,7 +61,8 @@ def test_report_reproduces_verdicts_and_bytes(runs):
     assert json.loads((out / "reevaluation.json").read_text())["same"] is True
     # the run recorded provenance, and the report shows it
     prov = json.loads((bundle / "nodes" / "localhost" / "provenance.json").read_text())
-    assert "nics" in prov and "versions" in prov
+    snap = json.loads((bundle / "nodes" / "localhost" / "snapshot.json").read_text())
+    assert "nics" in snap and "versions" in prov  # /sys/class/net is read once, into the snapshot
     assert "## Provenance" in (bundle / "report.md").read_text()
 
 
