@@ -227,3 +227,23 @@ def test_g2_failed_requests_are_an_error_not_a_faster_p50():
     r = evaluate_g2([rec("a", 10.0)], [rec("a", None, "HTTP 500: boom")], 200, 200, 4096, 0.95, 4096)
     assert r.error.startswith("1 of 2 requests failed") and "HTTP 500" in r.error
     assert "ttft_readback_p50_s" not in r.metrics
+
+
+def test_engine_interpreter_gate_param_then_node_engine_env_then_default():
+    import sys
+    from harness.workloads.g2_ttft import engine_python
+    assert engine_python("/gate/python", "ssh", "/node/venv/bin/python") == "/gate/python"
+    assert engine_python(None, "ssh", "/node/venv/bin/python") == "/node/venv/bin/python"
+    assert engine_python(None, "local", "/node/venv/bin/python") == "/node/venv/bin/python"
+    assert engine_python(None, "local", None) == sys.executable
+    assert engine_python(None, "ssh", None) == "python3"
+
+
+def test_rig_inventory_names_the_engine_environment(tmp_path):
+    import yaml
+    from harness.rig import STORAGE_NODE, RigSpec, render_inventory
+    spec = RigSpec(prefix="kvgu-", state_dir=tmp_path, node_count=2, engine_python="/opt/engine/bin/python")
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(render_inventory(spec, {n: 2200 + i for i, n in enumerate(spec.node_names() + [STORAGE_NODE])}))
+    nodes = yaml.safe_load(inv.read_text())["nodes"]
+    assert [n.get("engine_python") for n in nodes if n["name"] in ("n1", "n2")] == ["/opt/engine/bin/python"] * 2
