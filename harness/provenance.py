@@ -185,10 +185,18 @@ def _absent(r) -> bool:
     return r.rc == 127 or (r.rc is None and "No such file" in (r.error or ""))
 
 
-def collect_provenance(transport, steps) -> dict[str, Any]:
+def provenance_commands(engine_python: str | None = None) -> dict[str, tuple[str, ...]]:
+    """The commands, with the engine versions read by the node's engine interpreter when it has one."""
+    cmds = dict(PROVENANCE_COMMANDS)
+    if engine_python:
+        cmds["versions"] = (engine_python,) + VERSIONS_ARGV[1:]
+    return cmds
+
+
+def collect_provenance(transport, steps, engine_python: str | None = None) -> dict[str, Any]:
     """Run the provenance commands as logged steps and parse what they printed; failures become data."""
     prov: dict[str, Any] = {"node": transport.name, "errors": {}, "absent": []}
-    for key, argv in PROVENANCE_COMMANDS.items():
+    for key, argv in provenance_commands(engine_python).items():
         r = steps.run(transport, f"provenance-{key}", argv, timeout_s=60)
         if _absent(r):
             prov["absent"].append(argv[0])

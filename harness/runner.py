@@ -106,7 +106,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
         def snapshot(name: str, tr: Transport) -> None:
             _write_json(run_dir / "nodes" / name / "snapshot.json", take_snapshot(tr, steps))
             # Extra facts for the report's provenance section (GPUs, NVMe, NVMe-oF, NICs, vLLM/LMCache).
-            _write_json(run_dir / "nodes" / name / "provenance.json", collect_provenance(tr, steps))
+            _write_json(run_dir / "nodes" / name / "provenance.json", collect_provenance(
+                tr, steps, getattr(config.inventory.node(name), "engine_python", None)))
 
         if opened:
             progress(f"snapshot of {', '.join(opened)} (in parallel)")

@@ -117,3 +117,13 @@ def test_collect_records_absent_tools_and_failures(fixtures, tmp_path):
     assert "unparseable" in prov["errors"]["versions"]
     # every command left its step directory on disk
     assert len(list((tmp_path / "steps").iterdir())) == 5
+
+
+def test_engine_versions_are_read_by_the_nodes_engine_interpreter():
+    from harness.provenance import PROVENANCE_COMMANDS, provenance_commands
+    assert provenance_commands(None) == PROVENANCE_COMMANDS
+    cmds = provenance_commands("/opt/engine/bin/python")
+    assert cmds["versions"][0] == "/opt/engine/bin/python"
+    assert cmds["versions"][1:] == PROVENANCE_COMMANDS["versions"][1:]
+    assert {k: v for k, v in cmds.items() if k != "versions"} == {
+        k: v for k, v in PROVENANCE_COMMANDS.items() if k != "versions"}
