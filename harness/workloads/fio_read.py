@@ -18,10 +18,10 @@ from ..blockdev import LSBLK_ARGV, find_device, parse_lsblk
 from ..errors import WorkloadError
 from ..fio import StreamSpec, job_file, parse_cpulist, parse_fio_json, split_regions
 from ..verdict import WorkloadResult
+from ..writeguard import CREATED_SUFFIX, check_write, probe_path
 from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
 
 DROP_CACHES_ARGV = ("sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches")
-CREATED_SUFFIX = ".kvgate-created"
 
 # kind -> fn(transport, steps, target) -> device path; other modules register NVMe-oF resolvers here.
 TARGET_RESOLVERS: dict[str, Callable[[Any, Any, Any], str]] = {}
@@ -122,7 +122,8 @@ class FioRead(Workload):
             path = target_path(node, t) if t.path else f"<{t.kind} device resolved by NQN {t.nqn}>"
             remote_job = posixpath.join(node.work_dir, f"kvgate-{ctx.gate.id}-{node.name}.fio")
             if t.kind == "file":
-                out.append(PlannedStep(node.name, f"create and fill {path} ({t.size_bytes} bytes) if kvgate has not",
+                out.append(PlannedStep(node.name, f"create and fill {path} ({t.size_bytes} bytes) when it is missing "
+                                       "or smaller and kvgate created it (write guard; other files are never written)",
                                        fill_argv(path, t.size_bytes)))
             if p.drop_caches:
                 out.append(PlannedStep(node.name, "drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV))
@@ -196,7 +197,7 @@ class FioRead(Workload):
             raise WorkloadError(f"cannot create work dir: {r.summary()}")
         if t.kind == "file":
             total = t.size_bytes
-            info["created_by_kvgate"] = self._ensure_file(ctx, tr, path, total)
+            info["created_by_kvgate"] = self._ensure_file(ctx, tr, path, total, info)
         else:
             r = steps.run(tr, "blockdev-size", ("blockdev", "--getsize64", path), timeout_s=30)
             if not r.ok:
@@ -253,22 +254,24 @@ class FioRead(Workload):
         info["node_read_gb_s"] = sum(g.read_gb_s for g in run.groups)
         return info
 
-    def _ensure_file(self, ctx, tr, path: str, size_bytes: int) -> bool:
-        """Create and fill the file when missing (or refill one kvgate created); never touch other files."""
+    def _ensure_file(self, ctx, tr, path: str, size_bytes: int, info: dict[str, Any]) -> bool:
+        """Create and fill the file when missing (or refill one kvgate created); never touch other files.
+        Reading a big enough file writes nothing; any fill goes through the write guard first."""
         steps = ctx.steps
+        run = lambda name, argv, timeout_s: steps.run(tr, name, argv, timeout_s=timeout_s)  # noqa: E731
+        facts, err = probe_path(run, path)
+        if facts is None:
+            raise WorkloadError(f"cannot stat {path}: {err}")
+        if facts.kind == "file" and (facts.size_bytes or 0) >= size_bytes:
+            return facts.created_by_kvgate
+        decision = check_write(run, path, expect="file", purpose="fio fill", node=tr.name, facts=facts)
+        info["write_guard"] = decision.as_dict()
+        ndir = ctx.gate_dir / tr.name
+        ndir.mkdir(parents=True, exist_ok=True)
+        (ndir / "write-guard.json").write_text(decision.to_json())
+        if not decision.allowed:
+            raise WorkloadError(decision.refusal())
         marker = path + CREATED_SUFFIX
-        r = steps.run(tr, "stat-target", ("sh", "-c", 'stat -c %s -- "$1" 2>/dev/null || echo missing; '
-                                          'test -e "$2" && echo created || echo foreign', "sh", path, marker),
-                      timeout_s=30)
-        lines = r.stdout.split()
-        if not r.ok or len(lines) != 2:
-            raise WorkloadError(f"cannot stat {path}: {r.summary()}")
-        cur, owner = lines
-        if cur != "missing" and int(cur) >= size_bytes:
-            return owner == "created"
-        if cur != "missing" and owner != "created":
-            raise WorkloadError(f"{path} exists with {cur} bytes (< {size_bytes}) and was not created by kvgate; "
-                                "refusing to write to it")
         r = steps.run(tr, "mkdir-target", ("mkdir", "-p", posixpath.dirname(path) or "/"), timeout_s=30)
         r = steps.run(tr, "touch-marker", ("touch", marker), timeout_s=30)
         if not r.ok:
