@@ -578,8 +578,20 @@ class Loopback:
             return LoopbackResult(summarize(self.spec, st), records,
                                   error=f"no /dev/nvme*n{self.spec.nsid} for {self.spec.nqn} after {wait_s:.0f} s")
         self._execute(plan_link(self.spec, st), records, stop_on_error=False)
+        # Every layer must be there before `up` says so: on a loaded node the controller can still be
+        # connecting (or resetting) when the device node appears.
+        deadline = self.clock() + wait_s
         st = self.probe()
-        result = LoopbackResult(summarize(self.spec, st), records)
+        summary = summarize(self.spec, st)
+        while summary["state"] != "up" and self.clock() < deadline:
+            self.sleep(0.5)
+            st = self.probe()
+            summary = summarize(self.spec, st)
+        result = LoopbackResult(summary, records)
+        if summary["state"] != "up":
+            missing = [k for k in summary["owned_layers"] if not summary["layers"][k]]
+            result.error = f"{self.spec.nqn} not up after {wait_s:.0f} s: missing {', '.join(missing)}"
+            return result
         if verify:
             result.integrity = self.check_integrity(st)
             if not result.integrity.ok:

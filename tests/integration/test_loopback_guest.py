@@ -74,7 +74,7 @@ def test_up_twice_then_down(guest):
     try:
         first = lb.up()
         assert first.ok, first.error
-        assert first.summary["state"] == "up" and first.summary["device"].startswith("/dev/nvme")
+        assert first.summary["state"] == "up" and first.summary["device"].startswith("/dev/nvme"), first.summary
         assert first.integrity.ok and first.integrity.checked_bytes == 2 << 20
         second = lb.up()
         assert second.ok, second.error
