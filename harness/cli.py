@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import BundleError, ConfigError, HarnessError
+from .safeio import InputFileError
 
 # Topic modules that add subcommands: each has register(subparsers).
 PLUGIN_MODULES: list[str] = ["harness.cli_cost", "harness.cli_loopback", "harness.cli_rig", "harness.cli_report"]
@@ -124,13 +125,22 @@ def cmd_verify(args) -> int:
         print(f"FAILED: {res.error}")
         return 1
     pred = res.statement["predicate"]
-    print(f"OK {res.report_id}: signed by {res.signer} ({pred.get('signing_key', {}).get('kind', '?')} key), "
-          f"created {pred.get('created_utc')}, overall {pred.get('overall')}, "
+    # The predicate is signed, but what it holds beyond the checked shape is printed as data, never trusted
+    # to have the types this kvgate writes.
+    key = pred.get("signing_key")
+    print(f"OK {res.report_id}: signed by {res.signer} ({key.get('kind', '?') if isinstance(key, dict) else '?'} "
+          f"key), created {pred.get('created_utc')}, overall {pred.get('overall')}, "
           f"{len(res.statement['subject'])} files")
-    for v in pred.get("verdicts", []):
-        actual = "—" if v.get("actual") is None else f"{v['actual']:.4g} {v.get('unit', '')}".strip()
-        print(f"  {v['gate_id']}: {v['outcome']} {v['metric']} = {actual}")
-    for rid in pred.get("input_report_ids", []) if args.verbose else []:
+    verdicts = pred.get("verdicts")
+    for v in verdicts if isinstance(verdicts, list) else []:
+        if not isinstance(v, dict):
+            continue
+        a = v.get("actual")
+        actual = ("—" if a is None else f"{a:.4g} {v.get('unit', '')}".strip()
+                  if isinstance(a, (int, float)) and not isinstance(a, bool) else repr(a))
+        print(f"  {v.get('gate_id')}: {v.get('outcome')} {v.get('metric')} = {actual}")
+    inputs = pred.get("input_report_ids")
+    for rid in inputs if args.verbose and isinstance(inputs, list) else []:
         print(f"  input report: {rid}")
     return 0
 
@@ -182,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             print(str(issue), file=sys.stderr)
         print(f"{len(exc.issues)} configuration error(s)", file=sys.stderr)
         return 2
-    except BundleError as exc:
+    except (BundleError, InputFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except HarnessError as exc:
