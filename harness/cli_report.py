@@ -8,13 +8,13 @@ failed (nothing is re-rendered) or the verdicts differ (the report says what dif
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import filecmp
 import json
 import sys
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -34,7 +34,7 @@ def bundle_dir(path: str | Path) -> Iterator[Path]:
         try:
             with tarfile.open(path, "r:gz") as tf:
                 tf.extractall(td, filter="data")
-        except (tarfile.TarError, OSError, EOFError) as exc:
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             raise BundleError(f"{path}: not a readable bundle archive: {exc}") from None
         entries = list(Path(td).iterdir())
         if len(entries) != 1 or not entries[0].is_dir():
@@ -43,9 +43,12 @@ def bundle_dir(path: str | Path) -> Iterator[Path]:
 
 
 def _envelope_keyid(d: Path) -> str | None:
+    from .bundle import ENVELOPE, read_envelope
+    from .safeio import InputFileError
+
     try:
-        return json.loads((d / "attestation.dsse.json").read_text())["signatures"][0]["keyid"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return read_envelope(d / ENVELOPE)[2][0].get("keyid")
+    except (InputFileError, IndexError):
         return None
 
 
@@ -128,10 +131,14 @@ def _predicate(d: Path, pubkey: str | None) -> tuple[dict, str, str | None]:
         if not res.ok:
             raise _VerifyFailed(f"{d.name}: FAILED verification: {res.error}")
         return res.statement["predicate"], res.report_id, None
+    from .bundle import ENVELOPE, check_statement, read_envelope
+    from .safeio import InputFileError, decode_utf8, parse_json
+
     try:
-        env = json.loads((d / "attestation.dsse.json").read_text())
-        st = json.loads(base64.b64decode(env["payload"]))
-    except (OSError, ValueError, KeyError) as exc:
+        payload = read_envelope(d / ENVELOPE)[1]
+        st = parse_json(decode_utf8(payload, f"{ENVELOPE} payload"), f"{ENVELOPE} payload")
+        check_statement(st, f"{ENVELOPE} payload")
+    except InputFileError as exc:
         raise BundleError(f"{d}: not a kvgate bundle: {exc}") from None
     rid = st["predicate"].get("report_id", d.name)
     return st["predicate"], rid, f"{rid} is NOT verified ({how})"

@@ -9,7 +9,7 @@ A params file that sets an input a bundle measures is an error, never a silent o
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,9 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from harness import cost
 
 from harness.errors import ConfigError, ConfigIssue
+from harness.safeio import MAX_CONFIG_BYTES, MAX_JSON_BYTES, InputFileError, check_keys, decode_utf8, json_type, \
+    key_line, parse_json, read_bytes, read_text
+from harness.verdict import Verdict
 from harness.units import UnitError, parse_quantity
 from harness.yamlload import LineIndex, load_yaml, validate
 
@@ -297,13 +300,10 @@ def _json_key_line(text: str, key: str) -> int:
 def load_model_arch(config_path: Path, kv_dtype: str | None) -> cost.ModelArch:
     """Read a config.json into a :class:`harness.cost.ModelArch`; errors name the file and line of the key."""
     try:
-        text = config_path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([ConfigIssue(str(config_path), 1, "", f"cannot read model config: {exc.strerror}")])
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError([ConfigIssue(str(config_path), exc.lineno, "", f"invalid JSON: {exc.msg}")]) from None
+        text = read_text(config_path, max_bytes=MAX_CONFIG_BYTES, what="model config")
+        data = parse_json(text, str(config_path))
+    except InputFileError as exc:
+        raise ConfigError([ConfigIssue(str(config_path), exc.line, "", f"model config: {exc.message}")]) from None
     if not isinstance(data, dict):
         raise ConfigError([ConfigIssue(str(config_path), 1, "", "expected a JSON object")])
     try:
@@ -406,6 +406,30 @@ def resolve(
 
 # --------------------------------------------------------------------------- bundles
 
+# What the runner writes into verdicts.json, and into each of its verdicts (harness.verdict.Verdict); a key
+# outside these is refused rather than ignored, so a misspelt measurement is never silently dropped.
+SUMMARY_KEYS = frozenset({"suite", "overall", "verdicts", "run"})
+VERDICT_KEYS = frozenset(f.name for f in dataclasses.fields(Verdict))
+
+
+def read_verdicts(raw: bytes, name: str) -> dict[str, Any]:
+    """A bundle's verdicts.json (bytes already digest-checked): UTF-8, strict JSON, the shape the runner
+    writes. InputFileError naming ``name`` and the line where there is one."""
+    text = decode_utf8(raw, name)
+    data = parse_json(text, name)
+    check_keys(data, SUMMARY_KEYS, name, "verdicts.json", text, root=True)
+    verdicts = data.get("verdicts")
+    if not isinstance(verdicts, list):
+        raise InputFileError(name, key_line(text, "verdicts"), f"verdicts: expected an array, got {json_type(verdicts)}")
+    for i, v in enumerate(verdicts):
+        check_keys(v, VERDICT_KEYS, name, f"verdicts[{i}]", text)
+        for key, kinds in (("gate_id", (str,)), ("metric", (str,)), ("outcome", (str,)), ("metrics", (dict, type(None))),
+                           ("evidence", (dict, type(None))), ("actual", (int, float, type(None)))):
+            if key in v and (not isinstance(v[key], kinds) or isinstance(v[key], bool)):
+                raise InputFileError(name, key_line(text, key), f"verdicts[{i}].{key}: unexpected {json_type(v[key])}")
+    return data
+
+
 
 def measured_from_bundle(bundle_path: str | Path, pubkey_path: str | Path) -> list[MeasuredInput]:
     """Verify a report bundle (directory or .tar.gz) and return the cost inputs its verdicts.json measured.
@@ -418,6 +442,7 @@ def measured_from_bundle(bundle_path: str | Path, pubkey_path: str | Path) -> li
     import hashlib
     import tarfile
     import tempfile
+    import zlib
 
     from harness.bundle import verify_bundle
     from harness.errors import BundleError
@@ -431,7 +456,7 @@ def measured_from_bundle(bundle_path: str | Path, pubkey_path: str | Path) -> li
             try:
                 with tarfile.open(bundle_path, "r:gz") as tf:
                     tf.extractall(td, filter="data")
-            except (tarfile.TarError, OSError, EOFError) as exc:
+            except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
                 raise BundleError(f"{bundle_path}: refused: not a readable bundle archive: {exc}") from None
             entries = list(Path(td).iterdir())
             if len(entries) != 1 or not entries[0].is_dir():
@@ -443,15 +468,17 @@ def measured_from_bundle(bundle_path: str | Path, pubkey_path: str | Path) -> li
         digests = {s["name"]: s["digest"]["sha256"] for s in result.statement.get("subject", [])}
         if "verdicts.json" not in digests:
             raise BundleError(f"{bundle_path}: refused: {result.report_id} holds no verdicts.json")
-        raw = (root / "verdicts.json").read_bytes()
+        try:
+            raw = read_bytes(root / "verdicts.json", max_bytes=MAX_JSON_BYTES, what="verdicts file",
+                             follow_symlinks=False, display_name="verdicts.json")
+        except InputFileError as exc:
+            raise BundleError(f"{bundle_path}: refused: {exc}") from None
         if hashlib.sha256(raw).hexdigest() != digests["verdicts.json"]:
             raise BundleError(f"{bundle_path}: refused: verdicts.json changed after verification")
     try:
-        verdicts = json.loads(raw)
-    except ValueError as exc:
-        raise BundleError(f"{bundle_path}: verdicts.json is not JSON: {exc}") from None
-    if not isinstance(verdicts, Mapping):
-        raise BundleError(f"{bundle_path}: verdicts.json is not a JSON object")
+        verdicts = read_verdicts(raw, "verdicts.json")
+    except InputFileError as exc:
+        raise BundleError(f"{bundle_path}: refused: {result.report_id} {exc}") from None
     found = extract_measured(verdicts, result.report_id)
     if not found:
         gates = ", ".join(f"{v.get('gate_id')} {v.get('metric')} {v.get('outcome')}"
