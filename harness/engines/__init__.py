@@ -100,7 +100,7 @@ def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Eng
     p = Path(name_or_path)
     if not p.suffix:
         p = directory / f"{name_or_path}.yaml"
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():  # a symlink loop is reported by load_yaml, as such
         raise ConfigError(ConfigIssue(str(p), None, "", f"no engine profile {str(name_or_path)!r} "
                                       f"(known: {', '.join(list_profiles(directory)) or 'none'})"))
     data, index = load_yaml(p)
@@ -236,6 +236,18 @@ def lmcache_config(settings: LMCacheSettings, values: dict[str, Any]) -> dict[st
             return [fill(x, where) for x in v]
         return v
     return {k: fill(v, f"lmcache.{k}") for k, v in settings.config.items()}
+
+
+def check_lmcache_file(path: str | Path, version: str) -> dict[str, Any]:
+    """Load an LMCache YAML file as an engine is given it and check it for ``version``; every problem
+    (unreadable, not YAML, an alias bomb, unknown keys, wrong types) is a ConfigError naming FILE:LINE."""
+    from ..yamlload import load_yaml
+
+    data, index = load_yaml(path)
+    issues = check_lmcache_config(data, version)
+    if issues:
+        raise ConfigError([index.issue(tuple(p), m) for p, m in issues])
+    return data
 
 
 def write_lmcache_yaml(settings: LMCacheSettings, values: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from typing import Any
 
 ENGINE_NAME = "kvgate-cpu-reference"
 METRIC_PREFIX = "kvgate_cpu_ref_"
+LMCACHE_VERSION = "0.5.6"  # the LMCache this engine is built against (the cpu-engine extra pins it)
 
 # A model small enough that CI prefill of a few thousand tokens takes seconds, not minutes.
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
@@ -406,12 +407,35 @@ def make_handler(engine: Engine):
 
 
 def load_model_config(path: str | None) -> dict[str, Any]:
+    """The model's config.json (hardened reader: size cap, UTF-8, nesting limit); InputFileError if unusable."""
+    from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
+
     if path is None:
         return dict(DEFAULT_MODEL_CONFIG)
-    data = json.loads(Path(path).read_text())
+    data = load_json(path, max_bytes=MAX_CONFIG_BYTES, what="model config", follow_symlinks=True)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object (a HF config.json)")
+        raise InputFileError(path, 1, "expected a JSON object (a HF config.json)")
     return data
+
+
+def check_inputs(args) -> list[str]:
+    """One line per problem in the files the engine is given, before torch or LMCache sees them (LMCache
+    reads its YAML with no limits, so a bad file would otherwise hang it or end in a traceback)."""
+    from ..errors import ConfigError
+    from ..safeio import InputFileError
+    from . import check_lmcache_file
+
+    problems: list[str] = []
+    try:
+        load_model_config(args.model_config)
+    except InputFileError as exc:
+        problems.append(str(exc))
+    if args.lmcache_config and not args.no_kv_tier:
+        try:
+            check_lmcache_file(args.lmcache_config, LMCACHE_VERSION)
+        except ConfigError as exc:
+            problems.extend(str(i) for i in exc.issues)
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -432,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.host.startswith("127."):
         # The reference engine has no authentication: loopback only.
         print(f"{ENGINE_NAME}: --host must be a loopback address (127.0.0.0/8), got {args.host}", file=sys.stderr)
+        return 2
+    problems = check_inputs(args)
+    if problems:
+        for line in problems:
+            print(f"{ENGINE_NAME}: {line}", file=sys.stderr)
         return 2
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
