@@ -43,7 +43,7 @@ def drop_caches() -> bool:
 def start(work: Path, port: int, label: str):
     log = open(work / f"engine-{label}.log", "wb")
     env = dict(os.environ, PYTHONHASHSEED="0", PROMETHEUS_MULTIPROC_DIR=str(work / "prom"))
-    p = subprocess.Popen([sys.executable, "-m", "harness.node.cpu_reference", "--port", str(port),
+    p = subprocess.Popen([sys.executable, "-m", "harness.engines.cpu_reference", "--port", str(port),
                           "--model-config", str(work / "model.json"), "--lmcache-config", str(work / "lmcache.yaml")],
                          cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     for _ in range(600):

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.rigs import guest as G  # noqa: E402
 from harness.report.bundle import generate_keypair, load_private_key, verify_bundle  # noqa: E402
-from harness.cli.loopback import open_guest_transports, pick_target  # noqa: E402
+from harness.cli.loopback import pick_target  # noqa: E402
+from harness.rigs.guest import open_guest_transports  # noqa: E402
 from harness.config import load_config  # noqa: E402
 from harness.workloads import WORKLOADS  # noqa: E402
 from harness.parsers.fio import parse_fio_json  # noqa: E402

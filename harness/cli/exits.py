@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ..errors import BundleError, ConfigError, HarnessError
 from ..gates.verdict import Outcome
+from ..safeio import InputFileError
 
 EXIT_OK = 0
 EXIT_NO = 1
@@ -30,10 +31,11 @@ EXIT_FOR_OUTCOME = {
     Outcome.SKIPPED: EXIT_NO, Outcome.ERROR: EXIT_INFRA, Outcome.STOP: EXIT_STOP,
 }
 
-# Most specific first: a ConfigError and a BundleError are HarnessErrors too.
+# Most specific first: a ConfigError, a BundleError and an InputFileError are HarnessErrors too.
 EXIT_FOR_ERROR: tuple[tuple[type[BaseException], int], ...] = (
     (ConfigError, EXIT_INPUT),
     (BundleError, EXIT_INPUT),
+    (InputFileError, EXIT_INPUT),
     (HarnessError, EXIT_INFRA),
     (KeyboardInterrupt, EXIT_INTERRUPTED),
 )

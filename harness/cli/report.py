@@ -8,7 +8,6 @@ re-rendered) or the verdicts differ (the report says what differs); 2 usage / bu
 
 from __future__ import annotations
 
-import base64
 import filecmp
 import json
 import sys
@@ -17,8 +16,9 @@ from pathlib import Path
 from ..errors import BundleError
 from ..gates.reevaluate import reevaluate_bundle
 from ..paths import state_dir
-from ..report.bundle import (generate_keypair, key_fingerprint, load_public_key, open_bundle,
-                             verify_bundle)
+from ..report.bundle import (ENVELOPE, check_statement, generate_keypair, key_fingerprint, load_public_key,
+                             open_bundle, read_envelope, verify_bundle)
+from ..safeio import InputFileError, decode_utf8, parse_json
 from ..report.charts import compare_svg
 from ..report.compare import compare_predicates, outcome_changes, render_html, render_markdown
 from ..report.render import to_csv_bytes, write_reports
@@ -37,21 +37,30 @@ def cmd_verify(args) -> int:
         print(f"FAILED: {res.error}")
         return EXIT_NO
     pred = res.statement["predicate"]
-    print(f"OK {res.report_id}: signed by {res.signer} ({pred.get('signing_key', {}).get('kind', '?')} key), "
-          f"created {pred.get('created_utc')}, overall {pred.get('overall')}, "
+    # The predicate is signed, but what it holds beyond the checked shape is printed as data, never trusted
+    # to have the types this kvgate writes.
+    key = pred.get("signing_key")
+    print(f"OK {res.report_id}: signed by {res.signer} ({key.get('kind', '?') if isinstance(key, dict) else '?'} "
+          f"key), created {pred.get('created_utc')}, overall {pred.get('overall')}, "
           f"{len(res.statement['subject'])} files")
-    for v in pred.get("verdicts", []):
-        actual = "—" if v.get("actual") is None else f"{v['actual']:.4g} {v.get('unit', '')}".strip()
-        print(f"  {v['gate_id']}: {v['outcome']} {v['metric']} = {actual}")
-    for rid in pred.get("input_report_ids", []) if args.verbose else []:
+    verdicts = pred.get("verdicts")
+    for v in verdicts if isinstance(verdicts, list) else []:
+        if not isinstance(v, dict):
+            continue
+        a = v.get("actual")
+        actual = ("—" if a is None else f"{a:.4g} {v.get('unit', '')}".strip()
+                  if isinstance(a, (int, float)) and not isinstance(a, bool) else repr(a))
+        print(f"  {v.get('gate_id')}: {v.get('outcome')} {v.get('metric')} = {actual}")
+    inputs = pred.get("input_report_ids")
+    for rid in inputs if args.verbose and isinstance(inputs, list) else []:
         print(f"  input report: {rid}")
     return EXIT_OK
 
 
 def _envelope_keyid(d: Path) -> str | None:
     try:
-        return json.loads((d / "attestation.dsse.json").read_text())["signatures"][0]["keyid"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return read_envelope(d / ENVELOPE)[2][0].get("keyid")
+    except (InputFileError, IndexError):
         return None
 
 
@@ -125,9 +134,10 @@ def _predicate(d: Path, pubkey: str | None) -> tuple[dict, str, str | None]:
             raise _VerifyFailed(f"{d.name}: FAILED verification: {res.error}")
         return res.statement["predicate"], res.report_id, None
     try:
-        env = json.loads((d / "attestation.dsse.json").read_text())
-        st = json.loads(base64.b64decode(env["payload"]))
-    except (OSError, ValueError, KeyError) as exc:
+        payload = read_envelope(d / ENVELOPE)[1]
+        st = parse_json(decode_utf8(payload, f"{ENVELOPE} payload"), f"{ENVELOPE} payload")
+        check_statement(st, f"{ENVELOPE} payload")
+    except InputFileError as exc:
         raise BundleError(f"{d}: not a kvgate bundle: {exc}") from None
     rid = st["predicate"].get("report_id", d.name)
     return st["predicate"], rid, f"{rid} is NOT verified ({how})"

@@ -80,6 +80,17 @@ class Target(Strict):
             raise ValueError(f"invalid target name {v!r} (expected letters, digits, . _ -)")
         return v
 
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        # Nothing connects to a remote NVMe-oF subsystem and finds its /dev/nvmeXnY yet (the NVMe-oF issue
+        # builds it); accepting the kind would measure whatever path or work directory the target falls back to.
+        if v == "nvmeof":
+            raise ValueError("kind 'nvmeof' is not supported yet: kvgate cannot connect to an NVMe-oF subsystem "
+                             "and find its device (expected file, directory, block or nvmeof-loopback; for a "
+                             "namespace already connected, declare kind: block with its /dev path)")
+        return v
+
     @field_validator("size_bytes", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
@@ -136,6 +147,10 @@ class Node(Strict):
     identity_file: str | None = None
     proxy_jump: str | None = None
     work_dir: str = "/tmp/kvgate-work"
+    # The interpreter of the node's engine environment (a venv with torch/LMCache/vLLM), used by the
+    # engine workloads when the gate does not name one; default: kvgate's own interpreter on a local
+    # node, python3 on an SSH node.
+    engine_python: str | None = None
     gpus: list[Gpu] = Field(default_factory=list)
     read_streams: int | None = Field(default=None, ge=1, le=1024)
     nics: list[Nic] = Field(default_factory=list)

@@ -9,8 +9,8 @@ A params file that sets an input a bundle measures is an error, never a silent o
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,10 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from ..config.yamlload import LineIndex, load_yaml, validate
 from ..engines.kv import ArchError, ModelArch, arch_from_config
 from ..errors import BundleError, ConfigError, ConfigIssue
+from ..gates.verdict import Verdict
 from ..report.bundle import open_bundle, verify_bundle
+from ..safeio import (MAX_CONFIG_BYTES, MAX_JSON_BYTES, InputFileError, check_keys, decode_utf8, json_type, key_line,
+                      parse_json, read_bytes, read_text)
 from ..units import UnitError, parse_quantity
 from . import model as cost
 
@@ -299,13 +302,10 @@ def _json_key_line(text: str, key: str) -> int:
 def load_model_arch(config_path: Path, kv_dtype: str | None) -> ModelArch:
     """Read a config.json into a :class:`harness.engines.kv.ModelArch`; errors name the file and line of the key."""
     try:
-        text = config_path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([ConfigIssue(str(config_path), 1, "", f"cannot read model config: {exc.strerror}")])
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError([ConfigIssue(str(config_path), exc.lineno, "", f"invalid JSON: {exc.msg}")]) from None
+        text = read_text(config_path, max_bytes=MAX_CONFIG_BYTES, what="model config")
+        data = parse_json(text, str(config_path))
+    except InputFileError as exc:
+        raise ConfigError([ConfigIssue(str(config_path), exc.line, "", f"model config: {exc.message}")]) from None
     if not isinstance(data, dict):
         raise ConfigError([ConfigIssue(str(config_path), 1, "", "expected a JSON object")])
     try:
@@ -409,6 +409,30 @@ def resolve(
 # --------------------------------------------------------------------------- bundles
 
 
+# What the runner writes into verdicts.json, and into each of its verdicts (harness.gates.verdict.Verdict); a
+# key outside these is refused rather than ignored, so a misspelt measurement is never silently dropped.
+SUMMARY_KEYS = frozenset({"suite", "overall", "verdicts", "run"})
+VERDICT_KEYS = frozenset(f.name for f in dataclasses.fields(Verdict))
+
+
+def read_verdicts(raw: bytes, name: str) -> dict[str, Any]:
+    """A bundle's verdicts.json (bytes already digest-checked): UTF-8, strict JSON, the shape the runner
+    writes. InputFileError naming ``name`` and the line where there is one."""
+    text = decode_utf8(raw, name)
+    data = parse_json(text, name)
+    check_keys(data, SUMMARY_KEYS, name, "verdicts.json", text, root=True)
+    verdicts = data.get("verdicts")
+    if not isinstance(verdicts, list):
+        raise InputFileError(name, key_line(text, "verdicts"), f"verdicts: expected an array, got {json_type(verdicts)}")
+    for i, v in enumerate(verdicts):
+        check_keys(v, VERDICT_KEYS, name, f"verdicts[{i}]", text)
+        for key, kinds in (("gate_id", (str,)), ("metric", (str,)), ("outcome", (str,)), ("metrics", (dict, type(None))),
+                           ("evidence", (dict, type(None))), ("actual", (int, float, type(None)))):
+            if key in v and (not isinstance(v[key], kinds) or isinstance(v[key], bool)):
+                raise InputFileError(name, key_line(text, key), f"verdicts[{i}].{key}: unexpected {json_type(v[key])}")
+    return data
+
+
 def measured_from_bundle(bundle_path: str | Path, pubkey_path: str | Path) -> list[MeasuredInput]:
     """Verify a report bundle (directory or .tar.gz) and return the cost inputs its verdicts.json measured.
 
@@ -428,17 +452,22 @@ def measured_from_bundle(bundle_path: str | Path, pubkey_path: str | Path) -> li
             digests = {s["name"]: s["digest"]["sha256"] for s in result.statement.get("subject", [])}
             if "verdicts.json" not in digests:
                 raise BundleError(f"{bundle_path}: refused: {result.report_id} holds no verdicts.json")
-            raw = (root / "verdicts.json").read_bytes()
+            try:
+                raw = read_bytes(root / "verdicts.json", max_bytes=MAX_JSON_BYTES, what="verdicts file",
+                                 follow_symlinks=False, display_name="verdicts.json")
+            except InputFileError as exc:
+                raise BundleError(f"{bundle_path}: refused: {exc}") from None
             if hashlib.sha256(raw).hexdigest() != digests["verdicts.json"]:
                 raise BundleError(f"{bundle_path}: refused: verdicts.json changed after verification")
     except BundleError as exc:  # an unreadable archive is refused like a bundle that does not verify
-        raise BundleError(str(exc) if "refused" in str(exc) else f"refused: {exc}") from None
+        msg = str(exc)
+        if ": refused: " in msg:
+            raise
+        raise BundleError(f"{bundle_path}: refused: {msg.removeprefix(f'{bundle_path}: ')}") from None
     try:
-        verdicts = json.loads(raw)
-    except ValueError as exc:
-        raise BundleError(f"{bundle_path}: verdicts.json is not JSON: {exc}") from None
-    if not isinstance(verdicts, Mapping):
-        raise BundleError(f"{bundle_path}: verdicts.json is not a JSON object")
+        verdicts = read_verdicts(raw, "verdicts.json")
+    except InputFileError as exc:
+        raise BundleError(f"{bundle_path}: refused: {result.report_id} {exc}") from None
     found = extract_measured(verdicts, result.report_id)
     if not found:
         gates = ", ".join(f"{v.get('gate_id')} {v.get('metric')} {v.get('outcome')}"

@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from ..config.yamlload import load_yaml
 from ..errors import ConfigError, ConfigIssue
 
 
@@ -152,6 +153,16 @@ def lmcache_config(settings: LMCacheSettings, values: dict[str, Any]) -> dict[st
             return [fill(x, where) for x in v]
         return v
     return {k: fill(v, f"lmcache.{k}") for k, v in settings.config.items()}
+
+
+def check_lmcache_file(path: str | Path, version: str) -> dict[str, Any]:
+    """Load an LMCache YAML file as an engine is given it and check it for ``version``; every problem
+    (unreadable, not YAML, an alias bomb, unknown keys, wrong types) is a ConfigError naming FILE:LINE."""
+    data, index = load_yaml(path)
+    issues = check_lmcache_config(data, version)
+    if issues:
+        raise ConfigError([index.issue(tuple(p), m) for p, m in issues])
+    return data
 
 
 def write_lmcache_yaml(settings: LMCacheSettings, values: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -48,8 +48,8 @@ class EngineProfile(_Strict):
     ready_timeout_s: float = Field(default=600.0, gt=0)
     hit_metrics: HitMetrics
     lmcache: LMCacheSettings | None = None
-    # A program of harness/node/ that kvgate puts into the run directory on the node before the launch; the
-    # argv names it as {program} (the engine then needs its own packages on the node, not kvgate).
+    # A program of harness/engines/ (e.g. cpu_reference.py) that kvgate puts into the run directory on the node
+    # before the launch; the argv names it as {program} (the engine then needs its own packages, not kvgate).
     program: str | None = None
     tokenizer: str | None = None  # local tokenizer.json (or its directory): G2 then sends text prompts
     notes: str = ""
@@ -70,6 +70,14 @@ class _SamplePaths(dict):
         return "/kvgate-sample"
 
 
+def program_file(name: str) -> Path:
+    """The file of an engine program a profile names (``program:``), to put on a node."""
+    path = Path(__file__).resolve().parent / name
+    if path.suffix != ".py" or path.parent != Path(__file__).resolve().parent or not path.is_file():
+        raise ValueError(f"no engine program {name!r} in harness/engines/")
+    return path
+
+
 def list_profiles(directory: Path | None = None) -> list[str]:
     directory = directory or data_path("workloads", "engines")
     return sorted(p.stem for p in directory.glob("*.yaml"))
@@ -82,7 +90,7 @@ def load_profile(name_or_path: str | Path, directory: Path | None = None) -> Eng
     p = Path(name_or_path)
     if not p.suffix:
         p = directory / f"{name_or_path}.yaml"
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():  # a symlink loop is reported by load_yaml, as such
         raise ConfigError(ConfigIssue(str(p), None, "", f"no engine profile {str(name_or_path)!r} "
                                       f"(known: {', '.join(list_profiles(directory)) or 'none'})"))
     data, index = load_yaml(p)

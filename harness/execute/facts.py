@@ -10,7 +10,7 @@ recorded in the file's ``errors``; a provenance tool that is not installed is re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..parsers.blockdev import LSBLK_ARGV, parse_lsblk
@@ -84,13 +84,21 @@ def _absent(r) -> bool:
     return r.rc == 127 or (r.rc is None and "No such file" in (r.error or ""))
 
 
-def collect_node_facts(transport, steps) -> dict[str, dict[str, Any]]:
+def node_facts(engine_python: str | None = None) -> tuple[Fact, ...]:
+    """The facts of one node: :data:`FACTS`, with the engine versions read by the node's engine interpreter
+    (inventory ``engine_python``) when it has one."""
+    if not engine_python:
+        return FACTS
+    return tuple(replace(f, argv=(engine_python,) + VERSIONS_ARGV[1:]) if f.key == "versions" else f for f in FACTS)
+
+
+def collect_node_facts(transport, steps, engine_python: str | None = None) -> dict[str, dict[str, Any]]:
     """Run every fact's command as a logged step and parse what it printed; failures become data.
 
     Returns ``{"snapshot": {...}, "provenance": {...}}``, the two files of ``nodes/NAME/``."""
     out: dict[str, dict[str, Any]] = {"snapshot": {"node": transport.name, "errors": {}},
                                       "provenance": {"node": transport.name, "errors": {}, "absent": []}}
-    for fact in FACTS:
+    for fact in node_facts(engine_python):
         rec = out[fact.file]
         r = steps.run(transport, f"{fact.file}-{fact.key}", fact.argv, timeout_s=fact.timeout_s)
         if fact.optional_tool and _absent(r):

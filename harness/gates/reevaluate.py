@@ -12,7 +12,6 @@ Other workloads add a re-deriver with ``@rederiver("workload-name")``: ``fn(gate
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Callable
 from ..config import load_config
 from ..errors import ConfigError, HarnessError
 from ..parsers.fio import parse_fio_json
+from ..safeio import MAX_JSON_BYTES, InputFileError, check_keys, json_type, key_line, parse_json, read_text
 from ..workloads import WORKLOADS
 from ..workloads.base import RecordedEvidence, WorkloadResult
 from ..workloads.fio_read import cold_invalid_reason, read_metrics
@@ -101,14 +101,36 @@ def compare_verdicts(signed: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return diffs
 
 
-def _read_json(p: Path) -> Any:
-    return json.loads(p.read_text())
+# What the runner writes into gates/<gate>/result.json; anything else is refused, not silently ignored.
+RESULT_KEYS = frozenset({"metrics", "evidence", "invalid_reason", "error", "started_unix_s", "finished_unix_s"})
+
+
+def read_result(p: Path, name: str) -> dict[str, Any]:
+    """A gate's result.json through the hardened JSON reader, checked for the shape the runner writes;
+    InputFileError naming ``name`` (and the line) otherwise."""
+    text = read_text(p, max_bytes=MAX_JSON_BYTES, what="result file", follow_symlinks=False, display_name=name)
+    result = parse_json(text, name)
+    check_keys(result, RESULT_KEYS, name, "result", text, root=True)
+    for key, kinds, want in (("metrics", (dict, type(None)), "an object"), ("evidence", (dict, type(None)), "an object"),
+                             ("invalid_reason", (str, type(None)), "a string"), ("error", (str, type(None)), "a string")):
+        if not isinstance(result.get(key), kinds):
+            raise InputFileError(name, key_line(text, key), f"{key}: expected {want} or null, "
+                                                            f"got {json_type(result[key])}")
+    for k, v in (result.get("metrics") or {}).items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InputFileError(name, key_line(text, k), f"metrics.{k}: expected a number, got {json_type(v)}")
+    return result
 
 
 def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reevaluation:
     """Re-evaluate every gate of the bundle's suite from its raw files and compare with ``predicate``."""
     bundle_dir = Path(bundle_dir)
-    signed_by_id = {v["gate_id"]: v for v in predicate.get("verdicts", [])}
+    verdicts = predicate.get("verdicts")
+    if not isinstance(verdicts, list) or not all(isinstance(v, dict) and isinstance(v.get("gate_id"), str)
+                                                 for v in verdicts):
+        msg = "the signed predicate's verdicts are not a list of verdict objects with a gate_id"
+        return Reevaluation([], predicate.get("overall"), None, [msg])
+    signed_by_id = {v["gate_id"]: v for v in verdicts}
     try:
         cfg = load_config(bundle_dir / "config" / "inventory.yaml", bundle_dir / "config" / "gates.yaml", WORKLOADS)
     except ConfigError as exc:
@@ -133,7 +155,7 @@ def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reev
             source = "not run"
         else:
             try:
-                result = _read_json(result_path)
+                result = read_result(result_path, f"gates/{gate.id}/result.json")
                 metrics = {k: float(x) for k, x in (result.get("metrics") or {}).items()}
                 invalid = result.get("invalid_reason")
                 error = result.get("error")
@@ -147,7 +169,7 @@ def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reev
                 v = Verdict(gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
                             stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, actual=None,
                             unit=unit, outcome=Outcome.ERROR, reason=f"raw data could not be re-evaluated: {exc}")
-                source = "unreadable raw data"
+                source = f"unreadable raw data: {' '.join(str(exc).split())}"
         new_verdicts.append(v)
         if v.outcome is Outcome.STOP:
             stop_at = gate.id
@@ -175,7 +197,8 @@ def _fio_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str
     nodes = sorted((ev.get("nodes") or {}).keys()) or sorted(p.parent.name for p in gate_dir.glob("*/fio.json"))
     per_node: dict[str, list[float]] = {}
     for node in nodes:
-        raw = (gate_dir / node / "fio.json").read_text()
+        raw = read_text(gate_dir / node / "fio.json", max_bytes=MAX_JSON_BYTES, what="fio output",
+                        follow_symlinks=False, display_name=f"gates/{gate_dir.name}/{node}/fio.json")
         run = parse_fio_json(raw)
         if not run.groups:
             raise HarnessError(f"{gate_dir.name}/{node}/fio.json: fio reported no jobs")

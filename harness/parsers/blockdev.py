@@ -70,27 +70,57 @@ def parse_blkid_export(text: str) -> dict[str, str]:
     return out
 
 
+def _mounted(device: BlockDevice) -> str | None:
+    if device.mountpoint:
+        return f"{device.path} is mounted at {device.mountpoint}"
+    for child in device.children:
+        hit = _mounted(child)
+        if hit:
+            return hit
+    return None
+
+
+def holdings(device: BlockDevice, probe: dict[str, str]) -> list[str]:
+    """What the device holds: filesystem, partition table (lsblk, else blkid -p), partitions or holders."""
+    fstype = device.fstype or probe.get("TYPE")
+    pttype = device.pttype or probe.get("PTTYPE")
+    out = []
+    if fstype:
+        out.append(f"filesystem {fstype}")
+    if pttype:
+        out.append(f"partition table {pttype}")
+    if device.children:
+        out.append("partitions or holders (" + ", ".join(c.name for c in device.children) + ")")
+    return out
+
+
 def write_allowed(device: BlockDevice | None, probe: dict[str, str], allow_destructive: bool,
                   serial: str | None) -> tuple[bool, str]:
-    """May kvgate write to this device? ``probe`` is the parsed blkid output. Returns (allowed, reason)."""
+    """May kvgate write to this device? ``probe`` is the parsed blkid output; ``device.serial`` is the
+    device's serial as kvgate resolved it. Returns (allowed, reason naming the device and what it holds).
+
+    Never a read-only or mounted device; never a device whose serial differs from a serial the target
+    names; a device that holds a filesystem, partition table, partitions or holders only with
+    ``allow_destructive`` and the matching serial."""
     if device is None:
         return False, "device not found in lsblk output"
     if device.ro:
         return False, f"{device.path} is read-only"
-    fstype = device.fstype or probe.get("TYPE")
-    pttype = device.pttype or probe.get("PTTYPE")
-    if not (fstype or pttype or device.children or device.mountpoint):
-        return True, f"{device.path} holds no partition table, filesystem or mount"
-    what = ", ".join(x for x in (
-        f"filesystem {fstype}" if fstype else "",
-        f"partition table {pttype}" if pttype else "",
-        "partitions" if device.children else "",
-        f"mounted at {device.mountpoint}" if device.mountpoint else "",
-    ) if x)
+    mounted = _mounted(device)
+    if mounted:
+        return False, f"{mounted}; kvgate never writes to a mounted device"
+    held = holdings(device, probe)
+    what = ", ".join(held)
+    if serial and serial != device.serial:
+        has = f"serial {device.serial!r}" if device.serial else "no serial"
+        return False, (f"{device.path} ({'holds ' + what if held else 'blank'}) has {has}, not the target's "
+                       f"serial {serial!r}: the target does not name this device")
+    if not held:
+        return True, f"{device.path} holds no partition table, filesystem, partitions or mount"
     if not allow_destructive:
         return False, f"{device.path} holds {what}; set allow_destructive: true and serial to overwrite it"
-    if not serial or serial != device.serial:
-        return False, f"{device.path} holds {what} and its serial {device.serial!r} does not match the target's {serial!r}"
+    if not serial:
+        return False, f"{device.path} holds {what}; allow_destructive needs the device's serial as well"
     return True, f"{device.path} holds {what}; allowed by allow_destructive with matching serial {serial}"
 
 

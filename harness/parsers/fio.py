@@ -109,9 +109,12 @@ def _extract_json(text: str) -> dict:
     if start < 0:
         raise WorkloadError("fio printed no JSON (see its stderr)")
     try:
-        return json.loads(text[start:])
-    except json.JSONDecodeError as exc:
+        d = json.loads(text[start:])
+    except (ValueError, RecursionError) as exc:
         raise WorkloadError(f"fio JSON is malformed: {exc}") from None
+    if not isinstance(d, dict):
+        raise WorkloadError("fio JSON is not an object")
+    return d
 
 
 def parse_fio_json(text: str) -> FioRun:
@@ -121,11 +124,17 @@ def parse_fio_json(text: str) -> FioRun:
     summed here (bandwidth adds up across concurrent jobs; runtime is the longest).
     """
     d = _extract_json(text)
+    if not isinstance(d.get("jobs"), list):
+        raise WorkloadError("fio JSON has no 'jobs'")
     try:
-        jobs = d["jobs"]
-        version = d.get("fio version", "")
-    except (KeyError, TypeError):
-        raise WorkloadError("fio JSON has no 'jobs'") from None
+        return _fold_groups(d)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # fio's own output always has these fields; anything else is not fio output
+        raise WorkloadError(f"fio JSON has an unexpected shape: {type(exc).__name__}: {exc}") from None
+
+
+def _fold_groups(d: dict[str, Any]) -> FioRun:
+    jobs, version = d["jobs"], d.get("fio version", "")
     by_group: dict[int, list[dict]] = {}
     for j in jobs:
         by_group.setdefault(int(j.get("groupid", 0)), []).append(j)

@@ -15,18 +15,22 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ..errors import BundleError
+from ..safeio import (MAX_JSON_BYTES, MAX_KEY_BYTES, InputFileError, check_keys, decode_utf8, json_type, key_line,
+                      parse_json, read_bytes, read_text)
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -58,10 +62,17 @@ def generate_keypair(prefix: str | Path) -> tuple[Path, Path]:
     return key_path, pub_path
 
 
+def _read_key(path: str | Path) -> bytes:
+    try:
+        return read_bytes(path, max_bytes=MAX_KEY_BYTES, what="key file")
+    except InputFileError as exc:
+        raise BundleError(str(exc)) from None
+
+
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
     try:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as exc:
+        key = serialization.load_pem_private_key(_read_key(path), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise BundleError(f"{path}: not a readable unencrypted PEM private key: {exc}") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise BundleError(f"{path}: expected an Ed25519 key")
@@ -70,8 +81,8 @@ def load_private_key(path: str | Path) -> Ed25519PrivateKey:
 
 def load_public_key(path: str | Path) -> Ed25519PublicKey:
     try:
-        key = serialization.load_pem_public_key(Path(path).read_bytes())
-    except (OSError, ValueError) as exc:
+        key = serialization.load_pem_public_key(_read_key(path))
+    except (ValueError, UnsupportedAlgorithm) as exc:
         raise BundleError(f"{path}: not a readable PEM public key: {exc}") from None
     if not isinstance(key, Ed25519PublicKey):
         raise BundleError(f"{path}: expected an Ed25519 public key")
@@ -235,12 +246,73 @@ def open_bundle(path: str | Path) -> Iterator[Path]:
         try:
             with tarfile.open(path, "r:gz") as tf:
                 tf.extractall(td, filter="data")
-        except (tarfile.TarError, OSError, EOFError) as exc:
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             raise BundleError(f"{path}: not a readable bundle archive: {exc}") from None
         entries = list(Path(td).iterdir())
         if len(entries) != 1 or not entries[0].is_dir():
             raise BundleError(f"{path}: archive must hold exactly one bundle directory")
         yield entries[0]
+
+
+ENVELOPE_KEYS = frozenset({"payloadType", "payload", "signatures"})
+SIGNATURE_KEYS = frozenset({"keyid", "sig"})
+STATEMENT_KEYS = frozenset({"_type", "subject", "predicateType", "predicate"})
+
+
+def read_envelope(env_path: Path) -> tuple[str, bytes, list[dict[str, str]]]:
+    """(payloadType, payload bytes, signatures) of a DSSE envelope, read with the hardened JSON reader
+    (no symlink, size cap, UTF-8, no duplicate keys) and checked key by key; InputFileError otherwise."""
+    text = read_text(env_path, max_bytes=MAX_JSON_BYTES, what="envelope", follow_symlinks=False,
+                     display_name=ENVELOPE)
+    env = parse_json(text, ENVELOPE)
+    check_keys(env, ENVELOPE_KEYS, ENVELOPE, "envelope", text, root=True)
+    missing = sorted(ENVELOPE_KEYS - set(env))
+    if missing:
+        raise InputFileError(ENVELOPE, None, f"envelope: required key {missing[0]!r} is missing")
+    for key, want in (("payloadType", str), ("payload", str), ("signatures", list)):
+        if not isinstance(env[key], want):
+            raise InputFileError(ENVELOPE, key_line(text, key), f"envelope: {key} must be a JSON "
+                                                 f"{'string' if want is str else 'array'}, got {json_type(env[key])}")
+    for i, sig in enumerate(env["signatures"]):
+        check_keys(sig, SIGNATURE_KEYS, ENVELOPE, f"signatures[{i}]", text)
+        if not isinstance(sig.get("sig"), str) or not isinstance(sig.get("keyid", ""), str):
+            raise InputFileError(ENVELOPE, None, f"signatures[{i}]: sig and keyid must be strings")
+    try:
+        payload = base64.b64decode(env["payload"], validate=True)
+    except ValueError as exc:
+        raise InputFileError(ENVELOPE, None, f"envelope: payload is not base64: {exc}") from None
+    return env["payloadType"], payload, env["signatures"]
+
+
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def check_statement(st: Any, name: str) -> None:
+    """The shape kvgate signs: an in-toto Statement v1 whose subjects are relative paths inside the bundle
+    with sha256 digests, and a predicate object with ``created_utc``. InputFileError naming the first misfit."""
+    check_keys(st, STATEMENT_KEYS, name, "statement", root=True)
+    if st.get("_type") != STATEMENT_TYPE or st.get("predicateType") != PREDICATE_TYPE:
+        raise InputFileError(name, None, f"statement: _type / predicateType are not {STATEMENT_TYPE} / "
+                                         f"{PREDICATE_TYPE}")
+    subjects, pred = st.get("subject"), st.get("predicate")
+    if not isinstance(subjects, list):
+        raise InputFileError(name, None, f"statement: subject must be an array, got {json_type(subjects)}")
+    seen: set[str] = set()
+    for i, sub in enumerate(subjects):
+        check_keys(sub, {"name", "digest"}, name, f"subject[{i}]")
+        rel, digest = sub.get("name"), sub.get("digest")
+        parts = rel.split("/") if isinstance(rel, str) else []
+        if not parts or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or rel == ENVELOPE:
+            raise InputFileError(name, None, f"subject[{i}]: name {rel!r} is not a relative path inside the bundle")
+        if rel in seen:
+            raise InputFileError(name, None, f"subject[{i}]: {rel} is listed twice")
+        seen.add(rel)
+        check_keys(digest, {"sha256"}, name, f"subject[{i}].digest")
+        h = digest.get("sha256")
+        if not isinstance(h, str) or len(h) != 64 or not set(h) <= _SHA256_HEX:
+            raise InputFileError(name, None, f"subject[{i}]: digest.sha256 is not 64 lowercase hex digits")
+    if not isinstance(pred, dict) or not isinstance(pred.get("created_utc"), str):
+        raise InputFileError(name, None, "statement: predicate must be an object with created_utc")
 
 
 @dataclass(frozen=True)
@@ -262,42 +334,41 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
     path = Path(path)
     if public_key is None:
         public_key = load_public_key(pubkey_path)  # type: ignore[arg-type]
-    if path.is_file():
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         try:
             with open_bundle(path) as d:
                 return verify_bundle(d, public_key=public_key)
         except BundleError as exc:
             return _fail(str(exc))
     env_path = path / ENVELOPE
-    if not env_path.is_file():
+    if not env_path.exists() and not env_path.is_symlink():
         return _fail(f"{env_path}: missing (not a kvgate bundle)")
     try:
-        envelope = json.loads(env_path.read_text())
-        payload = base64.b64decode(envelope["payload"], validate=True)
-        sigs = envelope["signatures"]
-        ptype = envelope["payloadType"]
-    except (ValueError, KeyError, TypeError) as exc:
-        return _fail(f"{ENVELOPE}: malformed envelope: {exc}")
+        ptype, payload, sigs = read_envelope(env_path)
+    except InputFileError as exc:
+        return _fail(str(exc))
     if ptype != PAYLOAD_TYPE:
         return _fail(f"{ENVELOPE}: unexpected payloadType {ptype!r}")
     fp = key_fingerprint(public_key)
     good = False
-    for s in sigs if isinstance(sigs, list) else []:
+    for s in sigs:
         try:
             public_key.verify(base64.b64decode(s["sig"], validate=True), pae(ptype, payload))
             good = True
             break
-        except (InvalidSignature, ValueError, KeyError, TypeError):
+        except (InvalidSignature, ValueError):
             continue
     if not good:
         return _fail(f"{ENVELOPE}: signature does not verify with key {fp}")
+    name = f"{ENVELOPE} payload"
     try:
-        statement = json.loads(payload)
+        statement = parse_json(decode_utf8(payload, name), name)
+        check_statement(statement, name)
         subjects = statement["subject"]
         pred = statement["predicate"]
         report_id = report_id_for(evidence_digest(subjects, pred), pred["created_utc"])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        return _fail(f"{ENVELOPE}: malformed statement: {exc}")
+    except InputFileError as exc:
+        return _fail(f"malformed statement: {exc}")
     if pred.get("report_id") != report_id:
         return _fail(f"{ENVELOPE}: report ID {pred.get('report_id')!r} does not match the statement digest "
                      f"({report_id})", report_id, statement)
@@ -308,9 +379,17 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
         return _fail(str(exc), report_id, statement)
     for rel in sorted(expected):
         p = path / rel
-        if not p.is_file():
+        try:
+            mode = p.lstat().st_mode
+        except OSError:
             return _fail(f"{rel}: missing from bundle", report_id, statement)
-        if sha256_file(p) != expected[rel]:
+        if not stat.S_ISREG(mode):
+            return _fail(f"{rel}: not a regular file (a signed subject is a file)", report_id, statement)
+        try:
+            digest = sha256_file(p)
+        except OSError as exc:
+            return _fail(f"{rel}: cannot read: {exc.strerror or exc}", report_id, statement)
+        if digest != expected[rel]:
             return _fail(f"{rel}: sha256 does not match the signed statement", report_id, statement)
     extra = sorted(set(present) - set(expected))
     if extra:

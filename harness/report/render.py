@@ -36,6 +36,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from ..paths import data_path
+from ..safeio import MAX_JSON_BYTES, InputFileError, load_json, read_bytes
 from ..units import UnitError, parse_quantity, parse_threshold
 from ..workloads.base import ChartInputs
 from . import charts as rc
@@ -164,19 +165,23 @@ def fio_job_rows(text: str, node: str) -> list[dict[str, Any]]:
         return []
     try:
         d = json.loads(text[start:])
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return []
+    jobs = d.get("jobs") if isinstance(d, dict) else None
     rows = []
-    for j in d.get("jobs", []):
-        rd = j.get("read") or {}
-        pct = (rd.get("clat_ns") or {}).get("percentile") or {}
-        rows.append({
-            "node": node, "jobname": j.get("jobname"), "groupid": j.get("groupid"), "error": j.get("error", 0),
-            "read_gb_s": float(rd.get("bw_bytes", 0)) / 1e9, "read_bytes": int(rd.get("io_bytes", 0)),
-            "read_iops": float(rd.get("iops", 0.0)), "runtime_ms": int(rd.get("runtime", 0)),
-            "clat_p50_us": pct["50.000000"] / 1e3 if "50.000000" in pct else None,
-            "clat_p99_us": pct["99.000000"] / 1e3 if "99.000000" in pct else None,
-        })
+    for j in jobs if isinstance(jobs, list) else []:
+        try:
+            rd = j.get("read") or {}
+            pct = (rd.get("clat_ns") or {}).get("percentile") or {}
+            rows.append({
+                "node": node, "jobname": j.get("jobname"), "groupid": j.get("groupid"), "error": j.get("error", 0),
+                "read_gb_s": float(rd.get("bw_bytes", 0)) / 1e9, "read_bytes": int(rd.get("io_bytes", 0)),
+                "read_iops": float(rd.get("iops", 0.0)), "runtime_ms": int(rd.get("runtime", 0)),
+                "clat_p50_us": pct["50.000000"] / 1e3 if "50.000000" in pct else None,
+                "clat_p99_us": pct["99.000000"] / 1e3 if "99.000000" in pct else None,
+            })
+        except (AttributeError, TypeError, ValueError):
+            continue  # not fio's shape: the table shows the jobs that have it
     return rows
 
 
@@ -271,7 +276,12 @@ def gate_tables(verdict: dict[str, Any], gate_dir: Path | None) -> dict[str, pd.
     if gate_dir is not None and gate_dir.is_dir():
         jobs = []
         for fio in sorted(gate_dir.glob("*/fio.json")):
-            jobs += fio_job_rows(fio.read_text(errors="replace"), fio.parent.name)
+            try:
+                text = read_bytes(fio, max_bytes=MAX_JSON_BYTES, what="fio output",
+                                  follow_symlinks=False).decode(errors="replace")
+            except InputFileError:
+                continue  # re-evaluation reports it; the report shows what is readable
+            jobs += fio_job_rows(text, fio.parent.name)
         if jobs:
             out["jobs"] = _ordered_frame(jobs, ("node", "jobname", "groupid"))
     return out
@@ -328,11 +338,13 @@ def gate_charts(verdict: dict[str, Any], gate_dir: Path | None = None) -> dict[s
 # --------------------------------------------------------------------------- provenance
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from the bundle, or None when the file is absent or unusable (hardened reader)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        d = load_json(path)
+    except InputFileError:
         return None
+    return d if isinstance(d, dict) else None
 
 
 def node_provenance(bundle_dir: Path) -> list[dict[str, Any]]:

@@ -52,6 +52,9 @@ HOST_BINARIES = {
     "/usr/sbin/sshd": "openssh-server",
     "/usr/lib/openssh/sftp-server": "openssh-sftp-server",
     "/usr/bin/kmod": "kmod",
+    # the write guard (harness.writeguard) inspects a backing device with lsblk and blkid -p before writing
+    "/usr/bin/lsblk": "util-linux",
+    "/usr/sbin/blkid": "util-linux",
 }
 # Host tools the build itself runs, and the package that provides each.
 BUILD_TOOLS = {
@@ -69,7 +72,7 @@ BUILD_TOOLS = {
 }
 KMOD_LINKS = ("modprobe", "insmod", "rmmod", "lsmod", "depmod", "modinfo")
 # busybox applets never linked: real tools replace them, or (mke2fs) they shadow real ones.
-BUSYBOX_SKIP = set(KMOD_LINKS) | {"mke2fs", "mkfs.ext2", "init", "linuxrc"}
+BUSYBOX_SKIP = set(KMOD_LINKS) | {"mke2fs", "mkfs.ext2", "init", "linuxrc", "blkid", "lsblk"}
 
 GUEST_HOSTNAME = "kvgate-guest"
 READY_MARKER = "KVGATE-GUEST-READY"

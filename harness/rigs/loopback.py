@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import HarnessError
 from ..parsers import nvme as P
+from ..writeguard import CREATED_SUFFIX, WriteDecision, check_write
 
 Runner = Callable[[str, Sequence[str], float | None], Any]  # returns a CommandResult
 
@@ -33,7 +34,6 @@ DEFAULT_SIZE_BYTES = 256 * 1024 * 1024
 INTEGRITY_CHUNK = 65536
 INTEGRITY_LEN_BYTES = 1024 * 1024
 TARGET_MODULES = ("nvmet", "nvmet-tcp", "nvme-tcp")
-CREATED_SUFFIX = ".kvgate-created"  # marks a backing file kvgate created (and may therefore delete)
 
 
 class LoopbackError(HarnessError):
@@ -60,6 +60,7 @@ class LoopbackSpec:
     nsid: int = 1
     link_path: str | None = None
     allow_destructive: bool = False
+    serial: str | None = None  # the backing device's serial (see harness.writeguard), checked before writes
 
     def __post_init__(self):
         if self.transport != "tcp":
@@ -114,6 +115,7 @@ class LoopbackSpec:
             transport=target.transport or "tcp", backing=target.backing or "null_blk",
             backing_path=target.backing_path, size_bytes=target.size_bytes or DEFAULT_SIZE_BYTES,
             link_path=target.path, allow_destructive=bool(target.allow_destructive),
+            serial=getattr(target, "serial", None),
         )
 
 
@@ -449,6 +451,7 @@ class IntegrityResult:
     checks: tuple[IntegrityCheck, ...]
     device: str
     backing_device: str
+    write_guard: WriteDecision | None = None  # the guard's decision on the backing, when a write was wanted
 
     @property
     def ok(self) -> bool:
@@ -465,7 +468,8 @@ class IntegrityResult:
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "device": self.device, "backing_device": self.backing_device,
                 "mismatched_bytes": self.mismatched_bytes, "checked_bytes": self.checked_bytes,
-                "checks": [dict(c.__dict__, ok=c.ok) for c in self.checks]}
+                "checks": [dict(c.__dict__, ok=c.ok) for c in self.checks],
+                "write_guard": self.write_guard.as_dict() if self.write_guard else None}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -523,7 +527,10 @@ class Loopback:
     def probe(self) -> LoopbackState:
         outputs = {}
         for name, argv in probe_commands(self.spec).items():
-            res = self.run(f"probe-{name}", argv, 60)
+            res = self.run(f"probe-{name}", argv, 120)
+            if res.timed_out or res.error:
+                # Not "absent": a probe that did not answer (a loaded node) must not become a plan.
+                raise LoopbackError(f"probe {name} did not answer: {res.summary()}")
             outputs[name] = (res.rc, res.stdout)
         return parse_state(outputs)
 
@@ -571,12 +578,26 @@ class Loopback:
             return LoopbackResult(summarize(self.spec, st), records,
                                   error=f"no /dev/nvme*n{self.spec.nsid} for {self.spec.nqn} after {wait_s:.0f} s")
         self._execute(plan_link(self.spec, st), records, stop_on_error=False)
+        # Every layer must be there before `up` says so: on a loaded node the controller can still be
+        # connecting (or resetting) when the device node appears.
+        deadline = self.clock() + wait_s
         st = self.probe()
-        result = LoopbackResult(summarize(self.spec, st), records)
+        summary = summarize(self.spec, st)
+        while summary["state"] != "up" and self.clock() < deadline:
+            self.sleep(0.5)
+            st = self.probe()
+            summary = summarize(self.spec, st)
+        result = LoopbackResult(summary, records)
+        if summary["state"] != "up":
+            missing = [k for k in summary["owned_layers"] if not summary["layers"][k]]
+            result.error = f"{self.spec.nqn} not up after {wait_s:.0f} s: missing {', '.join(missing)}"
+            return result
         if verify:
             result.integrity = self.check_integrity(st)
             if not result.integrity.ok:
-                result.error = f"data integrity check failed: {result.integrity.mismatched_bytes} bytes differ"
+                errs = [f"{c.direction}: {c.error}" for c in result.integrity.checks if c.error]
+                result.error = "data integrity check failed: " + (
+                    "; ".join(errs) if errs else f"{result.integrity.mismatched_bytes} bytes differ")
         return result
 
     def down(self) -> LoopbackResult:
@@ -595,10 +616,14 @@ class Loopback:
                         seed: str = "kvgate") -> IntegrityResult:
         """Read a known pattern back through NVMe/TCP and compare with the backing store.
 
-        Backings kvgate created (null_blk, brd, file) and block devices marked allow_destructive get
-        a pattern written on the backing and read through /dev/nvmeXnY, then one written through
-        /dev/nvmeXnY and read on the backing. Other block devices are only read on both paths
-        and compared. Data travels over the transport only for the 1 MiB regions compared here.
+        A null_blk backing kvgate made, and backings the write guard (harness.writeguard) allows get a
+        pattern written on the backing and read through /dev/nvmeXnY, then one written through
+        /dev/nvmeXnY and read on the backing: a brd RAM disk holding no filesystem or partition table, a
+        backing file kvgate created, a block device marked allow_destructive whose serial matches. A block
+        device without allow_destructive, a file kvgate did not create, a brd disk holding data are only
+        read on both paths and compared. A block device marked allow_destructive that the guard refuses
+        is not touched: the check fails with the guard's reason. Data travels over the transport only
+        for the 1 MiB regions compared here.
         """
         st = st or self.probe()
         spec = self.spec
@@ -609,7 +634,22 @@ class Loopback:
                                                    error="loopback not up (no device)"),), dev or "", bdev or "")
         chunk = INTEGRITY_CHUNK
         count = length_bytes // chunk
-        writable = spec.backing != "block" or spec.allow_destructive
+        decision = None
+        if spec.backing == "null_blk":
+            writable = True  # kvgate made it (configfs item kvgate-<name>)
+        elif spec.backing == "block" and not spec.allow_destructive:
+            writable = False  # the user's device, not offered for writing: read-only compare
+        else:
+            decision = check_write(self.run, bdev, expect="file" if spec.backing == "file" else "block",
+                                   purpose=f"integrity pattern on the backing of loopback target {spec.name}",
+                                   node=getattr(self.transport, "name", ""),
+                                   allow_destructive=spec.allow_destructive, serial=spec.serial)
+            writable = decision.allowed
+            if not writable:
+                self.progress(decision.refusal())
+            if not writable and spec.backing == "block":
+                return IntegrityResult((IntegrityCheck("backing->nvme", 0, 0, 0, "", "",
+                                                       error=decision.refusal()),), dev, bdev, decision)
         direct_backing = spec.backing != "file"  # nvmet file backing uses the page cache (buffered_io=1)
         tmp = f"/tmp/kvgate-integrity-{spec.name}"
         checks: list[IntegrityCheck] = []
@@ -625,7 +665,7 @@ class Loopback:
             else:
                 checks.append(self._compare_read(bdev, dev, length_bytes, count, tmp, local))
             self.run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback", f"{tmp}.backing"), 30)
-        return IntegrityResult(tuple(checks), dev, bdev)
+        return IntegrityResult(tuple(checks), dev, bdev, decision)
 
     def _dd(self, name, src, dst, offset, count, iflag_direct=False, oflag_direct=False, read=True):
         skip_seek = f"skip={offset // INTEGRITY_CHUNK}" if read else f"seek={offset // INTEGRITY_CHUNK}"

@@ -65,6 +65,9 @@ class RigSpec:
     tbf_latency: str = "50ms"
     state_dir: Path = Path("/var/tmp/kvgate-rig/kvg")
     ready_timeout_s: float = 30.0
+    # The nodes are namespaces of this machine and see its files: their engine environment defaults to
+    # the interpreter running kvgate (the venv scripts/setup.sh made), written into the inventory.
+    engine_python: str = field(default_factory=lambda: sys.executable)
 
     def __post_init__(self) -> None:
         if not self.prefix or len(self.prefix) > 8 or not all(c.isalnum() or c == "-" for c in self.prefix):
@@ -574,6 +577,7 @@ def render_inventory(spec: RigSpec, ssh_ports: dict[str, int]) -> str:
             "port": ssh_ports[node],
             "user": "root",
             "identity_file": str(spec.identity_file),
+            "engine_python": spec.engine_python,
             # veth reports 10000 Mb/s; the node side is not the bottleneck in the rig.
             "nics": [{"name": "eth0", "line_rate_gbit_s": 10.0}],
             "targets": [{"name": "kvpool", "kind": "directory", "path": str(spec.pool_mount)}],

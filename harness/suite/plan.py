@@ -10,13 +10,14 @@ import shlex
 from pathlib import Path
 
 from ..config import Config
-from ..execute.facts import FACTS
+from ..execute.facts import node_facts
 from ..workloads.base import GateContext, PlannedStep
 
 
-def facts_plan(nodes: list[str]) -> list[PlannedStep]:
-    """The node-facts commands of a run, for every node (they run in parallel across nodes)."""
-    return [PlannedStep(n, f"{f.file}: {f.description}", f.argv) for n in nodes for f in FACTS]
+def facts_plan(nodes: list) -> list[PlannedStep]:
+    """The node-facts commands of a run, for every inventory node (they run in parallel across nodes)."""
+    return [PlannedStep(n.name, f"{f.file}: {f.description}", f.argv) for n in nodes
+            for f in node_facts(getattr(n, "engine_python", None))]
 
 
 def gate_plan(cfg: Config, gate) -> list[PlannedStep]:
@@ -40,8 +41,7 @@ def plan_text(cfg: Config) -> str:
     """The plan as people read it: the node facts, then every gate's steps with exact argv and job files."""
     lines = [f"suite {cfg.suite.suite.name} v{cfg.suite.suite.version}: {len(cfg.suite.gates)} gate(s), nothing runs",
              "", "every node, before the gates (in parallel across nodes):"]
-    first = cfg.inventory.nodes[0].name
-    lines += [line.replace(f"[{first}]", "[each node]", 1) for s in facts_plan([first]) for line in _step_lines(s)]
+    lines += [line for s in facts_plan(cfg.inventory.nodes) for line in _step_lines(s)]
     for gate in cfg.suite.gates:
         stop = f", stop-loss {gate.stop_loss}" if gate.stop_loss else ""
         lines += ["", f"{gate.id} {gate.title} [{gate.workload}] metric {gate.metric}: pass {gate.pass_}{stop}"

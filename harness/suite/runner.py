@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -25,9 +26,14 @@ from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 from ..paths import git_commit
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
 from ..report.render import render_bundle_reports
-from ..transport import Transport, open_transport
+from ..transport import ScopedTransport, Transport, open_transport
 from ..transport.steps import StepLog
-from ..workloads.base import GateContext, WorkloadResult
+from ..workloads.base import Evidence, GateContext, WorkloadResult
+
+
+# After a gate's commands were stopped (timeout, Ctrl-C), how long its workload gets to return before the
+# run goes on without it.
+STOP_GRACE_S = 30.0
 
 
 @dataclass
@@ -66,6 +72,68 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
 
 
+class GateTimeoutEvidence(Evidence):
+    """A gate stopped at its ``timeout_s``: what was stopped on each node, and what the workload saw after."""
+
+    timeout_s: float
+    stopped_process_groups: dict[str, Any] = {}
+    workload_returned_after_stop: bool = False
+    after_stop: dict[str, Any] | None = None
+
+
+def _stop_gate(scoped: dict[str, ScopedTransport], reason: str) -> dict[str, Any]:
+    """Cancel every node's view in parallel: node -> process groups stopped (or the error text)."""
+    group = fan_out(scoped, lambda _n, view: view.cancel(reason))
+    return {n: (o.value if o.ok else f"stop failed: {o.error}") for n, o in group.items()}
+
+
+def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransport],
+                      progress: Callable[[str], None]) -> WorkloadResult:
+    """Run one gate's workload, bounded by the gate's ``timeout_s``.
+
+    The workload runs in a worker thread; past the timeout (or on Ctrl-C) the process group of every
+    command it still runs is killed on every node (local and SSH) and its views start nothing more.
+    A timed-out gate is ERROR "timed out after N s"; a bug in a workload is ERROR with the trace on disk.
+    """
+    gate = ctx.gate
+    box: dict[str, WorkloadResult] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = workload.run(ctx)
+        except HarnessError as exc:
+            box["result"] = WorkloadResult(error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug in a workload is an ERROR verdict, with the trace on disk
+            (ctx.gate_dir / "traceback.txt").write_text(traceback.format_exc())
+            box["result"] = WorkloadResult(error=f"internal error: {type(exc).__name__}: {exc}")
+
+    worker = threading.Thread(target=work, name=f"gate-{gate.id}", daemon=True)
+    worker.start()
+    try:
+        worker.join(gate.timeout_s)
+    except KeyboardInterrupt:
+        _stop_gate(scoped, f"gate {gate.id} interrupted by the operator")
+        worker.join(STOP_GRACE_S)
+        raise
+    if not worker.is_alive():
+        return box.get("result") or WorkloadResult(error="internal error: the workload ended without a result")
+    reason = f"timed out after {gate.timeout_s:g} s"
+    progress(f"{gate.id}: {reason}; stopping its commands on {', '.join(scoped)}")
+    stopped = _stop_gate(scoped, f"gate {gate.id} {reason}")
+    worker.join(STOP_GRACE_S)
+    returned = not worker.is_alive()
+    evidence = GateTimeoutEvidence(timeout_s=gate.timeout_s, stopped_process_groups=stopped,
+                                   workload_returned_after_stop=returned)
+    late = box.get("result")
+    if late is not None:  # what the workload saw once its commands were killed; its metrics do not count
+        evidence.after_stop = {"error": late.error, "evidence": late.evidence_dict()}
+    detail = ", ".join(f"{n}: {k}" for n, k in sorted(stopped.items()))
+    error = f"{reason}; process groups stopped per node: {detail}"
+    if not returned:
+        error += f"; the workload did not return within {STOP_GRACE_S:g} s after that"
+    return WorkloadResult({}, evidence, error=error)
+
+
 def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "operator",
               trust_new_hosts: bool = False, known_hosts_path: str | None = None,
               progress: Callable[[str], None] | None = None,
@@ -81,6 +149,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     shutil.copyfile(config.gates_path, cfg_dir / "gates.yaml")
     steps = StepLog(run_dir)
     opened: dict[str, Transport] = dict(transports or {})
+    views: list[ScopedTransport] = []  # every gate's view of its nodes, stopped at the end like the connections
     node_errors: dict[str, str] = {}
     verdicts: list[Verdict] = []
     interrupted = False
@@ -100,7 +169,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
         def facts(name: str, tr: Transport) -> None:
             # snapshot.json (kernel, CPU, memory, fio, block devices, NUMA, NICs) and provenance.json (GPUs,
             # NVMe, NVMe-oF, vLLM/LMCache versions): one command list, also what `kvgate plan` prints.
-            for file, data in collect_node_facts(tr, steps).items():
+            engine_python = getattr(config.inventory.node(name), "engine_python", None)
+            for file, data in collect_node_facts(tr, steps, engine_python).items():
                 _write_json(run_dir / "nodes" / name / f"{file}.json", data)
 
         if opened:
@@ -124,19 +194,15 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 result = WorkloadResult(error="node(s) unreachable: " + "; ".join(
                     f"{n}: {node_errors.get(n, 'not connected')}" for n in missing))
             else:
+                scoped = {n: ScopedTransport(opened[n]) for n in nodes}
+                views.extend(scoped.values())
                 ctx = GateContext(gate=gate, params=config.params[gate.id], nodes=nodes,
-                                  transports={n: opened[n] for n in nodes}, steps=steps, gate_dir=gate_dir,
-                                  progress=progress)
+                                  transports=scoped, steps=steps, gate_dir=gate_dir, progress=progress)
                 try:
-                    result = wl_cls().run(ctx)
+                    result = run_gate_workload(wl_cls(), ctx, scoped, progress)
                 except KeyboardInterrupt:
                     interrupted = True
                     result = WorkloadResult(error="interrupted by the operator (Ctrl-C)")
-                except HarnessError as exc:
-                    result = WorkloadResult(error=str(exc))
-                except Exception as exc:  # noqa: BLE001 - a bug in a workload is an ERROR verdict, with the trace on disk
-                    (gate_dir / "traceback.txt").write_text(traceback.format_exc())
-                    result = WorkloadResult(error=f"internal error: {type(exc).__name__}: {exc}")
             verdict = evaluate(gate, result, unit)
             _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
                                                    "finished_unix_s": time.time()})
@@ -150,6 +216,12 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        for view in views:
+            try:
+                if view.abort():
+                    progress(f"stopped the commands still running on {view.name}")
+            except Exception:  # noqa: BLE001
+                pass
         for tr in opened.values():
             try:
                 if tr.abort():

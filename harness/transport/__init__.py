@@ -3,11 +3,11 @@ leaves on disk, and test doubles (a scripted transport, a private sshd)."""
 
 from __future__ import annotations
 
-from .base import CommandResult, Process, Transport
+from .base import CommandResult, Process, ScopedTransport, Transport
 from .local import LocalTransport, free_port
 from .ssh import SSHTransport
 
-__all__ = ["CommandResult", "LocalTransport", "Process", "SSHTransport", "Transport", "free_port",
+__all__ = ["CommandResult", "LocalTransport", "Process", "SSHTransport", "ScopedTransport", "Transport", "free_port",
            "open_transport"]
 
 

@@ -170,3 +170,62 @@ class Transport(abc.ABC):
         out, err = proc.output()
         return CommandResult(argv_t, rc, out.decode(errors="replace"), err.decode(errors="replace"),
                              time.monotonic() - t0, timed_out, None, self.name)
+
+
+class ScopedTransport(Transport):
+    """One gate's view of a node's transport: every command started through it can be stopped at once,
+    and once cancelled it starts nothing more (``run`` returns an error result, ``spawn``/``put``/``get``
+    raise TransportError). The connection underneath stays open for the gates after it; ``close`` is a
+    no-op because the runner owns the connection. Attributes the view lacks come from the node's transport.
+    """
+
+    def __init__(self, inner: Transport):
+        self.inner = inner
+        self.name = inner.name
+        self._active_procs = set()  # this view's own commands, not the node transport's
+        self._active_lock = threading.Lock()
+        self._cancel_reason: str | None = None
+
+    def __getattr__(self, attr):
+        # Public attributes only (host, port, ...): private state must never resolve to the inner transport's.
+        if attr.startswith("_") or attr == "inner":
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    @property
+    def cancelled(self) -> str | None:
+        """Why the view was cancelled, or None."""
+        return self._cancel_reason
+
+    def _refuse(self, what: str) -> None:
+        if self._cancel_reason is not None:
+            raise TransportError(f"{self.name}: {self._cancel_reason}; not starting {what[:200]}")
+
+    def _start(self, argv, env, stdin, log_path):
+        # Start and track under the lock cancel() takes, so no command slips between the check and abort().
+        with self._active_lock:
+            self._refuse(shlex.join(argv))
+            proc = self.inner._start(argv, env, stdin, log_path)
+            self._active_procs.add(proc)
+        return proc
+
+    def cancel(self, reason: str, grace_s: float = 2.0) -> int:
+        """Refuse new commands from now on and kill the process group of each one still running (on the
+        node, local or over SSH); return how many had to be stopped."""
+        with self._active_lock:
+            self._cancel_reason = reason
+        return self.abort(grace_s=grace_s)
+
+    def put(self, local_path, remote_path):
+        self._refuse(f"put {remote_path}")
+        self.inner.put(local_path, remote_path)
+
+    def get(self, remote_path, local_path):
+        self._refuse(f"get {remote_path}")
+        self.inner.get(remote_path, local_path)
+
+    def forward_port(self, remote_host, remote_port):
+        return self.inner.forward_port(remote_host, remote_port)
+
+    def close(self):
+        pass

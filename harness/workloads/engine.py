@@ -25,8 +25,8 @@ from typing import Any, Callable
 import httpx
 
 from ..engines import ArchError, EngineProfile, LMCacheSettings, arch_from_config, load_profile, write_lmcache_yaml
+from ..engines.profiles import program_file
 from ..errors import ConfigError
-from ..node import program_path
 from ..parsers.prometheus import Sample, parse_prometheus
 from ..transport.local import free_port
 from .base import GateContext
@@ -69,15 +69,23 @@ def model_config_issues(config: dict[str, Any] | None, key: str, kv_dtype: str |
 def engine_node(ctx: GateContext, engine: str, python: str | None) -> tuple[Any, Any, EngineProfile, str]:
     """A single-node engine gate's node, its transport, the engine profile and the engine's interpreter."""
     node = next(iter(ctx.nodes.values()))
-    return node, ctx.transports[node.name], load_profile(engine), engine_python(python, node.transport)
+    return node, ctx.transports[node.name], load_profile(engine), node_engine_python(python, node)
 
 
-def engine_python(python: str | None, node_transport: str) -> str:
-    """The engine's interpreter: as given, else this one on a local node (its venv has the engine
-    packages), else ``python3`` on the node's PATH."""
+def engine_python(python: str | None, node_transport: str, node_engine_python: str | None = None) -> str:
+    """The engine's interpreter: as the gate gives it, else the node's ``engine_python`` (its engine
+    environment), else this one on a local node (kvgate's venv, where setup installs the CPU engine),
+    else ``python3`` on the node's PATH."""
     if python:
         return python
+    if node_engine_python:
+        return node_engine_python
     return sys.executable if node_transport == "local" else "python3"
+
+
+def node_engine_python(python: str | None, node: Any) -> str:
+    """:func:`engine_python` for an inventory node."""
+    return engine_python(python, getattr(node, "transport", "ssh"), getattr(node, "engine_python", None))
 
 
 def engine_values(profile: EngineProfile, *, python: str, host: str, port: int, model: str, served_model_name: str,
@@ -132,7 +140,7 @@ def stage_engine_files(ctx: GateContext, transport: Any, profile: EngineProfile,
     (local_dir / "model-config.json").write_text(json.dumps(model_cfg, indent=1))
     transport.put(local_dir / "model-config.json", v["model_config"])
     if profile.program:
-        transport.put(program_path(profile.program), v["program"])
+        transport.put(program_file(profile.program), v["program"])
     if lmcache is None:
         return None, None
     try:

@@ -20,10 +20,9 @@ from ..parsers.blockdev import LSBLK_ARGV, find_device, parse_lsblk
 from ..parsers.facts import parse_numa
 from ..parsers.fio import FioRun, StreamSpec, job_file, parse_cpulist, parse_fio_json, split_regions
 from ..units import parse_size_bytes
+from ..writeguard import CREATED_SUFFIX, check_write, path_probe_argv, probe_path
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
                    Workload, WorkloadResult, drop_caches, register_workload, target_path)
-
-CREATED_SUFFIX = ".kvgate-created"
 
 # kind -> fn(transport, steps, target) -> device path; other modules register NVMe-oF resolvers here.
 TARGET_RESOLVERS: dict[str, Callable[[Any, Any, Any], str]] = {}
@@ -83,6 +82,7 @@ class FioNodeEvidence(Evidence):
     numa_cpulists: dict[int, str] | None = None
     page_cache_dropped: bool = False
     drop_caches_error: str | None = None
+    write_guard: dict[str, Any] | None = None  # the guard's decision when the file had to be (re)filled
     fio_version: str | None = None
     node_read_gb_s: float | None = None
 
@@ -144,12 +144,6 @@ def _job_path(node, gate_id: str) -> str:
     return posixpath.join(node.work_dir, f"kvgate-{gate_id}-{node.name}.fio")
 
 
-def stat_target_argv(path: str) -> tuple[str, ...]:
-    """Size of a file target (or ``missing``) and whether kvgate created it (its marker file)."""
-    return ("sh", "-c", 'stat -c %s -- "$1" 2>/dev/null || echo missing; '
-            'test -e "$2" && echo created || echo foreign', "sh", path, path + CREATED_SUFFIX)
-
-
 @register_workload("fio-read")
 class FioRead(Workload):
     Params = FioReadParams
@@ -197,9 +191,10 @@ class FioRead(Workload):
             remote_job = _job_path(node, ctx.gate.id)
             out.append(PlannedStep(node.name, "create the work directory", ("mkdir", "-p", node.work_dir)))
             if t.kind == "file":
-                out.append(PlannedStep(node.name, f"size of {path} and whether kvgate created it",
-                                       stat_target_argv(path)))
-                why = "if missing, or kvgate's and short (a file kvgate did not create is never written)"
+                out.append(PlannedStep(node.name, f"what {path} is, its size and whether kvgate created it "
+                                       "(the write guard's probe)", path_probe_argv(path)))
+                why = ("if missing, or kvgate's and short (the write guard allows it; a file kvgate did not create "
+                       "is never written)")
                 out.append(PlannedStep(node.name, f"{why}: its directory", ("mkdir", "-p", posixpath.dirname(path) or "/")))
                 out.append(PlannedStep(node.name, f"{why}: mark it as kvgate's", ("touch", path + CREATED_SUFFIX)))
                 out.append(PlannedStep(node.name, f"{why}: fill {path} ({t.size_bytes} bytes)",
@@ -249,7 +244,7 @@ class FioRead(Workload):
             raise WorkloadError(f"cannot create work dir: {r.summary()}")
         if t.kind == "file":
             total = t.size_bytes
-            rec.created_by_kvgate = self._ensure_file(ctx, tr, path, total)
+            rec.created_by_kvgate = self._ensure_file(ctx, tr, path, total, rec)
         else:
             r = steps.run(tr, "blockdev-size", ("blockdev", "--getsize64", path), timeout_s=30)
             if not r.ok:
@@ -296,20 +291,24 @@ class FioRead(Workload):
         rec.node_read_gb_s = sum(g.read_gb_s for g in run.groups)
         return rec, rows
 
-    def _ensure_file(self, ctx, tr, path: str, size_bytes: int) -> bool:
-        """Create and fill the file when missing (or refill one kvgate created); never touch other files."""
+    def _ensure_file(self, ctx, tr, path: str, size_bytes: int, rec: FioNodeEvidence) -> bool:
+        """Create and fill the file when missing (or refill one kvgate created); never touch other files.
+        Reading a big enough file writes nothing; any fill goes through the write guard first."""
         steps = ctx.steps
+        run = lambda name, argv, timeout_s: steps.run(tr, name, argv, timeout_s=timeout_s)  # noqa: E731
+        facts, err = probe_path(run, path)
+        if facts is None:
+            raise WorkloadError(f"cannot stat {path}: {err}")
+        if facts.kind == "file" and (facts.size_bytes or 0) >= size_bytes:
+            return facts.created_by_kvgate
+        decision = check_write(run, path, expect="file", purpose="fio fill", node=tr.name, facts=facts)
+        rec.write_guard = decision.as_dict()
+        ndir = ctx.gate_dir / tr.name
+        ndir.mkdir(parents=True, exist_ok=True)
+        (ndir / "write-guard.json").write_text(decision.to_json())
+        if not decision.allowed:
+            raise WorkloadError(decision.refusal())
         marker = path + CREATED_SUFFIX
-        r = steps.run(tr, "stat-target", stat_target_argv(path), timeout_s=30)
-        lines = r.stdout.split()
-        if not r.ok or len(lines) != 2:
-            raise WorkloadError(f"cannot stat {path}: {r.summary()}")
-        cur, owner = lines
-        if cur != "missing" and int(cur) >= size_bytes:
-            return owner == "created"
-        if cur != "missing" and owner != "created":
-            raise WorkloadError(f"{path} exists with {cur} bytes (< {size_bytes}) and was not created by kvgate; "
-                                "refusing to write to it")
         r = steps.run(tr, "mkdir-target", ("mkdir", "-p", posixpath.dirname(path) or "/"), timeout_s=30)
         r = steps.run(tr, "touch-marker", ("touch", marker), timeout_s=30)
         if not r.ok:

@@ -38,8 +38,8 @@ from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
 from ..errors import WorkloadError
 from ..parsers.prometheus import Sample, counter_delta
 from .base import Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload, write_summary
-from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_python, engine_values,
-                     model_config_issues, profile_issues, stage_engine_files, start_engine)
+from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_values, model_config_issues,
+                     node_engine_python, profile_issues, stage_engine_files, start_engine)
 
 SUPPORTED_ENGINES = ("cpu-reference",)
 COUNTER_PREFIX = "kvgate_cpu_ref_"
@@ -214,7 +214,7 @@ class G2MultiTurn(Workload):
         run_dir = posixpath.join(node.work_dir, f"kvgate-g2-{gate_id}-{run_tag}")
         pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(node.work_dir, p.pool_dir)
         longest = p.first_prompt_tokens + (p.turns - 1) * (p.reply_tokens + p.user_tokens)
-        return engine_values(prof, python=engine_python(p.python, node.transport), host=p.host, port=port,
+        return engine_values(prof, python=node_engine_python(p.python, node), host=p.host, port=port,
                              model=p.model, served_model_name=p.served_model_name, seed=p.seed, run_dir=run_dir,
                              pool_dir=posixpath.join(pool_root, f"run-{run_tag}"),
                              max_model_len=longest + p.max_tokens + 16, extra=p.engine_values)

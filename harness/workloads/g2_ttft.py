@@ -73,11 +73,12 @@ class G2Params(StrictModel):
 
 
 def launch_values(p: G2Params, profile: EngineProfile, work_dir: str, gate_id: str, port: int, run_tag: str,
-                  node_transport: str = "ssh") -> dict[str, Any]:
+                  node_transport: str = "ssh", node_engine_python: str | None = None) -> dict[str, Any]:
     """Pure: the values an engine profile's argv/env templates are filled with for one G2 run."""
     run_dir = posixpath.join(work_dir, f"kvgate-g2-{gate_id}-{run_tag}")
     pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(work_dir, p.pool_dir)
-    return engine_values(profile, python=engine_python(p.python, node_transport), host=p.host, port=port,
+    return engine_values(profile, python=engine_python(p.python, node_transport, node_engine_python), host=p.host,
+                         port=port,
                          model=p.model, served_model_name=p.served_model_name, seed=p.seed, run_dir=run_dir,
                          pool_dir=posixpath.join(pool_root, f"run-{run_tag}"),
                          max_model_len=max(p.prompt_tokens) + p.max_tokens + 16, extra=p.engine_values)
@@ -197,7 +198,8 @@ class G2Ttft(Workload):
         p: G2Params = ctx.params
         prof = load_profile(p.engine)
         node = next(iter(ctx.nodes.values()))
-        v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport)
+        v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
+                          node.engine_python)
         argv, env = prof.render_argv(v), prof.render_env(v)
         files = {}
         if prof.lmcache is not None:
@@ -227,7 +229,7 @@ class G2Ttft(Workload):
         node, transport, prof, python = engine_node(ctx, p.engine, p.python)
         port = engine_port(ctx, transport, node, p.port, python, "g2-port")
         run_tag = uuid.uuid4().hex[:8]
-        v = launch_values(p, prof, node.work_dir, ctx.gate.id, port, run_tag, node.transport)
+        v = launch_values(p, prof, node.work_dir, ctx.gate.id, port, run_tag, node.transport, node.engine_python)
         base_url, client_path = client_base_url(transport, node, p.host, port)
         gate_dir = ctx.gate_dir
         ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,

@@ -2,7 +2,8 @@
 
 Per node, a known pattern is written on the backing device and read back through the NVMe/TCP
 namespace, and another written through the namespace and read on the backing device (a user's
-block device not marked ``allow_destructive`` is only read on both paths and compared). The
+block device not marked ``allow_destructive`` is only read on both paths and compared; every write
+to a backing kvgate did not make asks the write guard first, harness.writeguard). The
 metric is the number of bytes that differ; every read-back is kept in the evidence.
 
 Importing this module also registers the ``nvmeof-loopback`` device resolver for fio-read, so G1
@@ -68,8 +69,14 @@ class NvmeIntegrity(Workload):
             spec = LoopbackSpec.from_target(node.target(ctx.params.target), name)
             for probe, argv in probe_commands(spec).items():
                 out.append(PlannedStep(name, f"probe {probe}", tuple(argv)))
-            mode = "read-only compare" if spec.backing == "block" and not spec.allow_destructive else \
-                "write pattern on backing, read via NVMe/TCP; write via NVMe/TCP, read on backing"
+            writes = "write pattern on backing, read via NVMe/TCP; write via NVMe/TCP, read on backing"
+            if spec.backing == "block" and not spec.allow_destructive:
+                mode = "read-only compare"
+            elif spec.backing == "null_blk":
+                mode = writes
+            else:
+                mode = (f"{writes}, if the write guard allows it (lsblk, blkid -p and the serial of the backing "
+                        f"on the node; refused: {'the check fails' if spec.backing == 'block' else 'read-only compare'})")
             out.append(PlannedStep(name, f"integrity ({mode}) of {ctx.params.length_bytes} bytes per "
                                          f"direction on {spec.nqn} (dd with O_DIRECT, compared here)"))
         return out

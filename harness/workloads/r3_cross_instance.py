@@ -13,8 +13,9 @@ Requests are sent from each node to its engine on the node's loopback (the refer
 loopback only), by a stdlib Python client run through the node's transport; kvgate waits for each engine
 through an SSH port forward to that loopback port.
 
-The engine travels to the node as one file (``harness/node/cpu_reference.py``, put into the run
-directory), so nodes need python3 with torch, transformers and lmcache, not kvgate.
+The engine travels to the node as one file (``harness/engines/cpu_reference.py``, put into the run
+directory), so nodes need an engine environment with torch, transformers and lmcache, not kvgate: the gate's
+``python``, else the node's ``engine_python``, else python3 on the node.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
                    target_path, write_summary)
 from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_values, model_config_issues,
-                     pool_contents, pool_files_argv, profile_issues, stage_engine_files, start_engine)
+                     node_engine_python, pool_contents, pool_files_argv, profile_issues, stage_engine_files, start_engine)
 
 # Runs on the node: POST every prompt to the engine on the node's loopback, then GET /metrics.
 # argv: URL MODEL PROMPTS_JSON MAX_TOKENS TIMEOUT_S; prints one JSON object.
@@ -71,7 +72,7 @@ class R3Params(StrictModel):
     prompts_per_length: int = Field(default=2, ge=1, le=1000)
     max_tokens: int = Field(default=2, ge=1, le=4096)
     seed: int = 0
-    python: str = "python3"
+    python: str | None = None  # default: the node's engine_python, else python3 on the node
     populate_timeout_s: float = Field(default=120.0, gt=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
 
@@ -173,7 +174,8 @@ class R3CrossInstance(Workload):
         p: R3Params = ctx.params
         run_dir = posixpath.join(node.work_dir, f"kvgate-r3-{ctx.gate.id}-{tag}-{node.name}")
         pool = posixpath.join(target_path(node, node.target(p.pool_target)), p.pool_subdir, f"run-{tag}")
-        return engine_values(prof, python=p.python, host="127.0.0.1", port=port, model=p.served_model_name,
+        return engine_values(prof, python=node_engine_python(p.python, node), host="127.0.0.1", port=port,
+                             model=p.served_model_name,
                              served_model_name=p.served_model_name, seed=p.seed, run_dir=run_dir, pool_dir=pool,
                              max_model_len=max(p.prompt_tokens) + p.max_tokens + 16)
 
@@ -189,7 +191,8 @@ class R3CrossInstance(Workload):
         for role, name in (("writer", writer), ("reader", reader)):
             v = self._layout(ctx, prof, ctx.nodes[name], 8000, "<run>")
             argv, env = prof.render_argv(v), prof.render_env(v)
-            out.append(PlannedStep(name, f"{role}: a free port on the node's loopback", (p.python, "-c", FREE_PORT_CODE)))
+            out.append(PlannedStep(name, f"{role}: a free port on the node's loopback",
+                                   (node_engine_python(p.python, ctx.nodes[name]), "-c", FREE_PORT_CODE)))
             out.append(PlannedStep(name, f"{role}: create {v['run_dir']} and the run's pool directory {v['pool_dir']}",
                                    ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
                                    files={v["lmcache_config"]: json.dumps(lmcache_config(prof.lmcache, v), indent=1)}
@@ -224,7 +227,8 @@ class R3CrossInstance(Workload):
         # 1. Per node: a free loopback port, directories, model config, LMCache YAML, the engine program, prompts.
         def prepare(name: str, role: str) -> dict[str, Any]:
             t, node = ctx.transports[name], ctx.nodes[name]
-            v = self._layout(ctx, prof, node, engine_port(ctx, t, node, 0, p.python, f"r3-{role}-port"), tag)
+            v = self._layout(ctx, prof, node, engine_port(ctx, t, node, 0, node_engine_python(p.python, node),
+                                                          f"r3-{role}-port"), tag)
             err, cfg = stage_engine_files(ctx, t, prof, v, ctx.gate_dir / role, model_cfg, prof.lmcache,
                                           f"r3-{role}-mkdir")
             if err:
@@ -293,7 +297,7 @@ class R3CrossInstance(Workload):
     def _serve(self, ctx: GateContext, name: str, v: dict, role: str, p: R3Params) -> dict:
         t = ctx.transports[name]
         res = ctx.steps.run(t, f"r3-{role}-serve",
-                            [p.python, "-c", NODE_CLIENT, f"http://127.0.0.1:{v['port']}", p.served_model_name,
+                            [v["python"], "-c", NODE_CLIENT, f"http://127.0.0.1:{v['port']}", p.served_model_name,
                              posixpath.join(v["run_dir"], "prompts.json"), str(p.max_tokens), str(p.request_timeout_s)],
                             timeout_s=p.request_timeout_s * (p.prompts_per_length * len(p.prompt_tokens)) + 60)
         if not res.ok:

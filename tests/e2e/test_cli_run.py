@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from polling import wait_no_process
 import yaml
 
 pytestmark = pytest.mark.e2e
@@ -147,8 +148,7 @@ def test_ctrl_c_stops_remote_fio_keeps_partial_results_and_writes_no_bundle(tmp_
     stdout, stderr = p.communicate(timeout=60)
     assert p.returncode == 130, stdout + stderr
     assert "no bundle was written" in stderr
-    time.sleep(0.5)
-    assert subprocess.run(["pgrep", "-f", f"fio --output-format=json {job}"], capture_output=True).stdout == b""
+    wait_no_process(f"fio --output-format=json {job}")
     run_dirs = [d for d in out.iterdir() if d.name.startswith("run-")]
     assert len(run_dirs) == 1 and not [d for d in out.iterdir() if d.name.startswith("KVG-")]
     summary = json.loads((run_dirs[0] / "verdicts.json").read_text())

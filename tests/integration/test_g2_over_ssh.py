@@ -28,12 +28,13 @@ def test_g2_over_ssh_with_the_engine_on_the_nodes_loopback(tmp_path, sshd):
     assert probe.returncode == 0, "the engine packages must be in this interpreter: " + probe.stderr[-300:]
     suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
     suite["gates"] = [suite["gates"][0]]
-    from harness.transport.sshd import free_port
-    suite["gates"][0]["params"].update(python=sys.executable, port=free_port())
+    from harness.transport.local import free_port
+    suite["gates"][0]["params"].update(port=free_port())
     gates = tmp_path / "gates.yaml"
     gates.write_text(yaml.safe_dump(suite, sort_keys=False))
     node = sshd.node_yaml("sshnode")
     node["work_dir"] = str(tmp_path / "work")
+    node["engine_python"] = sys.executable  # the node's engine environment: the venv scripts/setup.sh made
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"nodes": [node]}))
     key, pub = generate_keypair(tmp_path / "op")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from polling import wait_until
 
 from harness.report.render import render_bundle_reports
 from report_fixture import FIXED_ID, fixed_run
@@ -113,9 +114,13 @@ def test_console_errors_are_detected(browser, tmp_path):
                     '<script>console.error("deliberate")</script></body></html>')
     browser.log()  # drain
     browser.open(page)
-    time.sleep(0.3)
-    msgs = " ".join(e["message"] for e in severe(browser.log()))
-    assert "deliberate" in msgs and "missing.png" in msgs
+    seen: list[dict] = []
+
+    def both_logged() -> bool:  # the missing image is reported asynchronously
+        seen.extend(severe(browser.log()))
+        msgs = " ".join(e["message"] for e in seen)
+        return "deliberate" in msgs and "missing.png" in msgs
+    wait_until(both_logged, 60, "the console error and the missing image in the browser log")
 
 
 def test_report_html_loads_clean_with_table_and_charts(browser, tmp_path):

@@ -5,6 +5,7 @@ import time
 import uuid
 
 import pytest
+from polling import wait_no_process
 
 from harness.errors import HostKeyError, TransportError
 from harness.transport import LocalTransport, SSHTransport
@@ -96,8 +97,7 @@ def test_spawn_and_kill_group(transport, tmp_path):
     assert p.poll() is None
     p.kill_group(grace_s=2)
     assert p.wait(10) is not None
-    time.sleep(0.3)
-    assert subprocess.run(["pgrep", "-f", tag], capture_output=True).stdout == b""
+    wait_no_process(tag)
 
 
 def test_unknown_host_key_is_refused_with_fingerprint(sshd, tmp_path):
@@ -164,8 +164,7 @@ def test_noisy_login_shell_output_before_the_pid_line_is_kept_as_stderr(sshd, tm
         out, err = p.output()
         assert p.pgid is not None
         assert b"rc file says hi" in err and b"KVGATE-PGID" not in err
-        time.sleep(0.3)
-        assert subprocess.run(["pgrep", "-f", tag], capture_output=True).stdout == b""
+        wait_no_process(tag)
     finally:
         t.close()
 

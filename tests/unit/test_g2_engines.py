@@ -248,3 +248,23 @@ def test_a_model_config_without_a_kv_shape_is_a_config_error_at_its_line(tmp_pat
     [issue] = err.value.issues
     assert issue.path == "gates[0].params.model_config_inline.num_attention_heads"
     assert "positive integer" in issue.message and issue.line
+
+
+def test_engine_interpreter_gate_param_then_node_engine_env_then_default():
+    import sys
+    from harness.workloads.engine import engine_python
+    assert engine_python("/gate/python", "ssh", "/node/venv/bin/python") == "/gate/python"
+    assert engine_python(None, "ssh", "/node/venv/bin/python") == "/node/venv/bin/python"
+    assert engine_python(None, "local", "/node/venv/bin/python") == "/node/venv/bin/python"
+    assert engine_python(None, "local", None) == sys.executable
+    assert engine_python(None, "ssh", None) == "python3"
+
+
+def test_rig_inventory_names_the_engine_environment(tmp_path):
+    import yaml
+    from harness.rigs.netns import STORAGE_NODE, RigSpec, render_inventory
+    spec = RigSpec(prefix="kvgu-", state_dir=tmp_path, node_count=2, engine_python="/opt/engine/bin/python")
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(render_inventory(spec, {n: 2200 + i for i, n in enumerate(spec.node_names() + [STORAGE_NODE])}))
+    nodes = yaml.safe_load(inv.read_text())["nodes"]
+    assert [n.get("engine_python") for n in nodes if n["name"] in ("n1", "n2")] == ["/opt/engine/bin/python"] * 2

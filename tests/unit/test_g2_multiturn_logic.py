@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.node.cpu_reference import PrefixKVCache, common_prefix_len
+from harness.engines.cpu_reference import PrefixKVCache, common_prefix_len
 from harness.workloads.g2_multiturn import MultiTurnParams, conversation, evaluate_multiturn, request_order
 
 

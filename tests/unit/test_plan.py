@@ -37,13 +37,13 @@ def test_a_run_sends_exactly_the_planned_commands(tmp_path):
     def handler(call):
         if call.argv[:2] == ("fio", "--output-format=json"):
             return Reply(stdout=fio_json)
-        if call.argv[:2] == ("sh", "-c") and "stat -c %s" in call.argv[2]:
-            return Reply(stdout="missing\nforeign\n")
+        if call.argv[:2] == ("sh", "-c") and call.argv[3:4] == ("kvgate-path-probe",):
+            return Reply(stdout="missing\nforeign\n-\n")
         return Reply(rc=127, stderr="not installed") if call.argv[0] in ("nvidia-smi", "nvme") else Reply()
 
     node = ScriptedTransport(handler, name="localhost")
     out = run_suite(cfg, tmp_path / "out", Ed25519PrivateKey.generate(), transports={"localhost": node},
                     progress=lambda m: None)
     assert out.bundle is not None
-    planned = [s.argv for s in facts_plan(["localhost"]) + gate_plan(cfg, cfg.suite.gates[0]) if s.argv]
+    planned = [s.argv for s in facts_plan(cfg.inventory.nodes) + gate_plan(cfg, cfg.suite.gates[0]) if s.argv]
     assert node.commands == planned

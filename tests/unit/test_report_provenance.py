@@ -117,3 +117,12 @@ def test_collect_records_absent_tools_and_failures(fixtures, tmp_path):
     # every command left its step directory on disk, one per fact
     from harness.execute.facts import FACTS
     assert len(list((tmp_path / "steps").iterdir())) == len(FACTS)
+
+
+def test_engine_versions_are_read_by_the_nodes_engine_interpreter():
+    from harness.execute.facts import FACTS, node_facts
+    assert node_facts(None) == FACTS
+    facts = {f.key: f for f in node_facts("/opt/engine/bin/python")}
+    assert facts["versions"].argv[0] == "/opt/engine/bin/python"
+    assert facts["versions"].argv[1:] == next(f for f in FACTS if f.key == "versions").argv[1:]
+    assert {k: f.argv for k, f in facts.items() if k != "versions"} == {f.key: f.argv for f in FACTS if f.key != "versions"}

@@ -41,12 +41,13 @@ def local_suite(tmp_path):
     return load_config(tmp_path / "inv.yaml", ROOT / "gates" / "local.yaml", WORKLOADS)
 
 
-def fio_node(fio_json: str, drop_rc: int = 0, target_state: str = "missing\nforeign\n") -> ScriptedTransport:
+def fio_node(fio_json: str, drop_rc: int = 0, target_state: str = "missing\nforeign\n-\n") -> ScriptedTransport:
+    """target_state: what the write guard's probe of the target prints (kind, marker, size)."""
     def handler(call):
         argv = call.argv
         if argv == DROP_CACHES_ARGV:
             return Reply(rc=drop_rc, stderr="" if drop_rc == 0 else "sh: 1: cannot create: Permission denied\n")
-        if argv[:2] == ("sh", "-c") and "stat -c %s" in argv[2]:
+        if argv[:2] == ("sh", "-c") and argv[3:4] == ("kvgate-path-probe",):
             return Reply(stdout=target_state)
         if argv[:2] == ("fio", "--output-format=json"):
             return Reply(stdout=fio_json)
@@ -85,7 +86,7 @@ def test_fio_read_sends_the_planned_commands_in_order_and_measures_from_fio_json
 def test_fio_read_page_cache_not_dropped_without_o_direct_is_invalid(tmp_path):
     cfg = local_suite(tmp_path)
     fio_json = (FIX / "fio" / "io_uring_2groups_2jobs_grouped.json").read_text()
-    node = fio_node(fio_json, drop_rc=2, target_state=f"{2 ** 30}\ncreated\n")
+    node = fio_node(fio_json, drop_rc=2, target_state=f"file\ncreated\n{2 ** 30}\n")
     ctx = context(cfg, "G1", {"localhost": node}, tmp_path)
     ctx.params = ctx.params.model_copy(update={"direct": False})
     result = WORKLOADS["fio-read"]().run(ctx)
@@ -96,9 +97,11 @@ def test_fio_read_page_cache_not_dropped_without_o_direct_is_invalid(tmp_path):
 
 def test_fio_read_refuses_a_short_file_it_did_not_create(tmp_path):
     cfg = local_suite(tmp_path)
-    node = fio_node("{}", target_state="4096\nforeign\n")
-    result = WORKLOADS["fio-read"]().run(context(cfg, "G1", {"localhost": node}, tmp_path))
-    assert "was not created by kvgate; refusing to write to it" in result.error
+    node = fio_node("{}", target_state="file\nforeign\n4096\n")
+    ctx = context(cfg, "G1", {"localhost": node}, tmp_path)
+    result = WORKLOADS["fio-read"]().run(ctx)
+    assert "refusing to write to /w/kvgate-g1-target.bin" in result.error and "not created by kvgate" in result.error
+    assert json.loads((ctx.gate_dir / "localhost" / "write-guard.json").read_text())["allowed"] is False
     assert not any(c[0] in ("touch", "fio") for c in node.commands)
 
 
