@@ -153,6 +153,7 @@ def test_fio_fill_never_writes_what_kvgate_did_not_create(tmp_path, attach):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from harness.config import load_config
+    from harness.workloads import WORKLOADS
     from harness.suite.runner import run_suite
 
     foreign = tmp_path / "theirs.bin"
@@ -170,7 +171,7 @@ def test_fio_fill_never_writes_what_kvgate_did_not_create(tmp_path, attach):
     gates.write_text(yaml.safe_dump({"suite": {"name": "guard", "version": 1}, "gates": [
         dict(gate, id="F1", title="foreign file", params=dict(gate["params"], target="theirs")),
         dict(gate, id="F2", title="device as a file", params=dict(gate["params"], target="dev"))]}))
-    res = run_suite(load_config(inv, gates), tmp_path / "out", Ed25519PrivateKey.generate(),
+    res = run_suite(load_config(inv, gates, WORKLOADS), tmp_path / "out", Ed25519PrivateKey.generate(),
                     progress=lambda m: None, make_tar=False)
     f1, f2 = res.verdicts
     assert f1.outcome.value == "ERROR" and f"refusing to write to {foreign}" in f1.reason
