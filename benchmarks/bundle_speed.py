@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.bundle import generate_keypair, load_private_key, verify_bundle, write_bundle  # noqa: E402
+from harness.report.bundle import generate_keypair, load_private_key, verify_bundle, write_bundle  # noqa: E402
 
 
 def make_files(root: Path, total_bytes: int, count: int) -> list[Path]:

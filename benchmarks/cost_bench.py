@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from harness import cost  # noqa: E402
+from harness.cost import model as cost  # noqa: E402
 
 
 def random_points(n: int, seed: int = 1) -> dict[str, np.ndarray]:

@@ -19,9 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml  # noqa: E402
 
-from harness.bundle import generate_keypair, load_private_key  # noqa: E402
+from harness.report.bundle import generate_keypair, load_private_key  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.runner import run_suite  # noqa: E402
+from harness.workloads import WORKLOADS  # noqa: E402
+from harness.suite.runner import run_suite  # noqa: E402
 
 
 def main() -> int:
@@ -40,7 +41,7 @@ def main() -> int:
     gates.write_text(yaml.safe_dump({"suite": {"name": "bench", "version": 1}, "gates": [{
         "id": "G1", "title": "bench", "workload": "fio-read", "metric": "per_gpu_read_gb_s", "pass": ">= 0 GB/s",
         "params": {"target": "t", "runtime_s": args.runtime_s, "ramp_s": 1, "iodepth": 16}}]}))
-    cfg = load_config(inv, gates)
+    cfg = load_config(inv, gates, WORKLOADS)
     key = load_private_key(generate_keypair(tmp / "k")[0])
     pairs = []
     job = None

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from harness.engines import kv_bytes_per_token  # noqa: E402
-from harness.ttft_client import CompletionRequest, run_requests_sync  # noqa: E402
+from harness.engines.client import CompletionRequest, run_requests_sync  # noqa: E402
 from harness.workloads.g2_ttft import free_port, make_prompts  # noqa: E402
 
 MODEL = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 4,

@@ -22,10 +22,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.bundle import generate_keypair, load_private_key  # noqa: E402
+from harness.report.bundle import generate_keypair, load_private_key  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.rig import RigSpec, rig_down, rig_up  # noqa: E402
-from harness.runner import run_suite  # noqa: E402
+from harness.workloads import WORKLOADS  # noqa: E402
+from harness.rigs.netns import RigSpec, rig_down, rig_up  # noqa: E402
+from harness.suite.runner import run_suite  # noqa: E402
 import harness.workloads.g3_shared_read  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def one(work: Path, nodes: int, rate_mbit: int, chunks: int, rep: int = 0) -> di
         out = work / f"out{nodes}-{rep}"
         out.mkdir()
         generate_keypair(out / "k")
-        cfg = load_config(state.inventory_path, suite)
+        cfg = load_config(state.inventory_path, suite, WORKLOADS)
         t0 = time.monotonic()
         res = run_suite(cfg, out, load_private_key(out / "k.key"), known_hosts_path=state.known_hosts,
                         progress=lambda m: None, make_tar=False)

@@ -21,14 +21,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import guest as G  # noqa: E402
-from harness.bundle import generate_keypair, load_private_key, verify_bundle  # noqa: E402
-from harness.cli_loopback import open_guest_transports, pick_target  # noqa: E402
+from harness.rigs import guest as G  # noqa: E402
+from harness.report.bundle import generate_keypair, load_private_key, verify_bundle  # noqa: E402
+from harness.cli.loopback import pick_target  # noqa: E402
+from harness.rigs.guest import open_guest_transports  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.fio import parse_fio_json  # noqa: E402
-from harness.loopback import Loopback, LoopbackSpec  # noqa: E402
+from harness.workloads import WORKLOADS  # noqa: E402
+from harness.parsers.fio import parse_fio_json  # noqa: E402
+from harness.rigs.loopback import Loopback, LoopbackSpec  # noqa: E402
 from harness.paths import data_path  # noqa: E402
-from harness.runner import run_suite  # noqa: E402
+from harness.suite.runner import run_suite  # noqa: E402
 import harness.workloads.nvme_integrity  # noqa: E402,F401
 
 
@@ -58,7 +60,7 @@ def main() -> int:
     state = G.start_guest(image, state_dir)
     t["boot_to_ssh_s"] = time.monotonic() - t1
     try:
-        cfg = load_config(data_path("inventory", "loopback.yaml"), data_path("gates", "loopback.yaml"))
+        cfg = load_config(data_path("inventory", "loopback.yaml"), data_path("gates", "loopback.yaml"), WORKLOADS)
         trs = open_guest_transports(cfg.inventory, state_dir)
         node, target = pick_target(cfg.inventory, None, None)
         tr = trs[node.name]

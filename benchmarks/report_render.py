@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.report import write_reports  # noqa: E402
+from harness.report.render import write_reports  # noqa: E402
 
 FIXED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "reports"
 BUDGET_S = 5.0

@@ -124,7 +124,17 @@ def parse_threshold(text: str, dimension: str | None = None) -> Threshold:
     return Threshold(op=m.group(1), quantity=parse_quantity(m.group(2), dimension))
 
 
-def format_base(value_base: float, unit: str) -> str:
-    """Format a base-unit value in the given unit, e.g. (5.23e9, 'GB/s') -> '5.23 GB/s'."""
-    _, factor = unit_info(unit)
-    return f"{value_base / factor:.4g} {unit}".strip()
+def parse_size_bytes(value: str | int, multiple_of: int = 1, what: str = "size") -> int:
+    """A positive size in bytes from an int or a quantity such as ``"4 GiB"``, a multiple of ``multiple_of``
+    (e.g. 512 for O_DIRECT); raise UnitError (a ValueError, so pydantic validators may call this) otherwise."""
+    if isinstance(value, bool):
+        raise UnitError(f"expected a size such as '4 GiB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        n = int(parse_quantity(str(value), "size").base)
+    if n <= 0:
+        raise UnitError(f"{what} must be positive, got {value!r} (expected e.g. '4 GiB')")
+    if n % multiple_of:
+        raise UnitError(f"{what} must be a multiple of {multiple_of} bytes for O_DIRECT, got {value!r}")
+    return n

@@ -10,8 +10,8 @@ down (modules loaded, nothing configured), up-null_blk, up-brd, up-file.
 import sys
 from pathlib import Path
 
-from harness.guest import GuestState
-from harness.loopback import Loopback, LoopbackSpec, probe_commands
+from harness.rigs.guest import GuestState
+from harness.rigs.loopback import Loopback, LoopbackSpec, probe_commands
 from harness.transport import SSHTransport
 
 

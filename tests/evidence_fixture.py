@@ -16,8 +16,8 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from harness.bundle import BundleInfo, key_fingerprint, load_private_key, write_bundle
-from harness.report import render_bundle_reports
+from harness.report.bundle import BundleInfo, key_fingerprint, load_private_key, write_bundle
+from harness.report.render import render_bundle_reports
 from report_fixture import fixed_run
 
 UTC = "%Y-%m-%dT%H:%M:%SZ"

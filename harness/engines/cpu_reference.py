@@ -12,7 +12,11 @@ Endpoints: ``GET /health``, ``GET /metrics`` (Prometheus text, this engine's own
 text mapped to ids byte by byte (there is no tokenizer).
 
 Run: ``python3 -m harness.engines.cpu_reference --port 8000 --model-config model.json
---lmcache-config lmcache.yaml``. Needs torch, transformers and lmcache (the ``cpu-engine`` extra).
+--lmcache-config lmcache.yaml``, or as a file: the engine workloads put this file into the run directory on
+a node and run it with the engine's interpreter (``python3 cpu_reference.py ...``), so a node needs torch,
+transformers and lmcache (the ``cpu-engine`` extra), not kvgate. Its imports at the top are the standard
+library only; with kvgate importable it checks its input files with kvgate's hardened readers first (as a
+lone file it reads them plainly: kvgate wrote and checked them before the launch).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 ENGINE_NAME = "kvgate-cpu-reference"
 METRIC_PREFIX = "kvgate_cpu_ref_"
+LMCACHE_VERSION = "0.5.6"  # the LMCache this engine is built against (the cpu-engine extra pins it)
 
 # A model small enough that CI prefill of a few thousand tokens takes seconds, not minutes.
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
@@ -405,13 +410,53 @@ def make_handler(engine: Engine):
     return Handler
 
 
+def _kvgate():
+    """kvgate's hardened readers and LMCache check, or None when this file runs by itself on a node."""
+    try:
+        from .. import errors, safeio
+        from . import lmcache
+    except ImportError:
+        return None
+    return errors, safeio, lmcache
+
+
 def load_model_config(path: str | None) -> dict[str, Any]:
+    """The model's config.json (hardened reader: size cap, UTF-8, nesting limit); InputFileError if unusable.
+    As a lone file on a node: plain JSON (kvgate wrote the file)."""
     if path is None:
         return dict(DEFAULT_MODEL_CONFIG)
-    data = json.loads(Path(path).read_text())
+    kv = _kvgate()
+    if kv is None:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object (a HF config.json)")
+        return data
+    safeio = kv[1]
+    data = safeio.load_json(path, max_bytes=safeio.MAX_CONFIG_BYTES, what="model config", follow_symlinks=True)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object (a HF config.json)")
+        raise safeio.InputFileError(path, 1, "expected a JSON object (a HF config.json)")
     return data
+
+
+def check_inputs(args) -> list[str]:
+    """One line per problem in the files the engine is given, before torch or LMCache sees them (LMCache
+    reads its YAML with no limits, so a bad file would otherwise hang it or end in a traceback). Nothing to
+    check as a lone file on a node: kvgate wrote both files and checked them before the launch."""
+    kv = _kvgate()
+    if kv is None:
+        return []
+    errors, safeio, lmcache = kv
+    problems: list[str] = []
+    try:
+        load_model_config(args.model_config)
+    except safeio.InputFileError as exc:
+        problems.append(str(exc))
+    if args.lmcache_config and not args.no_kv_tier:
+        try:
+            lmcache.check_lmcache_file(args.lmcache_config, LMCACHE_VERSION)
+        except errors.ConfigError as exc:
+            problems.extend(str(i) for i in exc.issues)
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -432,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.host.startswith("127."):
         # The reference engine has no authentication: loopback only.
         print(f"{ENGINE_NAME}: --host must be a loopback address (127.0.0.0/8), got {args.host}", file=sys.stderr)
+        return 2
+    problems = check_inputs(args)
+    if problems:
+        for line in problems:
+            print(f"{ENGINE_NAME}: {line}", file=sys.stderr)
         return 2
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:

@@ -13,6 +13,8 @@ import random
 from pathlib import Path
 from typing import Any, Protocol
 
+from .client import CompletionRequest
+
 
 class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...        # as the engine encodes a prompt (special tokens on)
@@ -93,3 +95,22 @@ def text_prompt(tok: TextTokenizer, length: int, key: str, max_rounds: int = 50)
             ids = ids + [rng.choice(pool) for _ in range(length - n)]
     raise ValueError(f"could not build a text prompt of exactly {length} tokens with this tokenizer "
                      f"(last try: {n} tokens after {max_rounds} rounds)")
+
+
+def make_prompts(seed: int, lengths: list[int], per_length: int, vocab_size: int) -> list[CompletionRequest]:
+    """Deterministic token-id prompts: same seed, lengths and vocabulary -> same prompts, any machine.
+    Ids avoid 0..9 (special tokens in most vocabularies)."""
+    out = []
+    for length in lengths:
+        for i in range(per_length):
+            rng = random.Random(f"kvgate-g2:{seed}:{length}:{i}")
+            ids = [rng.randrange(10, vocab_size) for _ in range(length)]
+            out.append(CompletionRequest(f"s{seed}-n{length}-i{i}", ids, prompt_tokens=length))
+    return out
+
+
+def make_text_prompts(seed: int, lengths: list[int], per_length: int, tokenizer: TextTokenizer) -> list[CompletionRequest]:
+    """Deterministic text prompts that the model's tokenizer encodes to exactly the configured lengths."""
+    return [CompletionRequest(f"s{seed}-n{length}-i{i}", text_prompt(tokenizer, length, f"kvgate-g2:{seed}:{i}"),
+                              prompt_tokens=length)
+            for length in lengths for i in range(per_length)]

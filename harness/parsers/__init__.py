@@ -1,1 +1,2 @@
-"""Pure parsers of command output (tested on captured real output under tests/fixtures/)."""
+"""Pure parsers of what commands print on nodes: fio, lsblk/blkid and block stats, nvme-cli and configfs,
+/proc and /sys facts, Prometheus metrics, server-sent events, the G3 reader's series. No I/O."""

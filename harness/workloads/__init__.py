@@ -1,6 +1,9 @@
-"""Workload registry. Importing this package registers every built-in workload."""
+"""Workloads: one module per workload, each a command builder plus a pure parser/evaluator, and the parts
+they share (``base``: the contract, typed evidence, targets, cache drops, summaries; ``engine``: an engine
+process's lifecycle). Importing this package registers every built-in workload in :data:`WORKLOADS`."""
 
-from .base import WORKLOADS, GateContext, PlannedStep, Workload, register_workload  # noqa: F401
+from .base import (WORKLOADS, Evidence, GateContext, PlannedStep, Workload, WorkloadResult,  # noqa: F401
+                   register_workload)
 from . import fio_read  # noqa: F401,E402
 from . import nvme_integrity  # noqa: F401,E402
 from . import g2_ttft  # noqa: F401,E402

@@ -1,26 +1,32 @@
-"""The workload contract: validated params, a pure plan, and a run that returns data.
+"""The workload contract: validated params, a pure plan, and a run that returns typed data.
 
 A workload module defines a class decorated with ``@register_workload("name")`` holding:
 - ``Params``: a pydantic model (extra="forbid") for the gate's ``params:`` block;
 - ``METRICS``: metric name -> unit (the unit the metric is reported in, e.g. ``"GB/s"``);
+- ``EvidenceModel``: the pydantic model of what it hands the report (a subclass of :class:`Evidence`);
 - ``plan(ctx) -> list[PlannedStep]``: what would run where, with exact argv; runs nothing;
-- ``run(ctx) -> WorkloadResult``: runs, leaves raw files under ``ctx.gate_dir``; failures become data.
+- ``run(ctx) -> WorkloadResult``: runs through ``ctx.transports`` (every command a logged step), leaves raw
+  files under ``ctx.gate_dir``; failures become data (``error`` / ``invalid_reason``), never a crash.
+
+The helpers every workload shares live here once: where a target is on its node, dropping the page cache,
+writing a gate's summary file.
 """
 
 from __future__ import annotations
 
+import json
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from ..verdict import WorkloadResult
-
 WORKLOADS: dict[str, type["Workload"]] = {}
 
 
 def register_workload(name: str):
+    """Class decorator: add a workload to :data:`WORKLOADS` under ``name``."""
     def deco(cls):
         cls.name = name
         WORKLOADS[name] = cls
@@ -34,6 +40,8 @@ class StrictModel(BaseModel):
 
 @dataclass(frozen=True)
 class PlannedStep:
+    """One thing a gate does on one node: what, and the exact argv when it is a command."""
+
     node: str
     description: str
     argv: tuple[str, ...] = ()
@@ -42,20 +50,105 @@ class PlannedStep:
 
 @dataclass
 class GateContext:
+    """What a workload's plan and run see: the gate, its validated params, its nodes and their transports,
+    the step log, its directory in the run, a progress callback, and the HTTP seam to engines (``http``:
+    an httpx transport such as ``httpx.MockTransport`` in tests; None is the network)."""
+
     gate: Any
     params: Any
     nodes: dict[str, Any]
     transports: dict[str, Any]
     steps: Any
     gate_dir: Path
-    work_dir: Path
     progress: Callable[[str], None] = lambda msg: None
-    options: dict[str, Any] = field(default_factory=dict)
+    http: Any = None
+
+
+# ------------------------------------------------------------------------------------------- evidence
+
+
+class StreamRow(BaseModel):
+    """One GPU's (or read stream's) read, as the report draws it in the per-GPU bar chart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str
+    label: str
+    read_gb_s: float
+    gpu: int | None = None
+    read_bytes: int | None = None
+    runtime_ms: int | None = None
+    iops: float | None = None
+    lat_p50_us: float | None = None
+    lat_p99_us: float | None = None
+
+
+class StreamsEvidence(BaseModel):
+    """Evidence with per-stream reads: the report draws ``<gate>-streams.svg`` and writes its CSV."""
+
+    streams: list[StreamRow] = []
+
+
+class SeriesEvidence(BaseModel):
+    """Evidence with per-node time series: the report draws ``<gate>-series.svg`` (every node, their aggregate,
+    the NIC line rate) and writes ``<gate>-series.csv``."""
+
+    series: dict[str, list[tuple[float, float]]] = {}  # node -> [(t_s since the common start, read_gb_s)]
+    nic_line_rate_gb_s: float | None = None
+
+
+class TtftEvidence(BaseModel):
+    """Evidence with TTFT lists (s): the report draws their distributions (G2 keeps per-request records in
+    ``requests-<phase>.jsonl`` instead, which the report reads too)."""
+
+    ttft_recompute_s: list[float] | None = None
+    ttft_readback_s: list[float] | None = None
+
+
+class Evidence(BaseModel):
+    """Base of every workload's evidence model: strict (a key the model does not declare is a bug), dumped
+    to JSON for ``result.json``, the verdict and the report."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class RecordedEvidence(Evidence):
+    """Evidence as a bundle recorded it (``result.json``), read back for re-evaluation: every key kept as is."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ChartInputs(StreamsEvidence, SeriesEvidence, TtftEvidence):
+    """What the report reads from any gate's evidence to draw it: the same fields the workloads write
+    through :class:`StreamsEvidence`, :class:`SeriesEvidence` and :class:`TtftEvidence`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+@dataclass
+class WorkloadResult:
+    """What a workload hands back: metrics in the units its METRICS table declares, plus typed evidence."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    evidence: Evidence | None = None
+    invalid_reason: str | None = None
+    error: str | None = None
+
+    def evidence_dict(self) -> dict[str, Any]:
+        return {} if self.evidence is None else self.evidence.as_dict()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"metrics": self.metrics, "evidence": self.evidence_dict(), "invalid_reason": self.invalid_reason,
+                "error": self.error}
 
 
 class Workload:
     name: ClassVar[str] = ""
     Params: ClassVar[type[BaseModel]] = StrictModel
+    EvidenceModel: ClassVar[type[Evidence]] = Evidence
     METRICS: ClassVar[dict[str, str]] = {}
 
     def validate_against(self, params: Any, nodes: dict[str, Any]) -> list[tuple[tuple, str]]:
@@ -67,3 +160,35 @@ class Workload:
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         raise NotImplementedError
+
+
+# -------------------------------------------------------------------------------------- shared helpers
+
+
+def target_path(node: Any, target: Any) -> str:
+    """A target's path on its node: absolute as written, else relative to the node's work_dir."""
+    p = target.path or ""
+    return p if p.startswith("/") else posixpath.join(node.work_dir, p)
+
+
+# ``echo 3``: page cache plus dentries and inodes, so a cold read also misses cached metadata of the files.
+DROP_CACHES_ARGV = ("sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches")
+
+
+@dataclass(frozen=True)
+class CacheDrop:
+    """Whether the kernel let us drop the page cache on a node (and why not)."""
+
+    dropped: bool
+    error: str | None = None
+
+
+def drop_caches(ctx: GateContext, transport: Any, step: str = "drop-caches", timeout_s: float = 300) -> CacheDrop:
+    """``sync`` and drop the page cache on the node as a logged step; a refusal is recorded, not raised."""
+    r = ctx.steps.run(transport, step, DROP_CACHES_ARGV, timeout_s=timeout_s)
+    return CacheDrop(r.ok, None if r.ok else r.summary())
+
+
+def write_summary(gate_dir: Path, name: str, result: WorkloadResult) -> None:
+    """The gate's summary beside its raw files (``gate_dir/name``): metrics, evidence, invalid_reason, error."""
+    (gate_dir / name).write_text(json.dumps(result.as_dict(), indent=1, default=str))

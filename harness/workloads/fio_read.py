@@ -9,27 +9,23 @@ from __future__ import annotations
 
 import json
 import posixpath
-import threading
 from typing import Any, Callable, Literal
 
 from pydantic import Field, field_validator
 
-from ..blockdev import LSBLK_ARGV, find_device, parse_lsblk
 from ..errors import WorkloadError
-from ..fio import StreamSpec, job_file, parse_cpulist, parse_fio_json, split_regions
-from ..verdict import WorkloadResult
-from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
-
-DROP_CACHES_ARGV = ("sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches")
-CREATED_SUFFIX = ".kvgate-created"
+from ..execute.fanout import fan_out
+from ..execute.facts import NUMA_ARGV
+from ..parsers.blockdev import LSBLK_ARGV, find_device, parse_lsblk
+from ..parsers.facts import parse_numa
+from ..parsers.fio import FioRun, StreamSpec, job_file, parse_cpulist, parse_fio_json, split_regions
+from ..units import parse_size_bytes
+from ..writeguard import CREATED_SUFFIX, check_write, path_probe_argv, probe_path
+from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
+                   Workload, WorkloadResult, drop_caches, register_workload, target_path)
 
 # kind -> fn(transport, steps, target) -> device path; other modules register NVMe-oF resolvers here.
 TARGET_RESOLVERS: dict[str, Callable[[Any, Any, Any], str]] = {}
-
-
-def _size(v: Any) -> int:
-    from ..config import _size_bytes
-    return _size_bytes(v)
 
 
 class FioReadParams(StrictModel):
@@ -48,15 +44,7 @@ class FioReadParams(StrictModel):
     @field_validator("bs_bytes", mode="before")
     @classmethod
     def _bs(cls, v: Any) -> int:
-        n = _size(v)
-        if n % 512:
-            raise ValueError(f"block size must be a multiple of 512 bytes for O_DIRECT, got {v!r}")
-        return n
-
-
-def target_path(node, target) -> str:
-    p = target.path or ""
-    return p if p.startswith("/") else posixpath.join(node.work_dir, p)
+        return parse_size_bytes(v, multiple_of=512, what="block size")
 
 
 def streams_for(node, region_total_bytes: int, bs_bytes: int, numjobs: int,
@@ -82,9 +70,84 @@ def fill_argv(path: str, size_bytes: int) -> tuple[str, ...]:
             "--ioengine=psync", "--direct=1", "--refill_buffers=1", "--end_fsync=1", "--output-format=json")
 
 
+class FioNodeEvidence(Evidence):
+    """What one node's G1 read was: the target, how it was made cold, fio's figures."""
+
+    target: str
+    kind: str
+    path: str | None = None
+    created_by_kvgate: bool | None = None
+    device: dict[str, str | None] | None = None
+    region_total_bytes: int | None = None
+    numa_cpulists: dict[int, str] | None = None
+    page_cache_dropped: bool = False
+    drop_caches_error: str | None = None
+    write_guard: dict[str, Any] | None = None  # the guard's decision when the file had to be (re)filled
+    fio_version: str | None = None
+    node_read_gb_s: float | None = None
+
+
+class FioReadEvidence(Evidence, StreamsEvidence):
+    """G1's evidence: the job as run, each node's record, every stream's read, the nodes that failed."""
+
+    ioengine: str
+    direct: bool
+    rw: str
+    bs_bytes: int
+    iodepth: int
+    numjobs: int
+    runtime_s: float
+    ramp_s: float
+    nodes: dict[str, FioNodeEvidence] = {}
+    node_errors: dict[str, str] = {}
+
+
+def stream_rows(node: str, run: FioRun, gpu_of: dict[str, int]) -> list[StreamRow]:
+    """Pure: one row per fio reporting group (one GPU or read stream) of a node's fio JSON."""
+    return [StreamRow(node=node, label=g.label, gpu=gpu_of.get(g.label), read_gb_s=g.read_gb_s,
+                      read_bytes=g.read_bytes, runtime_ms=g.runtime_ms, iops=g.read_iops, lat_p50_us=g.lat_p50_us,
+                      lat_p99_us=g.lat_p99_us) for g in run.groups]
+
+
+def read_metrics(per_node_gb_s: dict[str, list[float]]) -> dict[str, float]:
+    """Pure: G1's metrics from every node's per-stream read rates (GB/s); empty without a stream."""
+    streams = [x for xs in per_node_gb_s.values() for x in xs]
+    if not streams:
+        return {}
+    node_tot = [sum(xs) for xs in per_node_gb_s.values() if xs]
+    return {"per_gpu_read_gb_s": min(streams), "per_gpu_read_gb_s_mean": sum(streams) / len(streams),
+            "node_read_gb_s_min": min(node_tot), "total_read_gb_s": sum(node_tot)}
+
+
+def cold_invalid_reason(dropped: dict[str, bool], direct: bool) -> str | None:
+    """Pure: G1 is cold when O_DIRECT was on or the page cache was dropped on every node."""
+    not_cold = sorted(n for n, ok in dropped.items() if not ok)
+    if not_cold and not direct:
+        return f"not cold: page cache could not be dropped on {', '.join(not_cold)} and O_DIRECT was off"
+    return None
+
+
+def evaluate_fio_read(ev: FioReadEvidence) -> WorkloadResult:
+    """Pure: G1's metrics and validity from the evidence of every node."""
+    per_node: dict[str, list[float]] = {n: [] for n in ev.nodes}
+    for s in ev.streams:
+        per_node.setdefault(s.node, []).append(s.read_gb_s)
+    metrics = read_metrics(per_node)
+    if ev.node_errors:
+        first = sorted(ev.node_errors.items())[0]
+        return WorkloadResult(metrics, ev, error=f"node {first[0]}: {first[1]}")
+    invalid = cold_invalid_reason({n: r.page_cache_dropped for n, r in ev.nodes.items()}, ev.direct)
+    return WorkloadResult(metrics, ev, invalid_reason=invalid)
+
+
+def _job_path(node, gate_id: str) -> str:
+    return posixpath.join(node.work_dir, f"kvgate-{gate_id}-{node.name}.fio")
+
+
 @register_workload("fio-read")
 class FioRead(Workload):
     Params = FioReadParams
+    EvidenceModel = FioReadEvidence
     METRICS = {
         "per_gpu_read_gb_s": "GB/s",
         "per_gpu_read_gb_s_mean": "GB/s",
@@ -114,16 +177,34 @@ class FioRead(Workload):
         return job_file(path, streams, rw=p.rw, bs_bytes=p.bs_bytes, ioengine=p.ioengine, iodepth=p.iodepth,
                         numjobs=p.numjobs, runtime_s=p.runtime_s, ramp_s=p.ramp_s, direct=p.direct)
 
+    @staticmethod
+    def _pins(p: FioReadParams, node) -> bool:
+        return p.pin_numa and any(g.numa_node is not None for g in node.gpus)
+
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
+        """Every command the run sends to each node, in order (file targets: the fill only when needed)."""
         p = ctx.params
         out = []
         for node in ctx.nodes.values():
             t = node.target(p.target)
             path = target_path(node, t) if t.path else f"<{t.kind} device resolved by NQN {t.nqn}>"
-            remote_job = posixpath.join(node.work_dir, f"kvgate-{ctx.gate.id}-{node.name}.fio")
+            remote_job = _job_path(node, ctx.gate.id)
+            out.append(PlannedStep(node.name, "create the work directory", ("mkdir", "-p", node.work_dir)))
             if t.kind == "file":
-                out.append(PlannedStep(node.name, f"create and fill {path} ({t.size_bytes} bytes) if kvgate has not",
+                out.append(PlannedStep(node.name, f"what {path} is, its size and whether kvgate created it "
+                                       "(the write guard's probe)", path_probe_argv(path)))
+                why = ("if missing, or kvgate's and short (the write guard allows it; a file kvgate did not create "
+                       "is never written)")
+                out.append(PlannedStep(node.name, f"{why}: its directory", ("mkdir", "-p", posixpath.dirname(path) or "/")))
+                out.append(PlannedStep(node.name, f"{why}: mark it as kvgate's", ("touch", path + CREATED_SUFFIX)))
+                out.append(PlannedStep(node.name, f"{why}: fill {path} ({t.size_bytes} bytes)",
                                        fill_argv(path, t.size_bytes)))
+            else:
+                out.append(PlannedStep(node.name, f"size of {path}", ("blockdev", "--getsize64", path)))
+                out.append(PlannedStep(node.name, "the device's serial, model and what it holds", LSBLK_ARGV + (path,)))
+            if self._pins(p, node):
+                out.append(PlannedStep(node.name, "CPU list of every NUMA node (streams pinned to their GPU's)",
+                                       NUMA_ARGV))
             if p.drop_caches:
                 out.append(PlannedStep(node.name, "drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV))
             total = t.size_bytes or 0
@@ -137,66 +218,33 @@ class FioRead(Workload):
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: FioReadParams = ctx.params
-        results: dict[str, dict] = {}
-        errors: dict[str, str] = {}
+        group = fan_out(ctx.nodes, lambda _name, node: self._run_node(ctx, node))
+        nodes = {n: rec for n, (rec, _) in group.succeeded.items()}
+        streams = [s for _, rows in group.succeeded.values() for s in rows]
+        ev = FioReadEvidence(ioengine=p.ioengine, direct=p.direct, rw=p.rw, bs_bytes=p.bs_bytes, iodepth=p.iodepth,
+                             numjobs=p.numjobs, runtime_s=p.runtime_s, ramp_s=p.ramp_s, nodes=nodes, streams=streams,
+                             node_errors=group.failed)
+        (ctx.gate_dir / "streams.json").write_text(json.dumps([s.model_dump(mode="json") for s in streams], indent=1))
+        return evaluate_fio_read(ev)
 
-        def one(node):
-            try:
-                results[node.name] = self._run_node(ctx, node)
-            except WorkloadError as exc:
-                errors[node.name] = str(exc)
-            except Exception as exc:  # noqa: BLE001 - a node failure is data, not a crash of the run
-                errors[node.name] = f"{type(exc).__name__}: {exc}"
-
-        threads = [threading.Thread(target=one, args=(n,), name=f"g1-{n.name}") for n in ctx.nodes.values()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        streams = [s for r in results.values() for s in r["streams"]]
-        evidence: dict[str, Any] = {
-            "ioengine": p.ioengine, "direct": p.direct, "rw": p.rw, "bs_bytes": p.bs_bytes, "iodepth": p.iodepth,
-            "numjobs": p.numjobs, "runtime_s": p.runtime_s, "ramp_s": p.ramp_s,
-            "nodes": {n: {k: v for k, v in r.items() if k != "streams"} for n, r in results.items()},
-            "streams": streams, "node_errors": errors,
-        }
-        metrics: dict[str, float] = {}
-        if streams:
-            gbs = [s["read_gb_s"] for s in streams]
-            metrics["per_gpu_read_gb_s"] = min(gbs)
-            metrics["per_gpu_read_gb_s_mean"] = sum(gbs) / len(gbs)
-            node_tot = [r["node_read_gb_s"] for r in results.values()]
-            metrics["node_read_gb_s_min"] = min(node_tot)
-            metrics["total_read_gb_s"] = sum(node_tot)
-        (ctx.gate_dir / "streams.json").write_text(json.dumps(streams, indent=1))
-        if errors:
-            first = sorted(errors.items())[0]
-            return WorkloadResult(metrics, evidence, error=f"node {first[0]}: {first[1]}")
-        not_cold = [n for n, r in results.items() if not r["page_cache_dropped"]]
-        if not_cold and not p.direct:
-            return WorkloadResult(metrics, evidence, invalid_reason=(
-                f"not cold: page cache could not be dropped on {', '.join(not_cold)} and O_DIRECT was off"))
-        return WorkloadResult(metrics, evidence)
-
-    def _run_node(self, ctx: GateContext, node) -> dict:
+    def _run_node(self, ctx: GateContext, node) -> tuple[FioNodeEvidence, list[StreamRow]]:
         p: FioReadParams = ctx.params
         tr = ctx.transports[node.name]
         steps = ctx.steps
         ndir = ctx.gate_dir / node.name
         ndir.mkdir(parents=True, exist_ok=True)
         t = node.target(p.target)
-        info: dict[str, Any] = {"target": t.name, "kind": t.kind}
         if t.kind in TARGET_RESOLVERS and not t.path:
             path = TARGET_RESOLVERS[t.kind](tr, steps, t)
         else:
             path = target_path(node, t)
-        info["path"] = path
+        rec = FioNodeEvidence(target=t.name, kind=t.kind, path=path)
         r = steps.run(tr, "mkdir-work", ("mkdir", "-p", node.work_dir), timeout_s=30)
         if not r.ok:
             raise WorkloadError(f"cannot create work dir: {r.summary()}")
         if t.kind == "file":
             total = t.size_bytes
-            info["created_by_kvgate"] = self._ensure_file(ctx, tr, path, total)
+            rec.created_by_kvgate = self._ensure_file(ctx, tr, path, total, rec)
         else:
             r = steps.run(tr, "blockdev-size", ("blockdev", "--getsize64", path), timeout_s=30)
             if not r.ok:
@@ -207,28 +255,22 @@ class FioRead(Workload):
             r = steps.run(tr, "lsblk", LSBLK_ARGV + (path,), timeout_s=30)
             if r.ok:
                 dev = find_device(parse_lsblk(r.stdout), path)
-                info["device"] = {"serial": dev.serial, "model": dev.model, "fstype": dev.fstype,
-                                  "pttype": dev.pttype} if dev else None
-        info["region_total_bytes"] = total
+                rec.device = {"serial": dev.serial, "model": dev.model, "fstype": dev.fstype,
+                              "pttype": dev.pttype} if dev else None
+        rec.region_total_bytes = total
         cpulists = None
-        if p.pin_numa and any(g.numa_node is not None for g in node.gpus):
-            r = steps.run(tr, "numa-cpulists", ("sh", "-c", "for n in /sys/devices/system/node/node[0-9]*; do "
-                          "printf '%s %s\\n' \"${n##*node}\" \"$(cat \"$n/cpulist\")\"; done"), timeout_s=30)
+        if self._pins(p, node):
+            r = steps.run(tr, "numa-cpulists", NUMA_ARGV, timeout_s=30)
             if r.ok:
-                from ..snapshot import parse_numa
                 cpulists = {k: v for k, v in parse_numa(r.stdout).items() if parse_cpulist(v)}
-            info["numa_cpulists"] = cpulists
-        dropped = False
+            rec.numa_cpulists = cpulists
         if p.drop_caches:
-            r = steps.run(tr, "drop-caches", DROP_CACHES_ARGV, timeout_s=120)
-            dropped = r.ok
-            if not r.ok:
-                info["drop_caches_error"] = r.summary()
-        info["page_cache_dropped"] = dropped
+            drop = drop_caches(ctx, tr, timeout_s=120)
+            rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
         job = self._job(p, node, path, total, cpulists)
         local_job = ndir / "job.fio"
         local_job.write_text(job)
-        remote_job = posixpath.join(node.work_dir, f"kvgate-{ctx.gate.id}-{node.name}.fio")
+        remote_job = _job_path(node, ctx.gate.id)
         tr.put(local_job, remote_job)
         ctx.progress(f"{ctx.gate.id} {node.name}: fio {node.stream_count} stream(s) x {p.numjobs} job(s) on {path}, "
                      f"{p.ramp_s:g}+{p.runtime_s:g} s")
@@ -239,36 +281,34 @@ class FioRead(Workload):
         if not r.ok:
             raise WorkloadError(f"fio failed: {r.summary()}")
         run = parse_fio_json(r.stdout)
-        info["fio_version"] = run.version
+        rec.fio_version = run.version
         bad = [g.label for g in run.groups if g.errors]
         if bad:
             raise WorkloadError(f"fio reported I/O errors in {', '.join(bad)}")
         if not run.groups:
             raise WorkloadError("fio reported no jobs")
-        gpu_of = {f"gpu{g.index}": g.index for g in node.gpus}
-        info["streams"] = [{"node": node.name, "label": g.label, "gpu": gpu_of.get(g.label),
-                            "read_gb_s": g.read_gb_s, "read_bytes": g.read_bytes, "runtime_ms": g.runtime_ms,
-                            "iops": g.read_iops, "lat_p50_us": g.lat_p50_us, "lat_p99_us": g.lat_p99_us}
-                           for g in run.groups]
-        info["node_read_gb_s"] = sum(g.read_gb_s for g in run.groups)
-        return info
+        rows = stream_rows(node.name, run, {f"gpu{g.index}": g.index for g in node.gpus})
+        rec.node_read_gb_s = sum(g.read_gb_s for g in run.groups)
+        return rec, rows
 
-    def _ensure_file(self, ctx, tr, path: str, size_bytes: int) -> bool:
-        """Create and fill the file when missing (or refill one kvgate created); never touch other files."""
+    def _ensure_file(self, ctx, tr, path: str, size_bytes: int, rec: FioNodeEvidence) -> bool:
+        """Create and fill the file when missing (or refill one kvgate created); never touch other files.
+        Reading a big enough file writes nothing; any fill goes through the write guard first."""
         steps = ctx.steps
+        run = lambda name, argv, timeout_s: steps.run(tr, name, argv, timeout_s=timeout_s)  # noqa: E731
+        facts, err = probe_path(run, path)
+        if facts is None:
+            raise WorkloadError(f"cannot stat {path}: {err}")
+        if facts.kind == "file" and (facts.size_bytes or 0) >= size_bytes:
+            return facts.created_by_kvgate
+        decision = check_write(run, path, expect="file", purpose="fio fill", node=tr.name, facts=facts)
+        rec.write_guard = decision.as_dict()
+        ndir = ctx.gate_dir / tr.name
+        ndir.mkdir(parents=True, exist_ok=True)
+        (ndir / "write-guard.json").write_text(decision.to_json())
+        if not decision.allowed:
+            raise WorkloadError(decision.refusal())
         marker = path + CREATED_SUFFIX
-        r = steps.run(tr, "stat-target", ("sh", "-c", 'stat -c %s -- "$1" 2>/dev/null || echo missing; '
-                                          'test -e "$2" && echo created || echo foreign', "sh", path, marker),
-                      timeout_s=30)
-        lines = r.stdout.split()
-        if not r.ok or len(lines) != 2:
-            raise WorkloadError(f"cannot stat {path}: {r.summary()}")
-        cur, owner = lines
-        if cur != "missing" and int(cur) >= size_bytes:
-            return owner == "created"
-        if cur != "missing" and owner != "created":
-            raise WorkloadError(f"{path} exists with {cur} bytes (< {size_bytes}) and was not created by kvgate; "
-                                "refusing to write to it")
         r = steps.run(tr, "mkdir-target", ("mkdir", "-p", posixpath.dirname(path) or "/"), timeout_s=30)
         r = steps.run(tr, "touch-marker", ("touch", marker), timeout_s=30)
         if not r.ok:

@@ -33,14 +33,16 @@ from typing import Any
 import httpx
 from pydantic import Field
 
-from ..engines import DEFAULT_CPU_REF_MODEL, check_lmcache_config, kv_bytes_per_token, load_profile, metric_total
-from ..errors import ConfigError, WorkloadError
-from ..ttft_client import CompletionRequest, RequestRecord, run_requests_sync
-from ..verdict import WorkloadResult
-from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
-from .g2_ttft import _Engine, client_base_url, free_port, launch_values, stage_engine_files
+from ..engines import DEFAULT_CPU_REF_MODEL, LMCacheSettings, check_lmcache_config, kv_bytes_per_token, load_profile
+from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
+from ..errors import WorkloadError
+from ..parsers.prometheus import Sample, counter_delta
+from .base import Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload, write_summary
+from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_values, model_config_issues,
+                     node_engine_python, profile_issues, stage_engine_files, start_engine)
 
 SUPPORTED_ENGINES = ("cpu-reference",)
+COUNTER_PREFIX = "kvgate_cpu_ref_"
 COUNTERS = ("prompt_tokens_total", "prefill_tokens_total", "gpu_hit_tokens_total", "gpu_evicted_tokens_total",
             "external_hit_tokens_total", "external_read_bytes_total", "generation_tokens_total")
 
@@ -70,6 +72,24 @@ class MultiTurnParams(StrictModel):
     engine_values: dict[str, str] = Field(default_factory=dict)
 
 
+class MultiTurnEvidence(Evidence):
+    """G2-multiturn's evidence: both instances, the conversation's shape, and per phase what the returning
+    sessions found in engine memory and in the tier (from the engine's counters around every request)."""
+
+    engine_profile: str | None = None
+    base_urls: dict[str, str] = {}
+    pool_dir: str | None = None
+    sessions: int | None = None
+    turns: int | None = None
+    gpu_cache_tokens: int | None = None
+    kv_bytes_per_token: int | None = None
+    context_tokens_per_session_last_turn: int | None = None
+    lmcache_config: dict[str, Any] | None = None
+    no_tier: dict[str, Any] | None = None
+    tier: dict[str, Any] | None = None
+    outputs_matching: int | None = None
+
+
 def conversation(p: MultiTurnParams, vocab_size: int) -> list[list[list[int]]]:
     """Pure and deterministic: ``prompts[turn][session]`` token ids; turn t's prompt extends turn t-1's."""
     out: list[list[list[int]]] = [[] for _ in range(p.turns)]
@@ -88,10 +108,10 @@ def request_order(prompts: list[list[list[int]]]) -> list[tuple[int, int, list[i
     return [(t, s, ids) for t, per_turn in enumerate(prompts) for s, ids in enumerate(per_turn)]
 
 
-def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: float,
-                       max_memory_reuse: float) -> WorkloadResult:
+def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: float, max_memory_reuse: float,
+                       evidence: MultiTurnEvidence | None = None) -> WorkloadResult:
     """Pure. ``phases['no_tier'|'tier']`` = {wall_s, tokens, records: [{turn, prior_tokens, delta: {...}, ok,
-    output_text}]}. Metrics, validity and the evidence summary."""
+    output_text}]}. Metrics, validity and the evidence summary (added to a copy of ``evidence``)."""
     metrics: dict[str, float] = {}
     ev: dict[str, Any] = {}
     failed = []
@@ -136,41 +156,37 @@ def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: flo
     elif rate < min_tier_hit_rate:
         invalid = invalid or (f"the tier served {rate:.1%} of the returning sessions' context "
                               f"(below {min_tier_hit_rate:.0%}): the gain is not the tier's")
-    return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
+    return WorkloadResult(metrics=metrics, evidence=(evidence or MultiTurnEvidence()).model_copy(update=ev),
+                          invalid_reason=invalid, error=error)
 
 
-def _delta(before: list, after: list) -> dict[str, float]:
+def _delta(before: list[Sample], after: list[Sample]) -> dict[str, float]:
+    """How much each of the engine's counters grew around one request."""
     out = {}
     for c in COUNTERS:
-        a, b = metric_total(before, ["kvgate_cpu_ref_" + c]), metric_total(after, ["kvgate_cpu_ref_" + c])
-        if a is not None and b is not None:
-            out[c] = b - a
+        d = counter_delta(before, after, [COUNTER_PREFIX + c])
+        if d is not None:
+            out[c] = d
     return out
 
 
 @register_workload("g2-multiturn")
 class G2MultiTurn(Workload):
     Params = MultiTurnParams
+    EvidenceModel = MultiTurnEvidence
     METRICS = {"throughput_gain_ratio": "x", "tier_throughput_tokens_per_s": "tokens/s",
                "no_tier_throughput_tokens_per_s": "tokens/s", "tier_sessions_per_s": "/s",
                "no_tier_sessions_per_s": "/s", "tier_hit_rate": "ratio"}
 
     def validate_against(self, params, nodes):
-        issues = []
-        try:
-            prof = load_profile(params.engine)
-        except ConfigError as exc:
-            return [(("engine",), str(exc.issues[0]))]
-        if prof.engine not in SUPPORTED_ENGINES:
-            issues.append((("engine",), f"g2-multiturn runs on {', '.join(SUPPORTED_ENGINES)} engines; "
-                           f"{params.engine!r} is a {prof.engine} engine (no with/without-tier modes yet)"))
-        elif prof.lmcache is not None and params.lmcache_overrides:
+        prof, issues = profile_issues(params.engine, nodes, "g2-multiturn", engines=SUPPORTED_ENGINES)
+        issues = model_config_issues(params.model_config_inline, "model_config_inline", "float32") + issues
+        if prof is not None and prof.engine in SUPPORTED_ENGINES and prof.lmcache is not None \
+                and params.lmcache_overrides:
             cfg = {**prof.lmcache.config, **params.lmcache_overrides}
             for path, msg in check_lmcache_config(cfg, prof.lmcache.version):
                 if path and path[0] in params.lmcache_overrides:
-                    issues.append((("lmcache_overrides",) + tuple(path), msg))
-        if len(nodes) != 1:
-            issues.append((("nodes",), f"g2-multiturn runs on exactly one node, got {len(nodes)}"))
+                    issues.insert(0, (("lmcache_overrides",) + tuple(path), msg))
         return issues
 
     def _argv(self, prof, v, p: MultiTurnParams, tier: bool) -> list[str]:
@@ -180,7 +196,7 @@ class G2MultiTurn(Workload):
         p: MultiTurnParams = ctx.params
         prof = load_profile(p.engine)
         node = next(iter(ctx.nodes.values()))
-        v = self._values(p, node, ctx.gate.id, p.port or 8000, "<run>")
+        v = self._values(p, prof, node, ctx.gate.id, p.port or 8000, "<run>")
         n = p.sessions * p.turns
         order = f"{p.sessions} sessions x {p.turns} turns round-robin ({n} requests, one at a time)"
         return [
@@ -194,65 +210,56 @@ class G2MultiTurn(Workload):
         ]
 
     @staticmethod
-    def _values(p: MultiTurnParams, node, gate_id: str, port: int, run_tag: str) -> dict[str, Any]:
-        from .g2_ttft import G2Params
-        g = G2Params(engine=p.engine, model=p.model, served_model_name=p.served_model_name,
-                     prompt_tokens=[p.first_prompt_tokens + (p.turns - 1) * (p.reply_tokens + p.user_tokens)],
-                     max_tokens=p.max_tokens, seed=p.seed, pool_dir=p.pool_dir, host=p.host, python=p.python,
-                     engine_values=p.engine_values)
-        return launch_values(g, node.work_dir, gate_id, port, run_tag, node.transport, node.engine_python)
+    def _values(p: MultiTurnParams, prof, node, gate_id: str, port: int, run_tag: str) -> dict[str, Any]:
+        run_dir = posixpath.join(node.work_dir, f"kvgate-g2-{gate_id}-{run_tag}")
+        pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(node.work_dir, p.pool_dir)
+        longest = p.first_prompt_tokens + (p.turns - 1) * (p.reply_tokens + p.user_tokens)
+        return engine_values(prof, python=node_engine_python(p.python, node), host=p.host, port=port,
+                             model=p.model, served_model_name=p.served_model_name, seed=p.seed, run_dir=run_dir,
+                             pool_dir=posixpath.join(pool_root, f"run-{run_tag}"),
+                             max_model_len=longest + p.max_tokens + 16, extra=p.engine_values)
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: MultiTurnParams = ctx.params
-        node = next(iter(ctx.nodes.values()))
-        transport = ctx.transports[node.name]
-        prof = load_profile(p.engine)
-        is_local = getattr(node, "transport", "local") == "local"
-        if p.port:
-            ports = {"no_tier": p.port, "tier": p.port + 1}
-        else:
-            ports = {n: free_port(p.host) if is_local else 8000 + i for i, n in enumerate(("no_tier", "tier"))}
+        node, transport, prof, python = engine_node(ctx, p.engine, p.python)
+        ports = {"no_tier": engine_port(ctx, transport, node, p.port, python, "g2mt-port-no-tier")}
+        ports["tier"] = p.port + 1 if p.port else engine_port(ctx, transport, node, 0, python, "g2mt-port-tier")
         run_tag = uuid.uuid4().hex[:8]
-        v = self._values(p, node, ctx.gate.id, ports["no_tier"], run_tag)
+        v = self._values(p, prof, node, ctx.gate.id, ports["no_tier"], run_tag)
         urls = {n: client_base_url(transport, node, p.host, port)[0] for n, port in ports.items()}
         gate_dir = ctx.gate_dir
         model_cfg = dict(p.model_config_inline) if p.model_config_inline is not None else dict(DEFAULT_CPU_REF_MODEL)
         vocab = int(model_cfg.get("vocab_size", 32000))
         prompts = conversation(p, vocab)
         order = request_order(prompts)
-        ev: dict[str, Any] = {"engine_profile": prof.name, "base_urls": urls, "pool_dir": v["pool_dir"],
-                              "sessions": p.sessions, "turns": p.turns, "gpu_cache_tokens": p.gpu_cache_tokens,
-                              "kv_bytes_per_token": kv_bytes_per_token(model_cfg, "float32"),
-                              "context_tokens_per_session_last_turn": len(prompts[-1][0])}
+        ev = MultiTurnEvidence(engine_profile=prof.name, base_urls=urls, pool_dir=v["pool_dir"], sessions=p.sessions,
+                               turns=p.turns, gpu_cache_tokens=p.gpu_cache_tokens,
+                               kv_bytes_per_token=kv_bytes_per_token(model_cfg, "float32"),
+                               context_tokens_per_session_last_turn=len(prompts[-1][0]))
         settings = None
         if prof.lmcache is not None:
-            from ..engines import LMCacheSettings
             settings = LMCacheSettings(version=prof.lmcache.version,
                                        config={**prof.lmcache.config, **p.lmcache_overrides})
-        err, cfg = stage_engine_files(ctx, transport, v, gate_dir, model_cfg, settings, "g2mt-mkdir")
+        err, cfg = stage_engine_files(ctx, transport, prof, v, gate_dir, model_cfg, settings, "g2mt-mkdir")
         if err:
             return WorkloadResult(evidence=ev, error=err)
-        if cfg is not None:
-            ev["lmcache_config"] = cfg
+        ev.lmcache_config = cfg
 
         # Both instances run side by side and get the same request one after the other (no-tier, then tier),
         # so that load from elsewhere on the machine falls on both alike.
-        engines: dict[str, _Engine] = {}
+        engines: dict[str, EngineProcess] = {}
         try:
             for name, tier in (("no_tier", False), ("tier", True)):
                 vv = {**v, "port": ports[name]}
-                engines[name] = _Engine(ctx, transport, prof, self._argv(prof, vv, p, tier), prof.render_env(vv),
-                                        urls[name], posixpath.join(v["run_dir"], f"engine-{name}.log"),
-                                        gate_dir / f"engine-{name}.log")
-                ctx.progress(f"{ctx.gate.id}: starting {prof.name} ({name}) on {urls[name]}")
-                engines[name].start()
+                engines[name] = EngineProcess(ctx, transport, prof, self._argv(prof, vv, p, tier), prof.render_env(vv),
+                                              urls[name], posixpath.join(v["run_dir"], f"engine-{name}.log"),
+                                              gate_dir / f"engine-{name}.log")
             for name, eng in engines.items():
-                ok, why = eng.wait_ready(prof.ready_timeout_s)
-                if not ok:
-                    return WorkloadResult(evidence=ev, error=f"{prof.name} ({name}) did not start: {why}; "
-                                          f"log gate_dir/engine-{name}.log:\n{eng.log_tail()}")
+                err = start_engine(eng, name)
+                if err:
+                    return WorkloadResult(evidence=ev, error=err)
             ctx.progress(f"{ctx.gate.id}: {len(order)} requests on each instance, interleaved")
-            phases = self._interleaved(engines, p, order)
+            phases = self._interleaved(engines, p, order, ctx.http)
         except (httpx.HTTPError, WorkloadError, OSError) as exc:
             tails = "\n".join(f"--- {n}:\n{e.log_tail()}" for n, e in engines.items())
             return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{tails}")
@@ -264,15 +271,12 @@ class G2MultiTurn(Workload):
                 for r in ph["records"]:
                     f.write(json.dumps(r) + "\n")
 
-        result = evaluate_multiturn(phases, p.min_tier_hit_rate, p.max_memory_reuse)
-        result.evidence = {**ev, **result.evidence}
-        (gate_dir / "g2-multiturn-summary.json").write_text(json.dumps(
-            {"metrics": result.metrics, "evidence": result.evidence, "invalid_reason": result.invalid_reason,
-             "error": result.error}, indent=1, default=str))
+        result = evaluate_multiturn(phases, p.min_tier_hit_rate, p.max_memory_reuse, ev)
+        write_summary(gate_dir, "g2-multiturn-summary.json", result)
         return result
 
     @staticmethod
-    def _interleaved(engines: dict[str, _Engine], p: MultiTurnParams, order) -> dict[str, dict[str, Any]]:
+    def _interleaved(engines: dict[str, EngineProcess], p: MultiTurnParams, order, http=None) -> dict[str, dict[str, Any]]:
         """Each request to every instance in turn, one at a time; counters around each request (their
         reads are outside the measured time)."""
         phases = {n: {"wall_s": 0.0, "tokens": 0, "sessions": p.sessions, "records": []} for n in engines}
@@ -283,7 +287,7 @@ class G2MultiTurn(Workload):
                 req = CompletionRequest(f"t{turn}-s{session}", ids, max_tokens=p.max_tokens, prompt_tokens=len(ids))
                 t0 = time.perf_counter()
                 rec: RequestRecord = run_requests_sync(eng.base_url, [req], p.served_model_name, concurrency=1,
-                                                       timeout_s=p.request_timeout_s)[0]
+                                                       timeout_s=p.request_timeout_s, transport=http)[0]
                 ph["wall_s"] += time.perf_counter() - t0
                 after = eng.metrics()
                 prior = len(ids) - p.reply_tokens - p.user_tokens if turn > 0 else 0

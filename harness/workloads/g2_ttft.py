@@ -20,10 +20,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import random
-import socket
-import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,15 +27,18 @@ from typing import Any
 import httpx
 from pydantic import Field, field_validator
 
-from ..engines import (DEFAULT_CPU_REF_MODEL, EngineProfile, kv_bytes_per_token,
-                       lmcache_config, load_profile, metric_total, parse_block_stat, parse_prometheus,
-                       shell_line, write_lmcache_yaml)
-from ..errors import ConfigError, WorkloadError
-from ..ttft_client import CompletionRequest, RequestRecord, percentile, run_requests_sync
-from ..verdict import WorkloadResult
-from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
-
-DROP_CACHES_ARGV = ("sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches")
+from ..engines import DEFAULT_CPU_REF_MODEL, EngineProfile, kv_bytes_per_token, lmcache_config, load_profile, shell_line
+from ..engines.client import RequestRecord, run_requests_sync
+from ..engines.prompts import load_tokenizer, make_prompts, make_text_prompts
+from ..errors import WorkloadError
+from ..parsers.blockdev import parse_block_stat
+from ..parsers.prometheus import counter_delta
+from ..stats import percentile
+from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
+                   drop_caches, register_workload, write_summary)
+from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_python, engine_values,
+                     model_config_issues, pool_contents, pool_files_argv, profile_issues, stage_engine_files,
+                     start_engine)
 
 
 class G2Params(StrictModel):
@@ -73,88 +72,49 @@ class G2Params(StrictModel):
         return v
 
 
-def make_prompts(seed: int, lengths: list[int], per_length: int, vocab_size: int) -> list[CompletionRequest]:
-    """Deterministic token-id prompts: same seed, lengths and vocabulary -> same prompts, any machine.
-    Ids avoid 0..9 (special tokens in most vocabularies)."""
-    out = []
-    for length in lengths:
-        for i in range(per_length):
-            rng = random.Random(f"kvgate-g2:{seed}:{length}:{i}")
-            ids = [rng.randrange(10, vocab_size) for _ in range(length)]
-            out.append(CompletionRequest(f"s{seed}-n{length}-i{i}", ids, prompt_tokens=length))
-    return out
-
-
-def stage_engine_files(ctx: GateContext, transport, v: dict[str, Any], gate_dir: Path, model_cfg: dict[str, Any],
-                       lmcache, step: str) -> tuple[str | None, dict[str, Any] | None]:
-    """Create the engine's directories on the node and put its model config and its LMCache YAML (strictly
-    checked) there. Returns (error, the LMCache config written or None)."""
-    res = ctx.steps.run(transport, step, ["mkdir", "-p", v["run_dir"], v["pool_dir"],
-                                          posixpath.join(v["run_dir"], "prometheus")])
-    if not res.ok:
-        return f"could not create directories: {res.summary()}", None
-    (gate_dir / "model-config.json").write_text(json.dumps(model_cfg, indent=1))
-    transport.put(gate_dir / "model-config.json", v["model_config"])
-    if lmcache is None:
-        return None, None
-    try:
-        cfg = write_lmcache_yaml(lmcache, v, gate_dir / "lmcache.yaml")
-    except ConfigError as exc:
-        return f"LMCache config rejected: {exc}", None
-    transport.put(gate_dir / "lmcache.yaml", v["lmcache_config"])
-    return None, cfg
-
-
-def client_base_url(transport, node, bind_host: str, port: int) -> tuple[str, str]:
-    """Where the TTFT client reaches the engine, and how: directly on a local node or on an SSH node's
-    routable bind address; through an SSH port forward when the engine binds the node's loopback."""
-    if getattr(node, "transport", "local") == "local":
-        return f"http://{bind_host}:{port}", "direct"
-    if bind_host in ("127.0.0.1", "localhost", "::1"):
-        host, fport = transport.forward_port(bind_host, port)
-        return f"http://{host}:{fport}", f"ssh-forward to {node.name}:{bind_host}:{port}"
-    return f"http://{bind_host if bind_host not in ('0.0.0.0', '::') else node.host}:{port}", "direct"
-
-
-def engine_python(python: str | None, node_transport: str, node_engine_python: str | None = None) -> str:
-    """The engine's interpreter: as the gate gives it, else the node's ``engine_python`` (its engine
-    environment), else this one on a local node (kvgate's venv, where setup installs the CPU engine),
-    else ``python3`` on the node's PATH."""
-    if python:
-        return python
-    if node_engine_python:
-        return node_engine_python
-    return sys.executable if node_transport == "local" else "python3"
-
-
-def launch_values(p: G2Params, work_dir: str, gate_id: str, port: int, run_tag: str,
+def launch_values(p: G2Params, profile: EngineProfile, work_dir: str, gate_id: str, port: int, run_tag: str,
                   node_transport: str = "ssh", node_engine_python: str | None = None) -> dict[str, Any]:
     """Pure: the values an engine profile's argv/env templates are filled with for one G2 run."""
-    remote = posixpath.join(work_dir, f"kvgate-g2-{gate_id}-{run_tag}")
+    run_dir = posixpath.join(work_dir, f"kvgate-g2-{gate_id}-{run_tag}")
     pool_root = p.pool_dir if p.pool_dir.startswith("/") else posixpath.join(work_dir, p.pool_dir)
-    values = {"python": engine_python(p.python, node_transport, node_engine_python), "host": p.host, "port": port, "model": p.model,
-              "served_model_name": p.served_model_name, "seed": p.seed, "run_dir": remote,
-              "pool_dir": posixpath.join(pool_root, f"run-{run_tag}"),
-              "lmcache_config": posixpath.join(remote, "lmcache.yaml"),
-              "model_config": posixpath.join(remote, "model-config.json"),
-              "tensor_parallel_size": 1, "max_model_len": max(p.prompt_tokens) + p.max_tokens + 16,
-              "cpu_cache_gb": 4, "disk_cache_gb": 64}
-    values.update(p.engine_values)
-    return values
+    return engine_values(profile, python=engine_python(p.python, node_transport, node_engine_python), host=p.host,
+                         port=port,
+                         model=p.model, served_model_name=p.served_model_name, seed=p.seed, run_dir=run_dir,
+                         pool_dir=posixpath.join(pool_root, f"run-{run_tag}"),
+                         max_model_len=max(p.prompt_tokens) + p.max_tokens + 16, extra=p.engine_values)
 
 
-def make_text_prompts(seed: int, lengths: list[int], per_length: int, tokenizer) -> list[CompletionRequest]:
-    """Deterministic text prompts that the model's tokenizer encodes to exactly the configured lengths."""
-    from ..engines.prompts import text_prompt
-    return [CompletionRequest(f"s{seed}-n{length}-i{i}", text_prompt(tokenizer, length, f"kvgate-g2:{seed}:{i}"),
-                              prompt_tokens=length)
-            for length in lengths for i in range(per_length)]
+class G2Evidence(Evidence):
+    """G2's evidence: the engine and where it ran, the prompts, both phases' proof (hits from the engine's
+    counters, bytes read from the pool's device), and the pool as populated."""
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    engine_profile: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    base_url: str | None = None
+    client_path: str | None = None
+    pool_dir: str | None = None
+    run_dir_on_node: str | None = None
+    prompt_kind: str | None = None
+    tokenizer: str | None = None
+    kv_bytes_per_token: int | None = None
+    expected_kv_bytes: int | None = None
+    prompts: int | None = None
+    prompt_tokens: list[int] = []
+    seed: int | None = None
+    lmcache_version_pinned: str | None = None
+    lmcache_config: dict[str, Any] | None = None
+    versions: dict[str, str] = {}
+    recompute_hit_tokens: float | None = None
+    pool_after_populate: dict[str, Any] | None = None
+    page_cache_dropped: bool | None = None
+    page_cache_drop_error: str | None = None
+    pool_device: str | None = None
+    readback_hit_tokens: float | None = None
+    readback_query_tokens: float | None = None
+    readback_device_read_bytes: int | None = None
+    engine_reported_read_bytes: float | None = None
+    failed_requests: int = 0
 
 
 def _stats(xs: list[float], prefix: str) -> dict[str, float]:
@@ -166,10 +126,10 @@ def _stats(xs: list[float], prefix: str) -> dict[str, float]:
 
 def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], hit_tokens: float | None,
                 query_tokens: float | None, device_read_bytes: int | None, min_hit_rate: float,
-                expected_kv_bytes: int) -> WorkloadResult:
-    """Pure: metrics and validity from the two phases' records and the read-back evidence."""
+                expected_kv_bytes: int, evidence: G2Evidence | None = None) -> WorkloadResult:
+    """Pure: metrics and validity from the two phases' records and the read-back evidence (added to
+    ``evidence``, a copy of which the result carries)."""
     metrics: dict[str, float] = {}
-    evidence: dict[str, Any] = {}
     failed = [r for r in recompute + readback if not r.ok]
     rc = [r.ttft_s for r in recompute if r.ok]
     rb = [r.ttft_s for r in readback if r.ok]
@@ -183,9 +143,10 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
         metrics["hit_rate"] = hit_rate
     if device_read_bytes is not None:
         metrics["readback_device_read_bytes"] = float(device_read_bytes)
-    evidence.update(readback_hit_tokens=hit_tokens, readback_query_tokens=query_tokens,
-                    readback_device_read_bytes=device_read_bytes, expected_kv_bytes=expected_kv_bytes,
-                    failed_requests=len(failed))
+    ev = (evidence or G2Evidence()).model_copy(update=dict(
+        readback_hit_tokens=hit_tokens, readback_query_tokens=query_tokens,
+        readback_device_read_bytes=device_read_bytes, expected_kv_bytes=expected_kv_bytes,
+        failed_requests=len(failed)))
     error = None
     if failed:
         error = (f"{len(failed)} of {len(recompute) + len(readback)} requests failed; first: "
@@ -199,69 +160,17 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
         invalid = "bytes read from the pool's device could not be measured: the read-back is not proven cold"
     elif device_read_bytes <= 0:
         invalid = "no bytes were read from the pool's device during read-back: the KV came from a cache, not the tier"
-    return WorkloadResult(metrics=metrics, evidence=evidence, invalid_reason=invalid, error=error)
-
-
-class _Engine:
-    """One engine instance on a node: spawn in its own process group, readiness wait, kill the group."""
-
-    def __init__(self, ctx: GateContext, transport, profile: EngineProfile, argv: list[str], env: dict[str, str],
-                 base_url: str, log_path: str, local_log: Path):
-        self.ctx, self.transport, self.profile = ctx, transport, profile
-        self.argv, self.env, self.base_url = argv, env, base_url
-        self.log_path, self.local_log = log_path, local_log
-        self.proc = None
-
-    def start(self) -> None:
-        d = self.ctx.steps.new_dir(self.transport.name, f"spawn-{self.profile.name}")
-        (d / "argv.json").write_text(json.dumps({"node": self.transport.name, "argv": self.argv, "env": self.env,
-                                                 "log_path": self.log_path}, indent=1))
-        self.proc = self.transport.spawn(self.argv, env=self.env, log_path=self.log_path)
-        (d / "status.json").write_text(json.dumps({"status": "spawned", "pid": self.proc.pid}))
-
-    def wait_ready(self, timeout_s: float) -> tuple[bool, str]:
-        deadline = time.monotonic() + timeout_s
-        url = self.base_url + self.profile.health_path
-        while time.monotonic() < deadline:
-            rc = self.proc.poll()
-            if rc is not None:
-                return False, f"engine exited with rc {rc} before it was ready"
-            try:
-                if httpx.get(url, timeout=5.0).status_code == 200:
-                    return True, "ready"
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        return False, f"engine not ready after {timeout_s:.0f} s"
-
-    def metrics(self) -> list:
-        r = httpx.get(self.base_url + self.profile.metrics_path, timeout=30.0)
-        r.raise_for_status()
-        return parse_prometheus(r.text)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill_group(grace_s=10.0)
-            self.proc.wait(10.0)
-        self.fetch_log()
-
-    def fetch_log(self) -> None:
-        try:
-            self.transport.get(self.log_path, self.local_log)
-        except Exception:  # noqa: BLE001 - a missing log is reported by its absence, not a crash
-            pass
-
-    def log_tail(self, n: int = 40) -> str:
-        self.fetch_log()
-        try:
-            return "\n".join(self.local_log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no engine log)"
+    if invalid is None and ev.recompute_hit_tokens:
+        invalid = f"the re-compute phase hit {ev.recompute_hit_tokens:.0f} tokens: prompts were not new"
+    if invalid is None and ev.pool_after_populate is not None and not ev.pool_after_populate.get("bytes"):
+        invalid = "the pool holds no bytes after populate"
+    return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
 
 
 @register_workload("g2-ttft")
 class G2Ttft(Workload):
     Params = G2Params
+    EvidenceModel = G2Evidence
     METRICS = {
         "ttft_recompute_p50_s": "s", "ttft_recompute_p90_s": "s", "ttft_recompute_p99_s": "s",
         "ttft_readback_p50_s": "s", "ttft_readback_p90_s": "s", "ttft_readback_p99_s": "s",
@@ -271,16 +180,12 @@ class G2Ttft(Workload):
     # -------------------------------------------------------------------------------- preparation
 
     def validate_against(self, params, nodes):
-        issues = []
-        try:
-            prof = load_profile(params.engine)
-        except ConfigError as exc:
-            return [(("engine",), str(exc.issues[0]))]
-        if prof.engine != "cpu-reference" and (params.model_config_inline is None and params.model_config_path is None):
-            issues.append((("model_config",), "needs the model's config.json (for KV bytes per token and vocab size)"))
-        if len(nodes) != 1:
-            issues.append((("nodes",), f"g2-ttft runs on exactly one node, got {len(nodes)}"))
-        return issues
+        prof, issues = profile_issues(params.engine, nodes, "g2-ttft")
+        if prof is not None and prof.engine != "cpu-reference" and (
+                params.model_config_inline is None and params.model_config_path is None):
+            issues.insert(0, (("model_config",), "needs the model's config.json (for KV bytes per token and vocab size)"))
+        kv_dtype = "float32" if prof is not None and prof.engine == "cpu-reference" else None
+        return model_config_issues(params.model_config_inline, "model_config_inline", kv_dtype) + issues
 
     def _model_config(self, p: G2Params) -> dict[str, Any]:
         if p.model_config_inline is not None:
@@ -289,15 +194,12 @@ class G2Ttft(Workload):
             return json.loads(Path(p.model_config_path).read_text())
         return dict(DEFAULT_CPU_REF_MODEL)
 
-    def _layout(self, ctx: GateContext, node, port: int, run_tag: str) -> dict[str, Any]:
-        return launch_values(ctx.params, node.work_dir, ctx.gate.id, port, run_tag, node.transport,
-                             node.engine_python)
-
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2Params = ctx.params
         prof = load_profile(p.engine)
         node = next(iter(ctx.nodes.values()))
-        v = self._layout(ctx, node, p.port or 8000, "<run>")
+        v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
+                          node.engine_python)
         argv, env = prof.render_argv(v), prof.render_env(v)
         files = {}
         if prof.lmcache is not None:
@@ -305,14 +207,17 @@ class G2Ttft(Workload):
         n = len(p.prompt_tokens) * p.prompts_per_length
         return [
             PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
-                        ("mkdir", "-p", v["run_dir"], v["pool_dir"]), files=files),
+                        ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
+                        files=files),
             PlannedStep(node.name, f"start {prof.name} in its own process group: {shell_line(argv, env)}", tuple(argv)),
             PlannedStep(node.name, f"re-compute: {n} never-seen prompts of {p.prompt_tokens} tokens, TTFT each "
                         "(this also stores their KV in the pool)"),
-            PlannedStep(node.name, f"wait until {v['pool_dir']} holds the expected KV bytes", ("du", "-sb", v["pool_dir"])),
+            PlannedStep(node.name, f"wait until the finished chunk files in {v['pool_dir']} hold the expected KV bytes",
+                        tuple(pool_files_argv(v["pool_dir"]))),
             PlannedStep(node.name, "stop the engine (kill its process group)"),
             PlannedStep(node.name, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV),
             PlannedStep(node.name, "start the engine again", tuple(argv)),
+            PlannedStep(node.name, "the pool's device", ("findmnt", "-n", "-o", "SOURCE", "--target", v["pool_dir"])),
             PlannedStep(node.name, f"read back: the same {n} prompts, TTFT each; hit counters and "
                         "/sys/class/block/DEV/stat of the pool's device before and after"),
         ]
@@ -321,119 +226,102 @@ class G2Ttft(Workload):
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: G2Params = ctx.params
-        node = next(iter(ctx.nodes.values()))
-        transport = ctx.transports[node.name]
-        prof = load_profile(p.engine)
-        is_local = getattr(node, "transport", "local") == "local"
-        port = p.port or (free_port(p.host) if is_local else 8000)
+        node, transport, prof, python = engine_node(ctx, p.engine, p.python)
+        port = engine_port(ctx, transport, node, p.port, python, "g2-port")
         run_tag = uuid.uuid4().hex[:8]
-        v = self._layout(ctx, node, port, run_tag)
+        v = launch_values(p, prof, node.work_dir, ctx.gate.id, port, run_tag, node.transport, node.engine_python)
         base_url, client_path = client_base_url(transport, node, p.host, port)
         gate_dir = ctx.gate_dir
-        evidence: dict[str, Any] = {"engine_profile": prof.name, "engine": prof.engine,
-                                    "engine_version": prof.engine_version, "base_url": base_url,
-                                    "client_path": client_path,
-                                    "pool_dir": v["pool_dir"], "run_dir_on_node": v["run_dir"]}
+        ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,
+                        base_url=base_url, client_path=client_path, pool_dir=v["pool_dir"], run_dir_on_node=v["run_dir"])
         model_cfg = self._model_config(p)
-        bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)
+        try:
+            bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)
+        except ValueError as exc:  # a model_config file read only now
+            return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
         vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size", 32000))
         tok_spec = p.tokenizer or prof.tokenizer
         if tok_spec and prof.engine != "cpu-reference":  # cpu-reference has no tokenizer: token ids there
-            from ..engines.prompts import load_tokenizer
             try:
                 prompts = make_text_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, load_tokenizer(tok_spec))
             except (OSError, ValueError) as exc:
-                return WorkloadResult(evidence=evidence, error=f"tokenizer {tok_spec}: {exc}")
-            evidence.update(prompt_kind="text", tokenizer=tok_spec)
+                return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}")
+            ev.prompt_kind, ev.tokenizer = "text", tok_spec
         else:
             prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
-            evidence["prompt_kind"] = "token_ids"
+            ev.prompt_kind = "token_ids"
         expected_bytes = sum(r.prompt_tokens for r in prompts) * bpt
-        evidence.update(kv_bytes_per_token=bpt, expected_kv_bytes=expected_bytes, prompts=len(prompts),
-                        prompt_tokens=p.prompt_tokens, seed=p.seed)
+        ev.kv_bytes_per_token, ev.expected_kv_bytes, ev.prompts = bpt, expected_bytes, len(prompts)
+        ev.prompt_tokens, ev.seed = list(p.prompt_tokens), p.seed
 
-        # Files for the node: LMCache YAML (strictly checked), model config.
-        err, cfg = stage_engine_files(ctx, transport, v, gate_dir, model_cfg, prof.lmcache, "g2-mkdir")
+        # Files for the node: LMCache YAML (strictly checked), model config, the engine's program.
+        err, cfg = stage_engine_files(ctx, transport, prof, v, gate_dir, model_cfg, prof.lmcache, "g2-mkdir")
         if err:
-            return WorkloadResult(evidence=evidence, error=err)
+            return WorkloadResult(evidence=ev, error=err)
         if prof.lmcache is not None:
-            evidence["lmcache_version_pinned"] = prof.lmcache.version
-            evidence["lmcache_config"] = cfg
-        evidence["versions"] = self._versions(ctx, transport, prof, p)
+            ev.lmcache_version_pinned, ev.lmcache_config = prof.lmcache.version, cfg
+        ev.versions = self._versions(ctx, transport, prof, python)
 
         argv, env = prof.render_argv(v), prof.render_env(v)
-        engines: list[_Engine] = []
+        engines: list[EngineProcess] = []
 
-        def start(label: str) -> tuple[_Engine | None, str | None]:
-            eng = _Engine(ctx, transport, prof, argv, env, base_url,
-                          posixpath.join(v["run_dir"], f"engine-{label}.log"), gate_dir / f"engine-{label}.log")
+        def engine(label: str) -> EngineProcess:
+            eng = EngineProcess(ctx, transport, prof, argv, env, base_url,
+                                posixpath.join(v["run_dir"], f"engine-{label}.log"), gate_dir / f"engine-{label}.log")
             engines.append(eng)
-            ctx.progress(f"{ctx.gate.id}: starting {prof.name} ({label})")
-            eng.start()
-            ok, why = eng.wait_ready(prof.ready_timeout_s)
-            if not ok:
-                tail = eng.log_tail()
-                eng.stop()
-                return None, f"{prof.name} ({label}) did not start: {why}; log gate_dir/engine-{label}.log:\n{tail}"
-            return eng, None
+            return eng
 
         try:
-            eng, err = start("recompute")
+            eng = engine("recompute")
+            err = start_engine(eng, "recompute")
             if err:
-                return WorkloadResult(evidence=evidence, error=err)
+                return WorkloadResult(evidence=ev, error=err)
             m0 = eng.metrics()
             ctx.progress(f"{ctx.gate.id}: re-compute phase, {len(prompts)} prompts")
             recompute = run_requests_sync(base_url, prompts, p.served_model_name, concurrency=p.concurrency,
-                                          timeout_s=p.request_timeout_s)
+                                          timeout_s=p.request_timeout_s, transport=ctx.http)
             m1 = eng.metrics()
-            evidence["recompute_hit_tokens"] = _delta(m0, m1, prof.hit_metrics.hit_tokens)
+            ev.recompute_hit_tokens = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
             self._save(gate_dir / "requests-recompute.jsonl", recompute)
 
-            pool = self._wait_pool(ctx, transport, v["pool_dir"], expected_bytes, p.populate_timeout_s)
-            evidence["pool_after_populate"] = pool
+            ev.pool_after_populate = pool_contents(ctx, transport, v["pool_dir"], expected_bytes,
+                                                   p.populate_timeout_s, "g2-pool-after-populate")
             eng.stop()
 
-            drop = ctx.steps.run(transport, "g2-drop-caches", list(DROP_CACHES_ARGV), timeout_s=300) \
-                if p.drop_caches else None
-            evidence["page_cache_dropped"] = bool(drop and drop.ok)
-            if drop is not None and not drop.ok:
-                evidence["page_cache_drop_error"] = drop.summary()
+            if p.drop_caches:
+                drop = drop_caches(ctx, transport, "g2-drop-caches")
+                ev.page_cache_dropped, ev.page_cache_drop_error = drop.dropped, drop.error
+            else:
+                ev.page_cache_dropped = False
 
-            eng, err = start("readback")
+            eng = engine("readback")
+            err = start_engine(eng, "readback")
             if err:
-                return WorkloadResult(evidence=evidence, error=err)
+                return WorkloadResult(evidence=ev, error=err)
             dev = self._pool_device(ctx, transport, v["pool_dir"])
-            evidence["pool_device"] = dev
+            ev.pool_device = dev
             s0 = self._block_stat(ctx, transport, dev)
             m0 = eng.metrics()
             ctx.progress(f"{ctx.gate.id}: cold read-back phase, {len(prompts)} prompts")
             readback = run_requests_sync(base_url, prompts, p.served_model_name, concurrency=p.concurrency,
-                                         timeout_s=p.request_timeout_s)
+                                         timeout_s=p.request_timeout_s, transport=ctx.http)
             m1 = eng.metrics()
             s1 = self._block_stat(ctx, transport, dev)
             self._save(gate_dir / "requests-readback.jsonl", readback)
             eng.stop()
         except (httpx.HTTPError, WorkloadError, OSError) as exc:
             tail = engines[-1].log_tail() if engines else ""
-            return WorkloadResult(evidence=evidence, error=f"{type(exc).__name__}: {exc}\n{tail}".strip())
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{tail}".strip())
         finally:
             for e in engines:
                 e.stop()
 
-        hit = _delta(m0, m1, prof.hit_metrics.hit_tokens)
-        query = _delta(m0, m1, prof.hit_metrics.query_tokens)
+        ev.engine_reported_read_bytes = counter_delta(m0, m1, prof.hit_metrics.read_bytes)
+        hit = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
+        query = counter_delta(m0, m1, prof.hit_metrics.query_tokens)
         read_bytes = None if s0 is None or s1 is None else s1.read_bytes - s0.read_bytes
-        result = evaluate_g2(recompute, readback, hit, query, read_bytes, p.min_hit_rate, expected_bytes)
-        result.evidence = {**evidence, **result.evidence,
-                           "engine_reported_read_bytes": _delta(m0, m1, prof.hit_metrics.read_bytes)}
-        if evidence.get("recompute_hit_tokens"):
-            result.invalid_reason = result.invalid_reason or (
-                f"the re-compute phase hit {evidence['recompute_hit_tokens']:.0f} tokens: prompts were not new")
-        if not pool.get("bytes"):
-            result.invalid_reason = result.invalid_reason or "the pool holds no bytes after populate"
-        (gate_dir / "g2-summary.json").write_text(json.dumps({"metrics": result.metrics, "evidence": result.evidence,
-                                                              "invalid_reason": result.invalid_reason,
-                                                              "error": result.error}, indent=1, default=str))
+        result = evaluate_g2(recompute, readback, hit, query, read_bytes, p.min_hit_rate, expected_bytes, ev)
+        write_summary(gate_dir, "g2-summary.json", result)
         return result
 
     # --------------------------------------------------------------------------------------- helpers
@@ -442,36 +330,14 @@ class G2Ttft(Workload):
     def _save(path: Path, records: list[RequestRecord]) -> None:
         path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
 
-    def _versions(self, ctx, transport, prof: EngineProfile, p: G2Params) -> dict[str, str | None]:
+    def _versions(self, ctx, transport, prof: EngineProfile, python: str) -> dict[str, str]:
         code = ("import importlib.metadata as m\nfor d in ('vllm','lmcache','torch','transformers','sglang','kvbm'):\n"
                 "    try: print(d, m.version(d))\n    except Exception: pass\n")
-        node = ctx.nodes.get(transport.name)
-        python = engine_python(p.python, node.transport if node else "ssh", node.engine_python if node else None)
         res = ctx.steps.run(transport, "g2-versions", [python, "-c", code], timeout_s=60)
         out = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
         if prof.lmcache is not None and out.get("lmcache") and out["lmcache"] != prof.lmcache.version:
             out["warning"] = f"profile written for LMCache {prof.lmcache.version}, node has {out['lmcache']}"
         return out
-
-    def _wait_pool(self, ctx, transport, pool_dir: str, expected: int, timeout_s: float) -> dict[str, Any]:
-        """Poll the pool until it holds the expected bytes (LMCache writes asynchronously) or stops growing."""
-        deadline = time.monotonic() + timeout_s
-        last = -1
-        info: dict[str, Any] = {}
-        while True:
-            res = transport.run(["sh", "-c", 'du -sb "$1" | cut -f1; find "$1" -type f | wc -l', "sh", pool_dir],
-                                timeout_s=60)
-            lines = res.stdout.split()
-            size = int(lines[0]) if res.ok and lines and lines[0].isdigit() else 0
-            files = int(lines[1]) if len(lines) > 1 and lines[1].isdigit() else 0
-            info = {"bytes": size, "files": files, "expected_kv_bytes": expected}
-            if size >= expected or time.monotonic() > deadline or (size == last and size > 0 and size >= 0.5 * expected):
-                break
-            last = size
-            time.sleep(1.0)
-        d = ctx.steps.new_dir(transport.name, "g2-pool-after-populate")
-        (d / "status.json").write_text(json.dumps(info))
-        return info
 
     def _pool_device(self, ctx, transport, pool_dir: str) -> str | None:
         res = ctx.steps.run(transport, "g2-pool-device", ["findmnt", "-n", "-o", "SOURCE", "--target", pool_dir],
@@ -489,10 +355,3 @@ class G2Ttft(Workload):
             return parse_block_stat(res.stdout) if res.ok else None
         except ValueError:
             return None
-
-
-def _delta(m0: list, m1: list, names: list[str]) -> float | None:
-    if not names:
-        return None
-    a, b = metric_total(m0, names), metric_total(m1, names)
-    return None if a is None or b is None else b - a

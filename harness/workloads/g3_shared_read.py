@@ -13,28 +13,22 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from ..errors import WorkloadError
-from ..fanout import (FailurePolicy, GroupResult, LaunchSpec, NodeOutcome, SynchronizedLaunch, fan_out,
-                      measure_clock_offsets)
-from ..g3 import (aggregate, applied_offset_s, cross_check_port_rate, nic_ceiling_ratio, nodes_completed,
-                  parse_reader_output, start_skew_s)
-from ..verdict import WorkloadResult
-from .base import GateContext, PlannedStep, StrictModel, Workload, register_workload
+from ..execute.clock import CLOCK_ARGV, applied_offset_s, measure_clock_offsets
+from ..execute.fanout import FailurePolicy, GroupResult, LaunchSpec, NodeOutcome, SynchronizedLaunch, fan_out
+from ..node import program_path
+from ..parsers.g3series import (NodeSeries, PortRate, aggregate, cross_check_port_rate, nic_ceiling_ratio,
+                                nodes_completed, parse_reader_output, rate_series, start_skew_s)
+from ..units import parse_size_bytes
+from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel, Workload,
+                   WorkloadResult, drop_caches, register_workload, target_path, write_summary)
 
-READER_SRC = Path(__file__).resolve().parents[1] / "g3_reader.py"
-DROP_CACHES_ARGV = ("sh", "-c", "sync && echo 1 > /proc/sys/vm/drop_caches")
 LMCACHE_HEADER_BYTES = 28  # LMCache's fs connector: RemoteMetadata before each chunk's bytes
 MANIFEST = "kvgate-manifest.json"
-
-
-def _size(v: Any) -> int:
-    from ..config import _size_bytes
-    return _size_bytes(v)
 
 
 class G3Params(StrictModel):
@@ -66,10 +60,7 @@ class G3Params(StrictModel):
     @field_validator("block_bytes", mode="before")
     @classmethod
     def _block(cls, v: Any) -> int:
-        n = _size(v)
-        if n % 4096:
-            raise ValueError(f"block must be a multiple of 4096 bytes for O_DIRECT, got {v!r}")
-        return n
+        return parse_size_bytes(v, multiple_of=4096, what="block")
 
     @field_validator("port")
     @classmethod
@@ -105,9 +96,7 @@ def manifest_for(p: G3Params) -> dict:
 
 
 def _pool_dir(node, p: G3Params) -> str:
-    t = node.target(p.pool_target)
-    base = t.path if t.path.startswith("/") else posixpath.join(node.work_dir, t.path)
-    return posixpath.join(base, p.pool_subdir)
+    return posixpath.join(target_path(node, node.target(p.pool_target)), p.pool_subdir)
 
 
 def _node_dir(node, gate_id: str) -> str:
@@ -115,9 +104,78 @@ def _node_dir(node, gate_id: str) -> str:
     return posixpath.join(node.work_dir, f"g3-{gate_id}-{node.name}")
 
 
+class G3Evidence(Evidence, SeriesEvidence):
+    """G3's evidence: the port and its line rate, the KV copy, clocks and cache drops, each reader's record,
+    the launch, the aggregate over the common window, and every reader's rate over time (the report's
+    per-node series chart, drawn against ``nic_line_rate_gb_s``)."""
+
+    readers: list[str] = []
+    port: str = ""
+    copy_bytes: int = 0
+    chunks: int = 0
+    chunk_bytes: int = 0
+    streams_per_node: int = 0
+    block_bytes: int = 0
+    policy: dict[str, Any] = {}
+    port_rate: dict[str, Any] | None = None
+    pool: dict[str, Any] | None = None
+    phase_failures: dict[str, dict[str, str]] = {}
+    clock_offsets: dict[str, dict[str, Any]] = {}
+    clock_alignment: str | None = None
+    clock_offset_errors: dict[str, str] = {}
+    page_cache_dropped: dict[str, dict[str, Any]] = {}
+    nodes: dict[str, dict[str, Any]] = {}
+    failed_nodes: dict[str, str] = {}
+    launch: dict[str, Any] | None = None
+    aggregate: dict[str, Any] | None = None
+    start_skew_ms: float | None = None
+    start_skew_uncertainty_ms: float | None = None
+    start_times_node_clock_s: dict[str, float | None] = {}
+
+
+def evaluate_g3(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, policy: FailurePolicy,
+                min_window_s: float, offset_uncertainty_s: float, go_ref_s: float | None) -> WorkloadResult:
+    """Pure: G3's metrics and validity from every reader's parsed series and the evidence gathered so far
+    (``ev.nodes``, ``ev.failed_nodes``, ``ev.page_cache_dropped``); fills in the aggregate, the start skew
+    and the per-node rate series the report draws."""
+    failed = ev.failed_nodes
+    ok_series = {n: s for n, s in series.items() if n not in failed}
+    agg = aggregate(ok_series, min_window_s=min_window_s)
+    ev.aggregate = agg.as_dict()
+    ev.series = rate_series(series, go_ref_s)
+    ev.nic_line_rate_gb_s = port.effective_gbit_s / 8.0
+    metrics: dict[str, float] = {"nodes_completed": float(nodes_completed(series))}
+    skew = start_skew_s({n: s for n, s in series.items() if s.started_at_s is not None})
+    if skew is not None:
+        metrics["start_skew_s"] = skew
+        ev.start_skew_ms = skew * 1e3
+        # Aligned starts are exact only if the applied offsets are: the true skew can be larger by up to
+        # twice the largest offset uncertainty (zero where all nodes share one clock, as in the rig).
+        ev.start_skew_uncertainty_ms = 2e3 * offset_uncertainty_s
+        ev.start_times_node_clock_s = {n: s.started_at_s for n, s in series.items()}
+    if agg.aggregate_read_gb_s is not None:
+        metrics["aggregate_read_gb_s"] = agg.aggregate_read_gb_s
+        metrics["nic_ceiling_ratio"] = nic_ceiling_ratio(agg.aggregate_read_gb_s, port.effective_gbit_s)
+    if agg.fairness_min_max is not None:
+        metrics["fairness_min_max"] = agg.fairness_min_max
+    group = GroupResult({n: NodeOutcome(n, n not in failed, None, failed.get(n)) for n in ev.readers})
+    err = policy.verdict_error(group)
+    if err:
+        return WorkloadResult(metrics, ev, error=err)
+    if agg.aggregate_read_gb_s is None:
+        return WorkloadResult(metrics, ev, invalid_reason=f"no aggregate: {agg.reason}")
+    drops = ev.page_cache_dropped
+    not_cold = [n for n in ok_series if not ev.nodes[n].get("direct_used") and not drops.get(n, {}).get("dropped")]
+    if not_cold:
+        return WorkloadResult(metrics, ev, invalid_reason=(
+            f"not cold: no O_DIRECT and the page cache was not dropped on {', '.join(not_cold)}"))
+    return WorkloadResult(metrics, ev)
+
+
 @register_workload("g3-shared-read")
 class G3SharedRead(Workload):
     Params = G3Params
+    EvidenceModel = G3Evidence
     METRICS = {
         "aggregate_read_gb_s": "GB/s",
         "nic_ceiling_ratio": "ratio",
@@ -181,14 +239,14 @@ class G3SharedRead(Workload):
         p: G3Params = ctx.params
         port_node, nic, readers = self._roles(p, ctx.nodes)
         creator = ctx.nodes[p.create_on or readers[0]]
-        out = [PlannedStep(port_node, f"read /sys/class/net/{nic}/speed and tc qdisc of {nic} (cross-check)",
-                           ("cat", f"/sys/class/net/{nic}/speed"))]
+        out = [PlannedStep(port_node, f"line rate of {nic} (cross-check)", ("cat", f"/sys/class/net/{nic}/speed")),
+               PlannedStep(port_node, f"shaping of {nic} (cross-check)", ("tc", "-j", "qdisc", "show", "dev", nic))]
         out.append(PlannedStep(creator.name, f"lay out the KV copy ({p.chunks} chunk files, {p.copy_bytes} bytes) "
                                f"in {_pool_dir(creator, p)} unless its manifest matches",
                                self._create_argv(ctx, creator, p)))
         for r in readers:
             node = ctx.nodes[r]
-            out.append(PlannedStep(r, "measure clock offset (round trips)", ("date", "+%s.%N")))
+            out.append(PlannedStep(r, f"measure clock offset ({p.clock_samples} round trips)", CLOCK_ARGV))
             if p.drop_caches:
                 out.append(PlannedStep(r, "drop the page cache (recorded)", DROP_CACHES_ARGV))
             _, argv = self._reader_argv(ctx, node, p)
@@ -200,9 +258,16 @@ class G3SharedRead(Workload):
         p: G3Params = ctx.params
         port_node, nic, readers = self._roles(p, ctx.nodes)
         policy = FailurePolicy(p.max_failed_share, p.on_node_failure)
-        ev: dict[str, Any] = {"readers": readers, "port": p.port, "copy_bytes": p.copy_bytes, "chunks": p.chunks,
-                              "chunk_bytes": p.chunk_bytes, "streams_per_node": p.streams,
-                              "block_bytes": p.block_bytes, "policy": vars(policy)}
+        ev = G3Evidence(readers=readers, port=p.port, copy_bytes=p.copy_bytes, chunks=p.chunks,
+                        chunk_bytes=p.chunk_bytes, streams_per_node=p.streams, block_bytes=p.block_bytes,
+                        policy=vars(policy))
+        try:
+            return self._run(ctx, p, port_node, nic, readers, policy, ev)
+        except WorkloadError as exc:  # a phase failed beyond the policy: what was gathered stays evidence
+            return WorkloadResult(evidence=ev, error=str(exc))
+
+    def _run(self, ctx: GateContext, p: G3Params, port_node: str, nic: str, readers: list[str],
+             policy: FailurePolicy, ev: G3Evidence) -> WorkloadResult:
         nodes_dir = ctx.gate_dir / "nodes"
         nodes_dir.mkdir(parents=True, exist_ok=True)
         tr = {r: ctx.transports[r] for r in readers}
@@ -217,7 +282,7 @@ class G3SharedRead(Workload):
             r = ctx.steps.run(pt, "port-qdisc", ("tc", "-j", "qdisc", "show", "dev", nic), timeout_s=30)
             tcj = r.stdout if r.ok else None
         port = cross_check_port_rate(declared, speed, tcj)
-        ev["port_rate"] = vars(port) | {"notes": list(port.notes)}
+        ev.port_rate = vars(port) | {"notes": list(port.notes)}
 
         # 2. Reader script on every node (a node failing here is a node failure like any other).
         def prepare(name: str, t):
@@ -225,7 +290,7 @@ class G3SharedRead(Workload):
             r = ctx.steps.run(t, "mkdir", ("mkdir", "-p", nd), timeout_s=30)
             if not r.ok:
                 raise WorkloadError(r.summary())
-            t.put(READER_SRC, posixpath.join(nd, "g3_reader.py"))
+            t.put(program_path("g3_reader.py"), posixpath.join(nd, "g3_reader.py"))
             return nd
 
         prep = fan_out(tr, prepare)
@@ -233,23 +298,20 @@ class G3SharedRead(Workload):
 
         # 3. The KV copy, once.
         creator = p.create_on or next(r for r in readers if r in prep.succeeded)
-        ev["pool"] = self._ensure_copy(ctx, creator, p)
+        ev.pool = self._ensure_copy(ctx, creator, p)
 
         live = {r: tr[r] for r in prep.succeeded}
         # 4. Clock offsets, cold caches.
         offs = measure_clock_offsets(live, samples=p.clock_samples, timeout_s=p.clock_probe_timeout_s)
         applied = {n: applied_offset_s(o, p.clock_alignment) for n, o in offs.succeeded.items()}
-        ev["clock_offsets"] = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
-        ev["clock_alignment"] = p.clock_alignment
-        ev["clock_offset_errors"] = offs.failed
+        ev.clock_offsets = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
+        ev.clock_alignment = p.clock_alignment
+        ev.clock_offset_errors = offs.failed
         live = {r: live[r] for r in offs.succeeded}
-        drops: dict[str, Any] = {}
         if p.drop_caches:
-            def drop(name, t):
-                r = ctx.steps.run(t, "drop-caches", DROP_CACHES_ARGV, timeout_s=120)
-                return {"dropped": r.ok, "error": None if r.ok else r.summary()}
-            drops = {n: o.value if o.ok else {"dropped": False, "error": o.error} for n, o in fan_out(live, drop).items()}
-        ev["page_cache_dropped"] = drops
+            drops = fan_out(live, lambda _n, t: drop_caches(ctx, t, timeout_s=120))
+            ev.page_cache_dropped = {n: vars(o.value) if o.ok else {"dropped": False, "error": o.error}
+                                     for n, o in drops.items()}
 
         # 5. Arm, release together, wait.
         specs = {r: self._reader_argv(ctx, ctx.nodes[r], p)[0] for r in live}
@@ -265,7 +327,7 @@ class G3SharedRead(Workload):
                 launch.wait(timeout_s=p.read_timeout_s, stall_timeout_s=p.stall_timeout_s)
 
         # 6. Per-node raw series (partial ones too), parsed.
-        series = {}
+        series: dict[str, NodeSeries] = {}
         node_ev: dict[str, Any] = {}
         failed: dict[str, str] = {}
         for name in readers:
@@ -297,44 +359,17 @@ class G3SharedRead(Workload):
                 failed[name] = run.error
             info["error"] = run.error
             node_ev[name] = info
-        ev["nodes"] = node_ev
-        ev["failed_nodes"] = failed
-        ev["launch"] = {"go_ref_s": launch.go_ref_s, "events": launch.events}
+        ev.nodes = node_ev
+        ev.failed_nodes = failed
+        ev.launch = {"go_ref_s": launch.go_ref_s, "events": launch.events}
 
-        ok_series = {n: s for n, s in series.items() if n not in failed}
-        agg = aggregate(ok_series, min_window_s=p.min_window_s)
-        ev["aggregate"] = agg.as_dict()
-        metrics: dict[str, float] = {"nodes_completed": float(nodes_completed(series))}
-        skew = start_skew_s({n: s for n, s in series.items() if s.started_at_s is not None})
-        if skew is not None:
-            metrics["start_skew_s"] = skew
-            ev["start_skew_ms"] = skew * 1e3
-            # Aligned starts are exact only if the applied offsets are: the true skew can be larger by up to
-            # twice the largest offset uncertainty (zero where all nodes share one clock, as in the rig).
-            ev["start_skew_uncertainty_ms"] = 2e3 * max((o.uncertainty_s for o in offs.succeeded.values()), default=0)
-            ev["start_times_node_clock_s"] = {n: s.started_at_s for n, s in series.items()}
-        if agg.aggregate_read_gb_s is not None:
-            metrics["aggregate_read_gb_s"] = agg.aggregate_read_gb_s
-            metrics["nic_ceiling_ratio"] = nic_ceiling_ratio(agg.aggregate_read_gb_s, port.effective_gbit_s)
-        if agg.fairness_min_max is not None:
-            metrics["fairness_min_max"] = agg.fairness_min_max
-        (ctx.gate_dir / "g3.json").write_text(json.dumps({"metrics": metrics, "aggregate": agg.as_dict(),
-                                                          "failed_nodes": failed}, indent=1, default=str))
+        uncertainty = max((o.uncertainty_s for o in offs.succeeded.values()), default=0.0)
+        result = evaluate_g3(ev, series, port, policy, p.min_window_s, uncertainty, launch.go_ref_s)
+        write_summary(ctx.gate_dir, "g3.json", result)
+        return result
 
-        group = GroupResult({n: NodeOutcome(n, n not in failed, None, failed.get(n)) for n in readers})
-        err = policy.verdict_error(group)
-        if err:
-            return WorkloadResult(metrics, ev, error=err)
-        if agg.aggregate_read_gb_s is None:
-            return WorkloadResult(metrics, ev, invalid_reason=f"no aggregate: {agg.reason}")
-        not_cold = [n for n in ok_series if not node_ev[n].get("direct_used") and not drops.get(n, {}).get("dropped")]
-        if not_cold:
-            return WorkloadResult(metrics, ev, invalid_reason=(
-                f"not cold: no O_DIRECT and the page cache was not dropped on {', '.join(not_cold)}"))
-        return WorkloadResult(metrics, ev)
-
-    def _check_policy(self, group: GroupResult, policy: FailurePolicy, what: str, ev: dict) -> None:
-        ev.setdefault("phase_failures", {})[what] = group.failed
+    def _check_policy(self, group: GroupResult, policy: FailurePolicy, what: str, ev: G3Evidence) -> None:
+        ev.phase_failures = {**ev.phase_failures, what: group.failed}
         err = policy.verdict_error(group)
         if err or not group.succeeded:
             raise WorkloadError(f"{what}: {err or group.summary()}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import bundle
+from harness.report import bundle
 
 pytestmark = pytest.mark.e2e
 

@@ -61,7 +61,8 @@ def test_report_reproduces_verdicts_and_bytes(runs):
     assert json.loads((out / "reevaluation.json").read_text())["same"] is True
     # the run recorded provenance, and the report shows it
     prov = json.loads((bundle / "nodes" / "localhost" / "provenance.json").read_text())
-    assert "nics" in prov and "versions" in prov
+    snap = json.loads((bundle / "nodes" / "localhost" / "snapshot.json").read_text())
+    assert "nics" in snap and "versions" in prov  # /sys/class/net is read once, into the snapshot
     assert "## Provenance" in (bundle / "report.md").read_text()
 
 
@@ -82,8 +83,8 @@ def test_tampered_raw_file_is_caught_before_any_rerender(runs):
 
 def test_signed_but_wrong_verdict_is_reported_as_different(runs):
     """A bundle correctly signed whose verdict does not follow from its raw fio output."""
-    from harness.bundle import load_private_key, write_bundle
-    from harness.report import render_bundle_reports
+    from harness.report.bundle import load_private_key, write_bundle
+    from harness.report.render import render_bundle_reports
 
     tmp, home, (a, _) = runs
     work = tmp / "lying"

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.sshd import PrivateSshd
+from harness.transport.sshd import PrivateSshd
 
 
 @pytest.fixture(scope="session")

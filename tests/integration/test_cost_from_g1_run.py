@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import bundle
+from harness.report import bundle
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio not installed (scripts/setup.sh installs it)")
 def test_real_g1_bundle_feeds_per_gpu_read(tmp_path):
     env = {"KVGATE_HOME": str(tmp_path / "home"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--out", str(tmp_path / "runs")],
+    run = subprocess.run([sys.executable, "-m", "harness", "run", "--out", str(tmp_path / "runs")],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode in (0, 1), run.stderr  # PASS or FAIL both measured a bandwidth
     (tar,) = (tmp_path / "runs").glob("KVG-*.tar.gz")

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.fanout import FailurePolicy, LaunchSpec, SynchronizedLaunch
-from harness.g3 import parse_reader_output, start_skew_s
+from harness.execute.fanout import FailurePolicy, LaunchSpec, SynchronizedLaunch
+from harness.parsers.g3series import parse_reader_output, start_skew_s
+from harness.node import program_path
 from harness.transport import LocalTransport
 
 pytestmark = pytest.mark.integration
 
-READER = Path(__file__).resolve().parents[2] / "harness" / "g3_reader.py"
+READER = program_path("g3_reader.py")
 
 
 def make_pool(tmp_path, size_bytes):

@@ -10,10 +10,11 @@ import yaml
 # Not skipped when torch/lmcache are missing: CI installs the cpu-engine extra and this must really run.
 
 import harness.workloads.g2_ttft  # noqa: E402,F401  (registers g2-ttft)
-from harness.bundle import generate_keypair, verify_bundle  # noqa: E402
+from harness.report.bundle import generate_keypair, verify_bundle  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.runner import run_suite  # noqa: E402
-from harness.verdict import Outcome  # noqa: E402
+from harness.workloads import WORKLOADS  # noqa: E402
+from harness.suite.runner import run_suite  # noqa: E402
+from harness.gates.verdict import Outcome  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ def _suite(tmp_path, **param_overrides):
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"nodes": [{"name": "localhost", "transport": "local",
                                               "work_dir": str(tmp_path / "work")}]}))
-    return load_config(inv, gates)
+    return load_config(inv, gates, WORKLOADS)
 
 
 def _run(tmp_path, config):
@@ -66,9 +67,10 @@ def test_cold_readback_beats_recompute_with_hits_and_bytes_from_the_pool(tmp_pat
 
 
 def test_engine_that_crashes_at_start_is_error_with_its_log(tmp_path):
-    # zero attention heads: the model cannot be built, the engine exits with a traceback before serving
+    # a negative MLP size: the KV shape is fine (kvgate accepts the config), but the model cannot be built,
+    # so the engine exits with a traceback before serving
     bad = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())["gates"][0]["params"]
-    bad["model_config_inline"]["num_attention_heads"] = 0
+    bad["model_config_inline"]["intermediate_size"] = -1
     out, _ = _run(tmp_path, _suite(tmp_path, model_config_inline=bad["model_config_inline"]))
     v = out.verdicts[0]
     assert v.outcome is Outcome.ERROR

@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 import harness.workloads.g2_multiturn  # noqa: F401  (registers g2-multiturn)
-from harness.bundle import generate_keypair, verify_bundle
+from harness.report.bundle import generate_keypair, verify_bundle
 from harness.config import load_config
-from harness.runner import run_suite
-from harness.verdict import Outcome
+from harness.workloads import WORKLOADS
+from harness.suite.runner import run_suite
+from harness.gates.verdict import Outcome
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,7 @@ def _run(tmp_path, **overrides):
     (tmp_path / "gates.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "localhost", "transport": "local",
                                                                    "work_dir": str(tmp_path / "work")}]}))
-    config = load_config(tmp_path / "inv.yaml", tmp_path / "gates.yaml")
+    config = load_config(tmp_path / "inv.yaml", tmp_path / "gates.yaml", WORKLOADS)
     key, pub = generate_keypair(tmp_path / "op")
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
     out = run_suite(config, tmp_path / "out", load_pem_private_key(key.read_bytes(), None),

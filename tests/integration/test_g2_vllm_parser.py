@@ -52,7 +52,7 @@ def vllm_serve():
 def _values(**over):
     p = G2Params(engine="vllm-lmcache", model="meta-llama/Llama-3.1-70B", prompt_tokens=[8192, 32768],
                  engine_values={"tensor_parallel_size": "8", **over})
-    return launch_values(p, "/var/tmp/kvgate", "g2-vllm", 8000, "abcd1234")
+    return launch_values(p, load_profile(p.engine), "/var/tmp/kvgate", "g2-vllm", 8000, "abcd1234")
 
 
 def test_there_are_vllm_profiles():

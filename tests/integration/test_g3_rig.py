@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bundle import generate_keypair, load_private_key, verify_bundle
+from harness.report.bundle import generate_keypair, load_private_key, verify_bundle
 from harness.config import load_config
-from harness.rig import (RigSpec, check_prerequisites, kill_node, node_processes, rig_down, rig_status, rig_up,
+from harness.workloads import WORKLOADS
+from harness.rigs.netns import (RigSpec, check_prerequisites, kill_node, node_processes, rig_down, rig_status, rig_up,
                          set_node_link)
-from harness.runner import run_suite
-from harness.verdict import Outcome
+from harness.suite.runner import run_suite
+from harness.gates.verdict import Outcome
 import harness.workloads.g3_shared_read  # noqa: F401  (registers g3-shared-read)
 
 pytestmark = pytest.mark.integration
@@ -38,7 +39,7 @@ def rig(tmp_path_factory):
         yield spec, state
     finally:
         rig_down(spec)
-    assert not any(ns.startswith("kvgt-") for ns in __import__("harness.rig", fromlist=["x"]).existing_namespaces())
+    assert not any(ns.startswith("kvgt-") for ns in __import__("harness.rigs.netns", fromlist=["x"]).existing_namespaces())
 
 
 def suite_file(tmp_path, nodes=None, **params) -> Path:
@@ -56,7 +57,7 @@ def run_g3(rig, tmp_path, nodes=None, **params):
     out = tmp_path / "out"
     out.mkdir()
     generate_keypair(out / "k")
-    cfg = load_config(state.inventory_path, suite_file(tmp_path, nodes, **params))
+    cfg = load_config(state.inventory_path, suite_file(tmp_path, nodes, **params), WORKLOADS)
     res = run_suite(cfg, out, load_private_key(out / "k.key"), known_hosts_path=state.known_hosts,
                     progress=lambda m: None)
     return res, out
@@ -104,6 +105,15 @@ def test_g3_end_to_end_passes_near_the_shaped_ceiling_and_bundle_verifies(rig, t
     for n in spec.node_names():
         assert (run_dir / "gates" / "G3" / "nodes" / n / "reader.jsonl").stat().st_size > 0
     assert readers_left(spec) == {n: [] for n in spec.node_names()}
+    # The real bundle's report draws every reader's rate over time against the port's line rate.
+    assert ev["nic_line_rate_gb_s"] == pytest.approx(0.5 / 8)
+    assert sorted(ev["series"]) == spec.node_names() and all(len(ev["series"][n]) >= 2 for n in spec.node_names())
+    svg = (run_dir / "charts" / "G3-series.svg").read_text()
+    for gid in [f"series-{n}" for n in spec.node_names()] + ["aggregate-line", "nic-ceiling-line"]:
+        assert f'id="{gid}"' in svg, gid
+    assert 'id="chart-G3-series"' in (run_dir / "report.html").read_text()
+    table = (run_dir / "tables" / "G3-series.csv").read_text().splitlines()
+    assert table[0] == "node,t_s,read_gb_s" and {r.split(",")[0] for r in table[1:]} == set(spec.node_names())
 
 
 def test_node_killed_mid_read_is_error_with_partial_series_others_kept(rig, tmp_path):

@@ -10,10 +10,10 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from evidence_fixture import acceptance_bundle, cost_bundle, created_of
-from harness.bundle import generate_keypair, load_private_key
-from harness.cosign import cosign_bundle
-from harness.keyring import load_keyring
-from harness.library import build_library
+from harness.report.bundle import generate_keypair, load_private_key
+from harness.report.cosign import cosign_bundle
+from harness.report.keyring import load_keyring
+from harness.report.library import build_library
 from test_report_html_chromium import Browser, severe
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import guest as G
-from harness.loopback import Loopback, LoopbackSpec
+from harness.rigs import guest as G
+from harness.rigs.loopback import Loopback, LoopbackSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -74,7 +74,7 @@ def test_up_twice_then_down(guest):
     try:
         first = lb.up()
         assert first.ok, first.error
-        assert first.summary["state"] == "up" and first.summary["device"].startswith("/dev/nvme")
+        assert first.summary["state"] == "up" and first.summary["device"].startswith("/dev/nvme"), first.summary
         assert first.integrity.ok and first.integrity.checked_bytes == 2 << 20
         second = lb.up()
         assert second.ok, second.error
@@ -126,7 +126,7 @@ def test_integrity_check_detects_a_backing_that_loses_writes(guest):
 
 
 def test_fio_reads_through_nvme_tcp(guest):
-    from harness.fio import parse_fio_json
+    from harness.parsers.fio import parse_fio_json
     tr, _, _ = guest
     lb = Loopback(tr, replace(SPEC, backing="brd"))
     try:

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bundle import generate_keypair, load_private_key, verify_bundle
+from harness.report.bundle import generate_keypair, load_private_key, verify_bundle
 from harness.config import load_config
-from harness.rig import RigSpec, check_prerequisites, existing_namespaces, node_processes, rig_down, rig_up
-from harness.runner import run_suite
-from harness.verdict import Outcome
+from harness.workloads import WORKLOADS
+from harness.rigs.netns import RigSpec, check_prerequisites, existing_namespaces, node_processes, rig_down, rig_up
+from harness.suite.runner import run_suite
+from harness.gates.verdict import Outcome
 import harness.workloads.r3_cross_instance  # noqa: F401  (registers r3-cross-instance)
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,7 @@ def run_r3(rig, tmp_path, **params):
     out = tmp_path / "out"
     out.mkdir()
     generate_keypair(out / "k")
-    res = run_suite(load_config(state.inventory_path, suite), out, load_private_key(out / "k.key"),
+    res = run_suite(load_config(state.inventory_path, suite, WORKLOADS), out, load_private_key(out / "k.key"),
                     known_hosts_path=state.known_hosts, progress=lambda m: print(m, flush=True))
     return res, out
 

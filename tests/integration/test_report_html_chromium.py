@@ -19,7 +19,7 @@ import httpx
 import pytest
 from polling import wait_until
 
-from harness.report import render_bundle_reports
+from harness.report.render import render_bundle_reports
 from report_fixture import FIXED_ID, fixed_run
 
 pytestmark = pytest.mark.integration

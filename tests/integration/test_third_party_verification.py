@@ -24,8 +24,8 @@ from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
 
 from evidence_fixture import acceptance_bundle, created_of
-from harness.bundle import ENVELOPE, generate_keypair, key_fingerprint, load_private_key, load_public_key
-from harness.cosign import cosign_bundle
+from harness.report.bundle import ENVELOPE, generate_keypair, key_fingerprint, load_private_key, load_public_key
+from harness.report.cosign import cosign_bundle
 
 pytestmark = pytest.mark.integration
 

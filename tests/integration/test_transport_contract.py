@@ -124,7 +124,7 @@ def test_trust_new_hosts_records_key_but_changed_key_is_refused(sshd, tmp_path):
 
 
 def test_unreachable_port_is_a_transport_error(tmp_path):
-    from harness.sshd import free_port
+    from harness.transport.sshd import free_port
     with pytest.raises(TransportError, match="cannot connect"):
         SSHTransport("127.0.0.1", free_port(), "root", known_hosts_path=str(tmp_path / "kh"), connect_timeout_s=2)
 
@@ -148,13 +148,13 @@ def test_ssh_config_alias_and_proxy_jump(sshd, tmp_path):
 def test_noisy_login_shell_output_before_the_pid_line_is_kept_as_stderr(sshd, tmp_path):
     """A line printed on stderr before the wrapper's pid report (as a login shell's rc file might) stays stderr,
     and the process group is still found and killed on timeout."""
-    from harness.transport import _SSHProcess
+    from harness.transport.ssh import _SSHProcess
 
     t = SSHTransport("127.0.0.1", sshd.port, sshd.user, str(sshd.client_key), known_hosts_path=str(sshd.known_hosts))
     try:
         ch = t._channel()
         tag = f"kvgate-noisy-{uuid.uuid4().hex[:8]}"
-        from harness.transport import remote_command
+        from harness.transport.ssh import remote_command
         ch.exec_command("echo 'rc file says hi' >&2; " + remote_command(
             ["bash", "-c", f"echo out; exec -a {tag} sleep 300"], {}, None))
         p = _SSHProcess(t, ch, None)

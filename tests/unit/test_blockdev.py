@@ -1,6 +1,6 @@
 """The write rule for block devices, on captured lsblk and blkid output of loop devices."""
 
-from harness.blockdev import find_device, parse_blkid_export, parse_lsblk, write_allowed
+from harness.parsers.blockdev import find_device, parse_blkid_export, parse_lsblk, write_allowed
 
 
 def test_lsblk_tree(fixtures):
@@ -25,7 +25,7 @@ def test_blkid_signatures_block_writes(fixtures):
 
 
 def test_destructive_needs_matching_serial():
-    from harness.blockdev import BlockDevice
+    from harness.parsers.blockdev import BlockDevice
     dev = BlockDevice("nvme0n1", "/dev/nvme0n1", "disk", 10, False, "xfs", None, "S123", None, None)
     assert not write_allowed(dev, {}, True, "OTHER")[0]
     assert not write_allowed(dev, {}, False, "S123")[0]

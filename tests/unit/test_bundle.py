@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from harness.bundle import ENVELOPE, generate_keypair, load_private_key, verify_bundle, write_bundle
+from harness.report.bundle import ENVELOPE, generate_keypair, load_private_key, verify_bundle, write_bundle
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
+
+from harness.workloads import WORKLOADS
 from harness.errors import ConfigError
 
 CFG = Path(__file__).parent.parent / "fixtures" / "configs"
@@ -26,8 +28,8 @@ def expectations(path: Path):
 
 def load(path: Path):
     if path.name.startswith("g"):
-        return load_config(CFG / "good_inventory.yaml", path)
-    return load_config(path, CFG / "good_gates.yaml")
+        return load_config(CFG / "good_inventory.yaml", path, WORKLOADS)
+    return load_config(path, CFG / "good_gates.yaml", WORKLOADS)
 
 
 def test_corpus_is_large_enough():
@@ -35,7 +37,7 @@ def test_corpus_is_large_enough():
 
 
 def test_good_files_validate():
-    cfg = load_config(CFG / "good_inventory.yaml", CFG / "good_gates.yaml")
+    cfg = load_config(CFG / "good_inventory.yaml", CFG / "good_gates.yaml", WORKLOADS)
     assert [g.id for g in cfg.suite.gates] == ["G1"]
     assert cfg.params["G1"].bs_bytes == 1 << 20
 
@@ -68,6 +70,6 @@ def test_both_files_reported_together(tmp_path):
     inv = tmp_path / "inv.yaml"
     inv.write_text("nodes:\n  - name: n1\n    transport: telnet\n")
     with pytest.raises(ConfigError) as ei:
-        load_config(inv, CFG / "bad" / "g01_unknown_key.yaml")
+        load_config(inv, CFG / "bad" / "g01_unknown_key.yaml", WORKLOADS)
     files = {i.file for i in ei.value.issues}
     assert files == {str(inv), str(CFG / "bad" / "g01_unknown_key.yaml")}

@@ -10,11 +10,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from evidence_fixture import acceptance_bundle, created_of, statement
-from harness.bundle import ENVELOPE, generate_keypair, key_fingerprint, load_private_key, pae, verify_bundle
-from harness.cosign import cosign_bundle, verify_signers
-from harness.dsse import record_name
+from harness.report.bundle import ENVELOPE, generate_keypair, key_fingerprint, load_private_key, pae, verify_bundle
+from harness.report.cosign import cosign_bundle, verify_signers
+from harness.report.dsse import record_name
 from harness.errors import BundleError
-from harness.keyring import KeyEntry, fmt_utc, load_keyring
+from harness.report.keyring import KeyEntry, fmt_utc, load_keyring
 
 CREATED = "2026-03-01T10:00:00Z"
 AT = datetime(2026, 3, 2, 9, 30, tzinfo=timezone.utc)  # a cosigning time after CREATED

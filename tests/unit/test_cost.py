@@ -5,7 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from harness import cost
+from harness.cost import model as cost
+from harness.engines import kv
+from harness.report.render import to_csv_bytes
 
 LLAMA3_70B = {
     "num_hidden_layers": 80,
@@ -49,7 +51,7 @@ HAND = {
 
 
 def test_gqa_llama3_70b_kv_bytes_per_token_and_128k_session():
-    arch = cost.arch_from_config(LLAMA3_70B, name="llama-3-70b")
+    arch = kv.arch_from_config(LLAMA3_70B, name="llama-3-70b")
     assert arch.attention == "gqa"
     assert (arch.num_layers, arch.num_kv_heads, arch.head_dim, arch.dtype_bytes) == (80, 8, 128, 2)
     assert arch.kv_bytes_per_token == 327_680
@@ -58,14 +60,14 @@ def test_gqa_llama3_70b_kv_bytes_per_token_and_128k_session():
 
 
 def test_mla_deepseek_v3_caches_latent_plus_rope_key_only():
-    arch = cost.arch_from_config(DEEPSEEK_V3)
+    arch = kv.arch_from_config(DEEPSEEK_V3)
     assert arch.attention == "mla"
     assert arch.kv_bytes_per_token == 61 * (512 + 64) * 2 == 70_272
     assert "kv_lora_rank" in arch.formula()
 
 
 def test_mha_defaults_kv_heads_to_heads_and_head_dim_to_hidden_over_heads():
-    arch = cost.arch_from_config(
+    arch = kv.arch_from_config(
         {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "torch_dtype": "float32"}
     )
     assert (arch.num_kv_heads, arch.head_dim) == (4, 16)
@@ -74,7 +76,7 @@ def test_mha_defaults_kv_heads_to_heads_and_head_dim_to_hidden_over_heads():
 
 def test_kv_dtype_override_and_explicit_head_dim():
     cfg = {**LLAMA3_70B, "head_dim": 256}
-    assert cost.arch_from_config(cfg, kv_dtype="fp8").kv_bytes_per_token == 80 * 8 * 256 * 2 * 1
+    assert kv.arch_from_config(cfg, kv_dtype="fp8").kv_bytes_per_token == 80 * 8 * 256 * 2 * 1
 
 
 @pytest.mark.parametrize(
@@ -88,16 +90,16 @@ def test_kv_dtype_override_and_explicit_head_dim():
     ],
 )
 def test_bad_config_names_the_field(patch, field):
-    with pytest.raises(cost.ArchError) as err:
-        cost.arch_from_config({**LLAMA3_70B, **patch})
+    with pytest.raises(kv.ArchError) as err:
+        kv.arch_from_config({**LLAMA3_70B, **patch})
     assert err.value.field == field
 
 
 def test_mla_without_rope_dim_is_an_error():
     cfg = dict(DEEPSEEK_V3)
     del cfg["qk_rope_head_dim"]
-    with pytest.raises(cost.ArchError, match="qk_rope_head_dim"):
-        cost.arch_from_config(cfg)
+    with pytest.raises(kv.ArchError, match="qk_rope_head_dim"):
+        kv.arch_from_config(cfg)
 
 
 def test_hand_computed_session_and_fleet_numbers():
@@ -203,7 +205,7 @@ def test_break_even_curve_rises_with_storage_price_and_falls_with_gpu_price():
 
 def test_csv_bytes_are_stable_and_plain():
     t = cost.tornado(HAND, {"hit_rate": (0.0, 1.0)})
-    a, b = cost.to_csv_bytes(t), cost.to_csv_bytes(cost.tornado(dict(HAND), {"hit_rate": (0.0, 1.0)}))
+    a, b = to_csv_bytes(t, "%.10g"), to_csv_bytes(cost.tornado(dict(HAND), {"hit_rate": (0.0, 1.0)}), "%.10g")
     assert a == b
     assert b"\r" not in a
     assert a.splitlines()[0].startswith(b"input,base_value")

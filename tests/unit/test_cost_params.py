@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cost_params as cp
+from harness.cost import params as cp
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "workloads" / "cost-params.example.yaml"

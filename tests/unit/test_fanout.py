@@ -3,9 +3,8 @@
 import pytest
 
 from harness.errors import HarnessError
-from harness.fanout import (FailurePolicy, GroupResult, NodeOutcome, fan_out, measure_clock_offset,
-                            measure_clock_offsets)
-from harness.g3 import ClockOffset, applied_offset_s
+from harness.execute.clock import ClockOffset, applied_offset_s, measure_clock_offset, measure_clock_offsets
+from harness.execute.fanout import FailurePolicy, GroupResult, NodeOutcome, fan_out
 from harness.transport import CommandResult, Transport
 
 
@@ -114,3 +113,19 @@ def test_clock_offsets_group_keeps_the_live_nodes_when_one_times_out():
     g = measure_clock_offsets({"a": live, "dead": TimingOutTransport()}, samples=3, clock=clock, timeout_s=1.0)
     assert g.succeeded["a"].offset_s == pytest.approx(-0.5, abs=1e-6)
     assert "timed out" in g.failed["dead"]
+
+
+def test_ctrl_c_returns_at_once_instead_of_waiting_for_every_node():
+    # The caller (the runner) must get the interrupt while nodes still run, to stop their process groups.
+    import os
+    import signal
+    import threading
+    import time
+
+    release = threading.Event()
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        fan_out({"a": 1, "b": 2}, lambda node, x: release.wait(10))
+    assert time.monotonic() - t0 < 2
+    release.set()

@@ -3,7 +3,7 @@
 import pytest
 
 from harness.errors import WorkloadError
-from harness.fio import StreamSpec, job_file, parse_cpulist, parse_fio_json, split_regions
+from harness.parsers.fio import StreamSpec, job_file, parse_cpulist, parse_fio_json, split_regions
 
 
 def read(fixtures, name):

@@ -2,15 +2,18 @@
 engine profiles, prompt generation and the G2 verdict rules."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 
-from harness.engines import (BlockStat, check_lmcache_config, kv_bytes_per_token, list_profiles, load_profile,
-                             metric_total, parse_block_stat, parse_prometheus, vllm_serve_argv, write_lmcache_yaml,
-                             LMCacheSettings)
+from harness.engines import (LMCacheSettings, check_lmcache_config, kv_bytes_per_token, list_profiles, load_profile,
+                             vllm_serve_argv, write_lmcache_yaml)
+from harness.parsers.blockdev import BlockStat, parse_block_stat
+from harness.parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from harness.errors import ConfigError
-from harness.ttft_client import RequestRecord
+from harness.engines.client import RequestRecord
+from harness.workloads.engine import engine_values
 from harness.workloads.g2_ttft import evaluate_g2, make_prompts
 
 
@@ -154,13 +157,14 @@ def test_vllm_argv_turns_gpu_prefix_caching_off_and_sets_the_lmcache_connector()
 def test_every_shipped_profile_loads_and_renders():
     names = list_profiles()
     assert {"cpu-reference", "vllm-lmcache", "dynamo-kvbm", "sglang-hicache"} <= set(names)
-    values = {"python": "python3", "host": "127.0.0.1", "port": 8000, "model": "m", "served_model_name": "m",
-              "seed": 0, "run_dir": "/r", "pool_dir": "/pool", "lmcache_config": "/r/l.yaml",
-              "model_config": "/r/c.json", "tensor_parallel_size": 8, "max_model_len": 8192,
-              "cpu_cache_gb": 4, "disk_cache_gb": 64}
     for n in names:
         p = load_profile(n)
+        values = engine_values(p, python="python3", host="127.0.0.1", port=8000, model="m", served_model_name="m",
+                               seed=0, run_dir="/r", pool_dir="/pool", max_model_len=8192,
+                               extra={"lmcache_config": "/r/l.yaml", "tensor_parallel_size": 8})
         argv = p.render_argv(values)
+        if p.program:  # a program kvgate ships to the node runs from the run directory, not from kvgate
+            assert argv[:2] == ["python3", f"/r/{p.program}"] and "harness" not in " ".join(argv)
         assert all("{" not in a or a.startswith("{\"") for a in argv), argv
         env = p.render_env(values)
         if p.engine in ("vllm", "dynamo-vllm"):
@@ -227,3 +231,40 @@ def test_g2_failed_requests_are_an_error_not_a_faster_p50():
     r = evaluate_g2([rec("a", 10.0)], [rec("a", None, "HTTP 500: boom")], 200, 200, 4096, 0.95, 4096)
     assert r.error.startswith("1 of 2 requests failed") and "HTTP 500" in r.error
     assert "ttft_readback_p50_s" not in r.metrics
+
+
+def test_a_model_config_without_a_kv_shape_is_a_config_error_at_its_line(tmp_path):
+    from harness.config import load_config
+    from harness.errors import ConfigError
+    from harness.workloads import WORKLOADS
+
+    root = Path(__file__).resolve().parents[2]
+    suite = yaml.safe_load((root / "gates" / "g2-cpu-reference.yaml").read_text())
+    suite["gates"][0]["params"]["model_config_inline"]["num_attention_heads"] = 0
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    (tmp_path / "i.yaml").write_text("nodes:\n  - {name: n1, transport: local}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    [issue] = err.value.issues
+    assert issue.path == "gates[0].params.model_config_inline.num_attention_heads"
+    assert "positive integer" in issue.message and issue.line
+
+
+def test_engine_interpreter_gate_param_then_node_engine_env_then_default():
+    import sys
+    from harness.workloads.engine import engine_python
+    assert engine_python("/gate/python", "ssh", "/node/venv/bin/python") == "/gate/python"
+    assert engine_python(None, "ssh", "/node/venv/bin/python") == "/node/venv/bin/python"
+    assert engine_python(None, "local", "/node/venv/bin/python") == "/node/venv/bin/python"
+    assert engine_python(None, "local", None) == sys.executable
+    assert engine_python(None, "ssh", None) == "python3"
+
+
+def test_rig_inventory_names_the_engine_environment(tmp_path):
+    import yaml
+    from harness.rigs.netns import STORAGE_NODE, RigSpec, render_inventory
+    spec = RigSpec(prefix="kvgu-", state_dir=tmp_path, node_count=2, engine_python="/opt/engine/bin/python")
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(render_inventory(spec, {n: 2200 + i for i, n in enumerate(spec.node_names() + [STORAGE_NODE])}))
+    nodes = yaml.safe_load(inv.read_text())["nodes"]
+    assert [n.get("engine_python") for n in nodes if n["name"] in ("n1", "n2")] == ["/opt/engine/bin/python"] * 2

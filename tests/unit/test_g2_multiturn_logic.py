@@ -40,7 +40,7 @@ def test_gain_and_valid_when_the_tier_serves_returning_context():
     r = evaluate_multiturn(_phases([_rec(0, 0), _rec(1, 100)], [_rec(0, 0), _rec(1, 100, tier=100)]), 0.9, 0.1)
     assert r.invalid_reason is None and r.error is None
     assert r.metrics["throughput_gain_ratio"] == pytest.approx(2.0)
-    assert r.metrics["tier_hit_rate"] == 1.0 and r.evidence["outputs_matching"] == 2
+    assert r.metrics["tier_hit_rate"] == 1.0 and r.evidence.outputs_matching == 2
 
 
 @pytest.mark.parametrize("nt,t,why", [

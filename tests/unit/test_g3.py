@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.g3 import (
+from harness.execute.clock import estimate_clock_offset
+from harness.parsers.g3series import (
     Interval, NodeSeries, SeriesParseError, aggregate, bytes_in_window, common_window, cross_check_port_rate,
-    estimate_clock_offset, fairness_min_max, nic_ceiling_ratio, nodes_completed, parse_fio_bw_log,
-    parse_reader_output, parse_tc_tbf_rate_gbit_s, start_skew_s,
+    fairness_min_max, nic_ceiling_ratio, nodes_completed, parse_fio_bw_log, parse_reader_output,
+    parse_tc_tbf_rate_gbit_s, rate_series, start_skew_s,
 )
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "fio_bwlog"
@@ -207,3 +208,30 @@ def test_reader_output_complete_and_cut():
 def test_reader_output_rejects_foreign_schema():
     with pytest.raises(SeriesParseError, match="out.jsonl:1: schema"):
         parse_reader_output('{"type": "header", "schema": "other/9"}\n', "n1", source="out.jsonl")
+
+
+def test_rate_series_is_each_nodes_rate_per_interval_from_the_common_start():
+    a = steady("a", 100, 103, 2e9, offset=5.0)   # 2 GB/s, node clock 5 s ahead
+    b = steady("b", 101, 103, 1e9, offset=-3.0)  # starts 1 s later, 1 GB/s
+    s = rate_series({"a": a, "b": b})
+    assert s["a"] == [(0.0, 2.0), (1.0, 2.0), (2.0, 2.0)]
+    assert s["b"] == [(1.0, 1.0), (2.0, 1.0)]
+    assert rate_series({"a": a}, t0_s=99.0)["a"][0] == (1.0, 2.0)
+
+
+def test_g3_evidence_carries_the_series_and_line_rate_the_report_draws(tmp_path):
+    from harness.execute.fanout import FailurePolicy
+    from harness.parsers.g3series import PortRate
+    from harness.report.render import gate_charts
+    from harness.workloads.g3_shared_read import G3Evidence, evaluate_g3
+
+    series = {n: steady(n, 100, 110, 0.5e9) for n in ("n1", "n2")}
+    ev = G3Evidence(readers=["n1", "n2"], nodes={n: {"direct_used": True} for n in series})
+    res = evaluate_g3(ev, series, PortRate(8.0, None, None, 8.0), FailurePolicy(), 1.0, 0.0, 100.0)
+    assert res.metrics["aggregate_read_gb_s"] == pytest.approx(1.0)
+    assert res.metrics["nic_ceiling_ratio"] == pytest.approx(1.0)  # 8 Gbit/s = 1 GB/s
+    assert res.evidence.nic_line_rate_gb_s == 1.0 and len(res.evidence.series["n1"]) == 10
+    verdict = {"gate_id": "G3", "metric": "aggregate_read_gb_s", "unit": "GB/s", "pass_threshold": ">= 0.9 GB/s",
+               "evidence": res.evidence_dict()}
+    caption, svg = gate_charts(verdict)["series"]
+    assert all(f'id="{g}"' in svg for g in ("series-n1", "series-n2", "aggregate-line", "nic-ceiling-line"))

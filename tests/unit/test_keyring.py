@@ -6,9 +6,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from harness.bundle import generate_keypair
+from harness.report.bundle import generate_keypair
 from harness.errors import ConfigError
-from harness.keyring import load_keyring
+from harness.report.keyring import load_keyring
 
 
 def pem_block(pub_path, indent="      "):

@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 
 from evidence_fixture import acceptance_bundle, cost_bundle, created_of
-from harness.bundle import generate_keypair, load_private_key
-from harness.cosign import cosign_bundle
+from harness.report.bundle import generate_keypair, load_private_key
+from harness.report.cosign import cosign_bundle
 from harness.errors import BundleError
-from harness.keyring import KeyEntry, load_keyring
-from harness.library import build_library, check_library, link_problems
+from harness.report.keyring import KeyEntry, load_keyring
+from harness.report.library import build_library, check_library, link_problems
 
 MISSING = "KVG-20250101-deadbeef"
 

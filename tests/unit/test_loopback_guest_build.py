@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import guest as G
+from harness.rigs import guest as G
 
 
 def test_kernel_package_from_depends():
@@ -60,5 +60,6 @@ def test_missing_tool_names_the_package(monkeypatch):
 
 
 def test_free_port_is_bindable():
-    port = G.free_loopback_port()
+    from harness.transport.local import free_port  # the one free-port helper, also the guest's
+    port = free_port()
     assert G.port_is_free(port)

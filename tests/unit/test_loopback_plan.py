@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import loopback as L
+from harness.rigs import loopback as L
 
 FX = Path(__file__).resolve().parents[1] / "fixtures" / "nvme"
 NQN = "nqn.2024-01.io.kvgate:loopback-kv0"

@@ -8,7 +8,9 @@ import yaml
 
 import harness.workloads.r3_cross_instance  # noqa: F401  (registers r3-cross-instance)
 from harness.config import load_config
-from harness.engines import load_profile, metric_total, parse_prometheus
+from harness.workloads import WORKLOADS
+from harness.engines import load_profile
+from harness.parsers.prometheus import metric_total, parse_prometheus
 from harness.errors import ConfigError
 from harness.workloads.r3_cross_instance import evaluate_r3
 
@@ -53,7 +55,7 @@ def test_suite_against_an_inventory_without_the_shared_pool_names_file_line_fiel
         {"name": "n1", "transport": "local", "targets": [{"name": "kvpool", "kind": "directory", "path": "/tmp/p"}]},
         {"name": "n2", "transport": "local"}]}))
     with pytest.raises(ConfigError) as ei:
-        load_config(inv, REPO / "gates" / "r3-cpu-reference.yaml")
+        load_config(inv, REPO / "gates" / "r3-cpu-reference.yaml", WORKLOADS)
     msg = str(ei.value)
     assert "r3-cpu-reference.yaml" in msg and "pool_target" in msg and "'n2' has no directory target 'kvpool'" in msg
 
@@ -65,15 +67,17 @@ def test_plan_names_both_engines_the_shared_pool_run_dir_and_runs_nothing(tmp_pa
     inv.write_text(yaml.safe_dump({"nodes": [
         {"name": n, "transport": "local", "targets": [{"name": "kvpool", "kind": "directory", "path": "/mnt/pool"}]}
         for n in ("n1", "n2")]}))
-    cfg = load_config(inv, REPO / "gates" / "r3-cpu-reference.yaml")
+    cfg = load_config(inv, REPO / "gates" / "r3-cpu-reference.yaml", WORKLOADS)
     gate = cfg.suite.gates[0]
     ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={}, steps=None, gate_dir=tmp_path, work_dir=tmp_path)
+                      transports={}, steps=None, gate_dir=tmp_path)
     steps = WORKLOADS["r3-cross-instance"]().plan(ctx)
     starts = [s for s in steps if "start a fresh" in s.description]
     assert [s.node for s in starts] == ["n1", "n2"]
-    assert all("harness.engines.cpu_reference" in s.argv for s in starts)
-    pools = [s.argv[-1] for s in steps if s.argv[:2] == ("mkdir", "-p")]
+    # the engine is the program kvgate puts into each node's run directory: the node needs no kvgate
+    assert all(s.argv[1].endswith("/cpu_reference.py") and s.argv[1].startswith(s.argv[s.argv.index("--model-config") + 1]
+               .rsplit("/", 1)[0]) for s in starts)
+    pools = [s.argv[3] for s in steps if s.argv[:2] == ("mkdir", "-p")]
     assert pools[0] == pools[1] == "/mnt/pool/kvgate-r3/run-<run>"
     assert all("fs://localhost:0/mnt/pool/kvgate-r3/run-<run>" in "".join(s.files.values())
                for s in steps if s.files)

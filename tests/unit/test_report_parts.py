@@ -5,10 +5,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness import report_charts as rc
-from harness.compare import compare_predicates, direction
-from harness.junit import verdicts_to_junit
-from harness.reevaluate import reevaluate_bundle
+from harness.report import charts as rc
+from harness.report.compare import compare_predicates, direction
+from harness.report.junit import verdicts_to_junit
+from harness.gates.reevaluate import reevaluate_bundle
 from report_fixture import fixed_run, g1_only
 
 
@@ -20,8 +20,11 @@ def test_aggregate_series_sample_and_hold():
 
 
 def test_percentile_and_ecdf():
-    assert rc.percentile([4, 1, 3, 2], 50) == 2.5
-    assert rc.percentile([], 50) is None
+    from harness.stats import percentile  # the one percentile: charts and TTFT statistics alike
+    assert percentile([4, 1, 3, 2], 50) == 2.5
+    assert percentile([4, 1, float("nan"), 3, 2], 50) == 2.5  # non-finite values are not samples
+    with pytest.raises(ValueError):
+        percentile([], 50)
     assert rc.ecdf([3, 1, 2]) == ([1.0, 2.0, 3.0], [1 / 3, 2 / 3, 1.0])
 
 
@@ -128,7 +131,7 @@ def test_compare_shared_metrics_and_direction():
 
 def test_g2_raw_request_records_feed_tables_chart_and_validity(tmp_path):
     """g2-ttft keeps per-request records in requests-<phase>.jsonl; failed requests have no TTFT."""
-    from harness.report import gate_charts, gate_tables, validity
+    from harness.report.render import gate_charts, gate_tables, validity
 
     def rec(rid, ttft, error=None):
         return json.dumps({"request_id": rid, "prompt_tokens": 100, "queue_s": 0.0, "ttft_s": ttft, "itl_s": [0.01],

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from harness.provenance import (ProvenanceParseError, collect_provenance, parse_nics, parse_nvidia_smi_csv,
-                                parse_nvme_list, parse_nvme_list_subsys, parse_versions)
-from harness.transport import CommandResult
+from harness.execute.facts import collect_node_facts
+from harness.parsers.facts import (ProvenanceParseError, parse_nics, parse_nvidia_smi_csv, parse_nvme_list,
+                                   parse_nvme_list_subsys, parse_versions)
+from harness.transport.doubles import Call, Reply, ScriptedTransport
 
 
 def read(fixtures, name):
@@ -85,35 +86,43 @@ def test_nics_and_versions(fixtures):
     assert v["vllm"] is None and v["lmcache"] and v["python"].startswith("3.")
 
 
-class ScriptedTransport:
-    """A transport that answers from a table (the seam the step log takes); unknown commands are 'not found'."""
-
-    name = "n1"
-
-    def __init__(self, answers):
-        self.answers = answers
-
-    def run(self, argv, timeout_s=None, env=None, stdin=None):
-        out = self.answers.get(argv[0])
+def answering(answers):
+    """A node that answers by program name from a table; any other program is not installed."""
+    def handler(call: Call) -> Reply:
+        out = answers.get(call.argv[0])
         if out is None:
-            return CommandResult(tuple(argv), None, "", "", 0.0, False, "could not start: [Errno 2] No such file")
+            return Reply(error="[Errno 2] No such file or directory")
         rc, stdout, stderr = out
-        return CommandResult(tuple(argv), rc, stdout, stderr, 0.0, False, None)
+        return Reply(rc=rc, stdout=stdout, stderr=stderr)
+    return ScriptedTransport(handler, name="n1")
 
 
 def test_collect_records_absent_tools_and_failures(fixtures, tmp_path):
-    from harness.steps import StepLog
+    from harness.transport.steps import StepLog
 
-    tr = ScriptedTransport({
+    tr = answering({
         "nvme": (1, "", "Failed to scan topology: No such file or directory\n"),
         "sh": (0, read(fixtures, "nics_debian12_vm.txt"), ""),
         "python3": (0, "not json", ""),
     })
-    prov = collect_provenance(tr, StepLog(tmp_path))
+    facts = collect_node_facts(tr, StepLog(tmp_path))
+    prov, snap = facts["provenance"], facts["snapshot"]
     assert prov["absent"] == ["nvidia-smi"]
     assert prov["nvme_controllers"] == [] and prov["nvme_subsystems"] == []
     assert "Failed to scan topology" in prov["notes"]["nvme_list"]
-    assert prov["nics"][0]["name"] == "eth0"
+    assert snap["nics"][0]["name"] == "eth0"  # /sys/class/net is read once, into the snapshot
     assert "unparseable" in prov["errors"]["versions"]
-    # every command left its step directory on disk
-    assert len(list((tmp_path / "steps").iterdir())) == 5
+    # a tool the snapshot needs that is missing is an error there, not an absence
+    assert "could not start" in snap["errors"]["uname"]
+    # every command left its step directory on disk, one per fact
+    from harness.execute.facts import FACTS
+    assert len(list((tmp_path / "steps").iterdir())) == len(FACTS)
+
+
+def test_engine_versions_are_read_by_the_nodes_engine_interpreter():
+    from harness.execute.facts import FACTS, node_facts
+    assert node_facts(None) == FACTS
+    facts = {f.key: f for f in node_facts("/opt/engine/bin/python")}
+    assert facts["versions"].argv[0] == "/opt/engine/bin/python"
+    assert facts["versions"].argv[1:] == next(f for f in FACTS if f.key == "versions").argv[1:]
+    assert {k: f.argv for k, f in facts.items() if k != "versions"} == {f.key: f.argv for f in FACTS if f.key != "versions"}

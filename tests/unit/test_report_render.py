@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 import pandas as pd
 import pytest
 
-from harness.bundle import verify_bundle, write_bundle
-from harness.report import render_bundle_reports, threshold_in, validity, write_reports
+from harness.report.bundle import verify_bundle, write_bundle
+from harness.report.render import render_bundle_reports, threshold_in, validity, write_reports
 from report_fixture import FIXED, FIXED_ID, fixed_run
 
 SNAPSHOT = FIXED / "report.md.snap"

@@ -6,8 +6,9 @@ import json
 import httpx
 import pytest
 
-from harness.ttft_client import (CompletionRequest, parse_sse_lines, percentile, run_requests, stream_completion,
-                                 summarize)
+from harness.engines.client import CompletionRequest, run_requests, stream_completion, summarize
+from harness.parsers.sse import parse_sse_lines
+from harness.stats import percentile
 
 
 class FakeClock:

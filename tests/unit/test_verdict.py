@@ -3,7 +3,8 @@
 import pytest
 
 from harness.config import Gate
-from harness.verdict import Outcome, WorkloadResult, evaluate, overall_outcome, skipped
+from harness.gates.verdict import Outcome, evaluate, overall_outcome, skipped
+from harness.workloads.base import WorkloadResult
 
 
 def gate(**kw):

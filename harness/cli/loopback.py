@@ -1,0 +1,148 @@
+"""``kvgate loopback``: the single-node NVMe-oF loopback (guest lifecycle and target provisioning).
+
+    kvgate loopback guest-up   [--state-dir D] [--port P]      build + boot the qemu guest, wait for SSH
+    kvgate loopback guest-down [--state-dir D]                 stop it by PID
+    kvgate loopback up|status|down [-i inventory/loopback.yaml] [--node N] [--target T] [--no-verify]
+
+A node whose ``labels`` hold ``kvgate-guest: <state-dir or "default">`` is the guest: its address,
+port, key and known_hosts come from the guest's state file, since the forwarded port can change.
+
+Exit codes (harness.cli.exits): 0 done; 2 a configuration error; 3 the guest or the loopback could not be
+brought up or torn down (the result is printed first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..config import load_inventory
+from ..errors import ConfigError, ConfigIssue
+from ..paths import given_or_shipped
+from ..rigs.guest import build_guest, default_state_dir, guest_running, open_node_transport, start_guest, stop_guest
+from ..rigs.loopback import Loopback, LoopbackSpec
+from ..transport.steps import StepLog
+from .exits import EXIT_INFRA, EXIT_OK
+
+DEFAULT_INVENTORY = "inventory/loopback.yaml"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("loopback", help="single-node NVMe-oF loopback (kernel nvmet + nvme-tcp)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="loopback_cmd", required=True)
+
+    g = sub.add_parser("guest-up", help="build (cached) and boot the qemu guest; wait for its sshd")
+    g.add_argument("--state-dir", type=Path, default=None, help="guest state (default ~/.cache/kvgate/guest/run)")
+    g.add_argument("--port", type=int, default=None, help="SSH port on 127.0.0.1 (another is picked if taken)")
+    g.add_argument("--memory-mib", type=int, default=2048)
+    g.add_argument("--boot-timeout-s", type=float, default=240.0)
+    g.set_defaults(func=_guest_up)
+
+    g = sub.add_parser("guest-down", help="stop the guest by PID")
+    g.add_argument("--state-dir", type=Path, default=None)
+    g.set_defaults(func=_guest_down)
+
+    for name, help_ in (("up", "provision the target and connect (idempotent)"),
+                        ("status", "show what exists"),
+                        ("down", "disconnect and tear down what exists, in reverse order")):
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
+        c.add_argument("--node", default=None, help="node name (default: the only node with a loopback target)")
+        c.add_argument("--target", default=None, help="target name (default: the node's only loopback target)")
+        c.add_argument("--state-dir", type=Path, default=None, help="guest state dir for kvgate-guest nodes")
+        c.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+        c.add_argument("--steps-dir", type=Path, default=None,
+                       help="where every command's argv/stdout/stderr/rc go (default runs/loopback/<op>-<time>)")
+        c.add_argument("--json", action="store_true", help="print the result as JSON")
+        if name == "up":
+            c.add_argument("--no-verify", action="store_true", help="skip the data-integrity read-back")
+        c.set_defaults(func=_provision, loopback_op=name)
+
+
+def _guest_up(args) -> int:
+    state_dir = args.state_dir or default_state_dir()
+    running = guest_running(state_dir)
+    if running:
+        print(f"guest already running: pid {running.pid}, ssh root@127.0.0.1 -p {running.ssh_port}")
+        return EXIT_OK
+    t0 = time.monotonic()
+    image = build_guest(progress=lambda m: print(m, file=sys.stderr))
+    state = start_guest(image, state_dir, ssh_port=args.port, memory_mib=args.memory_mib,
+                        boot_timeout_s=args.boot_timeout_s, progress=lambda m: print(m, file=sys.stderr))
+    print(f"guest up in {time.monotonic() - t0:.1f} s: kernel {state.kernel_release}, pid {state.pid}, "
+          f"ssh -i {state.identity_file} -o UserKnownHostsFile={state.known_hosts_path} "
+          f"-p {state.ssh_port} root@127.0.0.1; console {state.console_log}")
+    return EXIT_OK
+
+
+def _guest_down(args) -> int:
+    stopped = stop_guest(args.state_dir or default_state_dir())
+    print("guest stopped" if stopped else "no guest running")
+    return EXIT_OK
+
+
+def pick_target(inventory, node_name: str | None, target_name: str | None):
+    """(node, target) for the loopback: explicit names, else the only nvmeof-loopback target."""
+    cands = [(n, t) for n in inventory.nodes for t in n.targets if t.kind == "nvmeof-loopback"
+             and (node_name is None or n.name == node_name) and (target_name is None or t.name == target_name)]
+    if len(cands) != 1:
+        what = f"node={node_name or '*'} target={target_name or '*'}"
+        found = ", ".join(f"{n.name}/{t.name}" for n, t in cands) or "none"
+        raise ConfigError(ConfigIssue(str(getattr(inventory, "path", "inventory")), None, "nodes[].targets[]",
+                                      f"expected exactly one nvmeof-loopback target for {what}; found {found}"))
+    return cands[0]
+
+
+def _provision(args) -> int:
+    inv = load_inventory(given_or_shipped(args.inventory, "inventory"))
+    node, target = pick_target(inv, args.node, args.target)
+    spec = LoopbackSpec.from_target(target, node.name)
+    tr = open_node_transport(node, args.state_dir)
+    try:
+        steps_dir = args.steps_dir or Path("runs") / "loopback" / f"{args.loopback_op}-{time.strftime('%Y%m%d-%H%M%S')}"
+        steps = StepLog(steps_dir)
+        print(f"steps: {steps.root}", file=sys.stderr)
+        lb = Loopback(tr, spec, run=lambda name, argv, timeout_s: steps.run(tr, name, argv, timeout_s=timeout_s),
+                      progress=lambda m: print(m, file=sys.stderr))
+        if args.loopback_op == "status":
+            data, ok = lb.status(), True
+        elif args.loopback_op == "up":
+            res = lb.up(verify=not args.no_verify)
+            data, ok = res.as_dict(), res.ok
+        else:
+            res = lb.down()
+            data, ok = res.as_dict(), res.ok
+    finally:
+        tr.close()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(data, indent=2, default=str))
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(_human(args.loopback_op, data))
+    return EXIT_OK if ok else EXIT_INFRA
+
+
+def _human(op: str, data: dict) -> str:
+    summary = data.get("summary", data)
+    lines = [f"{summary['target']} ({summary['nqn']}) at {summary['address']}: {summary['state']}"
+             + (f", device {summary['device']}" if summary.get("device") else "")
+             + (f", backing {summary['backing_device']}" if summary.get("backing_device") else "")]
+    missing = [k for k, v in summary["layers"].items() if not v]
+    if summary["state"] == "partial":
+        lines.append("  missing: " + ", ".join(missing))
+    for a in data.get("actions", []) or []:
+        if not a["ok"]:
+            lines.append(f"  FAILED {a['name']} (rc={a['rc']}): {a['stderr']}")
+    integ = data.get("integrity")
+    if integ:
+        lines.append(f"  integrity: {'ok' if integ['ok'] else 'FAILED'} ({integ['checked_bytes']} bytes read back, "
+                     f"{integ['mismatched_bytes']} differ)")
+    if data.get("error"):
+        lines.append(f"  error: {data['error']}")
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Loading an inventory and a gate suite: every error in both files at once, each mapped to file:line.
+
+The workload registry is handed in (``load_config(..., workloads=WORKLOADS)``), so configuration does not
+import the workloads it validates: a registry maps a workload name to a class with ``Params`` (a pydantic
+model for ``params:``), ``METRICS`` (metric -> unit) and ``validate_against(params, nodes)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import ConfigError, ConfigIssue
+from ..units import parse_quantity, unit_info
+from .models import Gate, GateSuite, Inventory, Node
+from .yamlload import LineIndex, load_yaml, validate
+
+
+class Config:
+    """A validated inventory + gate suite, with the parsed params of every gate."""
+
+    def __init__(self, inventory: Inventory, suite: GateSuite, params: dict[str, Any],
+                 inventory_path: Path, gates_path: Path, workloads: Mapping[str, Any]):
+        self.inventory = inventory
+        self.suite = suite
+        self.params = params  # gate id -> validated params model
+        self.inventory_path = inventory_path
+        self.gates_path = gates_path
+        self.workloads = workloads  # the registry the suite was validated against
+
+    def workload(self, gate: Gate) -> Any:
+        """The workload class of a gate."""
+        return self.workloads[gate.workload]
+
+    def gate_nodes(self, gate: Gate) -> list[Node]:
+        if gate.nodes:
+            return [self.inventory.node(n) for n in gate.nodes]  # type: ignore[misc]
+        return list(self.inventory.nodes)
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    data, index = load_yaml(path)
+    inv = validate(Inventory, data, index)
+    issues, first = [], {}
+    for i, node in enumerate(inv.nodes):
+        if node.name in first:
+            issues.append(index.issue(("nodes", i, "name"),
+                                      f"duplicate node name {node.name!r} (first at nodes[{first[node.name]}])"))
+        first.setdefault(node.name, i)
+    if issues:
+        raise ConfigError(issues)
+    return inv
+
+
+def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None,
+                 params_out: dict[str, Any], workloads: Mapping[str, Any]) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    seen: dict[str, int] = {}
+    for i, gate in enumerate(suite.gates):
+        at = ("gates", i)
+        if gate.id in seen:
+            issues.append(index.issue(at + ("id",), f"duplicate gate id {gate.id!r} (first at gates[{seen[gate.id]}])"))
+        seen.setdefault(gate.id, i)
+        wl = workloads.get(gate.workload)
+        if wl is None:
+            issues.append(index.issue(at + ("workload",),
+                                      f"unknown workload {gate.workload!r} (expected one of {', '.join(sorted(workloads))})"))
+            continue
+        unit = wl.METRICS.get(gate.metric)
+        if unit is None:
+            issues.append(index.issue(at + ("metric",), f"workload {gate.workload!r} has no metric {gate.metric!r} "
+                                      f"(expected one of {', '.join(sorted(wl.METRICS))})"))
+        else:
+            dim, _ = unit_info(unit)
+            for key, thr in (("pass", gate.pass_), ("stop_loss", gate.stop_loss)):
+                if thr is not None and thr.dimension != dim:
+                    issues.append(index.issue(at + (key,), f"{thr} is a {thr.dimension} but metric {gate.metric} "
+                                              f"is a {dim} (expected a threshold in e.g. {unit})"))
+            if gate.reference is not None:
+                ref = parse_quantity(gate.reference.value)
+                if ref.dimension != dim:
+                    issues.append(index.issue(at + ("reference", "value"), f"reference {ref} is a {ref.dimension} but "
+                                              f"metric {gate.metric} is a {dim} (expected e.g. {unit})"))
+        try:
+            params = validate(wl.Params, gate.params, index, prefix=at + ("params",))
+        except ConfigError as exc:
+            issues.extend(exc.issues)
+            continue
+        params_out[gate.id] = params
+        if inventory is not None:
+            nodes = []
+            for j, n in enumerate(gate.nodes or []):
+                node = inventory.node(n)
+                if node is None:
+                    issues.append(index.issue(at + ("nodes", j), f"node {n!r} is not in the inventory "
+                                              f"(expected one of {', '.join(x.name for x in inventory.nodes)})"))
+                else:
+                    nodes.append(node)
+            if not gate.nodes:
+                nodes = list(inventory.nodes)
+            for path, msg in wl().validate_against(params, {n.name: n for n in nodes}):
+                issues.append(index.issue(at + ("params",) + tuple(path), msg))
+    return issues
+
+
+def load_config(inventory_path: str | Path, gates_path: str | Path, workloads: Mapping[str, Any]) -> Config:
+    """Load and cross-check both files against the workload registry ``workloads`` (name -> workload class);
+    raise ConfigError listing every issue in both."""
+    issues: list[ConfigIssue] = []
+    inventory = suite = None
+    try:
+        inventory = load_inventory(inventory_path)
+    except ConfigError as exc:
+        issues.extend(exc.issues)
+    params: dict[str, Any] = {}
+    try:
+        data, index = load_yaml(gates_path)
+        suite = validate(GateSuite, data, index)
+        issues.extend(_check_gates(suite, index, inventory, params, workloads))
+    except ConfigError as exc:
+        issues.extend(exc.issues)
+    if issues:
+        raise ConfigError(sorted(issues, key=lambda i: (i.file != str(inventory_path), i.file, i.line or 0)))
+    assert inventory is not None and suite is not None
+    return Config(inventory, suite, params, Path(inventory_path), Path(gates_path), workloads)

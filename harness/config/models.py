@@ -1,0 +1,314 @@
+"""Inventory and gate-suite models, strictly validated (loading and cross-checks: harness.config.loading).
+
+Values that later reach a command line are either validated against a strict pattern here (node names,
+host names, user names, device paths, NIC names) or passed on as one literal argv element (file paths).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..units import Threshold, UnitError, parse_quantity, parse_size_bytes, parse_threshold
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$|^\[?[0-9A-Fa-f:]+\]?$")
+USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+DEV_RE = re.compile(r"^/dev/[A-Za-z0-9._/-]+$")
+IFNAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
+NQN_RE = re.compile(r"^nqn\.\d{4}-\d{2}\.[A-Za-z0-9.:_-]+$")
+GATE_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _safe_path(v: str) -> str:
+    if not v:
+        raise ValueError("empty path")
+    if "\x00" in v or "\n" in v or "\r" in v:
+        raise ValueError("path contains a NUL or newline (expected a plain path)")
+    return v
+
+
+class Gpu(Strict):
+    index: int = Field(ge=0)
+    numa_node: int | None = Field(default=None, ge=0)
+    model: str | None = None
+
+
+class Nic(Strict):
+    name: str
+    line_rate_gbit_s: float = Field(gt=0)
+    mtu: int | None = Field(default=None, ge=68, le=65536)
+
+    @field_validator("name")
+    @classmethod
+    def _ifname(cls, v: str) -> str:
+        if not IFNAME_RE.match(v):
+            raise ValueError(f"invalid interface name {v!r} (expected letters, digits, . _ -; at most 15)")
+        return v
+
+
+TargetKind = Literal["file", "directory", "block", "nvmeof", "nvmeof-loopback"]
+
+
+class Target(Strict):
+    """A storage target on a node. File/directory paths may be relative to the node's work_dir."""
+
+    name: str
+    kind: TargetKind
+    path: str | None = None
+    size_bytes: int | None = Field(default=None, alias="size")
+    allow_destructive: bool = False
+    serial: str | None = None
+    # NVMe-oF
+    nqn: str | None = None
+    transport: Literal["tcp", "rdma", "fc"] | None = None
+    traddr: str | None = None
+    trsvcid: str | None = None
+    backing: Literal["null_blk", "brd", "file", "block"] | None = None
+    backing_path: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"invalid target name {v!r} (expected letters, digits, . _ -)")
+        return v
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        # Nothing connects to a remote NVMe-oF subsystem and finds its /dev/nvmeXnY yet (the NVMe-oF issue
+        # builds it); accepting the kind would measure whatever path or work directory the target falls back to.
+        if v == "nvmeof":
+            raise ValueError("kind 'nvmeof' is not supported yet: kvgate cannot connect to an NVMe-oF subsystem "
+                             "and find its device (expected file, directory, block or nvmeof-loopback; for a "
+                             "namespace already connected, declare kind: block with its /dev path)")
+        return v
+
+    @field_validator("size_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return None if v is None else parse_size_bytes(v)
+
+    @field_validator("path", "backing_path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        return None if v is None else _safe_path(v)
+
+    @field_validator("nqn")
+    @classmethod
+    def _nqn(cls, v: str | None) -> str | None:
+        if v is not None and not NQN_RE.match(v):
+            raise ValueError(f"invalid NQN {v!r} (expected nqn.YYYY-MM.reverse.domain:name)")
+        return v
+
+    @field_validator("traddr")
+    @classmethod
+    def _traddr(cls, v: str | None) -> str | None:
+        if v is not None and not HOST_RE.match(v):
+            raise ValueError(f"invalid transport address {v!r} (expected an IP address or host name)")
+        return v
+
+    @field_validator("trsvcid")
+    @classmethod
+    def _svc(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"\d{1,5}", str(v)):
+            raise ValueError(f"invalid service id {v!r} (expected a port number)")
+        return v
+
+    @model_validator(mode="after")
+    def _by_kind(self) -> "Target":
+        if self.kind in ("file", "directory", "block") and not self.path:
+            raise ValueError(f"target kind {self.kind!r} needs a path")
+        if self.kind == "block" and self.path and not DEV_RE.match(self.path):
+            raise ValueError(f"block target path {self.path!r} must be a device path like /dev/nvme0n1 "
+                             "(letters, digits, . _ - / only)")
+        if self.kind == "file" and self.size_bytes is None:
+            raise ValueError("file target needs a size (e.g. size: 1 GiB) so kvgate can create and fill it")
+        if self.allow_destructive and not self.serial:
+            raise ValueError("allow_destructive: true needs the device's serial number (serial: ...)")
+        if self.kind in ("nvmeof", "nvmeof-loopback") and not self.nqn:
+            raise ValueError(f"target kind {self.kind!r} needs an nqn")
+        return self
+
+
+class Node(Strict):
+    name: str
+    transport: Literal["local", "ssh"] = "ssh"
+    host: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+    work_dir: str = "/tmp/kvgate-work"
+    # The interpreter of the node's engine environment (a venv with torch/LMCache/vLLM), used by the
+    # engine workloads when the gate does not name one; default: kvgate's own interpreter on a local
+    # node, python3 on an SSH node.
+    engine_python: str | None = None
+    gpus: list[Gpu] = Field(default_factory=list)
+    read_streams: int | None = Field(default=None, ge=1, le=1024)
+    nics: list[Nic] = Field(default_factory=list)
+    targets: list[Target] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"invalid node name {v!r} (expected letters, digits, . _ -)")
+        return v
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        if v is not None and not HOST_RE.match(v):
+            raise ValueError(f"invalid host {v!r} (expected a host name, ~/.ssh/config alias or IP address)")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not USER_RE.match(v):
+            raise ValueError(f"invalid user name {v!r}")
+        return v
+
+    @field_validator("proxy_jump")
+    @classmethod
+    def _jump(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        for hop in v.split(","):
+            hostpart = hop.rsplit("@", 1)[-1]
+            hostpart = re.sub(r":\d+$", "", hostpart)
+            if not HOST_RE.match(hostpart):
+                raise ValueError(f"invalid proxy_jump hop {hop!r} (expected [user@]host[:port])")
+        return v
+
+    @field_validator("identity_file", "work_dir")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return None if v is None else _safe_path(v)
+
+    @model_validator(mode="after")
+    def _checks(self) -> "Node":
+        if self.transport == "ssh" and not self.host:
+            raise ValueError("ssh node needs a host")
+        seen: set[int] = set()
+        for g in self.gpus:
+            if g.index in seen:
+                raise ValueError(f"duplicate GPU index {g.index}")
+            seen.add(g.index)
+        names = [t.name for t in self.targets]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate target name(s): {', '.join(sorted(dup))}")
+        return self
+
+    def target(self, name: str) -> Target | None:
+        return next((t for t in self.targets if t.name == name), None)
+
+    @property
+    def stream_count(self) -> int:
+        return len(self.gpus) if self.gpus else (self.read_streams or 1)
+
+
+class Inventory(Strict):
+    nodes: list[Node] = Field(min_length=1)
+
+    def node(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+
+def _threshold(v: Any) -> Threshold:
+    if isinstance(v, Threshold):
+        return v
+    try:
+        return parse_threshold(v)
+    except UnitError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class Reference(Strict):
+    value: str
+    source: str | None = None
+    note: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _qty(cls, v: str) -> str:
+        try:
+            parse_quantity(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+
+class SuiteMeta(Strict):
+    name: str
+    version: str | int
+    description: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"invalid suite name {v!r} (expected letters, digits, . _ -)")
+        return v
+
+
+class Gate(Strict):
+    id: str
+    title: str
+    workload: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    nodes: list[str] | None = None
+    metric: str
+    pass_: Threshold = Field(alias="pass")
+    stop_loss: Threshold | None = None
+    reference: Reference | None = None
+    informational: bool = False
+    timeout_s: float = Field(default=3600.0, gt=0)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, arbitrary_types_allowed=True)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not GATE_ID_RE.match(v):
+            raise ValueError(f"invalid gate id {v!r} (expected e.g. G1)")
+        return v
+
+    @field_validator("pass_", "stop_loss", mode="before")
+    @classmethod
+    def _thr(cls, v: Any) -> Any:
+        return None if v is None else _threshold(v)
+
+    @model_validator(mode="after")
+    def _stop_vs_pass(self) -> "Gate":
+        p, s = self.pass_, self.stop_loss
+        if s is None:
+            return self
+        if s.dimension != p.dimension:
+            raise ValueError(f"stop_loss {s} is a {s.dimension} but pass {p} is a {p.dimension}")
+        if p.higher_is_better:
+            if s.higher_is_better:
+                raise ValueError(f"stop_loss {s} must be a lower bound ('<' or '<=') when pass is {p}")
+            if s.quantity.base > p.quantity.base:
+                raise ValueError(f"stop_loss {s} is stricter than pass {p} (expected a stop-loss at or below the pass threshold)")
+        else:
+            if not s.higher_is_better:
+                raise ValueError(f"stop_loss {s} must be an upper bound ('>' or '>=') when pass is {p}")
+            if s.quantity.base < p.quantity.base:
+                raise ValueError(f"stop_loss {s} is stricter than pass {p} (expected a stop-loss at or above the pass threshold)")
+        return self
+
+
+class GateSuite(Strict):
+    suite: SuiteMeta
+    gates: list[Gate] = Field(min_length=1)

@@ -1,0 +1,176 @@
+"""Async streaming client for the OpenAI-compatible completions API: TTFT, inter-token latencies, e2e.
+
+Timing model (one request):
+- ``queue_s``: from submission to the moment a concurrency slot is free and the request is sent.
+  Client-side waiting is measured here and never inside TTFT.
+- ``ttft_s``: from just before the request is sent to the arrival of the first stream chunk that
+  carries non-empty text (role-only or empty chunks do not count).
+- ``itl_s``: gaps between consecutive non-empty chunks.
+- ``latency_s``: from send to the last non-empty chunk, so ``latency_s - ttft_s == sum(itl_s)``.
+- ``e2e_s``: from send to the end of the stream (after ``[DONE]``), >= ``latency_s``.
+
+A failed request (connection error, HTTP error, malformed or empty stream) is a record whose ``error``
+says what happened; nothing here raises for a request that went wrong. The clock is injectable so the
+arithmetic can be tested with a scripted clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import httpx
+
+from ..parsers.sse import DONE, chunk_text, sse_data
+from ..stats import percentile
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One prompt to send. ``prompt`` is text or a list of token ids (both accepted by vLLM)."""
+
+    request_id: str
+    prompt: str | list[int]
+    max_tokens: int = 1
+    prompt_tokens: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self, model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model, "prompt": self.prompt, "max_tokens": self.max_tokens, "stream": True,
+            "temperature": 0.0, "ignore_eos": True,
+        }
+        body.update(self.extra)
+        return body
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """The measured outcome of one request; ``error`` is None only for a stream that produced text."""
+
+    request_id: str
+    prompt_tokens: int | None
+    queue_s: float
+    ttft_s: float | None
+    itl_s: tuple[float, ...]
+    latency_s: float | None
+    e2e_s: float | None
+    output_chunks: int
+    output_text: str
+    http_status: int | None
+    error: str | None = None
+    started_unix_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["itl_s"] = list(self.itl_s)
+        return d
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, request: CompletionRequest, model: str,
+                            clock: Clock = time.perf_counter, queue_s: float = 0.0,
+                            timeout_s: float | None = 600.0) -> RequestRecord:
+    """Send one streaming completion and time it. Never raises for a failed request."""
+    ttft = None
+    itl: list[float] = []
+    text: list[str] = []
+    status = None
+    last = None
+    chunks = 0
+    started_unix = time.time()
+    t_send = clock()
+
+    def rec(error: str | None, end: float | None) -> RequestRecord:
+        latency = None if last is None else last - t_send
+        return RequestRecord(
+            request_id=request.request_id, prompt_tokens=request.prompt_tokens, queue_s=queue_s, ttft_s=ttft,
+            itl_s=tuple(itl), latency_s=latency, e2e_s=None if end is None else end - t_send,
+            output_chunks=chunks, output_text="".join(text), http_status=status, error=error,
+            started_unix_s=started_unix)
+
+    try:
+        async with client.stream("POST", url, json=request.payload(model), timeout=timeout_s) as resp:
+            status = resp.status_code
+            if resp.status_code != 200:
+                body = (await resp.aread()).decode(errors="replace")
+                return rec(f"HTTP {resp.status_code}: {body.strip()[:500]}", clock())
+            done = False
+            async for line in resp.aiter_lines():
+                data = sse_data(line)
+                if data is None:
+                    continue
+                if data == DONE:
+                    done = True
+                    break
+                try:
+                    event = json.loads(data)
+                except json.JSONDecodeError:
+                    return rec(f"malformed stream event: {data[:200]!r}", clock())
+                if isinstance(event, dict) and event.get("error"):
+                    return rec(f"server error in stream: {json.dumps(event['error'])[:500]}", clock())
+                piece = chunk_text(event) if isinstance(event, dict) else ""
+                if not piece:
+                    continue
+                now = clock()
+                if ttft is None:
+                    ttft = now - t_send
+                else:
+                    itl.append(now - last)
+                last = now
+                chunks += 1
+                text.append(piece)
+            end = clock()
+            if ttft is None:
+                return rec("stream ended without a non-empty token chunk", end)
+            if not done:
+                return rec("stream ended without [DONE]", end)
+            return rec(None, end)
+    except httpx.TimeoutException as exc:
+        return rec(f"timeout: {type(exc).__name__}: {exc}", clock())
+    except httpx.HTTPError as exc:
+        return rec(f"{type(exc).__name__}: {exc}", clock())
+
+
+async def run_requests(base_url: str, requests: Sequence[CompletionRequest], model: str, concurrency: int = 1,
+                       clock: Clock = time.perf_counter, transport: httpx.AsyncBaseTransport | None = None,
+                       timeout_s: float | None = 600.0, path: str = "/v1/completions") -> list[RequestRecord]:
+    """Send all requests with at most ``concurrency`` in flight; records come back in request order."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    sem = asyncio.Semaphore(concurrency)
+    url = base_url.rstrip("/") + path
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout_s) as client:
+        async def one(req: CompletionRequest, t_submit: float) -> RequestRecord:
+            async with sem:
+                queue_s = clock() - t_submit
+                return await stream_completion(client, url, req, model, clock=clock, queue_s=queue_s,
+                                               timeout_s=timeout_s)
+        # Every request is submitted now; a request's wait for a free slot is its queue_s.
+        t_submit = clock()
+        return list(await asyncio.gather(*(one(r, t_submit) for r in requests)))
+
+
+def run_requests_sync(base_url: str, requests: Sequence[CompletionRequest], model: str, concurrency: int = 1,
+                      **kw) -> list[RequestRecord]:
+    """``run_requests`` from synchronous code (a workload's ``run``)."""
+    return asyncio.run(run_requests(base_url, requests, model, concurrency=concurrency, **kw))
+
+
+def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """p50/p90/p99 TTFT over the successful records, with counts of failed ones."""
+    ok = [r.ttft_s for r in records if r.ok and r.ttft_s is not None]
+    out: dict[str, Any] = {"requests": len(records), "ok": len(ok), "failed": len(records) - len(ok)}
+    if ok:
+        out.update(ttft_p50_s=percentile(ok, 50), ttft_p90_s=percentile(ok, 90), ttft_p99_s=percentile(ok, 99),
+                   ttft_mean_s=sum(ok) / len(ok))
+    return out

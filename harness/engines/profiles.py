@@ -1,0 +1,140 @@
+"""Engine profiles (data in ``workloads/engines/*.yaml``): how to launch an engine on a node.
+
+A profile says how to launch an engine (argv and environment templates, and the node program it runs, if
+kvgate ships one), where its health and metrics endpoints are, which metrics prove hits from the KV tier,
+and which LMCache version its LMCache YAML was written for. Everything here is pure: loading and checking
+profiles, filling their templates, building ``vllm serve`` argv.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config.yamlload import load_yaml, validate
+from ..errors import ConfigError, ConfigIssue
+from ..paths import data_path
+from .lmcache import LMCacheSettings, check_lmcache_config, lmcache_config, render_template
+
+
+# ------------------------------------------------------------------------------------------ profiles
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HitMetrics(_Strict):
+    """Prometheus counters whose deltas over the read-back phase give the hit rate and bytes read."""
+
+    hit_tokens: list[str]
+    query_tokens: list[str]
+    read_bytes: list[str] = Field(default_factory=list)
+
+
+class EngineProfile(_Strict):
+    name: str
+    description: str
+    engine: Literal["vllm", "dynamo-vllm", "sglang", "cpu-reference"]
+    engine_version: str | None = None
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    health_path: str = "/health"
+    metrics_path: str = "/metrics"
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+    hit_metrics: HitMetrics
+    lmcache: LMCacheSettings | None = None
+    # A program of harness/engines/ (e.g. cpu_reference.py) that kvgate puts into the run directory on the node
+    # before the launch; the argv names it as {program} (the engine then needs its own packages, not kvgate).
+    program: str | None = None
+    tokenizer: str | None = None  # local tokenizer.json (or its directory): G2 then sends text prompts
+    notes: str = ""
+
+    def render_argv(self, values: dict[str, Any]) -> list[str]:
+        """The launch argv with ``{placeholders}`` filled; a missing value is an error, not ''."""
+        return [render_template(a, values, f"{self.name}: argv") for a in self.argv]
+
+    def render_env(self, values: dict[str, Any]) -> dict[str, str]:
+        return {k: render_template(v, values, f"{self.name}: env.{k}") for k, v in self.env.items()}
+
+
+class _SamplePaths(dict):
+    def __contains__(self, key):
+        return True
+
+    def __missing__(self, key):
+        return "/kvgate-sample"
+
+
+def program_file(name: str) -> Path:
+    """The file of an engine program a profile names (``program:``), to put on a node."""
+    path = Path(__file__).resolve().parent / name
+    if path.suffix != ".py" or path.parent != Path(__file__).resolve().parent or not path.is_file():
+        raise ValueError(f"no engine program {name!r} in harness/engines/")
+    return path
+
+
+def list_profiles(directory: Path | None = None) -> list[str]:
+    directory = directory or data_path("workloads", "engines")
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | Path, directory: Path | None = None) -> EngineProfile:
+    """Load and validate a profile by name (``workloads/engines/<name>.yaml``) or path; ConfigError names
+    the file, line and field; the profile's LMCache block is checked against its pinned LMCache version."""
+    directory = directory or data_path("workloads", "engines")
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = directory / f"{name_or_path}.yaml"
+    if not p.exists() and not p.is_symlink():  # a symlink loop is reported by load_yaml, as such
+        raise ConfigError(ConfigIssue(str(p), None, "", f"no engine profile {str(name_or_path)!r} "
+                                      f"(known: {', '.join(list_profiles(directory)) or 'none'})"))
+    data, index = load_yaml(p)
+    prof = validate(EngineProfile, data, index)
+    if prof.lmcache is not None:
+        # Placeholders are filled at run time; check the keys and types with a sample path in each.
+        issues = check_lmcache_config(lmcache_config(prof.lmcache, _SamplePaths()), prof.lmcache.version)
+        if issues:
+            raise ConfigError([index.issue(("lmcache", "config") + tuple(path), msg) for path, msg in issues])
+    return prof
+
+
+# --------------------------------------------------------------------------------------------- vLLM
+
+
+def kv_transfer_config(connector: str = "LMCacheConnectorV1", role: str = "kv_both",
+                       module_path: str | None = None) -> str:
+    d: dict[str, Any] = {"kv_connector": connector, "kv_role": role}
+    if module_path:
+        d["kv_connector_module_path"] = module_path
+    return json.dumps(d, separators=(",", ":"))
+
+
+def vllm_serve_argv(model: str, host: str, port: int, *, kv_connector: str | None = "LMCacheConnectorV1",
+                    kv_connector_module_path: str | None = None, max_model_len: int | None = None,
+                    tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None,
+                    prefix_caching: bool = False, served_model_name: str | None = None,
+                    extra: list[str] | None = None) -> list[str]:
+    """``vllm serve`` argv for G2: GPU prefix caching off (so hits come from the connector's tier)."""
+    argv = ["vllm", "serve", model, "--host", host, "--port", str(port),
+            "--tensor-parallel-size", str(tensor_parallel_size)]
+    if max_model_len:
+        argv += ["--max-model-len", str(max_model_len)]
+    if gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    argv.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    if kv_connector:
+        argv += ["--kv-transfer-config", kv_transfer_config(kv_connector, module_path=kv_connector_module_path)]
+    return argv + list(extra or [])
+
+
+def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """A copy-pasteable command line for logs and plans."""
+    pre = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    return (pre + " " if pre else "") + shlex.join(argv)

@@ -1,0 +1,216 @@
+"""Re-evaluate a bundle's verdicts offline from its raw files, with the bundle's own suite.
+
+For each gate of ``config/gates.yaml`` (validated against ``config/inventory.yaml``, both from the bundle):
+the metrics are re-derived from the raw output where a re-deriver for the workload exists (fio-read: every
+``gates/<gate>/<node>/fio.json`` through the same pure parser the run used; the cold-read proof from the
+drop-caches step's recorded rc), else taken from ``gates/<gate>/result.json``; then the gate is evaluated with
+:func:`harness.gates.verdict.evaluate` and compared with the signed verdict. Differences are data, never an exception.
+
+Other workloads add a re-deriver with ``@rederiver("workload-name")``: ``fn(gate_dir, result, params, ctx)
+-> (metrics, invalid_reason)`` where ``result`` is result.json as a dict and ``ctx`` gives ``bundle_dir``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import load_config
+from ..errors import ConfigError, HarnessError
+from ..parsers.fio import parse_fio_json
+from ..safeio import MAX_JSON_BYTES, InputFileError, check_keys, json_type, key_line, parse_json, read_text
+from ..workloads import WORKLOADS
+from ..workloads.base import RecordedEvidence, WorkloadResult
+from ..workloads.fio_read import cold_invalid_reason, read_metrics
+from .verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
+
+REDERIVERS: dict[str, Callable[..., tuple[dict[str, float], str | None]]] = {}
+REL_TOL = 1e-9
+
+
+def rederiver(workload: str):
+    def deco(fn):
+        REDERIVERS[workload] = fn
+        return fn
+    return deco
+
+
+@dataclass
+class GateCheck:
+    gate_id: str
+    signed: dict[str, Any] | None
+    reevaluated: dict[str, Any] | None
+    source: str  # where the metrics came from
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def same(self) -> bool:
+        return not self.differences
+
+
+@dataclass
+class Reevaluation:
+    checks: list[GateCheck]
+    overall_signed: str | None
+    overall_reevaluated: str | None
+    differences: list[str]
+
+    @property
+    def same(self) -> bool:
+        return not self.differences
+
+    def verdicts_for_render(self) -> list[dict[str, Any]]:
+        """The signed verdict where re-evaluation agrees (so a re-render is byte-identical), else the new one."""
+        out = []
+        for c in self.checks:
+            v = c.signed if c.same and c.signed is not None else c.reevaluated
+            if v is not None:
+                out.append(v)
+        return out
+
+
+def _close(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    try:
+        return math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=1e-12)
+    except (TypeError, ValueError):
+        return a == b
+
+
+def compare_verdicts(signed: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between a signed verdict and a re-evaluated one (numbers within a relative 1e-9)."""
+    gid = signed.get("gate_id", "?")
+    diffs = []
+    for key in ("outcome", "metric", "unit", "pass_threshold", "stop_loss_threshold", "title"):
+        if signed.get(key) != new.get(key):
+            diffs.append(f"{gid}: {key} signed {signed.get(key)!r}, re-evaluated {new.get(key)!r}")
+    if not _close(signed.get("actual"), new.get("actual")):
+        diffs.append(f"{gid}: measured {signed.get('metric')} signed {signed.get('actual')!r}, "
+                     f"re-evaluated from raw data {new.get('actual')!r}")
+    sm, nm = signed.get("metrics") or {}, new.get("metrics") or {}
+    for k in sorted(set(sm) | set(nm)):
+        if k == signed.get("metric"):
+            continue
+        if not _close(sm.get(k), nm.get(k)):
+            diffs.append(f"{gid}: metric {k} signed {sm.get(k)!r}, re-evaluated {nm.get(k)!r}")
+    if not diffs and signed.get("reason") != new.get("reason"):
+        diffs.append(f"{gid}: reason signed {signed.get('reason')!r}, re-evaluated {new.get('reason')!r}")
+    return diffs
+
+
+# What the runner writes into gates/<gate>/result.json; anything else is refused, not silently ignored.
+RESULT_KEYS = frozenset({"metrics", "evidence", "invalid_reason", "error", "started_unix_s", "finished_unix_s"})
+
+
+def read_result(p: Path, name: str) -> dict[str, Any]:
+    """A gate's result.json through the hardened JSON reader, checked for the shape the runner writes;
+    InputFileError naming ``name`` (and the line) otherwise."""
+    text = read_text(p, max_bytes=MAX_JSON_BYTES, what="result file", follow_symlinks=False, display_name=name)
+    result = parse_json(text, name)
+    check_keys(result, RESULT_KEYS, name, "result", text, root=True)
+    for key, kinds, want in (("metrics", (dict, type(None)), "an object"), ("evidence", (dict, type(None)), "an object"),
+                             ("invalid_reason", (str, type(None)), "a string"), ("error", (str, type(None)), "a string")):
+        if not isinstance(result.get(key), kinds):
+            raise InputFileError(name, key_line(text, key), f"{key}: expected {want} or null, "
+                                                            f"got {json_type(result[key])}")
+    for k, v in (result.get("metrics") or {}).items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InputFileError(name, key_line(text, k), f"metrics.{k}: expected a number, got {json_type(v)}")
+    return result
+
+
+def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reevaluation:
+    """Re-evaluate every gate of the bundle's suite from its raw files and compare with ``predicate``."""
+    bundle_dir = Path(bundle_dir)
+    verdicts = predicate.get("verdicts")
+    if not isinstance(verdicts, list) or not all(isinstance(v, dict) and isinstance(v.get("gate_id"), str)
+                                                 for v in verdicts):
+        msg = "the signed predicate's verdicts are not a list of verdict objects with a gate_id"
+        return Reevaluation([], predicate.get("overall"), None, [msg])
+    signed_by_id = {v["gate_id"]: v for v in verdicts}
+    try:
+        cfg = load_config(bundle_dir / "config" / "inventory.yaml", bundle_dir / "config" / "gates.yaml", WORKLOADS)
+    except ConfigError as exc:
+        first = str(exc.issues[0]) if exc.issues else str(exc)
+        msg = f"the bundle's own suite does not load with this kvgate: {first}"
+        return Reevaluation([GateCheck(g, v, None, "none", [msg]) for g, v in signed_by_id.items()],
+                            predicate.get("overall"), None, [msg])
+    checks: list[GateCheck] = []
+    new_verdicts: list[Verdict] = []
+    stop_at: str | None = None
+    for gate in cfg.suite.gates:
+        signed = signed_by_id.get(gate.id)
+        wl = WORKLOADS[gate.workload]
+        unit = wl.METRICS[gate.metric]
+        gate_dir = bundle_dir / "gates" / gate.id
+        result_path = gate_dir / "result.json"
+        source = "result.json"
+        if stop_at or not result_path.is_file():
+            reason = (f"skipped: stop-loss hit at {stop_at}" if stop_at else
+                      (signed or {}).get("reason", "skipped: not run"))
+            v = skipped(gate, reason, unit)
+            source = "not run"
+        else:
+            try:
+                result = read_result(result_path, f"gates/{gate.id}/result.json")
+                metrics = {k: float(x) for k, x in (result.get("metrics") or {}).items()}
+                invalid = result.get("invalid_reason")
+                error = result.get("error")
+                fn = REDERIVERS.get(gate.workload)
+                if fn is not None and not error:
+                    metrics, invalid = fn(gate_dir, result, cfg.params[gate.id], {"bundle_dir": bundle_dir})
+                    source = f"raw output re-parsed ({gate.workload})"
+                evidence = RecordedEvidence.model_validate(result.get("evidence") or {})
+                v = evaluate(gate, WorkloadResult(metrics, evidence, invalid, error), unit)
+            except (HarnessError, OSError, ValueError, KeyError, TypeError) as exc:
+                v = Verdict(gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
+                            stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, actual=None,
+                            unit=unit, outcome=Outcome.ERROR, reason=f"raw data could not be re-evaluated: {exc}")
+                source = f"unreadable raw data: {' '.join(str(exc).split())}"
+        new_verdicts.append(v)
+        if v.outcome is Outcome.STOP:
+            stop_at = gate.id
+        new = v.to_dict()
+        diffs = (compare_verdicts(signed, new) if signed is not None
+                 else [f"{gate.id}: in the bundle's suite but has no signed verdict"])
+        checks.append(GateCheck(gate.id, signed, new, source, diffs))
+    extra = sorted(set(signed_by_id) - {g.id for g in cfg.suite.gates})
+    diffs = [d for c in checks for d in c.differences]
+    diffs += [f"{g}: signed verdict for a gate not in the bundle's suite" for g in extra]
+    overall = overall_outcome(new_verdicts).value
+    if overall != predicate.get("overall"):
+        diffs.append(f"overall signed {predicate.get('overall')}, re-evaluated {overall}")
+    return Reevaluation(checks, predicate.get("overall"), overall, diffs)
+
+
+# --------------------------------------------------------------------------- re-derivers
+
+
+@rederiver("fio-read")
+def _fio_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """G1 from the raw fio JSON of every node; cold proof from the recorded drop-caches steps. The metrics and
+    the cold rule are the workload's own pure functions."""
+    ev = result.get("evidence") or {}
+    nodes = sorted((ev.get("nodes") or {}).keys()) or sorted(p.parent.name for p in gate_dir.glob("*/fio.json"))
+    per_node: dict[str, list[float]] = {}
+    for node in nodes:
+        raw = read_text(gate_dir / node / "fio.json", max_bytes=MAX_JSON_BYTES, what="fio output",
+                        follow_symlinks=False, display_name=f"gates/{gate_dir.name}/{node}/fio.json")
+        run = parse_fio_json(raw)
+        if not run.groups:
+            raise HarnessError(f"{gate_dir.name}/{node}/fio.json: fio reported no jobs")
+        per_node[node] = [g.read_gb_s for g in run.groups]
+    if not per_node:
+        raise HarnessError(f"{gate_dir.name}: no fio.json under the gate directory")
+    metrics = read_metrics(per_node)
+    # Cold proof: page cache dropped on every node, or O_DIRECT on. A node counts as dropped only when the
+    # evidence says so AND the step log holds a drop-caches step on that node that exited 0.
+    steps_dir = Path(ctx["bundle_dir"]) / "steps"
+    dropped = {}
+    for node in nodes:
+        logged = any(rc.read_text().strip() == "0" for rc in steps_dir.glob(f"*-{node}-drop-caches/rc"))
+        dropped[node] = logged and bool((ev.get("nodes") or {}).get(node, {}).get("page_cache_dropped"))
+    return metrics, cold_invalid_reason(dropped, getattr(params, "direct", ev.get("direct", True)))

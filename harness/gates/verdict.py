@@ -1,0 +1,105 @@
+"""Gate outcomes as data, and the pure evaluation of a workload's metrics against a gate."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..units import unit_info
+from ..workloads.base import WorkloadResult
+
+
+class Outcome(str, enum.Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"        # below pass, above stop-loss
+    STOP = "STOP"        # stop-loss hit: later gates are SKIPPED
+    ERROR = "ERROR"      # the workload could not run or a node failed
+    INVALID = "INVALID"  # evidence the gate requires is missing
+    SKIPPED = "SKIPPED"  # not run (after a STOP, or a failed prerequisite)
+    INFO = "INFO"        # informational gate: measured, never decides
+
+
+# Worst first: the overall outcome of a run is the worst of its gates' outcomes.
+SEVERITY = [Outcome.STOP, Outcome.ERROR, Outcome.INVALID, Outcome.FAIL, Outcome.SKIPPED, Outcome.PASS, Outcome.INFO]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    gate_id: str
+    title: str
+    metric: str
+    pass_threshold: str
+    stop_loss_threshold: str | None
+    actual: float | None
+    unit: str
+    outcome: Outcome
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    reference: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outcome"] = self.outcome.value
+        return d
+
+
+def overall_outcome(verdicts: list[Verdict]) -> Outcome:
+    """Worst outcome of all gates; a run with no gates, or any gate not run, is never PASS."""
+    if not verdicts:
+        return Outcome.ERROR
+    outcomes = {v.outcome for v in verdicts}
+    for o in SEVERITY:
+        if o in outcomes:
+            if o is Outcome.INFO:
+                return Outcome.PASS
+            return o
+    return Outcome.ERROR
+
+
+def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
+    """Compare ``result.metrics[gate.metric]`` (in ``metric_unit``) with the gate's thresholds.
+
+    Order: error -> ERROR; missing evidence -> INVALID; informational -> INFO; pass holds -> PASS;
+    stop-loss holds -> STOP; otherwise FAIL.
+    """
+    common = dict(
+        gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
+        stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, unit=metric_unit,
+        evidence=result.evidence_dict(), reference=gate.reference.model_dump() if gate.reference else {},
+        metrics=dict(result.metrics),
+    )
+    actual = result.metrics.get(gate.metric)
+    if result.error:
+        return Verdict(actual=actual, outcome=Outcome.ERROR, reason=result.error, **common)
+    if actual is None:
+        return Verdict(actual=None, outcome=Outcome.ERROR,
+                       reason=f"workload did not report metric {gate.metric}", **common)
+    if result.invalid_reason:
+        return Verdict(actual=actual, outcome=Outcome.INVALID, reason=result.invalid_reason, **common)
+    _, factor = unit_info(metric_unit)
+    base = actual * factor
+    if gate.informational:
+        ok = gate.pass_.holds(base)
+        return Verdict(actual=actual, outcome=Outcome.INFO,
+                       reason=f"informational: {actual:.4g} {metric_unit} {'meets' if ok else 'misses'} {gate.pass_}",
+                       **common)
+    if gate.pass_.holds(base):
+        return Verdict(actual=actual, outcome=Outcome.PASS,
+                       reason=f"{actual:.4g} {metric_unit} meets pass {gate.pass_}", **common)
+    if gate.stop_loss is not None and gate.stop_loss.holds(base):
+        return Verdict(actual=actual, outcome=Outcome.STOP,
+                       reason=f"{actual:.4g} {metric_unit} hits stop-loss {gate.stop_loss}: acceptance stops",
+                       **common)
+    return Verdict(actual=actual, outcome=Outcome.FAIL,
+                   reason=f"{actual:.4g} {metric_unit} misses pass {gate.pass_}", **common)
+
+
+def skipped(gate, reason: str, metric_unit: str) -> Verdict:
+    return Verdict(
+        gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
+        stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, actual=None, unit=metric_unit,
+        outcome=Outcome.SKIPPED, reason=reason,
+        reference=gate.reference.model_dump() if gate.reference else {},
+    )

@@ -1,0 +1,18 @@
+"""Programs kvgate ships to nodes and runs there: stdlib only, no import of kvgate (a node needs python3,
+not kvgate). ``g3_reader.py`` reads the shared KV copy for G3, ``rig_forward.py`` carries the test rig's
+loopback ports into its namespaces, ``make_model.py`` builds a random-weight model and tokenizer for an
+engine (it needs torch, transformers and tokenizers there). The CPU reference engine is shipped the same
+way but lives with the engines (harness/engines/cpu_reference.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PROGRAMS = ("g3_reader.py", "rig_forward.py", "make_model.py")
+
+
+def program_path(name: str) -> Path:
+    """The file of one of :data:`PROGRAMS`, to put on a node or run with an interpreter."""
+    if name not in PROGRAMS:
+        raise ValueError(f"no node program {name!r} (known: {', '.join(PROGRAMS)})")
+    return Path(__file__).resolve().parent / name

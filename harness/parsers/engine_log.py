@@ -1,0 +1,59 @@
+"""Engine logs: the lines that say the KV tier silently did nothing.
+
+An engine whose KV connector failed to start, or that fell back to re-computing what it could not load,
+still answers every request: only its log says so. G2 scans the engine log of every phase for the
+fall-back and connector-failure lines of the engine it ran (the profile's ``fallback_patterns``, on top of
+the built-in ones below); any match makes the run INVALID with the line quoted, never a FAIL or PASS of a
+tier that was not used.
+
+The built-in patterns are the messages of the pinned versions, captured from real runs (see
+tests/fixtures/engine_logs/): LMCache 0.5.6 in vLLM's CPU build, vLLM 0.32's KV load-failure handling.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+# (pattern, what it means). Searched per line, after ANSI colour codes are removed.
+BUILTIN_FALLBACK_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"System will operate in degraded mode \(recompute\)", "LMCache fell back to re-compute"),
+    (r"No supported \S+ connector found", "LMCache has no KV connector for this device"),
+    (r"Failed to initialize LMCacheManager components", "LMCache failed to start"),
+    (r"Skipping post_init due to previous initialization failure", "LMCache failed to start"),
+    (r"Recovered from KV load failure", "vLLM re-computed KV its connector failed to load"),
+    (r"Failing \d+ request\(s\) due to KV load failure", "vLLM failed requests whose KV did not load"),
+)
+
+
+@dataclass(frozen=True)
+class LogMatch:
+    line_no: int  # 1-based
+    line: str  # the matching line, ANSI codes removed, at most 400 characters
+    pattern: str
+    meaning: str
+
+    def quote(self) -> str:
+        return f"line {self.line_no}: {self.line}"
+
+
+def compile_patterns(extra: list[str] | tuple[str, ...] = ()) -> list[tuple[re.Pattern[str], str, str]]:
+    """The built-in patterns plus a profile's own (regular expressions; an invalid one raises re.error)."""
+    out = [(re.compile(p), p, meaning) for p, meaning in BUILTIN_FALLBACK_PATTERNS]
+    out += [(re.compile(p), p, "the engine profile's fall-back pattern") for p in extra]
+    return out
+
+
+def scan_fallbacks(text: str, extra_patterns: list[str] | tuple[str, ...] = ()) -> list[LogMatch]:
+    """Pure: every line of an engine log that matches a fall-back or connector-failure pattern."""
+    patterns = compile_patterns(extra_patterns)
+    found: list[LogMatch] = []
+    for i, raw in enumerate(text.splitlines(), 1):
+        line = ANSI_RE.sub("", raw).strip()
+        for rx, source, meaning in patterns:
+            if rx.search(line):
+                found.append(LogMatch(i, line[:400], source, meaning))
+                break
+    return found

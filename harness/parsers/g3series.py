@@ -1,0 +1,351 @@
+"""Pure functions for multi-node shared reads (G3): the common window, aggregate, fairness, start skew,
+the port's line rate, and parsers for the raw per-node series (kvgate's reader and fio bandwidth logs).
+Clock offsets are estimated in harness.execute.clock.
+
+Nothing here does I/O except reading text handed in; a bundle can be re-evaluated offline from its raw files.
+
+Conventions: times are seconds (float, Unix epoch) in some clock; a node's clock offset is
+`node_clock - reference_clock`, so a node time `t` is `t - offset` on the reference clock.
+Bandwidth is decimal: GB/s = 1e9 bytes/s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+GB = 1e9
+
+
+class SeriesParseError(ValueError):
+    """A raw series file could not be parsed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """`nbytes` were read during (start_s, end_s]; rate assumed uniform inside the interval."""
+
+    start_s: float
+    end_s: float
+    nbytes: float
+
+    def shifted(self, delta_s: float) -> "Interval":
+        return Interval(self.start_s + delta_s, self.end_s + delta_s, self.nbytes)
+
+
+@dataclass(frozen=True)
+class NodeSeries:
+    """One node's read series in its own clock, plus what the node reported about itself."""
+
+    node: str
+    intervals: tuple[Interval, ...]
+    clock_offset_s: float = 0.0
+    started_at_s: float | None = None  # node clock: when the first read was issued
+    completed: bool = False  # the reader read everything it was asked to
+    total_bytes: float | None = None  # reader's own total (may exceed the sum of intervals if truncated)
+
+    def aligned(self) -> tuple[Interval, ...]:
+        """Intervals on the reference clock."""
+        return tuple(iv.shifted(-self.clock_offset_s) for iv in self.intervals)
+
+    @property
+    def aligned_start_s(self) -> float | None:
+        if self.started_at_s is not None:
+            return self.started_at_s - self.clock_offset_s
+        return self.intervals[0].start_s - self.clock_offset_s if self.intervals else None
+
+
+def bytes_in_window(intervals: Iterable[Interval], start_s: float, end_s: float) -> float:
+    """Bytes read inside [start_s, end_s], prorating intervals that straddle an edge."""
+    total = 0.0
+    for iv in intervals:
+        lo, hi = max(iv.start_s, start_s), min(iv.end_s, end_s)
+        if hi <= lo:
+            continue
+        span = iv.end_s - iv.start_s
+        total += iv.nbytes if span <= 0 else iv.nbytes * (hi - lo) / span
+    return total
+
+
+def active_span(intervals: Sequence[Interval]) -> tuple[float, float] | None:
+    """(first start, last end) of the intervals that carried bytes."""
+    busy = [iv for iv in intervals if iv.nbytes > 0]
+    if not busy:
+        return None
+    return min(iv.start_s for iv in busy), max(iv.end_s for iv in busy)
+
+
+def common_window(aligned: Mapping[str, Sequence[Interval]]) -> tuple[float, float] | None:
+    """The span in which every node was reading: latest first-start to earliest last-end.
+
+    A gap inside a node's series (no bytes for a while) stays inside the window and counts as zero:
+    the node was supposed to be reading and was not. None when the spans do not overlap.
+    """
+    spans = [active_span(ivs) for ivs in aligned.values()]
+    if not spans or any(s is None for s in spans):
+        return None
+    start = max(s[0] for s in spans)
+    end = min(s[1] for s in spans)
+    return (start, end) if end > start else None
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """Aggregate over the common window of the included nodes."""
+
+    aggregate_read_gb_s: float | None
+    window_start_s: float | None
+    window_end_s: float | None
+    window_s: float
+    per_node_read_gb_s: dict[str, float]  # each node's rate inside the common window
+    fairness_min_max: float | None
+    nodes: tuple[str, ...]
+    reason: str | None = None  # why there is no aggregate
+
+    def as_dict(self) -> dict:
+        return {
+            "aggregate_read_gb_s": self.aggregate_read_gb_s,
+            "window_start_s": self.window_start_s,
+            "window_end_s": self.window_end_s,
+            "window_s": self.window_s,
+            "per_node_read_gb_s": self.per_node_read_gb_s,
+            "fairness_min_max": self.fairness_min_max,
+            "nodes": list(self.nodes),
+            "reason": self.reason,
+        }
+
+
+def fairness_min_max(rates: Mapping[str, float]) -> float | None:
+    """Slowest node / fastest node (1.0 = perfectly fair); None without rates, 0.0 if the fastest read nothing."""
+    if not rates:
+        return None
+    hi = max(rates.values())
+    if hi <= 0:
+        return 0.0
+    return min(rates.values()) / hi
+
+
+def aggregate(series: Mapping[str, NodeSeries], min_window_s: float = 0.0) -> Aggregate:
+    """Aggregate read rate of the given nodes over the window in which all of them were reading.
+
+    Sum of the bytes each node read inside the common window, divided by the window length; not the
+    sum of per-node averages (which would credit a late starter's or early finisher's solo time).
+    """
+    names = tuple(sorted(series))
+    aligned = {n: series[n].aligned() for n in names}
+    if not names:
+        return Aggregate(None, None, None, 0.0, {}, None, names, "no nodes")
+    win = common_window(aligned)
+    if win is None:
+        silent = [n for n in names if active_span(aligned[n]) is None]
+        why = (f"no data from {', '.join(silent)}" if silent
+               else "the nodes' read spans do not overlap: there is no window in which all were reading")
+        return Aggregate(None, None, None, 0.0, {}, None, names, why)
+    start, end = win
+    length = end - start
+    per_node = {n: bytes_in_window(aligned[n], start, end) / length / GB for n in names}
+    total = sum(per_node.values())
+    reason = None
+    if length < min_window_s:
+        reason = f"common window {length:.3f} s is shorter than the minimum {min_window_s:.3f} s"
+    return Aggregate(
+        aggregate_read_gb_s=None if reason else total,
+        window_start_s=start,
+        window_end_s=end,
+        window_s=length,
+        per_node_read_gb_s=per_node,
+        fairness_min_max=fairness_min_max(per_node),
+        nodes=names,
+        reason=reason,
+    )
+
+
+def rate_series(series: Mapping[str, NodeSeries], t0_s: float | None = None) -> dict[str, list[tuple[float, float]]]:
+    """Every node's read rate over time on the reference clock: ``node -> [(t_s, read_gb_s)]``, one point per
+    sample interval at its start (the rate holds until the next point), ``t_s`` counted from ``t0_s`` (default:
+    the earliest aligned interval start of all nodes). Empty intervals keep their point (a stall shows as 0)."""
+    aligned = {n: s.aligned() for n, s in series.items()}
+    starts = [ivs[0].start_s for ivs in aligned.values() if ivs]
+    if t0_s is None:
+        t0_s = min(starts) if starts else 0.0
+    out: dict[str, list[tuple[float, float]]] = {}
+    for node in sorted(aligned):
+        out[node] = [(iv.start_s - t0_s, (iv.nbytes / (iv.end_s - iv.start_s) / GB) if iv.end_s > iv.start_s else 0.0)
+                     for iv in aligned[node]]
+    return out
+
+
+def start_skew_s(series: Mapping[str, NodeSeries]) -> float | None:
+    """Spread of the aligned first-read times (max - min); None with fewer than one known start."""
+    starts = [s.aligned_start_s for s in series.values() if s.aligned_start_s is not None]
+    if not starts:
+        return None
+    return max(starts) - min(starts)
+
+
+def nodes_completed(series: Mapping[str, NodeSeries]) -> int:
+    """How many nodes read everything they were asked to."""
+    return sum(1 for s in series.values() if s.completed)
+
+
+def nic_ceiling_ratio(aggregate_read_gb_s: float, line_rate_gbit_s: float) -> float:
+    """Aggregate payload rate / the port's line rate (both converted to bytes/s)."""
+    if line_rate_gbit_s <= 0:
+        raise ValueError("line rate must be > 0")
+    return aggregate_read_gb_s * GB / (line_rate_gbit_s * 1e9 / 8.0)
+
+
+@dataclass(frozen=True)
+class PortRate:
+    """The effective line rate of a port and where each figure came from."""
+
+    declared_gbit_s: float
+    sysfs_speed_gbit_s: float | None
+    tbf_rate_gbit_s: float | None
+    effective_gbit_s: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def cross_check_port_rate(declared_gbit_s: float, sysfs_speed_text: str | None,
+                          tc_qdisc_json: str | None) -> PortRate:
+    """Cross-check the inventory's declared line rate with /sys/class/net/IF/speed (Mb/s) and any tc tbf.
+
+    The ratio uses the declared rate; the notes say where the measured figures disagree with it.
+    """
+    notes = []
+    sysfs = None
+    if sysfs_speed_text is not None:
+        try:
+            mbit = int(sysfs_speed_text.strip())
+            if mbit > 0:
+                sysfs = mbit / 1000.0
+            else:
+                notes.append(f"sysfs speed reports {mbit} (unknown)")
+        except ValueError:
+            notes.append(f"sysfs speed unreadable: {sysfs_speed_text.strip()[:60]!r}")
+    tbf = parse_tc_tbf_rate_gbit_s(tc_qdisc_json) if tc_qdisc_json else None
+    physical = min(x for x in (sysfs, tbf) if x is not None) if (sysfs or tbf) else None
+    if physical is not None and not math.isclose(physical, declared_gbit_s, rel_tol=0.02):
+        notes.append(f"declared {declared_gbit_s:g} Gbit/s but the port shows {physical:g} Gbit/s"
+                     f" (sysfs {sysfs}, tbf {tbf})")
+    return PortRate(declared_gbit_s, sysfs, tbf, declared_gbit_s, tuple(notes))
+
+
+def parse_tc_tbf_rate_gbit_s(tc_qdisc_json: str) -> float | None:
+    """Rate of the root tbf qdisc from `tc -j qdisc show dev IF` (bytes/s in JSON) in Gbit/s."""
+    try:
+        data = json.loads(tc_qdisc_json)
+    except json.JSONDecodeError:
+        return None
+    for q in data if isinstance(data, list) else []:
+        if q.get("kind") == "tbf" and q.get("root", False):
+            rate = (q.get("options") or {}).get("rate")
+            if isinstance(rate, (int, float)) and rate > 0:
+                return rate * 8 / 1e9
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# parsers
+# ----------------------------------------------------------------------------------------------
+
+def parse_fio_bw_log(text: str, log_avg_msec: int, epoch_base_ms: float = 0.0,
+                     source: str = "<fio bw log>") -> tuple[Interval, ...]:
+    """Parse a fio `--write_bw_log` file written with `--log_avg_msec`.
+
+    Each line is `time_ms, value, direction, block_size, offset[, priority]`; `value` is the average
+    bandwidth in KiB/s over the `log_avg_msec` window ending at `time_ms`. With `--log_unix_epoch=1`
+    times are Unix epoch ms (pass epoch_base_ms=0); otherwise they are ms since the job started (pass the
+    job's start in epoch ms). fio does not log the last partial window, so the sum of the intervals is a
+    little below the job's io_bytes.
+    """
+    if log_avg_msec <= 0:
+        raise ValueError("parse_fio_bw_log needs the log_avg_msec the log was written with")
+    out: list[Interval] = []
+    prev_end = None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5:
+            raise SeriesParseError(f"{source}:{lineno}: expected 5 or 6 comma-separated fields, got {len(parts)}")
+        try:
+            t_ms = float(parts[0])
+            kib_s = float(parts[1])
+            direction = int(parts[2])
+        except ValueError:
+            raise SeriesParseError(f"{source}:{lineno}: time/value/direction not numeric: {line.strip()[:80]!r}") from None
+        if direction != 0:  # 0 read, 1 write, 2 trim
+            continue
+        end_s = (epoch_base_ms + t_ms) / 1000.0
+        start_s = end_s - log_avg_msec / 1000.0
+        if prev_end is not None:
+            if end_s < prev_end:
+                raise SeriesParseError(f"{source}:{lineno}: time goes backwards ({t_ms} ms)")
+            start_s = max(start_s, prev_end)
+        out.append(Interval(start_s, end_s, kib_s * 1024.0 * (end_s - start_s)))
+        prev_end = end_s
+    return tuple(out)
+
+
+READER_SCHEMA = "kvgate-g3-reader/1"
+
+
+@dataclass(frozen=True)
+class ReaderOutput:
+    """What kvgate's G3 reader printed (JSON lines): header, samples, and the end record if it got there."""
+
+    header: dict
+    series: NodeSeries
+    end: dict | None
+    errors: tuple[str, ...]
+    truncated: bool  # the stream stopped without an end record (node died or was killed)
+
+
+def parse_reader_output(text: str, node: str, clock_offset_s: float = 0.0,
+                        source: str = "<reader output>") -> ReaderOutput:
+    """Parse the reader's JSON-lines stream. Survives a stream cut mid-line (node killed): keeps what came."""
+    header: dict = {}
+    end: dict | None = None
+    intervals: list[Interval] = []
+    errors: list[str] = []
+    started = None
+    lines = text.splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):
+                errors.append(f"{source}:{lineno}: last line cut off (stream ended mid-record)")
+                continue
+            raise SeriesParseError(f"{source}:{lineno}: not JSON: {line[:80]!r}") from None
+        kind = rec.get("type")
+        if kind == "header":
+            if rec.get("schema") != READER_SCHEMA:
+                raise SeriesParseError(f"{source}:{lineno}: schema {rec.get('schema')!r}, expected {READER_SCHEMA!r}")
+            header = rec
+        elif kind == "start":
+            started = float(rec["t_s"])
+        elif kind == "sample":
+            try:
+                intervals.append(Interval(float(rec["t0_s"]), float(rec["t1_s"]), float(rec["bytes"])))
+            except (KeyError, TypeError, ValueError):
+                raise SeriesParseError(f"{source}:{lineno}: sample needs t0_s, t1_s, bytes") from None
+        elif kind == "error":
+            errors.append(str(rec.get("message", "")))
+        elif kind == "end":
+            end = rec
+    completed = bool(end and end.get("completed"))
+    series = NodeSeries(
+        node=node,
+        intervals=tuple(intervals),
+        clock_offset_s=clock_offset_s,
+        started_at_s=started,
+        completed=completed,
+        total_bytes=float(end["bytes"]) if end and "bytes" in end else sum(iv.nbytes for iv in intervals),
+    )
+    return ReaderOutput(header=header, series=series, end=end, errors=tuple(errors), truncated=end is None)

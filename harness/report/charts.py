@@ -1,0 +1,232 @@
+"""Charts of a report as inline SVG text (matplotlib, Agg), from plain inputs.
+
+Every function takes plain Python data (lists of numbers, dicts of series), never a bundle, so the same
+function draws a chart for any workload that produces the data. Output is deterministic (fixed hash salt,
+no date, text as paths), so re-rendering a bundle gives byte-identical SVG with the same matplotlib.
+Artists that tests and readers look for carry an SVG id (``gid``): ``bar-<label>``, ``pass-line``,
+``stop-loss-line``, ``reference-line``, ``ecdf-recompute``, ``ecdf-readback``, ``series-<node>``,
+``aggregate-line``, ``nic-ceiling-line``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import math
+import re
+from typing import Iterable, Mapping, Sequence
+
+from ..stats import percentile
+
+PASS_COLOR = "#2e7d32"
+STOP_COLOR = "#c62828"
+REF_COLOR = "#6d6d6d"
+BAR_COLOR = "#4f81bd"
+RECOMPUTE_COLOR = "#c0504d"
+READBACK_COLOR = "#4f81bd"
+RC = {"svg.hashsalt": "kvgate-report", "svg.fonttype": "path", "font.size": 9}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return matplotlib, plt
+
+
+def _gid(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text))
+
+
+def _finite(xs: Iterable[float]) -> list[float]:
+    return [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+
+
+def svg_text(fig) -> str:
+    """A matplotlib figure as SVG text without the XML prolog or a date, for inlining into HTML."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def stream_bars_svg(streams: Sequence[tuple[str, float]], *, unit: str = "GB/s", pass_value: float | None = None,
+                    stop_value: float | None = None, reference_value: float | None = None,
+                    title: str = "Read bandwidth per GPU / stream") -> str:
+    """One bar per GPU or read stream (label, value in ``unit``), with the pass and stop-loss lines and the
+    reference figure where given (all in ``unit``)."""
+    mpl, plt = _plt()
+    with mpl.rc_context(RC):
+        n = max(len(streams), 1)
+        fig, ax = plt.subplots(figsize=(min(3.5 + 0.55 * n, 11.0), 3.6))
+        xs = list(range(len(streams)))
+        for x, (label, val) in zip(xs, streams):
+            bar = ax.bar([x], [val], color=BAR_COLOR, width=0.7)
+            bar.patches[0].set_gid(f"bar-{_gid(label)}")
+            ax.annotate(f"{val:.3g}", (x, val), ha="center", va="bottom", fontsize=7,
+                        xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(xs, [str(s[0]) for s in streams], rotation=45 if n > 8 else 0,
+                      ha="right" if n > 8 else "center")
+        # A reference far above what was measured would flatten the bars: then it is named, not drawn.
+        near = _finite([v for _, v in streams] + [pass_value, stop_value])
+        ref_off_scale = (reference_value is not None and near and reference_value > 2.5 * max(near))
+        for value, gid, color, style, name in (
+            (pass_value, "pass-line", PASS_COLOR, "-", "pass"),
+            (stop_value, "stop-loss-line", STOP_COLOR, "--", "stop-loss"),
+            (None if ref_off_scale else reference_value, "reference-line", REF_COLOR, ":", "reference"),
+        ):
+            if value is not None:
+                line = ax.axhline(value, color=color, linestyle=style, linewidth=1.2,
+                                  label=f"{name} {value:.3g} {unit}")
+                line.set_gid(gid)
+        tops = _finite([v for _, v in streams] + [pass_value, stop_value] +
+                       ([] if ref_off_scale else [reference_value]))
+        ax.set_ylim(0, (max(tops) if tops else 1.0) * 1.15 or 1.0)
+        ax.set_ylabel(f"read ({unit})")
+        ax.set_title(title)
+        if ref_off_scale:
+            ax.text(1.02, 0.02, f"reference {reference_value:.3g} {unit}\n(off scale)", transform=ax.transAxes,
+                    fontsize=7, color=REF_COLOR, va="bottom", gid="reference-note")
+        if any(v is not None for v in (pass_value, stop_value)) or (reference_value is not None and not ref_off_scale):
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, framealpha=0.9)
+        fig.tight_layout()
+        svg = svg_text(fig)
+        plt.close(fig)
+    return svg
+
+
+def ecdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
+    """Empirical CDF: sorted values and the fraction of values at or below each."""
+    xs = sorted(_finite(values))
+    n = len(xs)
+    return xs, [(i + 1) / n for i in range(n)]
+
+
+def ttft_distribution_svg(recompute_s: Sequence[float], readback_s: Sequence[float], *,
+                          reference_p50_s: float | None = None,
+                          title: str = "TTFT: re-compute vs read-back") -> str:
+    """Empirical CDFs of the time to first token with the KV re-computed and with it read back, p50 marked."""
+    mpl, plt = _plt()
+    with mpl.rc_context(RC):
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+        groups = [("re-compute", "ecdf-recompute", RECOMPUTE_COLOR, recompute_s),
+                  ("read-back", "ecdf-readback", READBACK_COLOR, readback_s)]
+        for name, gid, color, vals in groups:
+            xs, ys = ecdf(vals)
+            if not xs:
+                continue
+            p50 = percentile(xs, 50)
+            (line,) = ax.step(xs, ys, where="post", color=color, label=f"{name} (n={len(xs)}, p50 {p50:.3g} s)")
+            line.set_gid(gid)
+            ax.axvline(p50, color=color, linestyle=":", linewidth=0.8)
+        if reference_p50_s is not None:
+            ax.axvline(reference_p50_s, color=REF_COLOR, linestyle="--", linewidth=1.0,
+                       label=f"reference p50 {reference_p50_s:.3g} s").set_gid("reference-line")
+        allv = _finite(list(recompute_s) + list(readback_s))
+        if allv and min(allv) > 0 and max(allv) / min(allv) > 20:
+            ax.set_xscale("log")
+        ax.set_xlabel("time to first token (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1.02)
+        ax.set_title(title)
+        ax.legend(loc="lower right", fontsize=7)
+        data = [_finite(v) for _, _, _, v in groups]
+        labels = [g[0] for g in groups]
+        keep = [(d, lab) for d, lab in zip(data, labels) if d]
+        if keep:
+            bp = bx.boxplot([d for d, _ in keep], whis=(5, 95), showfliers=True)
+            bx.set_xticks(range(1, len(keep) + 1), [lab for _, lab in keep])
+            for box, (_, lab) in zip(bp["boxes"], keep):
+                box.set_gid(f"box-{_gid(lab)}")
+        bx.set_ylabel("TTFT (s), whiskers p5-p95")
+        bx.set_title("spread")
+        fig.tight_layout()
+        svg = svg_text(fig)
+        plt.close(fig)
+    return svg
+
+
+def aggregate_series(series: Mapping[str, Sequence[Sequence[float]]]) -> list[tuple[float, float]]:
+    """Sum of per-node rates over the union of sample times.
+
+    Each node's rate holds from one sample to the next (sample-and-hold); before a node's first sample and
+    after its last it contributes nothing. Returns [(t_s, sum_gb_s)], sorted by time.
+    """
+    nodes = {n: sorted((float(t), float(v)) for t, v in pts) for n, pts in series.items() if pts}
+    times = sorted({t for pts in nodes.values() for t, _ in pts})
+    out = []
+    for t in times:
+        total = 0.0
+        for pts in nodes.values():
+            ts = [p[0] for p in pts]
+            if t < ts[0] or t > ts[-1]:
+                continue
+            i = bisect.bisect_right(ts, t) - 1
+            total += pts[i][1]
+        out.append((t, total))
+    return out
+
+
+def node_series_svg(series: Mapping[str, Sequence[Sequence[float]]], *, nic_line_rate_gb_s: float | None = None,
+                    pass_value: float | None = None, unit: str = "GB/s",
+                    title: str = "Read rate per node over time") -> str:
+    """Per-node read rate over time (t_s, rate), their aggregate, the NIC ceiling and the pass line."""
+    mpl, plt = _plt()
+    with mpl.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(10, 4))
+        cmap = plt.get_cmap("tab10")
+        for i, node in enumerate(sorted(series)):
+            pts = sorted((float(t), float(v)) for t, v in series[node])
+            if not pts:
+                continue
+            (line,) = ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", linewidth=0.9,
+                              color=cmap(i % 10), label=node)
+            line.set_gid(f"series-{_gid(node)}")
+        agg = aggregate_series(series)
+        tops = [v for _, v in agg]
+        if agg:
+            (line,) = ax.step([p[0] for p in agg], [p[1] for p in agg], where="post", color="black",
+                              linewidth=1.8, label="aggregate")
+            line.set_gid("aggregate-line")
+        if nic_line_rate_gb_s is not None:
+            ax.axhline(nic_line_rate_gb_s, color=STOP_COLOR, linestyle="--", linewidth=1.2,
+                       label=f"NIC line rate {nic_line_rate_gb_s:.3g} {unit}").set_gid("nic-ceiling-line")
+            tops.append(nic_line_rate_gb_s)
+        if pass_value is not None:
+            ax.axhline(pass_value, color=PASS_COLOR, linestyle="-", linewidth=1.0,
+                       label=f"pass {pass_value:.3g} {unit}").set_gid("pass-line")
+            tops.append(pass_value)
+        ax.set_ylim(0, (max(tops) if tops else 1.0) * 1.12 or 1.0)
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel(f"read ({unit})")
+        ax.set_title(title)
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
+        fig.tight_layout()
+        svg = svg_text(fig)
+        plt.close(fig)
+    return svg
+
+
+def compare_svg(rows: Sequence[tuple[str, float | None]], *, label_a: str, label_b: str,
+                title: str = "Change from A to B") -> str:
+    """Horizontal bars of the relative change (percent) of each shared metric from run A to run B."""
+    mpl, plt = _plt()
+    with mpl.rc_context(RC):
+        rows = [(n, p) for n, p in rows if p is not None and math.isfinite(p)]
+        fig, ax = plt.subplots(figsize=(9, 0.35 * max(len(rows), 2) + 1.4))
+        ys = list(range(len(rows)))[::-1]
+        for y, (name, pct) in zip(ys, rows):
+            bar = ax.barh([y], [pct], color=PASS_COLOR if pct >= 0 else STOP_COLOR)
+            bar.patches[0].set_gid(f"delta-{_gid(name)}")
+            ax.annotate(f"{pct:+.1f}%", (pct, y), va="center", ha="left" if pct >= 0 else "right",
+                        xytext=(3 if pct >= 0 else -3, 0), textcoords="offset points", fontsize=7)
+        ax.set_yticks(ys, [n for n, _ in rows])
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_xlabel(f"change from {label_a} to {label_b} (%)")
+        ax.set_title(title)
+        fig.tight_layout()
+        svg = svg_text(fig)
+        plt.close(fig)
+    return svg

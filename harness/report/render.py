@@ -1,0 +1,492 @@
+"""The reports inside a bundle: Markdown and self-contained HTML, CSV tables, SVG charts, JUnit XML.
+
+Everything here is a pure function of the bundle's evidence files (``gates/``, ``nodes/``, ``config/``) and
+the signed predicate (suite, verdicts, run times, kvgate version, signing key), so ``kvgate report`` can
+re-render a verified bundle offline and get the same bytes. Rendered files (listed in the predicate's
+``rendered_files``; they are signed subjects but not part of the evidence digest):
+
+  report.md, report.html     the report people read (both print the report ID; the HTML inlines its charts)
+  junit.xml                  the verdicts as JUnit test cases (prints the report ID as a property)
+  REPORT_ID                  the ID, one line
+  tables/verdicts.csv        one row per gate
+  tables/<gate>-<key>.csv    every per-stream / per-request / per-job / per-second series of a gate
+  charts/<gate>-<kind>.svg   per-GPU bars, TTFT distributions, per-node time series
+
+Evidence keys the charts and tables read (a workload that records them gets them drawn):
+  streams: [{node, label, gpu, read_gb_s, ...}]                    -> <gate>-streams.svg/.csv
+  ttft_recompute_s: [float], ttft_readback_s: [float]              -> <gate>-ttft.svg, <gate>-ttft.csv
+    (else read from the raw gates/<gate>/requests-{recompute,readback}.jsonl of g2-ttft, -> <gate>-requests.csv)
+  series: {node: [[t_s, read_gb_s], ...]}, nic_line_rate_gb_s      -> <gate>-series.svg/.csv
+  any other list of flat records (e.g. requests: [{...}])          -> <gate>-<key>.csv
+  validity: {name: {proven: bool, detail: str}} or <name>_proven / <name>_detail -> evidence-validity column
+Raw fio JSON under gates/<gate>/<node>/fio.json becomes <gate>-jobs.csv (one row per fio job).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+from pydantic import ValidationError
+
+from ..paths import data_path
+from ..safeio import MAX_JSON_BYTES, InputFileError, load_json, read_bytes
+from ..units import UnitError, parse_quantity, parse_threshold
+from ..workloads.base import ChartInputs
+from . import charts as rc
+from .junit import verdicts_to_junit
+
+TABLES_DIR = "tables"
+CHARTS_DIR = "charts"
+PER_STREAM_PREFIXES = ("per_gpu_", "per_stream_")
+
+
+def fmt_value(v: float | None, unit: str = "") -> str:
+    """A measured value for people: 4 significant digits and its unit; an em dash when absent."""
+    if v is None:
+        return "—"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g} {unit}".strip()
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "—"
+    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def threshold_in(threshold: str | None, unit: str) -> float | None:
+    """The number of a threshold string (``">= 100 MB/s"``) expressed in ``unit``; None if not convertible."""
+    if not threshold:
+        return None
+    try:
+        return parse_threshold(threshold).quantity.to(unit)
+    except (UnitError, ValueError):
+        return None
+
+
+def quantity_in(text: str | None, unit: str) -> float | None:
+    if not text:
+        return None
+    try:
+        return parse_quantity(text).to(unit)
+    except (UnitError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- evidence validity
+
+
+def validity(verdict: dict[str, Any]) -> list[dict[str, Any]]:
+    """What makes a gate's measurement valid, from its evidence: [{name, proven: bool|None, detail}].
+
+    Read in this order: an explicit ``validity`` mapping; flat ``<name>_proven`` / ``<name>_detail`` keys;
+    the fio-read shape (O_DIRECT and per-node ``page_cache_dropped``); per-node ``direct_used``.
+    """
+    ev = verdict.get("evidence") or {}
+    out: list[dict[str, Any]] = []
+    explicit = ev.get("validity")
+    if isinstance(explicit, dict):
+        for name in sorted(explicit):
+            item = explicit[name]
+            if isinstance(item, dict):
+                out.append({"name": name, "proven": item.get("proven"), "detail": str(item.get("detail", ""))})
+            else:
+                out.append({"name": name, "proven": bool(item), "detail": ""})
+        return out
+    for key in sorted(k for k in ev if k.endswith("_proven")):
+        name = key[: -len("_proven")]
+        out.append({"name": name, "proven": ev[key], "detail": str(ev.get(f"{name}_detail", ""))})
+    if out:
+        return out
+    if "readback_hit_tokens" in ev or "readback_device_read_bytes" in ev:
+        # G2 (g2-ttft): hits from the engine's counters, cold from bytes read off the pool's device.
+        hit, query = ev.get("readback_hit_tokens"), ev.get("readback_query_tokens")
+        if hit is None or not query:
+            out.append({"name": "hits", "proven": False, "detail": "the engine exposed no hit counters"})
+        else:
+            out.append({"name": "hits", "proven": hit > 0,
+                        "detail": f"{hit:.0f} of {query:.0f} read-back tokens hit the tier ({hit / query:.1%})"})
+        rb = ev.get("readback_device_read_bytes")
+        drop = ev.get("page_cache_dropped")
+        tail = "" if drop is None else f"; page cache dropped: {'yes' if drop else 'no'}"
+        if rb is None:
+            out.append({"name": "cold", "proven": False, "detail": "bytes read from the pool device unknown" + tail})
+        else:
+            out.append({"name": "cold", "proven": rb > 0,
+                        "detail": f"{fmt_bytes(rb)} read from the pool device during read-back" + tail})
+        return out
+    nodes = ev.get("nodes")
+    if isinstance(nodes, dict) and nodes and all(isinstance(v, dict) for v in nodes.values()):
+        if any("page_cache_dropped" in v for v in nodes.values()):
+            dropped = sorted(n for n, v in nodes.items() if v.get("page_cache_dropped"))
+            kept = sorted(n for n, v in nodes.items() if not v.get("page_cache_dropped"))
+            direct = bool(ev.get("direct"))
+            parts = [f"O_DIRECT {'on' if direct else 'off'}"]
+            if dropped:
+                parts.append("page cache dropped on " + ", ".join(dropped))
+            if kept:
+                parts.append("page cache NOT dropped on " + ", ".join(kept))
+            out.append({"name": "cold", "proven": direct or not kept, "detail": "; ".join(parts)})
+        elif any("direct_used" in v for v in nodes.values()):
+            direct = sorted(n for n, v in nodes.items() if v.get("direct_used"))
+            other = sorted(n for n, v in nodes.items() if not v.get("direct_used"))
+            detail = "O_DIRECT used on " + (", ".join(direct) or "no node")
+            if other:
+                detail += "; not on " + ", ".join(other)
+            out.append({"name": "cold", "proven": not other, "detail": detail})
+    return out
+
+
+def validity_text(items: list[dict[str, Any]]) -> str:
+    if not items:
+        return "not recorded"
+    marks = {True: "proven", False: "NOT proven", None: "unknown"}
+    return "; ".join(f"{i['name']} {marks.get(i['proven'], 'unknown')}" for i in items)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def fio_job_rows(text: str, node: str) -> list[dict[str, Any]]:
+    """One row per job of ``fio --output-format=json`` (pure; the grouped view is harness.parsers.fio)."""
+    start = text.find("{")
+    if start < 0:
+        return []
+    try:
+        d = json.loads(text[start:])
+    except (ValueError, RecursionError):
+        return []
+    jobs = d.get("jobs") if isinstance(d, dict) else None
+    rows = []
+    for j in jobs if isinstance(jobs, list) else []:
+        try:
+            rd = j.get("read") or {}
+            pct = (rd.get("clat_ns") or {}).get("percentile") or {}
+            rows.append({
+                "node": node, "jobname": j.get("jobname"), "groupid": j.get("groupid"), "error": j.get("error", 0),
+                "read_gb_s": float(rd.get("bw_bytes", 0)) / 1e9, "read_bytes": int(rd.get("io_bytes", 0)),
+                "read_iops": float(rd.get("iops", 0.0)), "runtime_ms": int(rd.get("runtime", 0)),
+                "clat_p50_us": pct["50.000000"] / 1e3 if "50.000000" in pct else None,
+                "clat_p99_us": pct["99.000000"] / 1e3 if "99.000000" in pct else None,
+            })
+        except (AttributeError, TypeError, ValueError):
+            continue  # not fio's shape: the table shows the jobs that have it
+    return rows
+
+
+REQUEST_FILES = {"recompute": "requests-recompute.jsonl", "readback": "requests-readback.jsonl"}
+
+
+def request_records(gate_dir: Path | None) -> dict[str, list[dict[str, Any]]]:
+    """Per-request records of a TTFT gate (``requests-<phase>.jsonl``, one JSON object per line), by phase."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    if gate_dir is None:
+        return out
+    for phase, name in REQUEST_FILES.items():
+        p = gate_dir / name
+        if not p.is_file():
+            continue
+        recs = []
+        for line in p.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                recs.append(rec)
+        out[phase] = recs
+    return out
+
+
+def chart_inputs(verdict: dict[str, Any]) -> ChartInputs:
+    """The fields of a gate's evidence the report draws, read through the model the workloads write them with
+    (harness.workloads.base.ChartInputs). Evidence of another shape (a bundle of another kvgate) draws nothing."""
+    try:
+        return ChartInputs.model_validate(verdict.get("evidence") or {})
+    except ValidationError:
+        return ChartInputs()
+
+
+def ttft_lists(verdict: dict[str, Any], gate_dir: Path | None) -> tuple[list[float] | None, list[float] | None]:
+    """TTFTs (s) of the successful requests: evidence ``ttft_recompute_s`` / ``ttft_readback_s``, else the raw
+    ``requests-<phase>.jsonl`` records."""
+    ci = chart_inputs(verdict)
+    rc, rb = ci.ttft_recompute_s, ci.ttft_readback_s
+    if rc is not None or rb is not None:
+        return rc, rb
+    recs = request_records(gate_dir)
+    if not recs:
+        return None, None
+    pick = lambda rs: [float(r["ttft_s"]) for r in rs if r.get("error") is None and r.get("ttft_s") is not None]  # noqa: E731
+    return (pick(recs["recompute"]) if "recompute" in recs else None,
+            pick(recs["readback"]) if "readback" in recs else None)
+
+
+def _flat_records(v: Any) -> bool:
+    return (isinstance(v, list) and bool(v) and all(isinstance(r, dict) for r in v)
+            and all(not isinstance(x, (dict, list)) for r in v for x in r.values()))
+
+
+def _ordered_frame(rows: list[dict[str, Any]], first: tuple[str, ...] = ()) -> pd.DataFrame:
+    cols: list[str] = [c for c in first if any(c in r for r in rows)]
+    for c in sorted({k for r in rows for k in r}):
+        if c not in cols:
+            cols.append(c)
+    return pd.DataFrame(rows, columns=cols)
+
+
+def to_csv_bytes(frame: pd.DataFrame, float_format: str = "%.9g") -> bytes:
+    """A table as CSV with a fixed float format and ``\\n`` line ends, so equal numbers give equal bytes."""
+    return frame.to_csv(index=False, lineterminator="\n", float_format=float_format).encode()
+
+
+def gate_tables(verdict: dict[str, Any], gate_dir: Path | None) -> dict[str, pd.DataFrame]:
+    """Every series of one gate as a table: name -> DataFrame (names become ``<gate>-<name>.csv``)."""
+    ev = verdict.get("evidence") or {}
+    out: dict[str, pd.DataFrame] = {}
+    for key in sorted(ev):
+        if _flat_records(ev[key]):
+            out[key] = _ordered_frame(ev[key], ("node", "label", "gpu", "request", "mode"))
+    recs = request_records(gate_dir)
+    if recs:
+        rows = [{"phase": phase, **{k: (json.dumps(v) if isinstance(v, (list, dict)) else v)
+                                    for k, v in r.items() if k != "output_text"}}
+                for phase, rs in recs.items() for r in rs]
+        out["requests"] = _ordered_frame(rows, ("phase", "request_id", "ttft_s", "latency_s", "error"))
+    rc, rb = ttft_lists(verdict, gate_dir)
+    if isinstance(rc, list) or isinstance(rb, list):
+        rows = [{"mode": "recompute", "request": i, "ttft_s": v} for i, v in enumerate(rc or [])]
+        rows += [{"mode": "readback", "request": i, "ttft_s": v} for i, v in enumerate(rb or [])]
+        out["ttft"] = pd.DataFrame(rows, columns=["mode", "request", "ttft_s"])
+    series = chart_inputs(verdict).series
+    if series:
+        rows = [{"node": n, "t_s": t, "read_gb_s": v} for n in sorted(series) for t, v in series[n]]
+        out["series"] = pd.DataFrame(rows, columns=["node", "t_s", "read_gb_s"])
+    if gate_dir is not None and gate_dir.is_dir():
+        jobs = []
+        for fio in sorted(gate_dir.glob("*/fio.json")):
+            try:
+                text = read_bytes(fio, max_bytes=MAX_JSON_BYTES, what="fio output",
+                                  follow_symlinks=False).decode(errors="replace")
+            except InputFileError:
+                continue  # re-evaluation reports it; the report shows what is readable
+            jobs += fio_job_rows(text, fio.parent.name)
+        if jobs:
+            out["jobs"] = _ordered_frame(jobs, ("node", "jobname", "groupid"))
+    return out
+
+
+def verdicts_frame(verdicts: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = [{"gate": v["gate_id"], "title": v["title"], "metric": v["metric"], "pass": v["pass_threshold"],
+             "stop_loss": v.get("stop_loss_threshold"), "actual": v.get("actual"), "unit": v.get("unit"),
+             "outcome": v["outcome"], "reference": (v.get("reference") or {}).get("value"),
+             "validity": validity_text(validity(v)), "reason": v.get("reason")} for v in verdicts]
+    return pd.DataFrame(rows, columns=["gate", "title", "metric", "pass", "stop_loss", "actual", "unit", "outcome",
+                                       "reference", "validity", "reason"])
+
+
+# --------------------------------------------------------------------------- charts
+
+
+def gate_charts(verdict: dict[str, Any], gate_dir: Path | None = None) -> dict[str, tuple[str, str]]:
+    """kind -> (caption, svg) for the charts a gate's evidence supports."""
+    ci = chart_inputs(verdict)
+    metric, unit = verdict.get("metric", ""), verdict.get("unit") or ""
+    gid = verdict["gate_id"]
+    out: dict[str, tuple[str, str]] = {}
+    if ci.streams:
+        multi = len({s.node for s in ci.streams}) > 1
+        bars = [((f"{s.node}/" if multi else "") + s.label, s.read_gb_s) for s in ci.streams]
+        per_stream = metric.startswith(PER_STREAM_PREFIXES)
+        ref = quantity_in((verdict.get("reference") or {}).get("value"), "GB/s")
+        svg = rc.stream_bars_svg(
+            bars, unit="GB/s",
+            pass_value=threshold_in(verdict.get("pass_threshold"), "GB/s") if per_stream else None,
+            stop_value=threshold_in(verdict.get("stop_loss_threshold"), "GB/s") if per_stream else None,
+            reference_value=ref if per_stream else None,
+            title=f"{gid}: read bandwidth per GPU / stream")
+        caption = "Read bandwidth of each GPU / read stream" + (
+            " with the pass and stop-loss thresholds and the reference figure" if per_stream else
+            f" (the thresholds apply to {metric}, not to single streams)")
+        out["streams"] = (caption, svg)
+    rcmp, rbk = ttft_lists(verdict, gate_dir)
+    if (isinstance(rcmp, list) and rcmp) or (isinstance(rbk, list) and rbk):
+        ref_s = quantity_in((verdict.get("reference") or {}).get("value"), "s")
+        svg = rc.ttft_distribution_svg(rcmp or [], rbk or [], reference_p50_s=ref_s,
+                                       title=f"{gid}: TTFT re-compute vs read-back")
+        out["ttft"] = ("Distribution of time to first token, KV re-computed vs read back from the tier "
+                       "(empirical CDF with p50 marked; spread p5-p95)", svg)
+    if any(ci.series.values()):
+        pass_v = threshold_in(verdict.get("pass_threshold"), "GB/s") if unit.endswith("/s") else None
+        svg = rc.node_series_svg(ci.series, nic_line_rate_gb_s=ci.nic_line_rate_gb_s,
+                                 pass_value=pass_v, title=f"{gid}: read rate per node over time")
+        out["series"] = ("Read rate of every node over time, their aggregate and the NIC line rate", svg)
+    return out
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from the bundle, or None when the file is absent or unusable (hardened reader)."""
+    try:
+        d = load_json(path)
+    except InputFileError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def node_provenance(bundle_dir: Path) -> list[dict[str, Any]]:
+    """Per node: the snapshot (kernel, CPU, memory, NICs, fio) merged with provenance.json (GPUs, NVMe, versions)."""
+    out = []
+    nodes_dir = bundle_dir / "nodes"
+    if not nodes_dir.is_dir():
+        return out
+    for d in sorted(p for p in nodes_dir.iterdir() if p.is_dir()):
+        snap = _read_json(d / "snapshot.json") or {}
+        prov = _read_json(d / "provenance.json") or {}
+        versions = dict(prov.get("versions") or {})
+        if snap.get("fio_version") and not versions.get("fio"):
+            versions["fio"] = snap["fio_version"]
+        out.append({
+            "name": d.name, "kernel": snap.get("kernel"), "os": snap.get("os"), "cpu_model": snap.get("cpu_model"),
+            "logical_cpus": snap.get("logical_cpus"), "mem_total_bytes": snap.get("mem_total_bytes"),
+            "nics": prov.get("nics") or snap.get("nics") or [], "gpus": prov.get("gpus") or [],
+            "nvme_controllers": prov.get("nvme_controllers") or [],
+            "nvme_subsystems": prov.get("nvme_subsystems") or [], "versions": versions,
+            "errors": {**(snap.get("errors") or {}), **(prov.get("errors") or {})},
+            "collected": bool(prov),
+        })
+    return out
+
+
+def config_files(bundle_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for name in ("gates.yaml", "inventory.yaml"):
+        p = bundle_dir / "config" / name
+        if p.is_file():
+            data = p.read_bytes()
+            out.append({"path": f"config/{name}", "sha256": hashlib.sha256(data).hexdigest(),
+                        "text": data.decode(errors="replace")})
+    return out
+
+
+# --------------------------------------------------------------------------- the view
+
+
+@dataclass
+class Rendered:
+    """Everything a report consists of, before it is written."""
+
+    view: dict[str, Any]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # relative path -> frame
+    charts: dict[str, str] = field(default_factory=dict)  # relative path -> svg
+
+
+def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Rendered:
+    """Collect the view (for the templates), the tables and the charts of one bundle (pure: reads only)."""
+    bundle_dir = Path(bundle_dir)
+    verdicts = [dict(v) for v in predicate.get("verdicts", [])]
+    tables: dict[str, pd.DataFrame] = {f"{TABLES_DIR}/verdicts.csv": verdicts_frame(verdicts)}
+    charts: dict[str, str] = {}
+    gates = []
+    for v in verdicts:
+        gid = v["gate_id"]
+        gate_dir = bundle_dir / "gates" / gid
+        result = _read_json(gate_dir / "result.json") or {}
+        g_tables = []
+        for key, frame in gate_tables(v, gate_dir).items():
+            rel = f"{TABLES_DIR}/{gid}-{key}.csv"
+            tables[rel] = frame
+            g_tables.append({"path": rel, "rows": len(frame), "key": key})
+        g_charts = []
+        for kind, (caption, svg) in gate_charts(v, gate_dir).items():
+            rel = f"{CHARTS_DIR}/{gid}-{kind}.svg"
+            charts[rel] = svg
+            g_charts.append({"path": rel, "kind": kind, "caption": caption, "id": f"chart-{gid}-{kind}"})
+        started, finished = result.get("started_unix_s"), result.get("finished_unix_s")
+        ref = v.get("reference") or {}
+        gates.append({
+            **v, "validity": validity(v), "validity_text": validity_text(validity(v)),
+            "reference_text": " ".join(x for x in (ref.get("value"), f"({ref['note']})" if ref.get("note") else None)
+                                       if x) or "—",
+            "reference_source": ref.get("source"), "tables": g_tables, "charts": g_charts,
+            "duration_s": (finished - started) if isinstance(started, (int, float)) and
+            isinstance(finished, (int, float)) else None,
+            "streams": (v.get("evidence") or {}).get("streams") if isinstance(
+                (v.get("evidence") or {}).get("streams"), list) else [],
+        })
+    view = {
+        "report_id": report_id, "suite": predicate.get("suite") or {}, "overall": predicate.get("overall"),
+        "run": predicate.get("run") or {}, "kvgate": predicate.get("kvgate") or {},
+        "signing_key": predicate.get("signing_key") or {}, "gates": gates,
+        "nodes": node_provenance(bundle_dir), "config_files": config_files(bundle_dir),
+        "notice": predicate.get("rerender_notice"),
+        # render-only (kvgate report): every signature of the envelope as checked now (harness.cosign)
+        "signers": (predicate.get("rerender_signers") or {}).get("signatures"),
+        "signers_checked_with": (predicate.get("rerender_signers") or {}).get("checked_with"),
+    }
+    return Rendered(view, tables, charts)
+
+
+def _env(autoescape: bool) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(data_path("reports"))),
+                             undefined=jinja2.ChainableUndefined, keep_trailing_newline=True,
+                             autoescape=autoescape, trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(fmt=fmt_value, fmt_bytes=fmt_bytes)
+    env.filters["mdcell"] = lambda s: str(s if s is not None else "—").replace("|", "\\|").replace("\n", " ")
+    return env
+
+
+def render_markdown_view(r: Rendered) -> str:
+    return _env(False).get_template("report.md.j2").render(**r.view)
+
+
+def render_html_view(r: Rendered) -> str:
+    charts = {k: jinja2.utils.markupsafe.Markup(v) for k, v in r.charts.items()}
+    return _env(True).get_template("report.html.j2").render(charts=charts, **r.view)
+
+
+def render_markdown(report_id: str, predicate: dict[str, Any], bundle_dir: Path | None = None) -> str:
+    """report.md of a predicate (and the bundle's evidence files where given)."""
+    return render_markdown_view(build(report_id, bundle_dir or Path("/nonexistent"), predicate))
+
+
+def write_reports(report_id: str, bundle_dir: Path, predicate: dict[str, Any], out_dir: Path | None = None) -> list[str]:
+    """Render every report file of ``bundle_dir`` into ``out_dir`` (default: the bundle itself);
+    return the written paths relative to ``out_dir``, sorted."""
+    out_dir = Path(out_dir or bundle_dir)
+    r = build(report_id, Path(bundle_dir), predicate)
+    files: dict[str, bytes] = {
+        "report.md": render_markdown_view(r).encode(),
+        "report.html": render_html_view(r).encode(),
+        "REPORT_ID": (report_id + "\n").encode(),
+        "junit.xml": verdicts_to_junit(report_id, predicate.get("suite") or {}, predicate.get("verdicts", []),
+                                       predicate.get("overall"),
+                                       {g["gate_id"]: g["duration_s"] for g in r.view["gates"]}).encode(),
+    }
+    for rel, frame in r.tables.items():
+        files[rel] = to_csv_bytes(frame)
+    for rel, svg in r.charts.items():
+        files[rel] = svg.encode()
+    for rel, data in files.items():
+        p = out_dir / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return sorted(files)
+
+
+def render_bundle_reports(report_id: str, staging: Path, predicate: dict[str, Any]) -> list[str]:
+    """The render hook of :func:`harness.report.bundle.write_bundle`: write every report file into the staging bundle."""
+    return write_reports(report_id, Path(staging), predicate)

@@ -1,0 +1,620 @@
+"""A Debian-kernel qemu guest that serves as a single-node NVMe-oF loopback node.
+
+On a host whose kernel lacks nvmet/nvme-tcp/configfs (this machine, CI), kvgate boots
+Debian's own kernel (``linux-image-amd64`` resolved to its real image package, fetched
+with ``apt-get download`` and unpacked with ``dpkg -x``, never installed into /) under
+qemu TCG with an initramfs that holds:
+
+* the kernel modules the loopback needs, dependency closure from ``modprobe
+  --show-depends`` on a ``depmod -b`` tree, plus real ``kmod`` so ``modprobe`` works in
+  the guest exactly as on a real host;
+* busybox (static) for the base system and init (busybox init reaps orphans);
+* fio, nvme-cli, sshd and sftp-server copied from this host with their shared libraries.
+
+qemu user networking with ``restrict=on,hostfwd=tcp:127.0.0.1:PORT-:22`` makes the guest
+an ordinary SSH node on the loopback address. The guest is started in its own session
+and stopped by PID (whole process group).
+
+The build is cached under ``~/.cache/kvgate/guest/<key>`` (``$KVGATE_CACHE_DIR``
+overrides the root), keyed by the kernel package version, the versions of the host
+packages copied in, and the text of the init files below; SSH keys live in
+``<root>/keys`` and survive rebuilds so a known_hosts entry stays valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import HarnessError
+from ..transport import SSHTransport, Transport, open_transport
+from ..transport.local import free_port
+
+# Modules the guest needs; their dependency closure is resolved with modprobe --show-depends.
+GUEST_MODULES = (
+    "virtio_pci", "virtio_net", "configfs", "nvmet", "nvmet-tcp", "nvme-tcp",
+    "null_blk", "brd", "crc32c_generic", "ext4", "loop",
+)
+
+# Host binaries copied into the guest with their libraries, and the package each comes from.
+HOST_BINARIES = {
+    "/usr/bin/fio": "fio",
+    "/usr/sbin/nvme": "nvme-cli",
+    "/usr/sbin/sshd": "openssh-server",
+    "/usr/lib/openssh/sftp-server": "openssh-sftp-server",
+    "/usr/bin/kmod": "kmod",
+    # the write guard (harness.writeguard) inspects a backing device with lsblk and blkid -p before writing
+    "/usr/bin/lsblk": "util-linux",
+    "/usr/sbin/blkid": "util-linux",
+}
+# Host tools the build itself runs, and the package that provides each.
+BUILD_TOOLS = {
+    "qemu-system-x86_64": "qemu-system-x86",
+    "busybox": "busybox-static",
+    "apt-get": "apt",
+    "apt-cache": "apt",
+    "dpkg-deb": "dpkg",
+    "dpkg-query": "dpkg",
+    "depmod": "kmod",
+    "modprobe": "kmod",
+    "ssh-keygen": "openssh-client",
+    "cpio": "cpio",
+    "ldd": "libc-bin",
+}
+KMOD_LINKS = ("modprobe", "insmod", "rmmod", "lsmod", "depmod", "modinfo")
+# busybox applets never linked: real tools replace them, or (mke2fs) they shadow real ones.
+BUSYBOX_SKIP = set(KMOD_LINKS) | {"mke2fs", "mkfs.ext2", "init", "linuxrc", "blkid", "lsblk"}
+
+GUEST_HOSTNAME = "kvgate-guest"
+READY_MARKER = "KVGATE-GUEST-READY"
+
+INITTAB = """\
+::sysinit:/etc/init.d/rcS
+::respawn:/usr/sbin/sshd -D -e -f /etc/ssh/sshd_config
+::shutdown:/bin/sync
+"""
+
+RCS = f"""\
+#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /tmp
+modprobe configfs && mount -t configfs configfs /sys/kernel/config
+modprobe virtio_pci
+modprobe virtio_net
+hostname {GUEST_HOSTNAME}
+ip link set lo up
+ip link set eth0 up
+ip addr add 10.0.2.15/24 dev eth0
+ip route add default via 10.0.2.2
+mkdir -p /run/sshd /root
+chmod 755 /run/sshd
+chmod 700 /root
+echo "{READY_MARKER} kernel=$(uname -r)" > /dev/console
+"""
+
+SSHD_CONFIG = """\
+Port 22
+ListenAddress 0.0.0.0
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+AuthorizedKeysFile /etc/ssh/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PidFile /run/sshd.pid
+Subsystem sftp /usr/lib/openssh/sftp-server
+"""
+
+PASSWD = "root:x:0:0:root:/root:/bin/sh\nsshd:x:100:65534::/run/sshd:/bin/false\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+GROUP = "root:x:0:\nnogroup:x:65534:\n"
+SHADOW = "root:*:19000:0:99999:7:::\nsshd:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n"
+
+# Bump when the layout of the initramfs changes in a way the texts above do not show.
+BUILD_FORMAT = "1"
+
+
+class GuestError(HarnessError):
+    """The loopback guest could not be built, started or stopped."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GuestImage:
+    """A built guest: kernel + initramfs + the SSH keys that reach it."""
+
+    key: str
+    dir: Path
+    kernel_path: Path
+    initrd_path: Path
+    kernel_release: str
+    kernel_package: str
+    identity_file: Path
+    host_public_key: str
+    versions: dict
+
+
+@dataclasses.dataclass
+class GuestState:
+    """A running guest as recorded in its state file (enough to reach and stop it)."""
+
+    pid: int
+    ssh_port: int
+    host: str
+    user: str
+    identity_file: str
+    known_hosts_path: str
+    console_log: str
+    initrd_path: str
+    kernel_release: str
+    started_at: float
+    ready_s: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_file(cls, path: Path) -> "GuestState":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise GuestError(f"{path}: cannot read guest state: {exc}") from exc
+        return cls(**data)
+
+
+def default_cache_root() -> Path:
+    """``$KVGATE_CACHE_DIR/guest`` or ``~/.cache/kvgate/guest``."""
+    base = os.environ.get("KVGATE_CACHE_DIR")
+    if base:
+        return Path(base) / "guest"
+    return Path.home() / ".cache" / "kvgate" / "guest"
+
+
+def _run(argv: list[str], cwd: Path | None = None, check: bool = True, input_bytes: bytes | None = None,
+         timeout_s: float = 600) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(argv, cwd=cwd, input=input_bytes, capture_output=True, timeout=timeout_s)
+    except FileNotFoundError as exc:
+        tool = Path(argv[0]).name
+        pkg = BUILD_TOOLS.get(tool, tool)
+        raise GuestError(f"{tool} not found: install the Debian package {pkg} (apt-get install {pkg})") from exc
+    if check and proc.returncode != 0:
+        raise GuestError(
+            f"{' '.join(argv)} failed (rc={proc.returncode}): "
+            f"{proc.stderr.decode(errors='replace').strip()[-800:]}")
+    return proc
+
+
+def check_build_tools() -> None:
+    """Raise GuestError naming every missing package at once."""
+    missing = sorted({pkg for tool, pkg in BUILD_TOOLS.items() if shutil.which(tool) is None
+                      and not Path("/usr/sbin", tool).exists()})
+    missing += sorted({pkg for path, pkg in HOST_BINARIES.items() if not Path(path).exists()})
+    if missing:
+        pkgs = " ".join(sorted(set(missing)))
+        raise GuestError(f"missing packages for the loopback guest: {pkgs} (apt-get install {pkgs})")
+
+
+def host_package_versions() -> dict[str, str]:
+    """Versions of the host packages whose files go into the guest."""
+    pkgs = sorted(set(HOST_BINARIES.values()) | {"busybox-static"})
+    proc = _run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\n", *pkgs], check=False)
+    versions = {}
+    for line in proc.stdout.decode().splitlines():
+        name, _, version = line.partition("\t")
+        if version:
+            versions[name] = version
+    missing = [p for p in pkgs if p not in versions]
+    if missing:
+        raise GuestError(f"missing packages for the loopback guest: {' '.join(missing)} "
+                         f"(apt-get install {' '.join(missing)})")
+    return versions
+
+
+def parse_apt_depends(depends: str, prefix: str = "linux-image-") -> str | None:
+    """First package named ``prefix*`` in a Debian Depends field (alternatives allowed)."""
+    for clause in depends.split(","):
+        for alt in clause.split("|"):
+            name = alt.strip().split(" ", 1)[0].split(":", 1)[0]
+            if name.startswith(prefix):
+                return name
+    return None
+
+
+def resolve_kernel_package() -> tuple[str, str]:
+    """(image package, version) the metapackage linux-image-amd64 depends on right now."""
+    proc = _run(["apt-cache", "show", "--no-all-versions", "linux-image-amd64"], check=False)
+    if proc.returncode != 0 or not proc.stdout:
+        raise GuestError("apt-cache knows no linux-image-amd64: run apt-get update "
+                         f"({proc.stderr.decode(errors='replace').strip()})")
+    fields = {}
+    for line in proc.stdout.decode().splitlines():
+        if ":" in line and not line.startswith(" "):
+            k, _, v = line.partition(":")
+            fields.setdefault(k.strip(), v.strip())
+    pkg = parse_apt_depends(fields.get("Depends", ""))
+    if not pkg:
+        raise GuestError(f"linux-image-amd64 {fields.get('Version')} depends on no linux-image-* package")
+    proc = _run(["apt-cache", "show", "--no-all-versions", pkg])
+    version = ""
+    for line in proc.stdout.decode().splitlines():
+        if line.startswith("Version:"):
+            version = line.split(":", 1)[1].strip()
+            break
+    return pkg, version
+
+
+def _cache_key(kernel_pkg: str, kernel_version: str, versions: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"kernel": [kernel_pkg, kernel_version], "host": versions,
+                         "modules": GUEST_MODULES, "format": BUILD_FORMAT,
+                         "texts": [INITTAB, RCS, SSHD_CONFIG, PASSWD, GROUP, SHADOW]},
+                        sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def _ensure_keys(root: Path) -> tuple[Path, Path]:
+    keys = root / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    client, host = keys / "id_ed25519", keys / "ssh_host_ed25519_key"
+    for path, comment in ((client, "kvgate-client"), (host, "kvgate-guest-host")):
+        if not path.exists():
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+    client.chmod(0o600)
+    return client, host
+
+
+def _libraries(binary: str) -> list[str]:
+    proc = _run(["ldd", binary], check=False)
+    libs = []
+    for line in proc.stdout.decode().splitlines():
+        parts = line.split()
+        if "=>" in parts:
+            idx = parts.index("=>")
+            if idx + 1 < len(parts) and parts[idx + 1].startswith("/"):
+                libs.append(parts[idx + 1])
+        elif parts and parts[0].startswith("/"):
+            libs.append(parts[0])  # the dynamic loader
+    return libs
+
+
+def _copy_into(stage: Path, src: str, dest: str | None = None) -> None:
+    target = stage / (dest or src).lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(os.path.realpath(src), target)
+
+
+def build_guest(cache_root: Path | None = None, progress=lambda msg: None) -> GuestImage:
+    """Build (or reuse from cache) the guest kernel + initramfs. Returns the image."""
+    root = Path(cache_root or default_cache_root())
+    check_build_tools()
+    kernel_pkg, kernel_version = resolve_kernel_package()
+    versions = host_package_versions()
+    key = _cache_key(kernel_pkg, kernel_version, versions)
+    out = root / key
+    client_key, host_key = _ensure_keys(root)
+    meta_path = out / "image.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        progress(f"guest image cached: {out}")
+        return _image_from_meta(out, meta, client_key, host_key)
+
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="build-", dir=root) as tmp_s:
+        tmp = Path(tmp_s)
+        progress(f"downloading {kernel_pkg} {kernel_version}")
+        _run(["apt-get", "download", f"{kernel_pkg}={kernel_version}"], cwd=tmp, timeout_s=900)
+        debs = sorted(tmp.glob(f"{kernel_pkg}_*.deb"))
+        if not debs:
+            raise GuestError(f"apt-get download {kernel_pkg} produced no .deb in {tmp}")
+        kroot = tmp / "kernel"
+        _run(["dpkg-deb", "-x", str(debs[0]), str(kroot)])
+        vmlinuz = sorted((kroot / "boot").glob("vmlinuz-*"))
+        if not vmlinuz:
+            raise GuestError(f"{debs[0].name} holds no boot/vmlinuz-*")
+        release = vmlinuz[0].name[len("vmlinuz-"):]
+        moddir = kroot / "lib" / "modules" / release
+        _run(["depmod", "-b", str(kroot), release])
+
+        stage = tmp / "stage"
+        stage.mkdir()
+        progress(f"resolving modules for {release}")
+        modules: list[str] = []
+        for mod in GUEST_MODULES:
+            proc = _run(["modprobe", "-d", str(kroot), "-S", release, "--show-depends", mod])
+            for line in proc.stdout.decode().splitlines():
+                parts = line.split()
+                if parts and parts[0] == "insmod" and parts[1] not in modules:
+                    modules.append(parts[1])
+        for mod_path in modules:
+            rel = os.path.relpath(mod_path, kroot)
+            _copy_into(stage, mod_path, "/" + rel)
+        for name in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
+            if (moddir / name).exists():
+                _copy_into(stage, str(moddir / name), f"/lib/modules/{release}/{name}")
+        _populate_base(stage, host_key, client_key)
+        _run(["depmod", "-b", str(stage), release])
+
+        progress("writing initramfs")
+        initrd_tmp = tmp / "initrd.cpio"
+        _write_cpio(stage, initrd_tmp)
+        out_tmp = root / f".{key}.tmp"
+        shutil.rmtree(out_tmp, ignore_errors=True)
+        out_tmp.mkdir()
+        shutil.copy2(vmlinuz[0], out_tmp / "vmlinuz")
+        shutil.move(str(initrd_tmp), out_tmp / "initrd.cpio")
+        meta = {"key": key, "kernel_package": kernel_pkg, "kernel_version": kernel_version,
+                "kernel_release": release, "versions": versions, "modules": [os.path.basename(m) for m in modules],
+                "build_s": round(time.monotonic() - t0, 3)}
+        (out_tmp / "image.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        shutil.rmtree(out, ignore_errors=True)
+        out_tmp.rename(out)
+    progress(f"guest image built in {time.monotonic() - t0:.1f} s: {out}")
+    return _image_from_meta(out, meta, client_key, host_key)
+
+
+def _image_from_meta(out: Path, meta: dict, client_key: Path, host_key: Path) -> GuestImage:
+    return GuestImage(
+        key=meta["key"], dir=out, kernel_path=out / "vmlinuz", initrd_path=out / "initrd.cpio",
+        kernel_release=meta["kernel_release"],
+        kernel_package=f"{meta['kernel_package']} {meta['kernel_version']}",
+        identity_file=client_key,
+        host_public_key=Path(str(host_key) + ".pub").read_text().split()[0:2] and
+        " ".join(Path(str(host_key) + ".pub").read_text().split()[0:2]),
+        versions=meta["versions"],
+    )
+
+
+def _populate_base(stage: Path, host_key: Path, client_key: Path) -> None:
+    for d in ("bin", "sbin", "usr/bin", "usr/sbin", "usr/lib", "usr/lib64", "etc/ssh", "etc/init.d",
+              "proc", "sys", "dev", "run", "tmp", "root", "var/empty", "mnt"):
+        (stage / d).mkdir(parents=True, exist_ok=True)
+    # Debian is usr-merged: libraries resolve under both /lib and /usr/lib.
+    for link, to in (("lib", "usr/lib"), ("lib64", "usr/lib64")):
+        if not (stage / link).exists():
+            os.symlink(to, stage / link)
+    busybox = shutil.which("busybox")
+    _copy_into(stage, busybox, "/bin/busybox")
+    for lib in _libraries(busybox):
+        _copy_into(stage, lib)
+    applets = _run([busybox, "--list"]).stdout.decode().split()
+    for applet in applets:
+        if applet in BUSYBOX_SKIP or applet == "busybox":
+            continue
+        os.symlink("busybox", stage / "bin" / applet)
+    os.symlink("bin/busybox", stage / "init")
+    for binary in HOST_BINARIES:
+        _copy_into(stage, binary)
+        for lib in _libraries(binary):
+            _copy_into(stage, lib)
+    for name in KMOD_LINKS:
+        os.symlink("../bin/kmod", stage / "usr" / "sbin" / name)
+    files = {
+        "etc/inittab": INITTAB, "etc/init.d/rcS": RCS, "etc/ssh/sshd_config": SSHD_CONFIG,
+        "etc/passwd": PASSWD, "etc/group": GROUP, "etc/shadow": SHADOW,
+        "etc/hostname": GUEST_HOSTNAME + "\n",
+        "etc/ssh/authorized_keys": Path(str(client_key) + ".pub").read_text(),
+        "etc/ssh/ssh_host_ed25519_key": host_key.read_text(),
+        "etc/ssh/ssh_host_ed25519_key.pub": Path(str(host_key) + ".pub").read_text(),
+    }
+    for rel, text in files.items():
+        (stage / rel).write_text(text)
+    (stage / "etc/init.d/rcS").chmod(0o755)
+    (stage / "etc/shadow").chmod(0o600)
+    (stage / "etc/ssh/ssh_host_ed25519_key").chmod(0o600)
+
+
+def _write_cpio(stage: Path, dest: Path) -> None:
+    names = ["."]
+    for dirpath, dirnames, filenames in os.walk(stage):
+        dirnames.sort()
+        rel = os.path.relpath(dirpath, stage)
+        for name in sorted(dirnames) + sorted(filenames):
+            names.append(os.path.join(rel, name) if rel != "." else name)
+    listing = ("\n".join(names) + "\n").encode()
+    with open(dest, "wb") as fh:
+        proc = subprocess.run(["cpio", "--quiet", "-o", "-H", "newc", "-R", "0:0"], cwd=stage,
+                              input=listing, stdout=fh, stderr=subprocess.PIPE)
+    if proc.returncode != 0:
+        raise GuestError(f"cpio failed: {proc.stderr.decode(errors='replace').strip()}")
+
+
+# --------------------------------------------------------------------------- running
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def qemu_argv(image: GuestImage, ssh_port: int, console_log: Path, memory_mib: int = 2048,
+              smp: int = 2) -> list[str]:
+    """The qemu command line (TCG, user networking restricted to a 127.0.0.1 forward)."""
+    return [
+        "qemu-system-x86_64",
+        "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp), "-m", str(memory_mib),
+        "-kernel", str(image.kernel_path), "-initrd", str(image.initrd_path),
+        "-append", "console=ttyS0 rdinit=/init panic=-1 nokaslr mitigations=off",
+        "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{ssh_port}-:22",
+        "-device", "virtio-net-pci,netdev=n0",
+        "-display", "none", "-monitor", "none", "-no-reboot",
+        "-serial", f"file:{console_log}",
+        "-name", f"kvgate-guest-{image.key}",
+    ]
+
+
+def ssh_banner_ready(port: int, host: str = "127.0.0.1", timeout_s: float = 2.0) -> bool:
+    """True when an SSH server answers with its banner (hostfwd accepts before sshd runs)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            s.settimeout(timeout_s)
+            return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def _console_tail(path: Path, n: int = 20) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no console log)"
+    return "\n".join(lines[-n:])
+
+
+def start_guest(image: GuestImage, state_dir: Path, ssh_port: int | None = None, memory_mib: int = 2048,
+                smp: int = 2, boot_timeout_s: float = 240.0, progress=lambda msg: None) -> GuestState:
+    """Start qemu in its own session, wait for sshd's banner, record the state file.
+
+    Picks another port when the requested one is taken. On a boot failure qemu is stopped,
+    the console log stays in ``state_dir`` and GuestError carries its tail.
+    """
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    console_log = state_dir / "console.log"
+    qemu_log = state_dir / "qemu.stderr"
+    last_error = ""
+    for attempt in range(5):
+        port = ssh_port if (ssh_port and attempt == 0) else free_port()
+        if ssh_port and attempt == 0 and not port_is_free(port):
+            progress(f"port 127.0.0.1:{port} is taken, picking another")
+            continue
+        argv = qemu_argv(image, port, console_log, memory_mib, smp)
+        (state_dir / "qemu.argv.json").write_text(json.dumps(argv))
+        t0 = time.monotonic()
+        with open(qemu_log, "wb") as err:
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                        start_new_session=True)
+            except FileNotFoundError as exc:
+                raise GuestError("qemu-system-x86_64 not found: apt-get install qemu-system-x86") from exc
+        known_hosts = state_dir / "known_hosts"
+        known_hosts.write_text(f"[127.0.0.1]:{port} {image.host_public_key}\n")
+        state = GuestState(pid=proc.pid, ssh_port=port, host="127.0.0.1", user="root",
+                           identity_file=str(image.identity_file), known_hosts_path=str(known_hosts),
+                           console_log=str(console_log), initrd_path=str(image.initrd_path),
+                           kernel_release=image.kernel_release, started_at=time.time())
+        (state_dir / "guest.json").write_text(state.to_json())
+        progress(f"qemu pid {proc.pid}, ssh on 127.0.0.1:{port}, console {console_log}")
+        deadline = t0 + boot_timeout_s
+        while time.monotonic() < deadline:
+            rc = proc.poll()
+            if rc is not None:
+                err_text = qemu_log.read_text(errors="replace").strip()
+                if "hostfwd" in err_text or "host forwarding" in err_text:
+                    last_error = f"port 127.0.0.1:{port} taken: {err_text}"
+                    progress(last_error + "; picking another")
+                    break
+                raise GuestError(f"qemu exited rc={rc} before sshd answered: {err_text[-500:]}\n"
+                                 f"console ({console_log}):\n{_console_tail(console_log)}")
+            if ssh_banner_ready(port):
+                state.ready_s = round(time.monotonic() - t0, 3)
+                (state_dir / "guest.json").write_text(state.to_json())
+                progress(f"guest sshd answered after {state.ready_s:.1f} s")
+                return state
+            time.sleep(0.5)
+        else:
+            stop_guest(state_dir)
+            raise GuestError(f"guest did not answer SSH within {boot_timeout_s:.0f} s; qemu stopped; "
+                             f"console ({console_log}):\n{_console_tail(console_log)}")
+    raise GuestError(f"could not start qemu on a free port: {last_error}")
+
+
+def _is_our_qemu(pid: int, initrd_path: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(cmdline) and b"qemu-system" in cmdline[0] and initrd_path.encode() in cmdline
+
+
+def stop_guest(state_dir: Path, grace_s: float = 5.0) -> bool:
+    """Stop the guest recorded in ``state_dir/guest.json`` by PID. True if one was running.
+
+    Checks the PID still belongs to our qemu (by its command line) before signalling, and
+    signals its whole process group.
+    """
+    path = Path(state_dir) / "guest.json"
+    if not path.exists():
+        return False
+    state = GuestState.from_file(path)
+    if not _is_our_qemu(state.pid, state.initrd_path):
+        path.unlink(missing_ok=True)
+        return False
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(state.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(state.pid, os.WNOHANG)
+            except ChildProcessError:
+                done = state.pid if not Path(f"/proc/{state.pid}").exists() else 0
+            if done == state.pid or not _is_our_qemu(state.pid, state.initrd_path):
+                path.unlink(missing_ok=True)
+                return True
+            time.sleep(0.1)
+    path.unlink(missing_ok=True)
+    return True
+
+
+def guest_running(state_dir: Path) -> GuestState | None:
+    """The recorded guest if its qemu is still alive."""
+    path = Path(state_dir) / "guest.json"
+    if not path.exists():
+        return None
+    state = GuestState.from_file(path)
+    return state if _is_our_qemu(state.pid, state.initrd_path) else None
+
+
+# ----------------------------------------------------------------------------------- as an inventory node
+
+GUEST_LABEL = "kvgate-guest"
+
+
+def default_state_dir() -> Path:
+    """Where ``kvgate loopback guest-up`` records the running guest by default."""
+    return default_cache_root() / "run"
+
+
+def open_node_transport(node, state_dir: Path | None = None) -> Transport:
+    """The node's transport; a node labelled ``kvgate-guest: <state dir or "default">`` is the local qemu
+    guest, reached at the guest's recorded port with its key and known_hosts (the forwarded port can change)."""
+    label = node.labels.get(GUEST_LABEL) if node.labels else None
+    if label is None:
+        return open_transport(node)
+    sd = state_dir or (default_state_dir() if label in ("", "default") else Path(label).expanduser())
+    st = guest_running(sd)
+    if st is None:
+        raise GuestError(f"node {node.name} is the loopback guest but none runs (state {sd}): "
+                         "run 'kvgate loopback guest-up' first")
+    return SSHTransport(st.host, st.ssh_port, st.user, st.identity_file, known_hosts_path=st.known_hosts_path,
+                        name=node.name)
+
+
+def open_guest_transports(inventory, state_dir: Path | None = None) -> dict[str, Transport]:
+    """Transports for the inventory's kvgate-guest nodes (for ``run_suite(transports=...)``)."""
+    return {n.name: open_node_transport(n, state_dir) for n in inventory.nodes
+            if n.labels and GUEST_LABEL in n.labels}

@@ -1,0 +1,733 @@
+"""Single-node NVMe-oF loopback: kernel nvmet target + nvme-tcp initiator on one node.
+
+Provisioning is agentless: plain argv commands through a Transport (modprobe, mkdir/ln/rm/rmdir
+in configfs, ``sh -c 'printf ...'`` to write an attribute, nvme-cli). The flow is
+
+    probe (commands) -> parse (pure) -> plan (pure, from the observed state) -> execute
+
+so ``up`` twice is a no-op the second time and ``down`` after a half-done ``up`` removes
+only what exists, in reverse order. Each phase re-probes because later objects depend on
+earlier ones (the backing device name, the /dev/nvmeXnY the kernel picks).
+
+Runner seam: every command goes through ``run(name, argv, timeout_s) -> CommandResult`` so the
+CLI and workloads can route it through the step log (``harness.transport.steps``) (argv/stdout/stderr/rc on disk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import HarnessError
+from ..parsers import nvme as P
+from ..writeguard import CREATED_SUFFIX, WriteDecision, check_write
+
+Runner = Callable[[str, Sequence[str], float | None], Any]  # returns a CommandResult
+
+DEFAULT_SIZE_BYTES = 256 * 1024 * 1024
+INTEGRITY_CHUNK = 65536
+INTEGRITY_LEN_BYTES = 1024 * 1024
+TARGET_MODULES = ("nvmet", "nvmet-tcp", "nvme-tcp")
+
+
+class LoopbackError(HarnessError):
+    """The loopback could not be provisioned, inspected or torn down."""
+
+
+# ------------------------------------------------------------------------------------------ spec
+
+
+@dataclass(frozen=True)
+class LoopbackSpec:
+    """What one loopback target is: NQN, address, backing store. Built from an inventory Target."""
+
+    name: str
+    nqn: str
+    host_nqn: str
+    host_id: str
+    traddr: str = "127.0.0.1"
+    trsvcid: str = "4420"
+    transport: str = "tcp"
+    backing: str = "null_blk"
+    backing_path: str | None = None
+    size_bytes: int = DEFAULT_SIZE_BYTES
+    nsid: int = 1
+    link_path: str | None = None
+    allow_destructive: bool = False
+    serial: str | None = None  # the backing device's serial (see harness.writeguard), checked before writes
+
+    def __post_init__(self):
+        if self.transport != "tcp":
+            raise LoopbackError(f"target {self.name}: loopback supports transport tcp only, got {self.transport!r}")
+        if self.backing not in ("null_blk", "brd", "file", "block"):
+            raise LoopbackError(f"target {self.name}: unknown backing {self.backing!r}")
+        if self.backing in ("file", "block") and not self.backing_path:
+            raise LoopbackError(f"target {self.name}: backing {self.backing} needs backing_path")
+        if self.backing in ("null_blk", "brd", "file") and self.size_bytes % (1024 * 1024):
+            raise LoopbackError(f"target {self.name}: size must be a whole number of MiB, got {self.size_bytes}")
+        if self.size_bytes < 4 * INTEGRITY_LEN_BYTES:
+            raise LoopbackError(f"target {self.name}: size must be at least 4 MiB, got {self.size_bytes}")
+        if len(self.nullb_name) > 31:
+            raise LoopbackError(f"target {self.name}: name too long for a null_blk disk name (max 24 chars)")
+
+    @property
+    def port_id(self) -> str:
+        # One configfs port per TCP service id: several subsystems may share it.
+        return str(int(self.trsvcid))
+
+    @property
+    def nullb_name(self) -> str:
+        return f"kvgate-{self.name}"
+
+    @property
+    def subsys_dir(self) -> str:
+        return f"{P.NVMET_ROOT}/subsystems/{self.nqn}"
+
+    @property
+    def ns_dir(self) -> str:
+        return f"{self.subsys_dir}/namespaces/{self.nsid}"
+
+    @property
+    def port_dir(self) -> str:
+        return f"{P.NVMET_ROOT}/ports/{self.port_id}"
+
+    @property
+    def host_dir(self) -> str:
+        return f"{P.NVMET_ROOT}/hosts/{self.host_nqn}"
+
+    @classmethod
+    def from_target(cls, target: Any, node_name: str) -> "LoopbackSpec":
+        """From an inventory ``Target`` of kind ``nvmeof-loopback``."""
+        if getattr(target, "kind", None) != "nvmeof-loopback":
+            raise LoopbackError(f"target {target.name} on node {node_name} has kind {target.kind!r}, "
+                                "expected nvmeof-loopback")
+        host_nqn = f"nqn.2024-01.io.kvgate:host-{node_name}"
+        return cls(
+            name=target.name, nqn=target.nqn, host_nqn=host_nqn,
+            host_id=str(uuid.uuid5(uuid.NAMESPACE_URL, host_nqn)),
+            traddr=target.traddr or "127.0.0.1", trsvcid=str(target.trsvcid or "4420"),
+            transport=target.transport or "tcp", backing=target.backing or "null_blk",
+            backing_path=target.backing_path, size_bytes=target.size_bytes or DEFAULT_SIZE_BYTES,
+            link_path=target.path, allow_destructive=bool(target.allow_destructive),
+            serial=getattr(target, "serial", None),
+        )
+
+
+# ----------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class LoopbackState:
+    """Everything probe() saw, parsed."""
+
+    configfs_mounted: bool = False
+    nvmet: P.NvmetState = field(default_factory=P.NvmetState)
+    nullb: dict[str, P.NullbDevice] = field(default_factory=dict)
+    block_devices: set[str] = field(default_factory=set)
+    brd_rd_size_kib: int | None = None
+    file_size_bytes: int | None = None
+    file_created_by_kvgate: bool = False
+    subsystems: list[P.NvmeSubsystem] = field(default_factory=list)
+    namespaces: list[P.NvmeNamespace] = field(default_factory=list)
+    link_target: str | None = None
+
+
+def probe_commands(spec: LoopbackSpec) -> dict[str, tuple[str, ...]]:
+    """The read-only commands whose outputs make up a LoopbackState (name -> argv)."""
+    cmds = {
+        "mounts": ("cat", "/proc/mounts"),
+        "nvmet-find": ("find", P.NVMET_ROOT),
+        "nvmet-attrs": ("grep", "-rs", ".", P.NVMET_ROOT),
+        "block-devices": ("ls", "/sys/block"),
+        "list-subsys": ("nvme", "list-subsys", "-o", "json"),
+        "list-namespaces": ("nvme", "list", "-v", "-o", "json"),
+    }
+    if spec.backing == "null_blk":
+        cmds["nullb-attrs"] = ("grep", "-rs", ".", P.NULLB_ROOT)
+    if spec.backing == "brd":
+        cmds["brd-size"] = ("cat", "/sys/module/brd/parameters/rd_size")
+    if spec.backing == "file":
+        cmds["file-size"] = ("stat", "-c", "%s", spec.backing_path)
+        cmds["file-marker"] = ("stat", "-c", "%s", spec.backing_path + CREATED_SUFFIX)
+    if spec.link_path:
+        cmds["link"] = ("readlink", spec.link_path)
+    return cmds
+
+
+def parse_state(outputs: dict[str, tuple[int | None, str]]) -> LoopbackState:
+    """Pure: probe outputs (name -> (rc, stdout)) -> LoopbackState. Missing/failed reads mean absent."""
+    def out(name: str) -> str:
+        rc, text = outputs.get(name, (None, ""))
+        return text if rc == 0 else ""
+
+    def out_any(name: str) -> str:  # grep -rs exits 2 when some attributes are unreadable
+        rc, text = outputs.get(name, (None, ""))
+        return text if rc in (0, 2) else ""
+
+    st = LoopbackState()
+    st.configfs_mounted = any(line.split()[2:3] == ["configfs"] for line in out("mounts").splitlines())
+    st.nvmet = P.parse_nvmet_configfs(out("nvmet-find"), out_any("nvmet-attrs"))
+    st.nullb = P.parse_nullb_configfs(out_any("nullb-attrs"))
+    st.block_devices = P.parse_block_list(out("block-devices"))
+    brd = out("brd-size").strip()
+    st.brd_rd_size_kib = int(brd) if brd.isdigit() else None
+    fsz = out("file-size").strip()
+    st.file_size_bytes = int(fsz) if fsz.isdigit() else None
+    st.file_created_by_kvgate = outputs.get("file-marker", (None, ""))[0] == 0
+    try:
+        st.subsystems = P.parse_list_subsys(out("list-subsys"))
+        st.namespaces = P.parse_list_verbose(out("list-namespaces"))
+    except P.ParseError:
+        raise
+    link = out("link").strip()
+    st.link_target = link or None
+    return st
+
+
+def backing_device(spec: LoopbackSpec, st: LoopbackState) -> str | None:
+    """The path the namespace should serve, if the backing store exists now."""
+    if spec.backing == "null_blk":
+        nb = st.nullb.get(spec.nullb_name)
+        if nb is None or not nb.powered:
+            return None
+        if spec.nullb_name in st.block_devices:  # 6.x names the disk after the configfs item
+            return f"/dev/{spec.nullb_name}"
+        if nb.index is not None and f"nullb{nb.index}" in st.block_devices:
+            return f"/dev/nullb{nb.index}"
+        return None
+    if spec.backing == "brd":
+        return "/dev/ram0" if "ram0" in st.block_devices else None
+    if spec.backing == "file":
+        return spec.backing_path if st.file_size_bytes is not None else None
+    return spec.backing_path
+
+
+def nvme_device(spec: LoopbackSpec, st: LoopbackState) -> str | None:
+    return P.find_namespace_device(st.subsystems, st.namespaces, spec.nqn, spec.nsid)
+
+
+def summarize(spec: LoopbackSpec, st: LoopbackState) -> dict[str, Any]:
+    """Status as data: each layer present or not, and the overall state up / down / partial."""
+    sub = st.nvmet.subsystems.get(spec.nqn)
+    ns = sub.namespaces.get(spec.nsid) if sub else None
+    port = st.nvmet.ports.get(spec.port_id)
+    conn = P.find_subsystem(st.subsystems, spec.nqn)
+    layers = {
+        "backing": backing_device(spec, st) is not None if spec.backing != "block" else True,
+        "host": spec.host_nqn in st.nvmet.hosts,
+        "subsystem": sub is not None,
+        "allowed_host": bool(sub and spec.host_nqn in sub.allowed_hosts),
+        "namespace_enabled": bool(ns and ns.enabled),
+        "port": port is not None,
+        "port_link": bool(port and spec.nqn in port.subsystems),
+        "connected": bool(conn and conn.live),
+        "device": nvme_device(spec, st) is not None,
+    }
+    if spec.link_path:
+        layers["link"] = st.link_target is not None
+    # A block device, or a file kvgate did not create, belongs to the user: not ours to count or remove.
+    foreign_backing = spec.backing == "block" or (spec.backing == "file" and not st.file_created_by_kvgate)
+    owned = {k: v for k, v in layers.items() if not (k == "backing" and foreign_backing)}
+    if all(owned.values()):
+        overall = "up"
+    elif not any(owned.values()):
+        overall = "down"
+    else:
+        overall = "partial"
+    return {
+        "target": spec.name, "nqn": spec.nqn, "state": overall, "layers": layers,
+        "device": nvme_device(spec, st), "backing_device": backing_device(spec, st),
+        "address": f"{spec.transport}://{spec.traddr}:{spec.trsvcid}",
+        "multipath_paths": sorted({p for ns_ in st.namespaces if ns_.nqn == spec.nqn for p in ns_.paths}),
+        "link_path": spec.link_path,
+        "owned_layers": sorted(owned),
+    }
+
+
+# ------------------------------------------------------------------------------------------ plans
+
+
+@dataclass(frozen=True)
+class Action:
+    """One provisioning command: a step name, its argv, and why it is needed."""
+
+    name: str
+    argv: tuple[str, ...]
+    why: str = ""
+
+
+def write_attr(name: str, path: str, value: str, why: str = "") -> Action:
+    """Write ``value`` to a configfs/sysfs attribute. The value is a positional parameter, never parsed."""
+    return Action(name, ("sh", "-c", 'printf "%s" "$1" > "$2"', "kvgate-write", value, path), why)
+
+
+def plan_backing(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
+    """Modules, configfs mount and the backing store."""
+    acts: list[Action] = []
+    for mod in TARGET_MODULES:
+        acts.append(Action(f"modprobe-{mod}", ("modprobe", mod), "kernel NVMe/TCP target and initiator"))
+    if not st.configfs_mounted:
+        acts.append(Action("mount-configfs", ("mount", "-t", "configfs", "none", "/sys/kernel/config")))
+    if spec.backing == "null_blk":
+        acts.append(Action("modprobe-null_blk", ("modprobe", "null_blk", "nr_devices=0"),
+                           "no default nullb0; devices are made in configfs"))
+        nb = st.nullb.get(spec.nullb_name)
+        d = f"{P.NULLB_ROOT}/{spec.nullb_name}"
+        if nb is None:
+            acts.append(Action("nullb-mkdir", ("mkdir", d)))
+        if nb is None or not nb.powered:
+            acts += [
+                write_attr("nullb-size", f"{d}/size", str(spec.size_bytes // (1024 * 1024)), "MiB"),
+                write_attr("nullb-memory_backed", f"{d}/memory_backed", "1", "reads return what was written"),
+                write_attr("nullb-blocksize", f"{d}/blocksize", "4096"),
+                write_attr("nullb-power", f"{d}/power", "1"),
+            ]
+    elif spec.backing == "brd":
+        if "ram0" not in st.block_devices:
+            acts.append(Action("modprobe-brd", ("modprobe", "brd", "rd_nr=1",
+                                                f"rd_size={spec.size_bytes // 1024}", "max_part=0")))
+    elif spec.backing == "file":
+        if st.file_size_bytes is None:
+            acts.append(Action("file-mkdir", ("mkdir", "-p", posixpath.dirname(spec.backing_path) or "/")))
+            acts.append(Action("file-create", ("truncate", "-s", str(spec.size_bytes), spec.backing_path)))
+            acts.append(Action("file-mark-created", ("touch", spec.backing_path + CREATED_SUFFIX),
+                               "down deletes only files kvgate created"))
+    return acts
+
+
+def plan_target(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
+    """configfs objects (host, subsystem, namespace, port, links) and the initiator's connect."""
+    dev = backing_device(spec, st)
+    if dev is None:
+        raise LoopbackError(f"target {spec.name}: backing {spec.backing} device not present after setup")
+    if spec.backing == "brd" and st.brd_rd_size_kib is not None and st.brd_rd_size_kib * 1024 < spec.size_bytes:
+        raise LoopbackError(f"target {spec.name}: brd is loaded with rd_size={st.brd_rd_size_kib} KiB, smaller "
+                            f"than {spec.size_bytes} bytes; run 'rmmod brd' or lower size")
+    acts: list[Action] = []
+    nv = st.nvmet
+    if spec.host_nqn not in nv.hosts:
+        acts.append(Action("host-mkdir", ("mkdir", spec.host_dir)))
+    sub = nv.subsystems.get(spec.nqn)
+    if sub is None:
+        acts.append(Action("subsys-mkdir", ("mkdir", spec.subsys_dir)))
+    if sub is None or sub.allow_any_host is not False:
+        acts.append(write_attr("subsys-allow_any_host", f"{spec.subsys_dir}/attr_allow_any_host", "0",
+                               "only the named host may connect"))
+    if sub is None or spec.host_nqn not in sub.allowed_hosts:
+        acts.append(Action("subsys-allow-host",
+                           ("ln", "-s", spec.host_dir, f"{spec.subsys_dir}/allowed_hosts/{spec.host_nqn}")))
+    ns = sub.namespaces.get(spec.nsid) if sub else None
+    if ns is None:
+        acts.append(Action("ns-mkdir", ("mkdir", spec.ns_dir)))
+    if ns is not None and ns.enabled:
+        if ns.device_path != dev:
+            raise LoopbackError(f"target {spec.name}: namespace {spec.nsid} of {spec.nqn} already serves "
+                                f"{ns.device_path}, expected {dev}; run 'kvgate loopback down' first")
+    else:
+        if ns is None or ns.device_path != dev:
+            acts.append(write_attr("ns-device_path", f"{spec.ns_dir}/device_path", dev))
+        if spec.backing == "file":
+            acts.append(write_attr("ns-buffered_io", f"{spec.ns_dir}/buffered_io", "1",
+                                   "file backing: page cache, works on filesystems without O_DIRECT"))
+        acts.append(write_attr("ns-enable", f"{spec.ns_dir}/enable", "1"))
+    port = nv.ports.get(spec.port_id)
+    want = {"trtype": "tcp", "adrfam": "ipv6" if ":" in spec.traddr else "ipv4",
+            "traddr": spec.traddr, "trsvcid": spec.trsvcid}
+    if port is None:
+        acts.append(Action("port-mkdir", ("mkdir", spec.port_dir)))
+    if port is None or any(getattr(port, k) != v for k, v in want.items()):
+        if port is not None and port.subsystems - {spec.nqn}:
+            raise LoopbackError(f"target {spec.name}: nvmet port {spec.port_id} serves "
+                                f"{port.trtype}://{port.traddr}:{port.trsvcid} for other subsystems; "
+                                "choose another trsvcid")
+        if port is not None and spec.nqn in port.subsystems:
+            acts.append(Action("port-unlink-stale", ("rm", f"{spec.port_dir}/subsystems/{spec.nqn}")))
+            port = None
+        for key in ("trtype", "adrfam", "traddr", "trsvcid"):
+            acts.append(write_attr(f"port-{key}", f"{spec.port_dir}/addr_{key}", want[key]))
+    if port is None or spec.nqn not in port.subsystems:
+        acts.append(Action("port-link", ("ln", "-s", spec.subsys_dir, f"{spec.port_dir}/subsystems/{spec.nqn}")))
+    conn = P.find_subsystem(st.subsystems, spec.nqn)
+    if conn is None:
+        acts.append(Action("nvme-connect", (
+            "nvme", "connect", "-t", spec.transport, "-a", spec.traddr, "-s", spec.trsvcid, "-n", spec.nqn,
+            "--hostnqn", spec.host_nqn, "--hostid", spec.host_id)))
+    return acts
+
+
+def plan_link(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
+    """The stable symlink (target.path) to the /dev/nvmeXnY the kernel picked."""
+    dev = nvme_device(spec, st)
+    if not spec.link_path or dev is None or st.link_target == dev:
+        return []
+    return [Action("link-mkdir", ("mkdir", "-p", posixpath.dirname(spec.link_path))),
+            Action("link-device", ("ln", "-sfn", dev, spec.link_path))]
+
+
+def plan_down(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
+    """Reverse order of up, only for what exists: disconnect, port, namespace, subsystem, host, backing."""
+    acts: list[Action] = []
+    if spec.link_path and st.link_target is not None:
+        acts.append(Action("link-remove", ("rm", "-f", spec.link_path)))
+    if P.find_subsystem(st.subsystems, spec.nqn) is not None:
+        acts.append(Action("nvme-disconnect", ("nvme", "disconnect", "-n", spec.nqn)))
+    nv = st.nvmet
+    for pid, port in sorted(nv.ports.items()):
+        if spec.nqn in port.subsystems:
+            acts.append(Action(f"port{pid}-unlink", ("rm", f"{P.NVMET_ROOT}/ports/{pid}/subsystems/{spec.nqn}")))
+    port = nv.ports.get(spec.port_id)
+    if port is not None and not (port.subsystems - {spec.nqn}) and port.traddr in (spec.traddr, None):
+        acts.append(Action("port-rmdir", ("rmdir", spec.port_dir)))
+    sub = nv.subsystems.get(spec.nqn)
+    if sub is not None:
+        for nsid, ns in sorted(sub.namespaces.items()):
+            d = f"{spec.subsys_dir}/namespaces/{nsid}"
+            if ns.enabled is not False:
+                acts.append(write_attr(f"ns{nsid}-disable", f"{d}/enable", "0"))
+            acts.append(Action(f"ns{nsid}-rmdir", ("rmdir", d)))
+        for host in sorted(sub.allowed_hosts):
+            acts.append(Action("subsys-disallow-host", ("rm", f"{spec.subsys_dir}/allowed_hosts/{host}")))
+        acts.append(Action("subsys-rmdir", ("rmdir", spec.subsys_dir)))
+    others = [s for n, s in nv.subsystems.items() if n != spec.nqn and spec.host_nqn in s.allowed_hosts]
+    if spec.host_nqn in nv.hosts and not others:
+        acts.append(Action("host-rmdir", ("rmdir", spec.host_dir)))
+    if spec.backing == "null_blk" and spec.nullb_name in st.nullb:
+        d = f"{P.NULLB_ROOT}/{spec.nullb_name}"
+        if st.nullb[spec.nullb_name].powered:
+            acts.append(write_attr("nullb-power-off", f"{d}/power", "0"))
+        acts.append(Action("nullb-rmdir", ("rmdir", d)))
+    if spec.backing == "file" and st.file_created_by_kvgate:
+        acts.append(Action("file-remove", ("rm", "-f", spec.backing_path, spec.backing_path + CREATED_SUFFIX)))
+    if spec.backing == "brd" and "ram0" in st.block_devices:
+        acts.append(Action("rmmod-brd", ("rmmod", "brd"), "the RAM disk and its memory"))
+    return acts
+
+
+# --------------------------------------------------------------------------------------- integrity
+
+
+def pattern_bytes(seed: str, length: int) -> bytes:
+    """Deterministic, incompressible test data: SHA-256 in counter mode over ``seed``."""
+    out = bytearray()
+    counter = 0
+    while len(out) < length:
+        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest()
+        counter += 1
+    return bytes(out[:length])
+
+
+def count_mismatched_bytes(a: bytes, b: bytes) -> int:
+    """Bytes that differ, counting a length difference as mismatched."""
+    n = min(len(a), len(b))
+    diff = sum(1 for i in range(n) if a[i] != b[i]) if a[:n] != b[:n] else 0
+    return diff + abs(len(a) - len(b))
+
+
+@dataclass(frozen=True)
+class IntegrityCheck:
+    """One read-back: data written (or read) on one path, read on the other, compared byte by byte."""
+
+    direction: str  # "backing->nvme", "nvme->backing" or "compare" (read-only)
+    offset_bytes: int
+    length_bytes: int
+    mismatched_bytes: int
+    expected_sha256: str
+    actual_sha256: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.mismatched_bytes == 0
+
+
+@dataclass(frozen=True)
+class IntegrityResult:
+    checks: tuple[IntegrityCheck, ...]
+    device: str
+    backing_device: str
+    write_guard: WriteDecision | None = None  # the guard's decision on the backing, when a write was wanted
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def mismatched_bytes(self) -> int:
+        return sum(c.mismatched_bytes for c in self.checks)
+
+    @property
+    def checked_bytes(self) -> int:
+        return sum(c.length_bytes for c in self.checks if c.error is None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "device": self.device, "backing_device": self.backing_device,
+                "mismatched_bytes": self.mismatched_bytes, "checked_bytes": self.checked_bytes,
+                "checks": [dict(c.__dict__, ok=c.ok) for c in self.checks],
+                "write_guard": self.write_guard.as_dict() if self.write_guard else None}
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    name: str
+    argv: tuple[str, ...]
+    rc: int | None
+    ok: bool
+    stderr: str
+
+    @classmethod
+    def of(cls, action: Action, res: Any) -> "ActionRecord":
+        return cls(action.name, action.argv, res.rc, res.ok, (res.stderr or res.error or "").strip()[-500:])
+
+
+@dataclass
+class LoopbackResult:
+    """What up/down did: the actions with their outcomes, and the state after."""
+
+    summary: dict[str, Any]
+    actions: list[ActionRecord] = field(default_factory=list)
+    integrity: IntegrityResult | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and all(a.ok for a in self.actions) and (
+            self.integrity is None or self.integrity.ok)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "error": self.error, "summary": self.summary,
+                "actions": [dict(a.__dict__, argv=list(a.argv)) for a in self.actions],
+                "integrity": self.integrity.as_dict() if self.integrity else None}
+
+
+class Loopback:
+    """Drives one loopback target on one node through a Transport.
+
+    ``run`` defaults to ``transport.run``; pass a step-logging runner to keep every command on disk.
+    """
+
+    def __init__(self, transport: Any, spec: LoopbackSpec, run: Runner | None = None,
+                 progress: Callable[[str], None] = lambda msg: None, clock=time.monotonic, sleep=time.sleep):
+        self.transport = transport
+        self.spec = spec
+        self.run = run or (lambda name, argv, timeout_s: transport.run(list(argv), timeout_s=timeout_s))
+        self.progress = progress
+        self.clock = clock
+        self.sleep = sleep
+
+    # -- reading
+    def probe(self) -> LoopbackState:
+        outputs = {}
+        for name, argv in probe_commands(self.spec).items():
+            res = self.run(f"probe-{name}", argv, 120)
+            if res.timed_out or res.error:
+                # Not "absent": a probe that did not answer (a loaded node) must not become a plan.
+                raise LoopbackError(f"probe {name} did not answer: {res.summary()}")
+            outputs[name] = (res.rc, res.stdout)
+        return parse_state(outputs)
+
+    def status(self) -> dict[str, Any]:
+        return summarize(self.spec, self.probe())
+
+    def device(self) -> str | None:
+        return nvme_device(self.spec, self.probe())
+
+    # -- writing
+    def _execute(self, actions: list[Action], records: list[ActionRecord], stop_on_error: bool) -> bool:
+        ok = True
+        for act in actions:
+            res = self.run(act.name, act.argv, 120)
+            rec = ActionRecord.of(act, res)
+            records.append(rec)
+            if not rec.ok:
+                ok = False
+                self.progress(f"{act.name} failed (rc={rec.rc}): {rec.stderr}")
+                if stop_on_error:
+                    return False
+        return ok
+
+    def up(self, verify: bool = True, wait_s: float = 30.0) -> LoopbackResult:
+        """Provision (idempotent), wait for the namespace device, optionally check data integrity."""
+        records: list[ActionRecord] = []
+        st = self.probe()
+        try:
+            if not self._execute(plan_backing(self.spec, st), records, stop_on_error=True):
+                return LoopbackResult(summarize(self.spec, self.probe()), records,
+                                      error=f"backing setup failed at {records[-1].name}: {records[-1].stderr}")
+            st = self.probe()
+            if not self._execute(plan_target(self.spec, st), records, stop_on_error=True):
+                return LoopbackResult(summarize(self.spec, self.probe()), records,
+                                      error=f"target setup failed at {records[-1].name}: {records[-1].stderr}")
+        except LoopbackError as exc:
+            return LoopbackResult(summarize(self.spec, self.probe()), records, error=str(exc))
+        deadline = self.clock() + wait_s
+        st = self.probe()
+        while nvme_device(self.spec, st) is None and self.clock() < deadline:
+            self.sleep(0.5)
+            st = self.probe()
+        dev = nvme_device(self.spec, st)
+        if dev is None:
+            return LoopbackResult(summarize(self.spec, st), records,
+                                  error=f"no /dev/nvme*n{self.spec.nsid} for {self.spec.nqn} after {wait_s:.0f} s")
+        self._execute(plan_link(self.spec, st), records, stop_on_error=False)
+        # Every layer must be there before `up` says so: on a loaded node the controller can still be
+        # connecting (or resetting) when the device node appears.
+        deadline = self.clock() + wait_s
+        st = self.probe()
+        summary = summarize(self.spec, st)
+        while summary["state"] != "up" and self.clock() < deadline:
+            self.sleep(0.5)
+            st = self.probe()
+            summary = summarize(self.spec, st)
+        result = LoopbackResult(summary, records)
+        if summary["state"] != "up":
+            missing = [k for k in summary["owned_layers"] if not summary["layers"][k]]
+            result.error = f"{self.spec.nqn} not up after {wait_s:.0f} s: missing {', '.join(missing)}"
+            return result
+        if verify:
+            result.integrity = self.check_integrity(st)
+            if not result.integrity.ok:
+                errs = [f"{c.direction}: {c.error}" for c in result.integrity.checks if c.error]
+                result.error = "data integrity check failed: " + (
+                    "; ".join(errs) if errs else f"{result.integrity.mismatched_bytes} bytes differ")
+        return result
+
+    def down(self) -> LoopbackResult:
+        """Tear down what exists, in reverse order; keeps going past a failure and reports it."""
+        records: list[ActionRecord] = []
+        st = self.probe()
+        self._execute(plan_down(self.spec, st), records, stop_on_error=False)
+        st = self.probe()
+        summary = summarize(self.spec, st)
+        leftover = [k for k in summary["owned_layers"] if summary["layers"][k]]
+        err = f"left behind: {', '.join(leftover)}" if leftover else None
+        return LoopbackResult(summary, records, error=err)
+
+    # -- integrity
+    def check_integrity(self, st: LoopbackState | None = None, length_bytes: int = INTEGRITY_LEN_BYTES,
+                        seed: str = "kvgate") -> IntegrityResult:
+        """Read a known pattern back through NVMe/TCP and compare with the backing store.
+
+        A null_blk backing kvgate made, and backings the write guard (harness.writeguard) allows get a
+        pattern written on the backing and read through /dev/nvmeXnY, then one written through
+        /dev/nvmeXnY and read on the backing: a brd RAM disk holding no filesystem or partition table, a
+        backing file kvgate created, a block device marked allow_destructive whose serial matches. A block
+        device without allow_destructive, a file kvgate did not create, a brd disk holding data are only
+        read on both paths and compared. A block device marked allow_destructive that the guard refuses
+        is not touched: the check fails with the guard's reason. Data travels over the transport only
+        for the 1 MiB regions compared here.
+        """
+        st = st or self.probe()
+        spec = self.spec
+        dev = nvme_device(spec, st)
+        bdev = backing_device(spec, st)
+        if dev is None or bdev is None:
+            return IntegrityResult((IntegrityCheck("backing->nvme", 0, 0, 0, "", "",
+                                                   error="loopback not up (no device)"),), dev or "", bdev or "")
+        chunk = INTEGRITY_CHUNK
+        count = length_bytes // chunk
+        decision = None
+        if spec.backing == "null_blk":
+            writable = True  # kvgate made it (configfs item kvgate-<name>)
+        elif spec.backing == "block" and not spec.allow_destructive:
+            writable = False  # the user's device, not offered for writing: read-only compare
+        else:
+            decision = check_write(self.run, bdev, expect="file" if spec.backing == "file" else "block",
+                                   purpose=f"integrity pattern on the backing of loopback target {spec.name}",
+                                   node=getattr(self.transport, "name", ""),
+                                   allow_destructive=spec.allow_destructive, serial=spec.serial)
+            writable = decision.allowed
+            if not writable:
+                self.progress(decision.refusal())
+            if not writable and spec.backing == "block":
+                return IntegrityResult((IntegrityCheck("backing->nvme", 0, 0, 0, "", "",
+                                                       error=decision.refusal()),), dev, bdev, decision)
+        direct_backing = spec.backing != "file"  # nvmet file backing uses the page cache (buffered_io=1)
+        tmp = f"/tmp/kvgate-integrity-{spec.name}"
+        checks: list[IntegrityCheck] = []
+        with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
+            local = Path(local_s)
+            if writable:
+                plan = (("backing->nvme", bdev, dev, direct_backing, True, length_bytes),
+                        ("nvme->backing", dev, bdev, True, direct_backing, 2 * length_bytes))
+                for direction, wdev, rdev, wdirect, rdirect, offset in plan:
+                    data = pattern_bytes(f"{seed}:{spec.nqn}:{direction}", length_bytes)
+                    checks.append(self._write_read(direction, data, wdev, rdev, wdirect, rdirect, offset, count,
+                                                   tmp, local))
+            else:
+                checks.append(self._compare_read(bdev, dev, length_bytes, count, tmp, local))
+            self.run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback", f"{tmp}.backing"), 30)
+        return IntegrityResult(tuple(checks), dev, bdev, decision)
+
+    def _dd(self, name, src, dst, offset, count, iflag_direct=False, oflag_direct=False, read=True):
+        skip_seek = f"skip={offset // INTEGRITY_CHUNK}" if read else f"seek={offset // INTEGRITY_CHUNK}"
+        argv = ["dd", f"if={src}", f"of={dst}", f"bs={INTEGRITY_CHUNK}", f"count={count}", skip_seek]
+        if iflag_direct:
+            argv.append("iflag=direct")
+        if oflag_direct:
+            argv.append("oflag=direct")
+        if not read:
+            argv.append("conv=fsync,notrunc")
+        return self.run(name, argv, 120)
+
+    def _write_read(self, direction, data, wdev, rdev, wdirect, rdirect, offset, count, tmp, local):
+        expected = hashlib.sha256(data).hexdigest()
+        (local / "pattern").write_bytes(data)
+        try:
+            self.transport.put(str(local / "pattern"), f"{tmp}.pattern")
+        except Exception as exc:  # noqa: BLE001 - a failed transfer is a failed check, kept as data
+            return IntegrityCheck(direction, offset, len(data), len(data), expected, "", error=f"put: {exc}")
+        w = self._dd(f"integrity-write-{direction.replace('>', '')}", f"{tmp}.pattern", wdev, offset, count,
+                     oflag_direct=wdirect, read=False)
+        if not w.ok:
+            return IntegrityCheck(direction, offset, len(data), len(data), expected, "",
+                                  error=f"write on {wdev} failed: {(w.stderr or w.error or '').strip()[-300:]}")
+        return self._read_compare(direction, data, rdev, rdirect, offset, count, tmp, local)
+
+    def _read_compare(self, direction, data, rdev, rdirect, offset, count, tmp, local):
+        expected = hashlib.sha256(data).hexdigest()
+        r = self._dd(f"integrity-read-{direction.replace('>', '')}", rdev, f"{tmp}.readback", offset, count,
+                     iflag_direct=rdirect)
+        if not r.ok:
+            return IntegrityCheck(direction, offset, len(data), len(data), expected, "",
+                                  error=f"read on {rdev} failed: {(r.stderr or r.error or '').strip()[-300:]}")
+        try:
+            self.transport.get(f"{tmp}.readback", str(local / "readback"))
+        except Exception as exc:  # noqa: BLE001
+            return IntegrityCheck(direction, offset, len(data), len(data), expected, "", error=f"get: {exc}")
+        got = (local / "readback").read_bytes()
+        return IntegrityCheck(direction, offset, len(data), count_mismatched_bytes(data, got), expected,
+                              hashlib.sha256(got).hexdigest())
+
+    def _compare_read(self, bdev, dev, length_bytes, count, tmp, local):
+        offset = length_bytes
+        r = self._dd("integrity-read-backing", bdev, f"{tmp}.backing", offset, count, iflag_direct=True)
+        if not r.ok:
+            return IntegrityCheck("compare", offset, length_bytes, length_bytes, "", "",
+                                  error=f"read on {bdev} failed: {(r.stderr or r.error or '').strip()[-300:]}")
+        try:
+            self.transport.get(f"{tmp}.backing", str(local / "backing"))
+        except Exception as exc:  # noqa: BLE001
+            return IntegrityCheck("compare", offset, length_bytes, length_bytes, "", "", error=f"get: {exc}")
+        return self._read_compare("compare", (local / "backing").read_bytes(), dev, True, offset, count, tmp, local)
+
+
+def resolve_loopback_device(transport: Any, steps: Any, target: Any, node_name: str = "node") -> str:
+    """For fio-read's TARGET_RESOLVERS: /dev/nvmeXnY of a loopback target, found by NQN."""
+    spec = LoopbackSpec.from_target(target, node_name)
+    run = None
+    if steps is not None and hasattr(steps, "run"):
+        run = lambda name, argv, timeout_s: steps.run(transport, name, argv, timeout_s=timeout_s)  # noqa: E731
+    dev = Loopback(transport, spec, run=run).device()
+    if dev is None:
+        raise LoopbackError(f"loopback target {target.name} ({target.nqn}) is not connected: "
+                            "run 'kvgate loopback up' first")
+    return dev

@@ -1,0 +1,269 @@
+"""The run: open nodes, snapshot them, run the gates in order, evaluate, and write the signed bundle.
+
+Everything a run does lands in its run directory first (steps, raw output, verdicts); the bundle is made
+from that directory at the end. A gate that cannot run is ERROR; after a STOP the remaining gates are
+SKIPPED; a run with any gate not PASS never ends PASS.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import __version__
+from ..config import Config
+from ..errors import HarnessError, TransportError
+from ..execute.facts import collect_node_facts
+from ..execute.fanout import fan_out
+from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
+from ..paths import git_commit
+from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
+from ..report.render import render_bundle_reports
+from ..transport import ScopedTransport, Transport, open_transport
+from ..transport.steps import StepLog
+from ..workloads.base import Evidence, GateContext, WorkloadResult
+
+
+# After a gate's commands were stopped (timeout, Ctrl-C), how long its workload gets to return before the
+# run goes on without it.
+STOP_GRACE_S = 30.0
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    verdicts: list[Verdict]
+    overall: Outcome
+    bundle: BundleInfo | None = None
+    interrupted: bool = False
+    messages: list[str] = field(default_factory=list)
+
+
+def _progress_printer(stream=sys.stderr) -> Callable[[str], None]:
+    t0 = time.monotonic()
+
+    def progress(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:7.1f}s] {msg}", file=stream, flush=True)
+    return progress
+
+
+def new_run_dir(out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    for i in range(100):
+        d = out_dir / f"run-{stamp}" if i == 0 else out_dir / f"run-{stamp}-{i}"
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise HarnessError(f"cannot create a run directory under {out_dir}")
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+
+
+class GateTimeoutEvidence(Evidence):
+    """A gate stopped at its ``timeout_s``: what was stopped on each node, and what the workload saw after."""
+
+    timeout_s: float
+    stopped_process_groups: dict[str, Any] = {}
+    workload_returned_after_stop: bool = False
+    after_stop: dict[str, Any] | None = None
+
+
+def _stop_gate(scoped: dict[str, ScopedTransport], reason: str) -> dict[str, Any]:
+    """Cancel every node's view in parallel: node -> process groups stopped (or the error text)."""
+    group = fan_out(scoped, lambda _n, view: view.cancel(reason))
+    return {n: (o.value if o.ok else f"stop failed: {o.error}") for n, o in group.items()}
+
+
+def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransport],
+                      progress: Callable[[str], None]) -> WorkloadResult:
+    """Run one gate's workload, bounded by the gate's ``timeout_s``.
+
+    The workload runs in a worker thread; past the timeout (or on Ctrl-C) the process group of every
+    command it still runs is killed on every node (local and SSH) and its views start nothing more.
+    A timed-out gate is ERROR "timed out after N s"; a bug in a workload is ERROR with the trace on disk.
+    """
+    gate = ctx.gate
+    box: dict[str, WorkloadResult] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = workload.run(ctx)
+        except HarnessError as exc:
+            box["result"] = WorkloadResult(error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug in a workload is an ERROR verdict, with the trace on disk
+            (ctx.gate_dir / "traceback.txt").write_text(traceback.format_exc())
+            box["result"] = WorkloadResult(error=f"internal error: {type(exc).__name__}: {exc}")
+
+    worker = threading.Thread(target=work, name=f"gate-{gate.id}", daemon=True)
+    worker.start()
+    try:
+        worker.join(gate.timeout_s)
+    except KeyboardInterrupt:
+        _stop_gate(scoped, f"gate {gate.id} interrupted by the operator")
+        worker.join(STOP_GRACE_S)
+        raise
+    if not worker.is_alive():
+        return box.get("result") or WorkloadResult(error="internal error: the workload ended without a result")
+    reason = f"timed out after {gate.timeout_s:g} s"
+    progress(f"{gate.id}: {reason}; stopping its commands on {', '.join(scoped)}")
+    stopped = _stop_gate(scoped, f"gate {gate.id} {reason}")
+    worker.join(STOP_GRACE_S)
+    returned = not worker.is_alive()
+    evidence = GateTimeoutEvidence(timeout_s=gate.timeout_s, stopped_process_groups=stopped,
+                                   workload_returned_after_stop=returned)
+    late = box.get("result")
+    if late is not None:  # what the workload saw once its commands were killed; its metrics do not count
+        evidence.after_stop = {"error": late.error, "evidence": late.evidence_dict()}
+    detail = ", ".join(f"{n}: {k}" for n, k in sorted(stopped.items()))
+    error = f"{reason}; process groups stopped per node: {detail}"
+    if not returned:
+        error += f"; the workload did not return within {STOP_GRACE_S:g} s after that"
+    return WorkloadResult({}, evidence, error=error)
+
+
+def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "operator",
+              trust_new_hosts: bool = False, known_hosts_path: str | None = None,
+              progress: Callable[[str], None] | None = None,
+              transports: dict[str, Transport] | None = None, make_tar: bool = True) -> RunOutcome:
+    """Run every gate of the suite and write the bundle under ``out_dir``."""
+    progress = progress or _progress_printer()
+    run_dir = new_run_dir(Path(out_dir))
+    started = time.time()
+    progress(f"run directory {run_dir}")
+    cfg_dir = run_dir / "config"
+    cfg_dir.mkdir()
+    shutil.copyfile(config.inventory_path, cfg_dir / "inventory.yaml")
+    shutil.copyfile(config.gates_path, cfg_dir / "gates.yaml")
+    steps = StepLog(run_dir)
+    opened: dict[str, Transport] = dict(transports or {})
+    views: list[ScopedTransport] = []  # every gate's view of its nodes, stopped at the end like the connections
+    node_errors: dict[str, str] = {}
+    verdicts: list[Verdict] = []
+    interrupted = False
+    suite = config.suite
+    try:
+        for node in config.inventory.nodes:
+            if node.name in opened:
+                continue
+            progress(f"connecting to {node.name} ({node.transport}{' ' + node.host if node.host else ''})")
+            try:
+                opened[node.name] = open_transport(node, trust_new_hosts=trust_new_hosts,
+                                                   known_hosts_path=known_hosts_path)
+            except TransportError as exc:
+                node_errors[node.name] = str(exc)
+                progress(f"ERROR {exc}")
+        _write_json(run_dir / "nodes" / "connect-errors.json", node_errors)
+        def facts(name: str, tr: Transport) -> None:
+            # snapshot.json (kernel, CPU, memory, fio, block devices, NUMA, NICs) and provenance.json (GPUs,
+            # NVMe, NVMe-oF, vLLM/LMCache versions): one command list, also what `kvgate plan` prints.
+            engine_python = getattr(config.inventory.node(name), "engine_python", None)
+            for file, data in collect_node_facts(tr, steps, engine_python).items():
+                _write_json(run_dir / "nodes" / name / f"{file}.json", data)
+
+        if opened:
+            progress(f"snapshot of {', '.join(opened)} (in parallel)")
+            for name, err in fan_out(opened, facts).failed.items():
+                progress(f"snapshot of {name} failed: {err}")
+        stop_at: str | None = None
+        for gate in suite.gates:
+            wl_cls = config.workload(gate)
+            unit = wl_cls.METRICS[gate.metric]
+            if stop_at:
+                verdicts.append(skipped(gate, f"skipped: stop-loss hit at {stop_at}", unit))
+                continue
+            gate_dir = run_dir / "gates" / gate.id
+            gate_dir.mkdir(parents=True, exist_ok=True)
+            nodes = {n.name: n for n in config.gate_nodes(gate)}
+            missing = [n for n in nodes if n not in opened]
+            t0 = time.time()
+            progress(f"{gate.id} {gate.title}: workload {gate.workload} on {', '.join(nodes)}")
+            if missing:
+                result = WorkloadResult(error="node(s) unreachable: " + "; ".join(
+                    f"{n}: {node_errors.get(n, 'not connected')}" for n in missing))
+            else:
+                scoped = {n: ScopedTransport(opened[n]) for n in nodes}
+                views.extend(scoped.values())
+                ctx = GateContext(gate=gate, params=config.params[gate.id], nodes=nodes,
+                                  transports=scoped, steps=steps, gate_dir=gate_dir, progress=progress)
+                try:
+                    result = run_gate_workload(wl_cls(), ctx, scoped, progress)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    result = WorkloadResult(error="interrupted by the operator (Ctrl-C)")
+            verdict = evaluate(gate, result, unit)
+            _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
+                                                   "finished_unix_s": time.time()})
+            _write_json(gate_dir / "verdict.json", verdict.to_dict())
+            verdicts.append(verdict)
+            progress(f"{gate.id}: {verdict.outcome.value}: {verdict.reason}")
+            if interrupted:
+                stop_at = f"{gate.id} (interrupted)"
+            elif verdict.outcome is Outcome.STOP:
+                stop_at = gate.id
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        for view in views:
+            try:
+                if view.abort():
+                    progress(f"stopped the commands still running on {view.name}")
+            except Exception:  # noqa: BLE001
+                pass
+        for tr in opened.values():
+            try:
+                if tr.abort():
+                    progress(f"stopped the commands still running on {tr.name}")
+                tr.close()
+            except Exception:  # noqa: BLE001
+                pass
+    done_ids = {v.gate_id for v in verdicts}
+    for gate in suite.gates:
+        if gate.id not in done_ids:
+            verdicts.append(skipped(gate, "skipped: run interrupted", config.workload(gate).METRICS[gate.metric]))
+    overall = overall_outcome(verdicts)
+    finished = time.time()
+    pub = private_key.public_key()
+    summary = {
+        "suite": suite.suite.model_dump(), "overall": overall.value,
+        "verdicts": [v.to_dict() for v in verdicts],
+        "run": {"started_unix_s": started, "finished_unix_s": finished, "interrupted": interrupted,
+                "node_errors": node_errors},
+    }
+    _write_json(run_dir / "verdicts.json", summary)
+    outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted)
+    if interrupted:
+        outcome.messages.append(f"interrupted: partial results kept in {run_dir}; no bundle was written")
+        return outcome
+    predicate = {
+        "kvgate": {"version": __version__, "commit": git_commit()},
+        "suite": suite.suite.model_dump(),
+        "overall": overall.value,
+        "verdicts": [v.to_dict() for v in verdicts],
+        "run": {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
+                "duration_s": round(finished - started, 3)},
+        "signing_key": {"kind": key_kind, "fingerprint": key_fingerprint(pub)},
+    }
+    progress("signing the bundle")
+    # The run directory becomes the bundle (renamed, not copied); if signing fails it is renamed back.
+    try:
+        outcome.bundle = write_bundle(run_dir, Path(out_dir), private_key, predicate, make_tar=make_tar,
+                                      render=lambda rid, d: render_bundle_reports(rid, d, predicate), move=True)
+    except OSError as exc:
+        raise HarnessError(f"the bundle was not written ({exc}); no half-written bundle was left, and the run "
+                          f"directory with every result is kept at {run_dir}") from None
+    outcome.run_dir = outcome.bundle.path
+    return outcome

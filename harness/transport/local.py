@@ -1,0 +1,111 @@
+"""The local backend: commands on this machine through subprocess, each in a new session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from .base import Process, Transport
+
+
+class _LocalProcess(Process):
+    def __init__(self, popen: subprocess.Popen, capture: bool):
+        self.popen = popen
+        self.pid = popen.pid
+        self._out: list[bytes] = []
+        self._err: list[bytes] = []
+        self._threads = []
+        if capture:
+            for stream, sink in ((popen.stdout, self._out), (popen.stderr, self._err)):
+                t = threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    @staticmethod
+    def _drain(stream, sink):
+        for chunk in iter(lambda: stream.read(65536), b""):
+            sink.append(chunk)
+        stream.close()
+
+    def poll(self):
+        return self.popen.poll()
+
+    def wait(self, timeout_s=None):
+        try:
+            return self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill_group(self, grace_s=5.0):
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                self.popen.poll()
+                try:
+                    os.killpg(self.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.05)
+
+    def output(self):
+        for t in self._threads:
+            t.join(timeout=10)
+        return b"".join(self._out), b"".join(self._err)
+
+
+class LocalTransport(Transport):
+    """Runs commands on this machine with subprocess, each in a new session (process group)."""
+
+    def __init__(self, name: str = "local"):
+        self.name = name
+
+    def _start(self, argv, env, stdin, log_path):
+        full_env = dict(os.environ)
+        full_env.update(env)
+        if log_path is not None:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            log = open(log_path, "ab")
+            try:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     env=full_env, start_new_session=True)
+            finally:
+                log.close()
+            return _LocalProcess(p, capture=False)
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+                             start_new_session=True)
+        proc = _LocalProcess(p, capture=True)
+        if stdin is not None:
+            def feed():
+                try:
+                    p.stdin.write(stdin)
+                    p.stdin.close()
+                except (BrokenPipeError, OSError):
+                    pass
+            threading.Thread(target=feed, daemon=True).start()
+        return proc
+
+    def put(self, local_path, remote_path):
+        Path(remote_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local_path, remote_path)
+
+    def get(self, remote_path, local_path):
+        Path(local_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(remote_path, local_path)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on this machine that nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,366 @@
+"""The SSH backend (paramiko): ~/.ssh/config, agent and key files, ProxyJump, strict host keys, port forwards."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shlex
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ..errors import HostKeyError, TransportError
+from .base import Process, Transport
+
+# The remote wrapper: report the shell's pid and process group on stderr's first line, then exec the
+# command. sshd starts each session command as a session leader, so killing -PGID ends every child.
+_PGID_PREFIX = "KVGATE-PGID "
+_WRAP = ('read -r _ _ _ _ g _ < /proc/$$/stat 2>/dev/null || g=$$; '
+         'printf "' + _PGID_PREFIX + '%s %s\\n" "$$" "$g" >&2; ')
+
+
+def remote_command(argv: Sequence[str], env: Mapping[str, str], log_path: str | None) -> str:
+    """The one shell string sent to sshd: pid report, optional log redirect, env, argv quoted once."""
+    cmd = _WRAP
+    if log_path is not None:
+        cmd += f"exec >>{shlex.quote(log_path)} 2>&1 </dev/null; "
+    prefix = ["env"] + [f"{k}={v}" for k, v in env.items()] if env else []
+    cmd += "exec " + shlex.join(prefix + list(argv))
+    return cmd
+
+
+class _SSHProcess(Process):
+    def __init__(self, transport: "SSHTransport", channel, stdin: bytes | None):
+        self.t = transport
+        self.ch = channel
+        self._out: list[bytes] = []
+        self._err = bytearray()
+        self._err_chunks: list[bytes] = []
+        self.pgid: int | None = None
+        self._pid_seen = threading.Event()
+        self._done = threading.Event()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+        if stdin is not None:
+            threading.Thread(target=self._feed, args=(stdin,), daemon=True).start()
+        else:
+            try:
+                channel.shutdown_write()
+            except Exception:  # noqa: BLE001 - channel may already be closed
+                pass
+
+    def _feed(self, data: bytes):
+        try:
+            self.ch.sendall(data)
+            self.ch.shutdown_write()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _pump(self):
+        ch = self.ch
+        header = bytearray()
+        while True:
+            got = False
+            if ch.recv_ready():
+                data = ch.recv(65536)
+                if data:
+                    self._out.append(data)
+                    got = True
+            if ch.recv_stderr_ready():
+                data = ch.recv_stderr(65536)
+                if data:
+                    got = True
+                    if self._pid_seen.is_set():
+                        self._err_chunks.append(data)
+                    else:
+                        header += data
+                        self._scan_header(header)
+            if got:
+                continue
+            if not ch.recv_ready() and not ch.recv_stderr_ready():
+                if ch.exit_status_ready():
+                    time.sleep(0.01)  # let data that raced the exit status land
+                    if not ch.recv_ready() and not ch.recv_stderr_ready():
+                        break
+                elif ch.closed:
+                    break  # connection lost: no exit status will come
+            time.sleep(0.005)
+        if not self._pid_seen.is_set():
+            if header:
+                self._err_chunks.append(bytes(header))
+            self._pid_seen.set()
+        self._done.set()
+
+    def _scan_header(self, header: bytearray) -> None:
+        """Find the wrapper's pid line; anything a login shell printed before it is ordinary stderr."""
+        while b"\n" in header:
+            line, _, rest = bytes(header).partition(b"\n")
+            header[:] = rest
+            text = line.decode(errors="replace")
+            if text.startswith(_PGID_PREFIX):
+                parts = text[len(_PGID_PREFIX):].split()
+                try:
+                    self.pid, self.pgid = int(parts[0]), int(parts[1])
+                except (IndexError, ValueError):
+                    pass
+                self._pid_seen.set()
+                if header:
+                    self._err_chunks.append(bytes(header))
+                    header.clear()
+                return
+            self._err_chunks.append(line + b"\n")
+
+    def poll(self):
+        if self.ch.exit_status_ready():
+            return self.ch.recv_exit_status()
+        return None
+
+    def wait(self, timeout_s=None):
+        if not self._done.wait(timeout_s):
+            return None
+        rc = self.ch.recv_exit_status()
+        return rc
+
+    def kill_group(self, grace_s=5.0):
+        # The remote shell reports its process group first thing; a slow login shell (rc files) can delay
+        # that line, and without it there is nothing to kill, so wait for it rather than give up.
+        self._pid_seen.wait(timeout=max(30.0, self.t.connect_timeout_s))
+        target = self.pgid or self.pid
+        if target is None:
+            self.ch.close()
+            return
+        script = (f"kill -TERM -- -{target} 2>/dev/null || exit 0; "
+                  f"i=0; while [ $i -lt {int(grace_s * 10)} ]; do kill -0 -- -{target} 2>/dev/null || exit 0; "
+                  f"sleep 0.1; i=$((i+1)); done; kill -KILL -- -{target} 2>/dev/null; exit 0")
+        try:
+            self.t._exec_simple(script, timeout_s=grace_s + 15)
+        except TransportError:
+            pass
+        self._done.wait(5.0)
+        if not self._done.is_set():
+            self.ch.close()
+
+    def output(self):
+        self._done.wait(10.0)
+        return b"".join(self._out), b"".join(self._err_chunks)
+
+
+def host_key_fingerprint(key) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class SSHTransport(Transport):
+    """paramiko backend: ~/.ssh/config, agent and key files, ProxyJump, strict host keys, keepalive."""
+
+    def __init__(self, host: str, port: int | None = None, user: str | None = None,
+                 identity_file: str | None = None, proxy_jump: str | None = None,
+                 trust_new_hosts: bool = False, known_hosts_path: str | None = None,
+                 connect_timeout_s: float = 10.0, keepalive_s: int = 15, name: str | None = None,
+                 ssh_config_path: str | None = None, _depth: int = 0):
+        import paramiko
+
+        self.name = name or host
+        self.connect_timeout_s = connect_timeout_s
+        cfg_path = Path(ssh_config_path or Path.home() / ".ssh" / "config")
+        resolved: dict = {}
+        if cfg_path.exists():
+            sshcfg = paramiko.SSHConfig.from_path(str(cfg_path))
+            resolved = sshcfg.lookup(host)
+        self.host = resolved.get("hostname", host)
+        self.port = int(port or resolved.get("port", 22))
+        self.user = user or resolved.get("user") or os.environ.get("USER") or "root"
+        keys = [os.path.expanduser(identity_file)] if identity_file else [os.path.expanduser(p) for p in resolved.get("identityfile", [])]
+        proxy_jump = proxy_jump or resolved.get("proxyjump")
+        if proxy_jump and proxy_jump.lower() == "none":
+            proxy_jump = None
+        self.known_hosts_path = known_hosts_path or str(Path.home() / ".ssh" / "known_hosts")
+        self.trust_new_hosts = trust_new_hosts
+        self._jump: SSHTransport | None = None
+        sock = None
+        if proxy_jump:
+            if _depth > 8:
+                raise TransportError(f"{host}: ProxyJump chain too long")
+            hops = proxy_jump.split(",")
+            first, rest = hops[0], ",".join(hops[1:]) or None
+            juser, _, jhostport = first.rpartition("@")
+            jhost, _, jport = jhostport.partition(":")
+            self._jump = SSHTransport(jhost, int(jport) if jport else None, juser or None,
+                                      proxy_jump=rest, trust_new_hosts=trust_new_hosts,
+                                      known_hosts_path=known_hosts_path, connect_timeout_s=connect_timeout_s,
+                                      ssh_config_path=ssh_config_path, _depth=_depth + 1)
+            try:
+                sock = self._jump.client.get_transport().open_channel(
+                    "direct-tcpip", (self.host, self.port), ("127.0.0.1", 0), timeout=connect_timeout_s)
+            except Exception as exc:  # noqa: BLE001
+                self._jump.close()
+                raise TransportError(f"{self.name}: ProxyJump via {first} to {self.host}:{self.port} failed: {exc}") from None
+
+        client = paramiko.SSHClient()
+        if os.path.exists(self.known_hosts_path):
+            try:
+                client.load_host_keys(self.known_hosts_path)
+            except Exception as exc:  # noqa: BLE001
+                raise TransportError(f"cannot read known_hosts {self.known_hosts_path}: {exc}") from None
+        client.set_missing_host_key_policy(_HostKeyPolicy(self))
+        try:
+            client.connect(self.host, port=self.port, username=self.user,
+                           key_filename=keys or None, timeout=connect_timeout_s,
+                           banner_timeout=connect_timeout_s, auth_timeout=connect_timeout_s,
+                           sock=sock, allow_agent=True, look_for_keys=not keys)
+        except HostKeyError:
+            self._close_jump()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            self._close_jump()
+            raise HostKeyError(
+                f"{self.name}: host key for {self._known_name()} CHANGED (got {host_key_fingerprint(exc.key)}, "
+                f"known_hosts has {host_key_fingerprint(exc.expected_key)}); refusing to connect. If the host was "
+                f"reinstalled, remove the old entry with: ssh-keygen -R '{self._known_name()}' -f {self.known_hosts_path}"
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            self._close_jump()
+            raise TransportError(f"{self.name}: authentication failed for {self.user}@{self.host}:{self.port}: {exc}") from None
+        except (OSError, socket.timeout, paramiko.SSHException) as exc:
+            self._close_jump()
+            raise TransportError(f"{self.name}: cannot connect to {self.host}:{self.port}: {exc}") from None
+        client.get_transport().set_keepalive(keepalive_s)
+        self.client = client
+        self._sftp = None
+        self._forwards: list[socket.socket] = []
+
+    def _known_name(self) -> str:
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+    def _close_jump(self):
+        if self._jump is not None:
+            self._jump.close()
+
+    def _channel(self):
+        tr = self.client.get_transport()
+        if tr is None or not tr.is_active():
+            raise TransportError(f"{self.name}: SSH connection is closed")
+        try:
+            return tr.open_session(timeout=self.connect_timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            raise TransportError(f"{self.name}: cannot open SSH session: {exc}") from None
+
+    def _exec_simple(self, script: str, timeout_s: float) -> int | None:
+        ch = self._channel()
+        ch.settimeout(timeout_s)
+        ch.exec_command(script)
+        deadline = time.monotonic() + timeout_s
+        while not ch.exit_status_ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rc = ch.recv_exit_status() if ch.exit_status_ready() else None
+        ch.close()
+        return rc
+
+    def _start(self, argv, env, stdin, log_path):
+        ch = self._channel()
+        ch.exec_command(remote_command(argv, env, log_path))
+        return _SSHProcess(self, ch, stdin)
+
+    def _sftp_client(self):
+        if self._sftp is None:
+            try:
+                self._sftp = self.client.open_sftp()
+            except Exception as exc:  # noqa: BLE001
+                raise TransportError(f"{self.name}: SFTP unavailable: {exc}") from None
+        return self._sftp
+
+    def put(self, local_path, remote_path):
+        try:
+            self._sftp_client().put(str(local_path), remote_path)
+        except OSError as exc:
+            raise TransportError(f"{self.name}: put {local_path} -> {remote_path}: {exc}") from None
+
+    def get(self, remote_path, local_path):
+        Path(local_path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._sftp_client().get(remote_path, str(local_path))
+        except OSError as exc:
+            raise TransportError(f"{self.name}: get {remote_path}: {exc}") from None
+
+    def forward_port(self, remote_host: str, remote_port: int) -> tuple[str, int]:
+        """Listen on 127.0.0.1:<free port> here and carry each connection over this SSH connection
+        (direct-tcpip) to ``remote_host:remote_port`` as the node sees it, e.g. an engine bound to the
+        node's loopback. The listener lives until ``close()``."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        self._forwards.append(listener)
+        tr = self.client.get_transport()
+
+        def pipe(a, b):
+            try:
+                while True:
+                    data = a.recv(65536)
+                    if not data:
+                        break
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for x in (a, b):
+                    try:
+                        x.close()
+                    except OSError:
+                        pass
+
+        def accept_loop():
+            while True:
+                try:
+                    conn, peer = listener.accept()
+                except OSError:
+                    return  # listener closed
+                try:
+                    ch = tr.open_channel("direct-tcpip", (remote_host, remote_port), peer,
+                                         timeout=self.connect_timeout_s)
+                except Exception:  # noqa: BLE001 - nothing listens there (yet): the client sees a reset
+                    conn.close()
+                    continue
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                threading.Thread(target=pipe, args=(conn, ch), daemon=True).start()
+                threading.Thread(target=pipe, args=(ch, conn), daemon=True).start()
+
+        threading.Thread(target=accept_loop, daemon=True, name=f"fwd-{self.name}-{remote_port}").start()
+        return "127.0.0.1", listener.getsockname()[1]
+
+    def close(self):
+        for listener in self._forwards:
+            try:
+                listener.close()
+            except OSError:
+                pass
+        self._forwards = []
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        self.client.close()
+        self._close_jump()
+
+
+class _HostKeyPolicy:
+    """Unknown host keys are refused unless trust_new_hosts; then they are appended to known_hosts."""
+
+    def __init__(self, transport: SSHTransport):
+        self.t = transport
+
+    def missing_host_key(self, client, hostname, key):
+        fp = host_key_fingerprint(key)
+        if not self.t.trust_new_hosts:
+            raise HostKeyError(
+                f"{self.t.name}: unknown host key for {hostname} ({key.get_name()} {fp}); refusing to connect. "
+                f"Check the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_{key.get_name().split('-')[-1]}_key.pub), "
+                f"then add it to {self.t.known_hosts_path} or rerun with --trust-new-hosts"
+            )
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        path = Path(self.t.known_hosts_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")

@@ -1,0 +1,67 @@
+"""Every command a run executes leaves argv, stdout, stderr, rc and status on disk, even on failure."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .base import CommandResult, Transport
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class StepLog:
+    """Numbered step directories under ``run_dir/steps``; thread-safe numbering."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / "steps"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def new_dir(self, node: str, name: str) -> Path:
+        with self._lock:
+            self._n += 1
+            n = self._n
+        d = self.root / f"{n:03d}-{_SAFE.sub('_', node)}-{_SAFE.sub('_', name)}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def run(self, transport: Transport, name: str, argv: Sequence[str], timeout_s: float | None = None,
+            env: Mapping[str, str] | None = None, stdin: bytes | str | None = None) -> CommandResult:
+        d = self.new_dir(transport.name, name)
+        _write_argv(d, transport.name, argv, env, timeout_s)
+        _write_status(d, {"status": "running", "started_unix_s": time.time()})
+        result = transport.run(argv, timeout_s=timeout_s, env=env, stdin=stdin)
+        record(d, result)
+        return result
+
+    def keep(self, node: str, name: str, result: CommandResult) -> Path:
+        """Record a command that already ran as a step (e.g. the last look of a polling loop)."""
+        d = self.new_dir(node, name)
+        _write_argv(d, node, result.argv, None, None)
+        record(d, result)
+        return d
+
+
+def _write_argv(d: Path, node: str, argv: Sequence[str], env: Mapping[str, str] | None, timeout_s: float | None) -> None:
+    (d / "argv.json").write_text(json.dumps({"node": node, "argv": [str(a) for a in argv], "env": dict(env or {}),
+                                             "timeout_s": timeout_s}, indent=1))
+
+
+def _write_status(d: Path, status: dict) -> None:
+    (d / "status.json").write_text(json.dumps(status, indent=1))
+
+
+def record(d: Path, result: CommandResult) -> None:
+    (d / "stdout").write_text(result.stdout)
+    (d / "stderr").write_text(result.stderr)
+    (d / "rc").write_text("" if result.rc is None else f"{result.rc}\n")
+    status = "ok" if result.ok else ("timeout" if result.timed_out else ("error" if result.error else "failed"))
+    _write_status(d, {"status": status, "rc": result.rc, "timed_out": result.timed_out, "error": result.error,
+                      "duration_s": round(result.duration_s, 6)})

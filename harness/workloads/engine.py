@@ -1,0 +1,257 @@
+"""An engine instance on a node, from its files to its log: the lifecycle G2, G2-multiturn and R3 share.
+
+- the profile check every engine workload does at validation (:func:`profile_issues`);
+- the values a profile's templates are filled with (:func:`engine_values`), a free port for it on its node
+  (:func:`engine_port`), and how the orchestrator reaches it (:func:`client_base_url`: directly, or through an
+  SSH port forward when the engine binds an SSH node's loopback);
+- its files on the node (:func:`stage_engine_files`: run and pool directories, model config, the strictly
+  checked LMCache YAML, and the node program a profile runs, e.g. ``cpu_reference.py``);
+- :class:`EngineProcess`: spawned in its own process group, a readiness wait that notices a crashed engine,
+  its Prometheus metrics, stop (the whole group) and its log's tail;
+- what the KV pool holds (:func:`pool_contents`).
+
+HTTP to the engine goes through ``ctx.http`` (an httpx transport; None is the network), the seam tests use.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from ..engines import ArchError, EngineProfile, LMCacheSettings, arch_from_config, load_profile, write_lmcache_yaml
+from ..engines.profiles import program_file
+from ..errors import ConfigError
+from ..parsers.prometheus import Sample, parse_prometheus
+from ..transport.local import free_port
+from .base import GateContext
+
+# Prints a free TCP port of the node's loopback (the kernel picks it); run with the engine's interpreter.
+FREE_PORT_CODE = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
+
+
+def profile_issues(engine: str, nodes: dict[str, Any], workload: str, node_count: int = 1,
+                   engines: tuple[str, ...] | None = None) -> tuple[EngineProfile | None, list[tuple[tuple, str]]]:
+    """The engine profile a gate names and the validation issues of an engine workload: the profile loads
+    (and its LMCache block checks), it is one of ``engines`` (profile ``engine`` kinds) when given, and the
+    gate has ``node_count`` nodes."""
+    try:
+        prof = load_profile(engine)
+    except ConfigError as exc:
+        return None, [(("engine",), str(exc.issues[0]))]
+    issues: list[tuple[tuple, str]] = []
+    if engines is not None and prof.engine not in engines:
+        issues.append((("engine",), f"{workload} runs on {', '.join(engines)} engines; profile {prof.name!r} is "
+                       f"a {prof.engine} engine"))
+    if len(nodes) != node_count:
+        what = "one node" if node_count == 1 else f"{node_count} nodes"
+        issues.append((("nodes",), f"{workload} runs on exactly {what}, got {len(nodes)}"))
+    return prof, issues
+
+
+def model_config_issues(config: dict[str, Any] | None, key: str, kv_dtype: str | None) -> list[tuple[tuple, str]]:
+    """A model config given in the gate must describe a KV shape (KV bytes per token are computed from it):
+    the issue names the key of the config that is missing or wrong."""
+    if config is None:
+        return []
+    try:
+        arch_from_config(config, kv_dtype=kv_dtype)
+    except ArchError as exc:
+        return [((key, exc.field), exc.message)]
+    return []
+
+
+def engine_node(ctx: GateContext, engine: str, python: str | None) -> tuple[Any, Any, EngineProfile, str]:
+    """A single-node engine gate's node, its transport, the engine profile and the engine's interpreter."""
+    node = next(iter(ctx.nodes.values()))
+    return node, ctx.transports[node.name], load_profile(engine), node_engine_python(python, node)
+
+
+def engine_python(python: str | None, node_transport: str, node_engine_python: str | None = None) -> str:
+    """The engine's interpreter: as the gate gives it, else the node's ``engine_python`` (its engine
+    environment), else this one on a local node (kvgate's venv, where setup installs the CPU engine),
+    else ``python3`` on the node's PATH."""
+    if python:
+        return python
+    if node_engine_python:
+        return node_engine_python
+    return sys.executable if node_transport == "local" else "python3"
+
+
+def node_engine_python(python: str | None, node: Any) -> str:
+    """:func:`engine_python` for an inventory node."""
+    return engine_python(python, getattr(node, "transport", "ssh"), getattr(node, "engine_python", None))
+
+
+def engine_values(profile: EngineProfile, *, python: str, host: str, port: int, model: str, served_model_name: str,
+                  seed: int, run_dir: str, pool_dir: str, max_model_len: int, extra: dict[str, str] | None = None
+                  ) -> dict[str, Any]:
+    """Pure: the values a profile's argv/env templates are filled with for one engine instance."""
+    values: dict[str, Any] = {
+        "python": python, "host": host, "port": port, "model": model, "served_model_name": served_model_name,
+        "seed": seed, "run_dir": run_dir, "pool_dir": pool_dir,
+        "lmcache_config": posixpath.join(run_dir, "lmcache.yaml"),
+        "model_config": posixpath.join(run_dir, "model-config.json"),
+        "program": posixpath.join(run_dir, profile.program) if profile.program else None,
+        "tensor_parallel_size": 1, "max_model_len": max_model_len, "cpu_cache_gb": 4, "disk_cache_gb": 64}
+    values.update(extra or {})
+    return values
+
+
+def engine_port(ctx: GateContext, transport: Any, node: Any, requested: int, python: str, step: str) -> int:
+    """The port an engine listens on: as requested, else one free now on its node (this machine's kernel
+    picks it for a local node; the node's, through its interpreter, for an SSH node)."""
+    if requested:
+        return requested
+    if getattr(node, "transport", "local") == "local":
+        return free_port("127.0.0.1")
+    r = ctx.steps.run(transport, step, [python, "-c", FREE_PORT_CODE], timeout_s=60)
+    if not r.ok or not r.stdout.strip().isdigit():
+        raise RuntimeError(f"no free port on {node.name}: {r.summary()}")
+    return int(r.stdout.strip())
+
+
+def client_base_url(transport: Any, node: Any, bind_host: str, port: int) -> tuple[str, str]:
+    """Where the orchestrator reaches the engine, and how: directly on a local node or on an SSH node's
+    routable bind address; through an SSH port forward when the engine binds the node's loopback."""
+    if getattr(node, "transport", "local") == "local":
+        return f"http://{bind_host}:{port}", "direct"
+    if bind_host in ("127.0.0.1", "localhost", "::1"):
+        host, fport = transport.forward_port(bind_host, port)
+        return f"http://{host}:{fport}", f"ssh-forward to {node.name}:{bind_host}:{port}"
+    return f"http://{bind_host if bind_host not in ('0.0.0.0', '::') else node.host}:{port}", "direct"
+
+
+def stage_engine_files(ctx: GateContext, transport: Any, profile: EngineProfile, v: dict[str, Any], local_dir: Path,
+                       model_cfg: dict[str, Any], lmcache: LMCacheSettings | None,
+                       step: str) -> tuple[str | None, dict[str, Any] | None]:
+    """Create the engine's directories on the node and put there its model config, its LMCache YAML
+    (strictly checked) and the node program the profile runs. Returns (error, the LMCache config written)."""
+    res = ctx.steps.run(transport, step, ["mkdir", "-p", v["run_dir"], v["pool_dir"],
+                                          posixpath.join(v["run_dir"], "prometheus")], timeout_s=60)
+    if not res.ok:
+        return f"could not create directories on {transport.name}: {res.summary()}", None
+    local_dir.mkdir(parents=True, exist_ok=True)
+    (local_dir / "model-config.json").write_text(json.dumps(model_cfg, indent=1))
+    transport.put(local_dir / "model-config.json", v["model_config"])
+    if profile.program:
+        transport.put(program_file(profile.program), v["program"])
+    if lmcache is None:
+        return None, None
+    try:
+        cfg = write_lmcache_yaml(lmcache, v, local_dir / "lmcache.yaml")
+    except ConfigError as exc:
+        return f"LMCache config rejected: {exc}", None
+    transport.put(local_dir / "lmcache.yaml", v["lmcache_config"])
+    return None, cfg
+
+
+class EngineProcess:
+    """One engine instance on a node: spawned in its own process group, waited for, stopped as a group."""
+
+    def __init__(self, ctx: GateContext, transport: Any, profile: EngineProfile, argv: list[str],
+                 env: dict[str, str], base_url: str, log_path: str, local_log: Path,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.ctx, self.transport, self.profile = ctx, transport, profile
+        self.argv, self.env, self.base_url = argv, env, base_url
+        self.log_path, self.local_log = log_path, local_log
+        self.sleep = sleep
+        self.proc = None
+        self._stopped = False
+
+    def _get(self, path: str, timeout_s: float) -> httpx.Response:
+        with httpx.Client(transport=self.ctx.http, timeout=timeout_s) as client:
+            return client.get(self.base_url + path)
+
+    def start(self) -> None:
+        """Spawn the engine in its own process group, its output to its log on the node (a logged step)."""
+        d = self.ctx.steps.new_dir(self.transport.name, f"spawn-{self.profile.name}")
+        (d / "argv.json").write_text(json.dumps({"node": self.transport.name, "argv": self.argv, "env": self.env,
+                                                 "log_path": self.log_path}, indent=1))
+        self.proc = self.transport.spawn(self.argv, env=self.env, log_path=self.log_path)
+        (d / "status.json").write_text(json.dumps({"status": "spawned", "pid": self.proc.pid}))
+
+    def wait_ready(self, timeout_s: float) -> tuple[bool, str]:
+        """Poll the health endpoint until it answers 200; an engine that exits meanwhile ends the wait at once."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                return False, f"engine exited with rc {rc} before it was ready"
+            try:
+                if self._get(self.profile.health_path, 5.0).status_code == 200:
+                    return True, "ready"
+            except httpx.HTTPError:
+                pass
+            self.sleep(0.5)
+        return False, f"engine not ready after {timeout_s:.0f} s"
+
+    def metrics(self) -> list[Sample]:
+        r = self._get(self.profile.metrics_path, 30.0)
+        r.raise_for_status()
+        return parse_prometheus(r.text)
+
+    def stop(self) -> None:
+        """Kill the engine's process group (once) and fetch its log into the gate directory."""
+        if self.proc is not None and not self._stopped:
+            self._stopped = True
+            self.proc.kill_group(grace_s=10.0)
+            self.proc.wait(10.0)
+        self.fetch_log()
+
+    def fetch_log(self) -> None:
+        try:
+            self.transport.get(self.log_path, self.local_log)
+        except Exception:  # noqa: BLE001 - a missing log is reported by its absence, not a crash
+            pass
+
+    def log_tail(self, n: int = 40) -> str:
+        self.fetch_log()
+        try:
+            return "\n".join(self.local_log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no engine log)"
+
+
+def start_engine(engine: EngineProcess, label: str) -> str | None:
+    """Start an engine and wait until it is ready; on failure stop it and return why, with its log's tail."""
+    engine.ctx.progress(f"{engine.ctx.gate.id}: starting {engine.profile.name} ({label}) on {engine.transport.name}")
+    engine.start()
+    ok, why = engine.wait_ready(engine.profile.ready_timeout_s)
+    if ok:
+        return None
+    tail = engine.log_tail()
+    engine.stop()
+    return f"{engine.profile.name} ({label}) did not start: {why}; log {engine.local_log.name}:\n{tail}"
+
+
+def pool_files_argv(pool_dir: str) -> list[str]:
+    """Sizes of the finished KV chunk files (``*.data``) in a pool directory, one per line."""
+    return ["find", pool_dir, "-type", "f", "-name", "*.data", "-printf", "%s\n"]
+
+
+def pool_contents(ctx: GateContext, transport: Any, pool_dir: str, expected_bytes: int, timeout_s: float,
+                  step: str) -> dict[str, Any]:
+    """The finished KV chunk files in a pool directory as one node sees them, waiting up to ``timeout_s``
+    until they hold ``expected_bytes`` (LMCache stores asynchronously; 0: look once).
+
+    The one rule: only ``*.data`` files count. LMCache's fs connector writes each chunk to ``NAME.tmp`` and
+    renames it ``NAME.data`` when complete, so a half-written chunk is never taken for a stored one. The
+    last look is kept as a logged step."""
+    argv = pool_files_argv(pool_dir)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = transport.run(argv, timeout_s=60)
+        sizes = [int(x) for x in r.stdout.split() if x.isdigit()] if r.ok else []
+        info = {"node": transport.name, "dir": pool_dir, "bytes": sum(sizes), "files": len(sizes),
+                "expected_kv_bytes": expected_bytes, "error": None if r.ok else r.summary()}
+        if info["bytes"] >= expected_bytes or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    ctx.steps.keep(transport.name, step, r)
+    return info

@@ -1,0 +1,270 @@
+"""Workloads' run() through the transport seam: a scripted node (harness.transport.doubles) answers the
+commands and, for engines, an httpx MockTransport answers HTTP, so what a workload sends, in which order, and
+what it makes of the answers is checked without fio, a kernel target or an engine."""
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from harness.config import load_config
+from harness.gates.verdict import Outcome, evaluate
+from harness.rigs import loopback as L
+from harness.suite.plan import gate_plan
+from harness.transport.doubles import Event, Reply, ScriptedTransport
+from harness.transport.steps import StepLog
+from harness.workloads import WORKLOADS
+from harness.workloads.base import DROP_CACHES_ARGV, GateContext
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures"
+
+
+def context(cfg, gate_id, transports, tmp_path, http=None) -> GateContext:
+    gate = next(g for g in cfg.suite.gates if g.id == gate_id)
+    gate_dir = tmp_path / "gates" / gate_id
+    gate_dir.mkdir(parents=True)
+    return GateContext(gate=gate, params=cfg.params[gate_id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                       transports=transports, steps=StepLog(tmp_path), gate_dir=gate_dir, http=http)
+
+
+# ------------------------------------------------------------------------------------------------ fio-read
+
+
+def local_suite(tmp_path):
+    inv = yaml.safe_load((ROOT / "inventory" / "localhost.yaml").read_text())
+    inv["nodes"][0]["work_dir"] = "/w"
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
+    return load_config(tmp_path / "inv.yaml", ROOT / "gates" / "local.yaml", WORKLOADS)
+
+
+def fio_node(fio_json: str, drop_rc: int = 0, target_state: str = "missing\nforeign\n-\n") -> ScriptedTransport:
+    """target_state: what the write guard's probe of the target prints (kind, marker, size)."""
+    def handler(call):
+        argv = call.argv
+        if argv == DROP_CACHES_ARGV:
+            return Reply(rc=drop_rc, stderr="" if drop_rc == 0 else "sh: 1: cannot create: Permission denied\n")
+        if argv[:2] == ("sh", "-c") and argv[3:4] == ("kvgate-path-probe",):
+            return Reply(stdout=target_state)
+        if argv[:2] == ("fio", "--output-format=json"):
+            return Reply(stdout=fio_json)
+        if argv[0] in ("mkdir", "touch", "fio"):  # fio: the fill
+            return Reply()
+        return Reply(rc=127, stderr=f"{argv[0]}: not expected")
+    return ScriptedTransport(handler, name="localhost")
+
+
+def test_fio_read_sends_the_planned_commands_in_order_and_measures_from_fio_json(tmp_path):
+    cfg = local_suite(tmp_path)
+    fio_json = (FIX / "fio" / "io_uring_2groups_2jobs_grouped.json").read_text().replace('"gpu0"', '"stream0"') \
+        .replace('"gpu1"', '"stream1"')
+    node = fio_node(fio_json)
+    ctx = context(cfg, "G1", {"localhost": node}, tmp_path)
+    result = WORKLOADS["fio-read"]().run(ctx)
+
+    assert result.error is None and result.invalid_reason is None
+    assert result.metrics["per_gpu_read_gb_s"] == pytest.approx(0.546046988)
+    assert result.metrics["total_read_gb_s"] == pytest.approx(0.906251295 + 0.546046988)
+    ev = result.evidence
+    assert ev.nodes["localhost"].created_by_kvgate is True and ev.nodes["localhost"].page_cache_dropped is True
+    assert [s.label for s in ev.streams] == ["stream0", "stream1"]
+    # every command the run sent is in the plan, in the plan's order (kvgate plan lists what a run sends)
+    planned = [s.argv for s in gate_plan(cfg, ctx.gate) if s.argv]
+    assert node.commands == planned
+    # the job file went to the node before fio ran, and fio read the job kvgate wrote
+    put = next(e for e in node.events if e.kind == "put")
+    fio_run = next(i for i, e in enumerate(node.events) if e.argv[:2] == ("fio", "--output-format=json"))
+    assert node.events.index(put) < fio_run and node.events[fio_run].argv[-1] == put.path
+    assert "[stream0]" in node.files[put.path].decode()
+    # every command left its step on disk
+    assert len(list((tmp_path / "steps").iterdir())) == len(node.commands)
+
+
+def test_fio_read_page_cache_not_dropped_without_o_direct_is_invalid(tmp_path):
+    cfg = local_suite(tmp_path)
+    fio_json = (FIX / "fio" / "io_uring_2groups_2jobs_grouped.json").read_text()
+    node = fio_node(fio_json, drop_rc=2, target_state=f"file\ncreated\n{2 ** 30}\n")
+    ctx = context(cfg, "G1", {"localhost": node}, tmp_path)
+    ctx.params = ctx.params.model_copy(update={"direct": False})
+    result = WORKLOADS["fio-read"]().run(ctx)
+    assert "not cold" in result.invalid_reason and "localhost" in result.invalid_reason
+    assert "Permission denied" in result.evidence.nodes["localhost"].drop_caches_error
+    assert not any(c[:2] == ("fio", "--name=kvgate-fill") for c in node.commands)  # the file was there: no fill
+
+
+def test_fio_read_refuses_a_short_file_it_did_not_create(tmp_path):
+    cfg = local_suite(tmp_path)
+    node = fio_node("{}", target_state="file\nforeign\n4096\n")
+    ctx = context(cfg, "G1", {"localhost": node}, tmp_path)
+    result = WORKLOADS["fio-read"]().run(ctx)
+    assert "refusing to write to /w/kvgate-g1-target.bin" in result.error and "not created by kvgate" in result.error
+    assert json.loads((ctx.gate_dir / "localhost" / "write-guard.json").read_text())["allowed"] is False
+    assert not any(c[0] in ("touch", "fio") for c in node.commands)
+
+
+# ------------------------------------------------------------------------------------------ nvme-integrity
+
+
+def loopback_node(corrupt_reads: bool = False) -> ScriptedTransport:
+    """A guest whose loopback is up (probe outputs captured from the real guest) and whose null_blk device
+    serves both paths: dd through the backing device and through /dev/nvmeXnY reach the same bytes."""
+    cfg = load_config(ROOT / "inventory" / "loopback.yaml", ROOT / "gates" / "loopback.yaml", WORKLOADS)
+    spec = L.LoopbackSpec.from_target(cfg.inventory.node("guest").target("kv0"), "guest")
+    outs = {p.stem: (int((p.with_suffix(".rc")).read_text()), p.read_text())
+            for p in (FIX / "nvme" / "up-null_blk").glob("*.out")}
+    st = L.parse_state(outs)
+    devices = {L.backing_device(spec, st), L.nvme_device(spec, st)}
+    probes = {argv: name for name, argv in L.probe_commands(spec).items()}
+    disk = bytearray(8 << 20)
+    node = ScriptedTransport(name="guest")
+
+    def handler(call):
+        if call.argv in probes:
+            rc, out = outs.get(probes[call.argv], (1, ""))
+            return Reply(rc=rc, stdout=out)
+        if call.argv[0] == "dd":
+            a = dict(x.split("=", 1) for x in call.argv[1:])
+            bs, count = int(a["bs"]), int(a["count"])
+            if a["if"] in devices:
+                off = int(a.get("skip", 0)) * bs
+                data = bytearray(disk[off:off + bs * count])
+                if corrupt_reads and a["if"] == L.nvme_device(spec, st):
+                    data[100] ^= 0xFF
+                node.files[a["of"]] = bytes(data)
+            else:
+                off = int(a.get("seek", 0)) * bs
+                data = node.files[a["if"]]
+                disk[off:off + len(data)] = data
+            return Reply()
+        if call.argv[0] == "rm":
+            return Reply()
+        return Reply(rc=127, stderr=f"{call.argv[0]}: not expected")
+
+    node.handler = handler
+    return cfg, node
+
+
+def test_nvme_integrity_writes_on_one_path_and_reads_back_on_the_other(tmp_path):
+    cfg, node = loopback_node()
+    ctx = context(cfg, "L1", {"guest": node}, tmp_path)
+    result = WORKLOADS["nvme-integrity"]().run(ctx)
+    assert result.error is None
+    assert result.metrics == {"mismatched_bytes": 0.0, "checked_bytes": float(2 * (1 << 20))}
+    checks = result.evidence.nodes["guest"]["checks"]
+    assert [c["direction"] for c in checks] == ["backing->nvme", "nvme->backing"]
+    # the pattern went to the node, was written with O_DIRECT through one path and read through the other
+    dds = [c for c in node.commands if c[0] == "dd"]
+    assert [("oflag=direct" in d, "iflag=direct" in d) for d in dds] == [(True, False), (False, True)] * 2
+    assert evaluate(ctx.gate, result, "B").outcome is Outcome.PASS
+    assert json.loads((ctx.gate_dir / "guest-integrity.json").read_text())["mismatched_bytes"] == 0
+
+
+def test_nvme_integrity_counts_every_differing_byte_and_stops_the_suite(tmp_path):
+    cfg, node = loopback_node(corrupt_reads=True)
+    ctx = context(cfg, "L1", {"guest": node}, tmp_path)
+    result = WORKLOADS["nvme-integrity"]().run(ctx)
+    assert result.metrics["mismatched_bytes"] == 1.0  # one byte flipped on the read through NVMe/TCP
+    assert evaluate(ctx.gate, result, "B").outcome is Outcome.STOP
+
+
+def test_nvme_integrity_on_a_target_that_is_not_up_is_an_error_naming_the_fix(tmp_path):
+    cfg, _ = loopback_node()
+    node = ScriptedTransport(lambda call: Reply(rc=1), name="guest")
+    result = WORKLOADS["nvme-integrity"]().run(context(cfg, "L1", {"guest": node}, tmp_path))
+    assert "is not up (run 'kvgate loopback up')" in result.error
+
+
+# ------------------------------------------------------------------------------------------------- g2-ttft
+
+
+class Engine:
+    """The engine's HTTP API as a MockTransport handler: /health, /metrics (cpu-reference counter names) and a
+    streaming /v1/completions; prompts are looked up in the tier only after the engine restarted cold."""
+
+    def __init__(self, events: list[Event], node: ScriptedTransport):
+        self.events, self.node = events, node
+        self.query = self.hit = 0
+
+    def started(self) -> int:
+        return sum(e.kind == "spawn" for e in self.node.events)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.events.append(Event("http", path=request.url.path))
+        if request.url.path == "/health":
+            return httpx.Response(200, json={})
+        if request.url.path == "/metrics":
+            text = "".join(f"kvgate_cpu_ref_external_{k}_tokens_total {v}\n" for k, v in
+                           (("query", self.query), ("hit", self.hit)))
+            return httpx.Response(200, text=text + f"kvgate_cpu_ref_external_read_bytes_total {self.hit * 10}\n")
+        n = len(json.loads(request.content)["prompt"])
+        self.query += n
+        self.hit += n if self.started() == 2 else 0  # the second start reads back what the first stored
+        body = 'data: {"choices": [{"text": " t1"}]}\n\ndata: {"choices": [{"text": " t2"}]}\n\ndata: [DONE]\n\n'
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+
+def test_g2_cold_procedure_runs_in_order(tmp_path):
+    suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
+    suite["gates"] = suite["gates"][:1]
+    suite["gates"][0]["params"].update(python="/engine/bin/python", port=18000, populate_timeout_s=1)
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local",
+                                                                "work_dir": "/w"}]}))
+    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    events: list[Event] = []
+    reads = iter(range(1000, 10 ** 6, 5000))
+
+    def handler(call):
+        argv = call.argv
+        if call.spawned or argv[0] in ("mkdir",) or argv == DROP_CACHES_ARGV:
+            return Reply()
+        if argv[0] == "find":  # the pool: what the re-compute phase stored
+            return Reply(stdout="\n".join(["10000000"] * 2) + "\n")
+        if argv[0] == "findmnt":
+            return Reply(stdout="/dev/vdb\n")
+        if argv[:2] == ("cat", "/sys/class/block/vdb/stat"):
+            return Reply(stdout=f"1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
+        if argv[0] == "/engine/bin/python":
+            return Reply(stdout="lmcache 0.5.6\ntorch 2.13.0\n")
+        return Reply(rc=127, stderr=f"{argv[0]}: not expected")
+
+    node = ScriptedTransport(handler, name="n1", events=events)
+    engine = Engine(events, node)
+    ctx = context(cfg, "G2", {"n1": node}, tmp_path, http=httpx.MockTransport(engine))
+    result = WORKLOADS["g2-ttft"]().run(ctx)
+
+    # the engine runs from the program kvgate put into the run directory, with the given interpreter
+    spawn = next(e for e in events if e.kind == "spawn")
+    assert spawn.argv[0] == "/engine/bin/python" and spawn.argv[1].endswith("/cpu_reference.py")
+    assert any(e.kind == "put" and e.path == spawn.argv[1] for e in events)
+
+    def first(pred, after=-1):
+        return next(i for i, e in enumerate(events) if i > after and pred(e))
+
+    spawn1 = first(lambda e: e.kind == "spawn")
+    req1 = first(lambda e: e.path == "/v1/completions", spawn1)
+    pool = first(lambda e: e.argv[:1] == ("find",), req1)
+    kill1 = first(lambda e: e.kind == "kill", pool)
+    drop = first(lambda e: e.argv == DROP_CACHES_ARGV, kill1)
+    spawn2 = first(lambda e: e.kind == "spawn", drop)
+    stat0 = first(lambda e: e.argv[:1] == ("cat",), spawn2)
+    req2 = first(lambda e: e.path == "/v1/completions", stat0)
+    stat1 = first(lambda e: e.argv[:1] == ("cat",), req2)
+    kill2 = first(lambda e: e.kind == "kill", stat1)
+    assert spawn1 < req1 < pool < kill1 < drop < spawn2 < stat0 < req2 < stat1 < kill2
+    # no request reached the first engine after it was stopped, none the second before it was ready
+    assert not any(e.path == "/v1/completions" for e in events[kill1:spawn2])
+    assert first(lambda e: e.path == "/health", spawn2) < req2
+
+    ev = result.evidence
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    assert ev.recompute_hit_tokens == 0 and ev.page_cache_dropped is True
+    assert result.metrics["hit_rate"] == 1.0 and result.metrics["readback_device_read_bytes"] == 5000 * 512
+    assert ev.pool_after_populate["bytes"] >= ev.expected_kv_bytes
+    assert ev.versions["lmcache"] == "0.5.6"
+    summary = json.loads((ctx.gate_dir / "g2-summary.json").read_text())
+    assert summary["evidence"]["pool_device"] == "vdb"
+    assert re.fullmatch(r"http://127\.0\.0\.1:18000", ev.base_url)
