@@ -76,6 +76,15 @@ def _read_envelope(d: Path) -> Envelope:
         raise BundleError(f"{d.name}: {exc}") from None
 
 
+def _envelope_to_sign(d: Path) -> Envelope:
+    """The envelope of a bundle about to be cosigned: one that cannot be read does not verify, so the
+    bundle is not cosigned (VerificationError)."""
+    try:
+        return _read_envelope(d)
+    except BundleError as exc:
+        raise VerificationError(f"{d.name}: not cosigned: {str(exc).removeprefix(d.name + ': ')}") from None
+
+
 # --------------------------------------------------------------------------- checking signatures
 
 
@@ -259,12 +268,13 @@ def _archive_envelope(tar: Path) -> tuple[bytes, set[str]]:
 
 
 def _parse_archive_envelope(tar: Path, data: bytes) -> Envelope:
+    """The envelope read out of an archive (strict parse); one that cannot be used does not verify."""
     try:
         return _envelope(*parse_envelope(data.decode("utf-8"), f"{tar}: {ENVELOPE}"), where=str(tar))
     except UnicodeDecodeError:
-        raise BundleError(f"{tar}: {ENVELOPE} is not UTF-8 text") from None
-    except InputFileError as exc:
-        raise BundleError(str(exc)) from None
+        raise VerificationError(f"{tar}: not cosigned: {ENVELOPE} is not UTF-8 text") from None
+    except (InputFileError, BundleError) as exc:
+        raise VerificationError(f"not cosigned: {exc}") from None
 
 
 def _dir_records(d: Path) -> set[str]:
@@ -292,10 +302,7 @@ def _sign_dir(d: Path, key: Ed25519PrivateKey, now: datetime, trusted: list[KeyE
     pub = key.public_key()
     fp = key_fingerprint(pub)
     rec_path = d / record_name(pub)
-    try:
-        env = _read_envelope(d)
-    except BundleError as exc:
-        raise VerificationError(f"not cosigned: {exc}") from None
+    env = _envelope_to_sign(d)
     already = any(signature_valid(pub, s, env.payload_type, env.payload) for _, s in env.signatures)
     if rec_path.is_file() and not already:
         rec_path.unlink()  # this key's record from an interrupted cosign: it is written again below
@@ -351,7 +358,7 @@ def cosign_bundle(path: str | Path, key: Ed25519PrivateKey, trusted: list[KeyEnt
     if d is not None:
         if tar is not None:
             tar_env, _ = _archive_envelope(tar)
-            t, mine = _parse_archive_envelope(tar, tar_env), _read_envelope(d)
+            t, mine = _parse_archive_envelope(tar, tar_env), _envelope_to_sign(d)
             if t.payload != mine.payload:
                 raise BundleError(f"{tar} and {d} hold different statements; cosign each separately")
             extra = {s for _, s in t.signatures} - {s for _, s in mine.signatures}

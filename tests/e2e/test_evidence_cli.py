@@ -196,3 +196,19 @@ def test_bad_input_is_one_line_and_writes_nothing(world, tmp_path):
     assert not site.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     r = kvgate("cosign", b0, "--key", keys / "customer.pub", home=home)
     assert one_line_error(r).startswith(f"error: {keys}/customer.pub: not a readable unencrypted PEM private key")
+
+
+def test_refusals_exit_through_the_one_exit_code_map(world, tmp_path):
+    """A bundle that does not verify is not cosigned (1, a negative answer); a usage error is 2."""
+    home, keys, b1 = world["home"], world["keys"], world["bundles"][1]
+    copy = Path(shutil.copytree(b1, tmp_path / b1.name))
+    (copy / "verdicts.json").write_text("{}")
+    r = kvgate("cosign", copy, "--key", keys / "customer.key", "--pubkey", keys / "vendor.pub", home=home)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.startswith(f"FAILED: {b1.name}: not cosigned: "), r.stdout
+    assert "verdicts.json: sha256 does not match the signed statement" in r.stdout
+    assert "Traceback" not in r.stderr and not (copy / "signatures").exists()
+    r = kvgate("verify", b1, "--pubkey", keys / "vendor.pub", "--require-role", "vendor", home=home)
+    assert one_line_error(r) == "error: --require-role needs --keyring (roles come from a keyring)"
+    r = kvgate("verify", b1, home=home)
+    assert one_line_error(r) == "error: give --pubkey SIGNER.pub (repeatable) or --keyring KEYRING.yaml"
