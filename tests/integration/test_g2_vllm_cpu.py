@@ -77,7 +77,7 @@ def test_g2_passes_through_vllm_serve_with_hits_from_the_tier(tmp_path, engine_p
 
 
 def test_lmcache_connector_on_vllm_cpu_falls_back_and_is_invalid_naming_lmcache(tmp_path, engine_python):
-    out, pub = _run(tmp_path, _config(tmp_path, engine_python, engine="vllm-lmcache", prompt_tokens=[1025],
+    out, pub = _run(tmp_path, _config(tmp_path, engine_python, engine="vllm-lmcache", prompt_tokens=[1026],
                                       prompts_per_length=1, populate_timeout_s=5))
     v = out.verdicts[0]
     result = json.loads((out.run_dir / "gates" / "G2" / "result.json").read_text())
