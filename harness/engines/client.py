@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from ..parsers.sse import DONE, chunk_text, sse_data
+from ..parsers.sse import DONE, chunk_text, is_token_chunk, sse_data
 from ..stats import percentile
 
 Clock = Callable[[], float]
@@ -117,9 +117,9 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                     return rec(f"malformed stream event: {data[:200]!r}", clock())
                 if isinstance(event, dict) and event.get("error"):
                     return rec(f"server error in stream: {json.dumps(event['error'])[:500]}", clock())
-                piece = chunk_text(event) if isinstance(event, dict) else ""
-                if not piece:
+                if not (isinstance(event, dict) and is_token_chunk(event)):
                     continue
+                piece = chunk_text(event)
                 now = clock()
                 if ttft is None:
                     ttft = now - t_send
@@ -130,7 +130,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                 text.append(piece)
             end = clock()
             if ttft is None:
-                return rec("stream ended without a non-empty token chunk", end)
+                return rec("stream ended without a token chunk", end)
             if not done:
                 return rec("stream ended without [DONE]", end)
             return rec(None, end)

@@ -9,11 +9,12 @@ profiles, filling their templates, building ``vllm serve`` argv.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..config.yamlload import load_yaml, validate
 from ..errors import ConfigError, ConfigIssue
@@ -52,7 +53,32 @@ class EngineProfile(_Strict):
     # before the launch; the argv names it as {program} (the engine then needs its own packages, not kvgate).
     program: str | None = None
     tokenizer: str | None = None  # local tokenizer.json (or its directory): G2 then sends text prompts
+    # Engine-log lines (regular expressions) that mean the KV tier silently did nothing, on top of the
+    # built-in LMCache / vLLM ones (harness/parsers/engine_log.py): a match makes G2 INVALID, quoted.
+    fallback_patterns: list[str] = Field(default_factory=list)
+    # The files the connector writes into the pool per stored chunk (LMCache's fs connector: finished
+    # ``*.data``; vLLM's ExampleConnector: ``*.safetensors``), and the tokens it stores per whole block
+    # (None: every prompt token; a connector storing whole blocks only leaves the partial last one out).
+    pool_files: str = "*.data"
+    kv_block_tokens: int | None = Field(default=None, ge=1)
     notes: str = ""
+
+    @field_validator("fallback_patterns")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for pat in v:
+            try:
+                re.compile(pat)
+            except re.error as exc:
+                raise ValueError(f"fallback pattern {pat!r} is not a valid regular expression: {exc}") from None
+        return v
+
+    @field_validator("pool_files")
+    @classmethod
+    def _glob(cls, v: str) -> str:
+        if not v or "/" in v:
+            raise ValueError(f"pool_files {v!r}: a file-name pattern such as '*.data' (no '/')")
+        return v
 
     def render_argv(self, values: dict[str, Any]) -> list[str]:
         """The launch argv with ``{placeholders}`` filled; a missing value is an error, not ''."""

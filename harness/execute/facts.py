@@ -1,21 +1,31 @@
 """Node facts: what a run records about every node before the gates run.
 
-One list, :data:`FACTS`, is both what a run sends to each node and what ``kvgate plan`` prints: each fact is
-a command, the pure parser of its output (``harness.parsers``) and the file it lands in under
-``nodes/NAME/``: ``snapshot.json`` (kernel, OS, CPU, memory, fio version, block devices, NUMA CPU lists,
-NICs) or ``provenance.json`` (GPUs and driver, NVMe controllers and NVMe-oF subsystems, vLLM / LMCache /
-torch / Python versions). Every command runs as a logged step; a failure or an unparseable output is
-recorded in the file's ``errors``; a provenance tool that is not installed is recorded as ``absent``.
+One list, :data:`FACTS`, says what is recorded: each fact is a command, the pure parser of its output
+(``harness.parsers``) and the file it lands in under ``nodes/NAME/``: ``snapshot.json`` (kernel, OS, CPU,
+memory, fio version, block devices, NUMA CPU lists, NICs) or ``provenance.json`` (GPUs and driver, NVMe
+controllers and NVMe-oF subsystems, vLLM / LMCache / torch / Python versions).
+
+A node gets all of them as ONE command (:func:`facts_argv`: a shell script that runs each fact's argv in
+turn, each under its own time limit where the node has GNU ``timeout``, and frames its stdout, stderr and
+exit status), so a run costs one SSH round per node instead of one per fact; that command is also what
+``kvgate plan`` prints. The framed output is split back (``parsers.facts.parse_fact_sections``) into each
+fact's own stdout/stderr/rc, read by the same parser as before, and each section is kept as its own step
+(``steps/NNN-NODE-snapshot-KEY``: its argv, stdout, stderr, rc) beside the whole command's step
+(``steps/NNN-NODE-facts``). A failure or an unparseable output is recorded in the file's ``errors``; a
+provenance tool that is not installed is recorded as ``absent``.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..parsers.blockdev import LSBLK_ARGV, parse_lsblk
-from ..parsers.facts import (parse_cpuinfo, parse_meminfo, parse_nics, parse_numa, parse_nvidia_smi_csv,
-                             parse_nvme_list, parse_nvme_list_subsys, parse_os_release, parse_versions)
+from ..parsers.facts import (SECTION_MARK, FactSection, parse_cpuinfo, parse_fact_sections, parse_meminfo,
+                             parse_nics, parse_numa, parse_nvidia_smi_csv, parse_nvme_list, parse_nvme_list_subsys,
+                             parse_os_release, parse_versions)
+from ..transport.base import CommandResult
 
 NUMA_ARGV = ("sh", "-c", "for n in /sys/devices/system/node/node[0-9]*; do "
              "[ -r \"$n/cpulist\" ] && printf '%s %s\\n' \"${n##*node}\" \"$(cat \"$n/cpulist\")\"; done; true")
@@ -92,15 +102,68 @@ def node_facts(engine_python: str | None = None) -> tuple[Fact, ...]:
     return tuple(replace(f, argv=(engine_python,) + VERSIONS_ARGV[1:]) if f.key == "versions" else f for f in FACTS)
 
 
+# The facts script. `_f KEY LIMIT_S ARGV...` runs one fact's argv with stdin from /dev/null, framed as
+# parsers.facts describes. GNU timeout --foreground keeps the command in the script's process group, so
+# stopping the one command (Transport.abort, a gate timeout) stops whatever fact is running; where the node
+# has no such timeout (busybox), the facts command's own limit is the only one.
+_SCRIPT_HEAD = (
+    f"_m={SECTION_MARK}\n"
+    "if timeout --foreground -k 5 10 true </dev/null >/dev/null 2>&1; then _to=1; else _to=; fi\n"
+    "_t=$(date +%s.%N 2>/dev/null)\n"
+    "_f() {\n"
+    "  _k=$1; _s=$2; shift 2\n"
+    "  printf '%s begin %s t=%s\\n' \"$_m\" \"$_k\" \"$_t\"; printf '%s begin %s\\n' \"$_m\" \"$_k\" >&2\n"
+    "  if [ -n \"$_to\" ]; then timeout --foreground -k 5 \"$_s\" \"$@\" </dev/null; else \"$@\" </dev/null; fi\n"
+    "  _rc=$?; _t=$(date +%s.%N 2>/dev/null)\n"
+    "  printf '\\n%s end %s rc=%s t=%s\\n' \"$_m\" \"$_k\" \"$_rc\" \"$_t\"; printf '\\n%s end %s\\n' \"$_m\" \"$_k\" >&2\n"
+    "}\n"
+)
+
+
+def facts_argv(facts: tuple[Fact, ...]) -> tuple[str, ...]:
+    """The one command that gathers ``facts`` on a node: ``sh -c SCRIPT``, one ``_f`` line per fact."""
+    lines = [f"_f {f.key} {f.timeout_s:g} {shlex.join(f.argv)}" for f in facts]
+    return ("sh", "-c", _SCRIPT_HEAD + "\n".join(lines) + "\n")
+
+
+def facts_timeout_s(facts: tuple[Fact, ...]) -> float:
+    """The facts command's own limit: every fact's limit plus its kill grace, and slack for the framing."""
+    return sum(f.timeout_s + 5.0 for f in facts) + 30.0
+
+
+def section_result(fact: Fact, section: FactSection | None, whole: CommandResult) -> CommandResult:
+    """A fact's own command result, cut from the facts command's result ``whole``."""
+    if section is None:
+        why = ("the facts command could not start" if whole.error and whole.rc is None and not whole.stdout
+               else "the facts command ended before this fact ran")
+        return CommandResult(fact.argv, None, "", "", 0.0, whole.timed_out, f"{why}: {whole.summary()}",
+                             whole.node)
+    duration = section.duration_s or 0.0
+    if not section.complete:
+        return CommandResult(fact.argv, None, section.stdout, section.stderr, duration, whole.timed_out,
+                             None if whole.timed_out else f"the facts command ended inside this fact: "
+                             f"{whole.summary()}", whole.node)
+    # GNU timeout exits 124 (137 after -k) when the fact's own limit passed.
+    timed_out = section.rc in (124, 137) and duration >= fact.timeout_s - 0.5
+    return CommandResult(fact.argv, section.rc, section.stdout, section.stderr, duration, timed_out, None,
+                         whole.node)
+
+
 def collect_node_facts(transport, steps, engine_python: str | None = None) -> dict[str, dict[str, Any]]:
-    """Run every fact's command as a logged step and parse what it printed; failures become data.
+    """Run the facts command on one node as a logged step, split it into every fact's own result (each kept
+    as a step too) and parse what each printed; failures become data.
 
     Returns ``{"snapshot": {...}, "provenance": {...}}``, the two files of ``nodes/NAME/``."""
     out: dict[str, dict[str, Any]] = {"snapshot": {"node": transport.name, "errors": {}},
                                       "provenance": {"node": transport.name, "errors": {}, "absent": []}}
-    for fact in node_facts(engine_python):
+    facts = node_facts(engine_python)
+    whole_dir = steps.new_dir(transport.name, "facts")
+    whole = steps.run_in(whole_dir, transport, facts_argv(facts), timeout_s=facts_timeout_s(facts))
+    sections = parse_fact_sections(whole.stdout, whole.stderr)
+    for fact in facts:
         rec = out[fact.file]
-        r = steps.run(transport, f"{fact.file}-{fact.key}", fact.argv, timeout_s=fact.timeout_s)
+        r = section_result(fact, sections.get(fact.key), whole)
+        steps.keep(transport.name, f"{fact.file}-{fact.key}", r, timeout_s=fact.timeout_s, part_of=whole_dir.name)
         if fact.optional_tool and _absent(r):
             rec["absent"].append(fact.argv[0])
             continue

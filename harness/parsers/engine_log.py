@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
-# (pattern, what it means). Searched per line, after ANSI colour codes are removed.
+# (pattern, what it means), the most telling first. Searched per line, after ANSI colour codes are removed.
 BUILTIN_FALLBACK_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"System will operate in degraded mode \(recompute\)", "LMCache fell back to re-compute"),
     (r"No supported \S+ connector found", "LMCache has no KV connector for this device"),
@@ -34,6 +34,8 @@ class LogMatch:
     line: str  # the matching line, ANSI codes removed, at most 400 characters
     pattern: str
     meaning: str
+    rank: int = 0  # the pattern's place in the list: the most telling pattern first
+
 
     def quote(self) -> str:
         return f"line {self.line_no}: {self.line}"
@@ -52,8 +54,8 @@ def scan_fallbacks(text: str, extra_patterns: list[str] | tuple[str, ...] = ()) 
     found: list[LogMatch] = []
     for i, raw in enumerate(text.splitlines(), 1):
         line = ANSI_RE.sub("", raw).strip()
-        for rx, source, meaning in patterns:
+        for rank, (rx, source, meaning) in enumerate(patterns):
             if rx.search(line):
-                found.append(LogMatch(i, line[:400], source, meaning))
+                found.append(LogMatch(i, line[:400], source, meaning, rank))
                 break
     return found

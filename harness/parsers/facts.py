@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -179,3 +180,83 @@ def parse_numa(text: str) -> dict[int, str]:
         if len(parts) == 2 and parts[0].isdigit():
             out[int(parts[0])] = parts[1]
     return out
+
+
+# --------------------------------------------------------------------------- the one facts command, split back
+
+# Every node's facts are gathered by one shell script (harness.execute.facts.facts_argv) that runs each fact's
+# command in turn and frames its output on both streams:
+#   stdout: MARK begin KEY t=START \n <the command's stdout> \n MARK end KEY rc=RC t=END \n
+#   stderr: MARK begin KEY \n <the command's stderr> \n MARK end KEY \n
+# (START / END: the node's `date +%s.%N`). The newline before each end marker is the script's, so a command
+# whose output does not end in a newline is given back byte for byte.
+SECTION_MARK = "--kvgate-fact-section--"
+
+_BEGIN_RE = re.compile(r"^" + re.escape(SECTION_MARK) + r" begin (\S+)(?: t=(\S*))?\n", re.M)
+_END_TAIL_RE = re.compile(r"(?: rc=(-?\d+))?(?: t=(\S*))?\n")
+
+
+@dataclass(frozen=True)
+class FactSection:
+    """One fact command's share of the facts script's output, as if it had been run alone.
+
+    ``complete`` is False when the script ended (killed, timed out, connection lost) after this section's
+    begin marker and before its end marker: ``stdout``/``stderr`` then hold what it printed until then."""
+
+    key: str
+    stdout: str
+    stderr: str = ""
+    rc: int | None = None
+    started_s: float | None = None  # node clock
+    ended_s: float | None = None
+    complete: bool = False
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_s is None or self.ended_s is None:
+            return None
+        return max(0.0, self.ended_s - self.started_s)
+
+
+def _float_or_none(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+def _split_stream(text: str) -> dict[str, tuple[str, bool, int | None, float | None, float | None]]:
+    """KEY -> (body, complete, rc, t_begin, t_end) of every framed section in one stream; text outside
+    the frames (a login shell's noise) is ignored. A key framed twice keeps its first section."""
+    out: dict[str, tuple[str, bool, int | None, float | None, float | None]] = {}
+    pos = 0
+    while True:
+        m = _BEGIN_RE.search(text, pos)
+        if m is None:
+            return out
+        key, body_at = m.group(1), m.end()
+        needle = "\n" + SECTION_MARK + " end " + key
+        at = body_at  # the script prints a newline before every end marker, so an empty body is "\n"
+        while True:
+            at = text.find(needle, at)
+            tail = _END_TAIL_RE.match(text, at + len(needle)) if at >= 0 else None
+            if at < 0 or tail is not None:
+                break
+            at += 1  # "end KEYX" for another key that starts like this one: look further
+        if at < 0 or tail is None:
+            out.setdefault(key, (text[body_at:], False, None, _float_or_none(m.group(2)), None))
+            return out
+        body = text[body_at:at]
+        rc = int(tail.group(1)) if tail.group(1) is not None else None
+        out.setdefault(key, (body, True, rc, _float_or_none(m.group(2)), _float_or_none(tail.group(2))))
+        pos = tail.end()
+
+
+def parse_fact_sections(stdout: str, stderr: str) -> dict[str, FactSection]:
+    """Split the facts script's output back into each fact command's stdout, stderr and exit status."""
+    outs, errs = _split_stream(stdout), _split_stream(stderr)
+    sections = {}
+    for key, (body, complete, rc, t0, t1) in outs.items():
+        err = errs.get(key, ("", False, None, None, None))[0]
+        sections[key] = FactSection(key, body, err, rc if complete else None, t0, t1, complete and rc is not None)
+    return sections

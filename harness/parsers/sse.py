@@ -29,6 +29,22 @@ def parse_sse_lines(lines: Iterable[str]) -> list[dict | str]:
     return out
 
 
+def is_token_chunk(event: dict) -> bool:
+    """Whether a stream event carries generated tokens, even ones whose text is empty (a special token, or a
+    byte of a multi-byte character: the token was generated, so it counts for TTFT, as ``vllm bench serve``
+    counts it). A completions choice carries ``text``; a chat choice carries ``delta.content``, except the
+    role-only preamble (``{"role": "assistant", "content": ""}``) some servers send before any token. The
+    usage-only event at the end (no choices) carries none."""
+    for c in event.get("choices") or []:
+        if isinstance(c.get("text"), str):
+            return True
+        delta = c.get("delta") or {}
+        content = delta.get("content")
+        if isinstance(content, str) and not ("role" in delta and content == ""):
+            return True
+    return False
+
+
 def chunk_text(event: dict) -> str:
     """Text carried by one completions or chat-completions stream event ('' when none)."""
     choices = event.get("choices") or []

@@ -1,7 +1,8 @@
 """What a run would do, without running it: every command each node gets, in order, with the job files.
 
-The node facts come from the same list the runner sends (:data:`harness.execute.facts.FACTS`), each gate's
-steps from its workload's ``plan``, so the plan and the run cannot drift apart.
+The node facts come from the same command the runner sends (:func:`harness.execute.facts.facts_argv` over
+:data:`harness.execute.facts.FACTS`: one command per node), each gate's steps from its workload's ``plan``,
+so the plan and the run cannot drift apart.
 """
 
 from __future__ import annotations
@@ -10,14 +11,36 @@ import shlex
 from pathlib import Path
 
 from ..config import Config
-from ..execute.facts import node_facts
+from ..execute.facts import facts_argv, node_facts
 from ..workloads.base import GateContext, PlannedStep
 
 
 def facts_plan(nodes: list) -> list[PlannedStep]:
-    """The node-facts commands of a run, for every inventory node (they run in parallel across nodes)."""
-    return [PlannedStep(n.name, f"{f.file}: {f.description}", f.argv) for n in nodes
-            for f in node_facts(getattr(n, "engine_python", None))]
+    """The node-facts command of a run, one per inventory node (they run in parallel across nodes)."""
+    out = []
+    for n in nodes:
+        facts = node_facts(getattr(n, "engine_python", None))
+        out.append(PlannedStep(n.name, "snapshot + provenance, one command: "
+                               + ", ".join(f"{f.file} {f.key}" for f in facts), facts_argv(facts)))
+    return out
+
+
+def _facts_lines(nodes: list) -> list[str]:
+    """The facts command once for every group of nodes that gets the same one, with what it runs."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    facts_of: dict[tuple[str, ...], tuple] = {}
+    for n in nodes:
+        facts = node_facts(getattr(n, "engine_python", None))
+        argv = facts_argv(facts)
+        groups.setdefault(argv, []).append(n.name)
+        facts_of[argv] = facts
+    lines = []
+    for argv, names in groups.items():
+        lines.append(f"  [{', '.join(names)}] one command; its framed output is split back into each fact's "
+                     "stdout, stderr and exit status:")
+        lines += [f"      {f.file}: {f.description}: {shlex.join(f.argv)}" for f in facts_of[argv]]
+        lines.append(f"    $ {shlex.join(argv)}")
+    return lines
 
 
 def gate_plan(cfg: Config, gate) -> list[PlannedStep]:
@@ -41,7 +64,7 @@ def plan_text(cfg: Config) -> str:
     """The plan as people read it: the node facts, then every gate's steps with exact argv and job files."""
     lines = [f"suite {cfg.suite.suite.name} v{cfg.suite.suite.version}: {len(cfg.suite.gates)} gate(s), nothing runs",
              "", "every node, before the gates (in parallel across nodes):"]
-    lines += [line for s in facts_plan(cfg.inventory.nodes) for line in _step_lines(s)]
+    lines += _facts_lines(cfg.inventory.nodes)
     for gate in cfg.suite.gates:
         stop = f", stop-loss {gate.stop_loss}" if gate.stop_loss else ""
         lines += ["", f"{gate.id} {gate.title} [{gate.workload}] metric {gate.metric}: pass {gate.pass_}{stop}"

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..config import Config
-from ..errors import HarnessError, TransportError
+from ..errors import HarnessError
 from ..execute.facts import collect_node_facts
 from ..execute.fanout import fan_out
 from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
@@ -155,16 +155,20 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     interrupted = False
     suite = config.suite
     try:
-        for node in config.inventory.nodes:
-            if node.name in opened:
-                continue
-            progress(f"connecting to {node.name} ({node.transport}{' ' + node.host if node.host else ''})")
-            try:
-                opened[node.name] = open_transport(node, trust_new_hosts=trust_new_hosts,
-                                                   known_hosts_path=known_hosts_path)
-            except TransportError as exc:
-                node_errors[node.name] = str(exc)
-                progress(f"ERROR {exc}")
+        # Every node is connected at once (a dead node costs one connect timeout, not one per node before
+        # it); each keeps this one connection for the whole run: facts, gates, file transfers and stops.
+        to_open = {n.name: n for n in config.inventory.nodes if n.name not in opened}
+        if to_open:
+            progress(f"connecting to {', '.join(to_open)} (in parallel)")
+        connected = fan_out(to_open, lambda _name, node: open_transport(
+            node, trust_new_hosts=trust_new_hosts, known_hosts_path=known_hosts_path))
+        for name in to_open:  # inventory order, whatever order the connections completed in
+            o = connected[name]
+            if o.ok:
+                opened[name] = o.value
+            else:
+                node_errors[name] = o.error or "not connected"
+                progress(f"ERROR {node_errors[name]}")
         _write_json(run_dir / "nodes" / "connect-errors.json", node_errors)
         def facts(name: str, tr: Transport) -> None:
             # snapshot.json (kernel, CPU, memory, fio, block devices, NUMA, NICs) and provenance.json (GPUs,

@@ -34,24 +34,33 @@ class StepLog:
 
     def run(self, transport: Transport, name: str, argv: Sequence[str], timeout_s: float | None = None,
             env: Mapping[str, str] | None = None, stdin: bytes | str | None = None) -> CommandResult:
-        d = self.new_dir(transport.name, name)
+        return self.run_in(self.new_dir(transport.name, name), transport, argv, timeout_s, env, stdin)
+
+    def run_in(self, d: Path, transport: Transport, argv: Sequence[str], timeout_s: float | None = None,
+               env: Mapping[str, str] | None = None, stdin: bytes | str | None = None) -> CommandResult:
+        """``run`` into a step directory made beforehand with ``new_dir`` (for steps that refer to it)."""
         _write_argv(d, transport.name, argv, env, timeout_s)
         _write_status(d, {"status": "running", "started_unix_s": time.time()})
         result = transport.run(argv, timeout_s=timeout_s, env=env, stdin=stdin)
         record(d, result)
         return result
 
-    def keep(self, node: str, name: str, result: CommandResult) -> Path:
-        """Record a command that already ran as a step (e.g. the last look of a polling loop)."""
+    def keep(self, node: str, name: str, result: CommandResult, timeout_s: float | None = None,
+             part_of: str | None = None) -> Path:
+        """Record a command that already ran as a step (e.g. the last look of a polling loop); ``part_of``
+        names the step whose command ran it (one section of a composite command)."""
         d = self.new_dir(node, name)
-        _write_argv(d, node, result.argv, None, None)
+        _write_argv(d, node, result.argv, None, timeout_s, part_of)
         record(d, result)
         return d
 
 
-def _write_argv(d: Path, node: str, argv: Sequence[str], env: Mapping[str, str] | None, timeout_s: float | None) -> None:
-    (d / "argv.json").write_text(json.dumps({"node": node, "argv": [str(a) for a in argv], "env": dict(env or {}),
-                                             "timeout_s": timeout_s}, indent=1))
+def _write_argv(d: Path, node: str, argv: Sequence[str], env: Mapping[str, str] | None, timeout_s: float | None,
+                part_of: str | None = None) -> None:
+    rec = {"node": node, "argv": [str(a) for a in argv], "env": dict(env or {}), "timeout_s": timeout_s}
+    if part_of is not None:
+        rec["part_of"] = part_of
+    (d / "argv.json").write_text(json.dumps(rec, indent=1))
 
 
 def _write_status(d: Path, status: dict) -> None:

@@ -15,6 +15,7 @@ HTTP to the engine goes through ``ctx.http`` (an httpx transport; None is the ne
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 import sys
@@ -27,6 +28,7 @@ import httpx
 from ..engines import ArchError, EngineProfile, LMCacheSettings, arch_from_config, load_profile, write_lmcache_yaml
 from ..engines.profiles import program_file
 from ..errors import ConfigError
+from ..parsers.engine_log import LogMatch, scan_fallbacks
 from ..parsers.prometheus import Sample, parse_prometheus
 from ..transport.local import free_port
 from .base import GateContext
@@ -210,6 +212,16 @@ class EngineProcess:
         except Exception:  # noqa: BLE001 - a missing log is reported by its absence, not a crash
             pass
 
+    def fallbacks(self) -> list[LogMatch]:
+        """The lines of this engine's log so far that say the KV tier silently did nothing (the built-in
+        LMCache / vLLM fall-back and connector-failure lines, and the profile's own patterns)."""
+        self.fetch_log()
+        try:
+            text = self.local_log.read_text(errors="replace")
+        except OSError:
+            return []
+        return scan_fallbacks(text, self.profile.fallback_patterns)
+
     def log_tail(self, n: int = 40) -> str:
         self.fetch_log()
         try:
@@ -230,20 +242,42 @@ def start_engine(engine: EngineProcess, label: str) -> str | None:
     return f"{engine.profile.name} ({label}) did not start: {why}; log {engine.local_log.name}:\n{tail}"
 
 
-def pool_files_argv(pool_dir: str) -> list[str]:
-    """Sizes of the finished KV chunk files (``*.data``) in a pool directory, one per line."""
-    return ["find", pool_dir, "-type", "f", "-name", "*.data", "-printf", "%s\n"]
+def random_model_dir(work_dir: str, model_cfg: dict[str, Any], seed: int, dtype: str) -> str:
+    """Pure: where a random-weight model built from this config, seed and dtype lives on a node (one
+    directory per distinct model, so a second run finds it built)."""
+    key = json.dumps({"config": model_cfg, "seed": seed, "dtype": dtype}, sort_keys=True).encode()
+    return posixpath.join(work_dir, "kvgate-models", hashlib.sha256(key).hexdigest()[:16])
+
+
+def fallback_reason(matches: list[LogMatch], label: str) -> str | None:
+    """Pure: the INVALID reason for an engine whose log says it fell back, quoting the first line."""
+    if not matches:
+        return None
+    m = min(matches, key=lambda x: (x.rank, x.line_no))  # the most telling line, e.g. LMCache's "degraded mode"
+    more = f" (and {len(matches) - 1} more such lines)" if len(matches) > 1 else ""
+    return (f"the engine fell back in the {label} phase ({m.meaning}): the tier was not used; "
+            f"engine log {m.quote()}{more}")
+
+
+def pool_files_argv(pool_dir: str, pattern: str = "*.data") -> list[str]:
+    """Sizes of the finished KV chunk files (``*.data`` by default) in a pool directory, one per line."""
+    return ["find", pool_dir, "-type", "f", "-name", pattern, "-printf", "%s\n"]
+
+
+def stored_kv_tokens(prompt_tokens: int, block_tokens: int | None) -> int:
+    """Pure: the prompt tokens a connector stores: all of them, or the whole blocks only."""
+    return prompt_tokens if not block_tokens else (prompt_tokens // block_tokens) * block_tokens
 
 
 def pool_contents(ctx: GateContext, transport: Any, pool_dir: str, expected_bytes: int, timeout_s: float,
-                  step: str) -> dict[str, Any]:
+                  step: str, pattern: str = "*.data") -> dict[str, Any]:
     """The finished KV chunk files in a pool directory as one node sees them, waiting up to ``timeout_s``
     until they hold ``expected_bytes`` (LMCache stores asynchronously; 0: look once).
 
-    The one rule: only ``*.data`` files count. LMCache's fs connector writes each chunk to ``NAME.tmp`` and
+    The one rule: only finished chunk files count (``pattern``, the profile's ``pool_files``). LMCache's fs connector writes each chunk to ``NAME.tmp`` and
     renames it ``NAME.data`` when complete, so a half-written chunk is never taken for a stored one. The
     last look is kept as a logged step."""
-    argv = pool_files_argv(pool_dir)
+    argv = pool_files_argv(pool_dir, pattern)
     deadline = time.monotonic() + timeout_s
     while True:
         r = transport.run(argv, timeout_s=60)

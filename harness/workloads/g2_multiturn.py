@@ -38,7 +38,8 @@ from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
 from ..errors import WorkloadError
 from ..parsers.prometheus import Sample, counter_delta
 from .base import Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload, write_summary
-from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_values, model_config_issues,
+from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_values, fallback_reason,
+                     model_config_issues,
                      node_engine_python, profile_issues, stage_engine_files, start_engine)
 
 SUPPORTED_ENGINES = ("cpu-reference",)
@@ -272,6 +273,11 @@ class G2MultiTurn(Workload):
                     f.write(json.dumps(r) + "\n")
 
         result = evaluate_multiturn(phases, p.min_tier_hit_rate, p.max_memory_reuse, ev)
+        for name, eng in engines.items():  # an engine that fell back silently: the tier was not used
+            fell_back = fallback_reason(eng.fallbacks(), f"{name} instance's")
+            if fell_back:
+                result.invalid_reason = fell_back
+                break
         write_summary(gate_dir, "g2-multiturn-summary.json", result)
         return result
 

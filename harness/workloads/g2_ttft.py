@@ -22,7 +22,7 @@ import json
 import posixpath
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from pydantic import Field, field_validator
@@ -31,14 +31,19 @@ from ..engines import DEFAULT_CPU_REF_MODEL, EngineProfile, kv_bytes_per_token, 
 from ..engines.client import RequestRecord, run_requests_sync
 from ..engines.prompts import load_tokenizer, make_prompts, make_text_prompts
 from ..errors import WorkloadError
+from ..node import program_path
 from ..parsers.blockdev import parse_block_stat
 from ..parsers.prometheus import counter_delta
 from ..stats import percentile
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
                    drop_caches, register_workload, write_summary)
 from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_python, engine_values,
-                     model_config_issues, pool_contents, pool_files_argv, profile_issues, stage_engine_files,
-                     start_engine)
+                     fallback_reason, model_config_issues, pool_contents, pool_files_argv, profile_issues,
+                     random_model_dir, stage_engine_files, start_engine, stored_kv_tokens)
+
+
+# Warm-up prompts are drawn from seeds this far from the gate's, so they are never among its prompts.
+WARMUP_SEED_OFFSET = 1_000_003
 
 
 class G2Params(StrictModel):
@@ -63,6 +68,14 @@ class G2Params(StrictModel):
     python: str | None = None
     engine_values: dict[str, str] = Field(default_factory=dict)
     tokenizer: str | None = None  # local tokenizer.json or directory; overrides the profile's
+    # Build the served model on the node from model_config with seeded random weights and a locally
+    # trained BPE tokenizer (harness/node/make_model.py, run by the engine's interpreter; nothing from a
+    # hub). The model directory is cached on the node by config, seed and dtype; {model} is that directory.
+    random_weights: bool = False
+    random_weights_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # One unrelated prompt after each engine start (recorded, excluded from the statistics and taken
+    # before the counters and device statistics of the phase), so a first-request effect lands on neither.
+    warmup: bool = True
 
     @field_validator("prompt_tokens")
     @classmethod
@@ -115,6 +128,10 @@ class G2Evidence(Evidence):
     readback_device_read_bytes: int | None = None
     engine_reported_read_bytes: float | None = None
     failed_requests: int = 0
+    model_dir_on_node: str | None = None
+    random_model: dict[str, Any] | None = None
+    warmup: dict[str, Any] = {}
+    fallback_lines: list[str] = []
 
 
 def _stats(xs: list[float], prefix: str) -> dict[str, float]:
@@ -126,7 +143,8 @@ def _stats(xs: list[float], prefix: str) -> dict[str, float]:
 
 def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], hit_tokens: float | None,
                 query_tokens: float | None, device_read_bytes: int | None, min_hit_rate: float,
-                expected_kv_bytes: int, evidence: G2Evidence | None = None) -> WorkloadResult:
+                expected_kv_bytes: int, evidence: G2Evidence | None = None,
+                fallback: str | None = None) -> WorkloadResult:
     """Pure: metrics and validity from the two phases' records and the read-back evidence (added to
     ``evidence``, a copy of which the result carries)."""
     metrics: dict[str, float] = {}
@@ -151,8 +169,10 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
     if failed:
         error = (f"{len(failed)} of {len(recompute) + len(readback)} requests failed; first: "
                  f"{failed[0].request_id}: {failed[0].error}")
-    invalid = None
-    if hit_rate is None:
+    invalid = fallback  # the engine's own log says the tier was not used: nothing else counts
+    if invalid is not None:
+        pass
+    elif hit_rate is None:
         invalid = "the engine exposed no hit counters for the read-back phase: hits from the tier are unproven"
     elif hit_rate < min_hit_rate:
         invalid = f"read-back hit rate {hit_rate:.3f} is below {min_hit_rate}: TTFT was not measured on the tier"
@@ -205,22 +225,35 @@ class G2Ttft(Workload):
         if prof.lmcache is not None:
             files[v["lmcache_config"]] = json.dumps(lmcache_config(prof.lmcache, v), indent=1)
         n = len(p.prompt_tokens) * p.prompts_per_length
-        return [
+        steps = [
             PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
                         ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
-                        files=files),
+                        files=files)]
+        if p.random_weights:
+            try:
+                model_dir = random_model_dir(node.work_dir, self._model_config(p), p.seed, p.random_weights_dtype)
+            except (OSError, ValueError):
+                model_dir = posixpath.join(node.work_dir, "kvgate-models", "<config hash>")
+            script = posixpath.join(v["run_dir"], "make_model.py")
+            steps.append(PlannedStep(node.name, f"build (or find) the random-weight model and its tokenizer in {model_dir}",
+                                     (v["python"], script, "--config", v["model_config"], "--out", model_dir,
+                                      "--seed", str(p.seed), "--dtype", p.random_weights_dtype)))
+        warm = "; one unrelated warm-up prompt first (recorded, not in the statistics)" if p.warmup else ""
+        check = "; its log is checked for fall-back / connector-failure lines (a match is INVALID)"
+        steps += [
             PlannedStep(node.name, f"start {prof.name} in its own process group: {shell_line(argv, env)}", tuple(argv)),
             PlannedStep(node.name, f"re-compute: {n} never-seen prompts of {p.prompt_tokens} tokens, TTFT each "
-                        "(this also stores their KV in the pool)"),
+                        f"(this also stores their KV in the pool){warm}"),
             PlannedStep(node.name, f"wait until the finished chunk files in {v['pool_dir']} hold the expected KV bytes",
-                        tuple(pool_files_argv(v["pool_dir"]))),
-            PlannedStep(node.name, "stop the engine (kill its process group)"),
+                        tuple(pool_files_argv(v["pool_dir"], prof.pool_files))),
+            PlannedStep(node.name, f"stop the engine (kill its process group){check}"),
             PlannedStep(node.name, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV),
             PlannedStep(node.name, "start the engine again", tuple(argv)),
             PlannedStep(node.name, "the pool's device", ("findmnt", "-n", "-o", "SOURCE", "--target", v["pool_dir"])),
-            PlannedStep(node.name, f"read back: the same {n} prompts, TTFT each; hit counters and "
-                        "/sys/class/block/DEV/stat of the pool's device before and after"),
+            PlannedStep(node.name, f"read back: the same {n} prompts, TTFT each{warm}; hit counters and "
+                        f"/sys/class/block/DEV/stat of the pool's device before and after{check}"),
         ]
+        return steps
 
     # ------------------------------------------------------------------------------------------ run
 
@@ -240,19 +273,6 @@ class G2Ttft(Workload):
         except ValueError as exc:  # a model_config file read only now
             return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
         vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size", 32000))
-        tok_spec = p.tokenizer or prof.tokenizer
-        if tok_spec and prof.engine != "cpu-reference":  # cpu-reference has no tokenizer: token ids there
-            try:
-                prompts = make_text_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, load_tokenizer(tok_spec))
-            except (OSError, ValueError) as exc:
-                return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}")
-            ev.prompt_kind, ev.tokenizer = "text", tok_spec
-        else:
-            prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
-            ev.prompt_kind = "token_ids"
-        expected_bytes = sum(r.prompt_tokens for r in prompts) * bpt
-        ev.kv_bytes_per_token, ev.expected_kv_bytes, ev.prompts = bpt, expected_bytes, len(prompts)
-        ev.prompt_tokens, ev.seed = list(p.prompt_tokens), p.seed
 
         # Files for the node: LMCache YAML (strictly checked), model config, the engine's program.
         err, cfg = stage_engine_files(ctx, transport, prof, v, gate_dir, model_cfg, prof.lmcache, "g2-mkdir")
@@ -261,6 +281,29 @@ class G2Ttft(Workload):
         if prof.lmcache is not None:
             ev.lmcache_version_pinned, ev.lmcache_config = prof.lmcache.version, cfg
         ev.versions = self._versions(ctx, transport, prof, python)
+
+        tok_spec = p.tokenizer or prof.tokenizer
+        if p.random_weights:
+            err, tok_spec = self._build_model(ctx, transport, python, node, v, p, model_cfg, ev)
+            if err:
+                return WorkloadResult(evidence=ev, error=err)
+        if tok_spec and prof.engine != "cpu-reference":  # cpu-reference has no tokenizer: token ids there
+            try:
+                tokenizer = load_tokenizer(tok_spec)
+                prompts = make_text_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, tokenizer)
+                warm = [make_text_prompts(p.seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, tokenizer)[0]
+                        for i in range(2)]
+            except (OSError, ValueError) as exc:
+                return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}")
+            ev.prompt_kind, ev.tokenizer = "text", tok_spec
+        else:
+            prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
+            warm = [make_prompts(p.seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, vocab)[0]
+                    for i in range(2)]
+            ev.prompt_kind = "token_ids"
+        expected_bytes = sum(stored_kv_tokens(r.prompt_tokens, prof.kv_block_tokens) for r in prompts) * bpt
+        ev.kv_bytes_per_token, ev.expected_kv_bytes, ev.prompts = bpt, expected_bytes, len(prompts)
+        ev.prompt_tokens, ev.seed = list(p.prompt_tokens), p.seed
 
         argv, env = prof.render_argv(v), prof.render_env(v)
         engines: list[EngineProcess] = []
@@ -271,11 +314,24 @@ class G2Ttft(Workload):
             engines.append(eng)
             return eng
 
+        def warm_up(label: str, request) -> None:
+            """One unrelated prompt right after the start: recorded, never in the statistics."""
+            if not p.warmup:
+                return
+            recs = run_requests_sync(base_url, [request], p.served_model_name, timeout_s=p.request_timeout_s,
+                                     transport=ctx.http)
+            self._save(gate_dir / f"requests-warmup-{label}.jsonl", recs)
+            ev.warmup[label] = {"request_id": recs[0].request_id, "ttft_s": recs[0].ttft_s, "error": recs[0].error}
+
+        fallback = None
+        readback: list[RequestRecord] = []
+        m0 = m1 = s0 = s1 = None
         try:
             eng = engine("recompute")
             err = start_engine(eng, "recompute")
             if err:
                 return WorkloadResult(evidence=ev, error=err)
+            warm_up("recompute", warm[0])
             m0 = eng.metrics()
             ctx.progress(f"{ctx.gate.id}: re-compute phase, {len(prompts)} prompts")
             recompute = run_requests_sync(base_url, prompts, p.served_model_name, concurrency=p.concurrency,
@@ -285,30 +341,37 @@ class G2Ttft(Workload):
             self._save(gate_dir / "requests-recompute.jsonl", recompute)
 
             ev.pool_after_populate = pool_contents(ctx, transport, v["pool_dir"], expected_bytes,
-                                                   p.populate_timeout_s, "g2-pool-after-populate")
+                                                   p.populate_timeout_s, "g2-pool-after-populate", prof.pool_files)
             eng.stop()
+            found = eng.fallbacks()
+            ev.fallback_lines = [m.quote() for m in found]
+            fallback = fallback_reason(found, "re-compute")
+            if fallback is None:  # a tier that did nothing in the first phase is not read back
+                if p.drop_caches:
+                    drop = drop_caches(ctx, transport, "g2-drop-caches")
+                    ev.page_cache_dropped, ev.page_cache_drop_error = drop.dropped, drop.error
+                else:
+                    ev.page_cache_dropped = False
 
-            if p.drop_caches:
-                drop = drop_caches(ctx, transport, "g2-drop-caches")
-                ev.page_cache_dropped, ev.page_cache_drop_error = drop.dropped, drop.error
-            else:
-                ev.page_cache_dropped = False
-
-            eng = engine("readback")
-            err = start_engine(eng, "readback")
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
-            dev = self._pool_device(ctx, transport, v["pool_dir"])
-            ev.pool_device = dev
-            s0 = self._block_stat(ctx, transport, dev)
-            m0 = eng.metrics()
-            ctx.progress(f"{ctx.gate.id}: cold read-back phase, {len(prompts)} prompts")
-            readback = run_requests_sync(base_url, prompts, p.served_model_name, concurrency=p.concurrency,
-                                         timeout_s=p.request_timeout_s, transport=ctx.http)
-            m1 = eng.metrics()
-            s1 = self._block_stat(ctx, transport, dev)
-            self._save(gate_dir / "requests-readback.jsonl", readback)
-            eng.stop()
+                eng = engine("readback")
+                err = start_engine(eng, "readback")
+                if err:
+                    return WorkloadResult(evidence=ev, error=err)
+                warm_up("readback", warm[1])
+                dev = self._pool_device(ctx, transport, v["pool_dir"])
+                ev.pool_device = dev
+                s0 = self._block_stat(ctx, transport, dev)
+                m0 = eng.metrics()
+                ctx.progress(f"{ctx.gate.id}: cold read-back phase, {len(prompts)} prompts")
+                readback = run_requests_sync(base_url, prompts, p.served_model_name, concurrency=p.concurrency,
+                                             timeout_s=p.request_timeout_s, transport=ctx.http)
+                m1 = eng.metrics()
+                s1 = self._block_stat(ctx, transport, dev)
+                self._save(gate_dir / "requests-readback.jsonl", readback)
+                eng.stop()
+                found = eng.fallbacks()
+                ev.fallback_lines += [m.quote() for m in found]
+                fallback = fallback_reason(found, "read-back")
         except (httpx.HTTPError, WorkloadError, OSError) as exc:
             tail = engines[-1].log_tail() if engines else ""
             return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{tail}".strip())
@@ -316,13 +379,39 @@ class G2Ttft(Workload):
             for e in engines:
                 e.stop()
 
-        ev.engine_reported_read_bytes = counter_delta(m0, m1, prof.hit_metrics.read_bytes)
-        hit = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
-        query = counter_delta(m0, m1, prof.hit_metrics.query_tokens)
+        if readback:
+            ev.engine_reported_read_bytes = counter_delta(m0, m1, prof.hit_metrics.read_bytes)
+            hit = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
+            query = counter_delta(m0, m1, prof.hit_metrics.query_tokens)
+        else:
+            hit = query = None
         read_bytes = None if s0 is None or s1 is None else s1.read_bytes - s0.read_bytes
-        result = evaluate_g2(recompute, readback, hit, query, read_bytes, p.min_hit_rate, expected_bytes, ev)
+        result = evaluate_g2(recompute, readback, hit, query, read_bytes, p.min_hit_rate, expected_bytes, ev,
+                             fallback=fallback)
         write_summary(gate_dir, "g2-summary.json", result)
         return result
+
+    def _build_model(self, ctx, transport, python: str, node, v: dict[str, Any], p: G2Params,
+                     model_cfg: dict[str, Any], ev: G2Evidence) -> tuple[str | None, str | None]:
+        """Build (or find, cached) the random-weight model on the node; fetch its tokenizer. Sets {model}."""
+        model_dir = random_model_dir(node.work_dir, model_cfg, p.seed, p.random_weights_dtype)
+        script = posixpath.join(v["run_dir"], "make_model.py")
+        transport.put(program_path("make_model.py"), script)
+        ctx.progress(f"{ctx.gate.id}: random-weight model in {model_dir} on {node.name}")
+        res = ctx.steps.run(transport, "g2-make-model",
+                            [python, script, "--config", v["model_config"], "--out", model_dir,
+                             "--seed", str(p.seed), "--dtype", p.random_weights_dtype], timeout_s=1800)
+        if not res.ok:
+            return f"could not build the random-weight model on {node.name}: {res.summary()}", None
+        try:
+            ev.random_model = json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return f"make_model printed no description: {res.stdout[-300:]!r}", None
+        local_tok = ctx.gate_dir / "tokenizer.json"
+        transport.get(posixpath.join(model_dir, "tokenizer.json"), local_tok)
+        v["model"] = model_dir
+        ev.model_dir_on_node = model_dir
+        return None, str(local_tok)
 
     # --------------------------------------------------------------------------------------- helpers
 

@@ -33,7 +33,8 @@ from ..execute.fanout import fan_out
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
                    target_path, write_summary)
-from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_values, model_config_issues,
+from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_values, fallback_reason,
+                     model_config_issues,
                      node_engine_python, pool_contents, pool_files_argv, profile_issues, stage_engine_files, start_engine)
 
 # Runs on the node: POST every prompt to the engine on the node's loopback, then GET /metrics.
@@ -289,6 +290,11 @@ class R3CrossInstance(Workload):
                           int(pool.get("bytes", 0)), expected, ev)
         if ev.reader_query_tokens_before:
             res.invalid_reason = res.invalid_reason or "the reader engine had looked up prompts before its phase"
+        for role, eng in engines.items():  # an engine that fell back silently: the tier was not used
+            fell_back = fallback_reason(eng.fallbacks(), f"{role} engine's")
+            if fell_back:
+                res.invalid_reason = fell_back
+                break
         write_summary(ctx.gate_dir, "r3-summary.json", res)
         return res
 

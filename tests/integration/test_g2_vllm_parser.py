@@ -38,6 +38,9 @@ def vllm_serve():
     cmd.subparser_init(sub)
 
     def parse(argv):
+        # `{python} -m vllm.entrypoints.cli.main serve ...` is `vllm serve ...` run by a named interpreter
+        if argv[1:3] == ["-m", "vllm.entrypoints.cli.main"]:
+            argv = ["vllm"] + argv[3:]
         assert argv[0] == "vllm", argv
         try:
             args = parser.parse_args(argv[1:])

@@ -185,7 +185,7 @@ def test_profile_errors_name_file_line_and_field(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_profile(bad)
     assert "bad.yaml:12: lmcache.config.max_local_cpu_sise: unknown LMCache 0.5.6 key" in str(e.value)
-    with pytest.raises(ValueError, match=r"no value for placeholder \{model\}"):
+    with pytest.raises(ValueError, match=r"no value for placeholder \{python\}"):
         load_profile("vllm-lmcache").render_argv({})
     with pytest.raises(ConfigError, match="no engine profile 'nope'"):
         load_profile("nope")
@@ -268,3 +268,58 @@ def test_rig_inventory_names_the_engine_environment(tmp_path):
     inv.write_text(render_inventory(spec, {n: 2200 + i for i, n in enumerate(spec.node_names() + [STORAGE_NODE])}))
     nodes = yaml.safe_load(inv.read_text())["nodes"]
     assert [n.get("engine_python") for n in nodes if n["name"] in ("n1", "n2")] == ["/opt/engine/bin/python"] * 2
+
+
+def test_profile_fallback_patterns_and_pool_files_are_checked_with_file_and_line(tmp_path):
+    base = "name: bad\ndescription: x\nengine: vllm\nargv: [vllm]\nhit_metrics:\n  hit_tokens: [a]\n  query_tokens: [b]\n"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(base + "fallback_patterns: ['(unclosed']\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:8: fallback_patterns: .*not a valid regular expression"):
+        load_profile(bad)
+    bad.write_text(base + "pool_files: 'a/*.data'\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:8: pool_files: .*no '/'"):
+        load_profile(bad)
+
+
+def test_vllm_cpu_disk_profile_is_vllms_reference_connector_on_the_pool():
+    prof = load_profile("vllm-cpu-disk")
+    assert "not LMCache" in prof.description and prof.lmcache is None
+    argv = prof.render_argv({"python": "/e/bin/python", "model": "/m", "host": "127.0.0.1", "port": 8123,
+                             "served_model_name": "g2", "tensor_parallel_size": 1, "max_model_len": 4200,
+                             "seed": 3, "pool_dir": "/pool/run-x"})
+    assert argv[:5] == ["/e/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "/m"]
+    kvt = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kvt == {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                   "kv_connector_extra_config": {"shared_storage_path": "/pool/run-x"}}
+    assert "--no-enable-prefix-caching" in argv
+    assert prof.hit_metrics.hit_tokens == ["vllm:external_prefix_cache_hits_total"]
+    assert prof.pool_files == "*.safetensors" and prof.kv_block_tokens == 128
+
+
+def test_stored_tokens_and_random_model_dir_are_pure():
+    from harness.workloads.engine import random_model_dir, stored_kv_tokens
+    assert stored_kv_tokens(4097, 128) == 4096 and stored_kv_tokens(127, 128) == 0
+    assert stored_kv_tokens(4097, None) == 4097
+    a = random_model_dir("/w", {"hidden_size": 256}, 0, "bfloat16")
+    assert a.startswith("/w/kvgate-models/") and a == random_model_dir("/w", {"hidden_size": 256}, 0, "bfloat16")
+    assert a != random_model_dir("/w", {"hidden_size": 256}, 1, "bfloat16")
+    assert a != random_model_dir("/w", {"hidden_size": 256}, 0, "float32")
+
+
+def test_an_engine_that_fell_back_is_invalid_whatever_its_figures():
+    from harness.parsers.engine_log import scan_fallbacks
+    from harness.workloads.engine import fallback_reason
+    from harness.workloads.g2_ttft import evaluate_g2
+    from harness.engines.client import RequestRecord
+
+    def rec(i, ttft):
+        return RequestRecord(request_id=f"r{i}", prompt_tokens=100, queue_s=0, ttft_s=ttft, itl_s=(), latency_s=ttft,
+                             e2e_s=ttft, output_chunks=1, output_text="x", http_status=200, error=None,
+                             started_unix_s=0)
+    found = scan_fallbacks("x\nLMCache ERROR: ... System will operate in degraded mode (recompute).\n")
+    reason = fallback_reason(found, "read-back")
+    assert "read-back phase" in reason and "line 2:" in reason and "degraded mode (recompute)" in reason
+    # figures that would PASS (hits, device bytes, a speed-up) do not count once the log says it fell back
+    res = evaluate_g2([rec(0, 1.0)], [rec(1, 0.1)], 100, 100, 4096, 0.95, 100, fallback=reason)
+    assert res.invalid_reason == reason and res.metrics["readback_speedup_p50"] > 1
+    assert evaluate_g2([rec(0, 1.0)], [rec(1, 0.1)], 100, 100, 4096, 0.95, 100).invalid_reason is None

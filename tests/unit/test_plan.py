@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from harness.cli.main import main
 from harness.config import load_config
-from harness.execute.facts import FACTS
+from harness.execute.facts import FACTS, facts_argv
 from harness.suite.plan import facts_plan, gate_plan
 from harness.suite.runner import run_suite
 from harness.transport.doubles import Reply, ScriptedTransport
@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_plan_prints_every_node_fact_command_and_the_gate_commands(capsys):
     assert main(["plan", "-i", str(ROOT / "inventory" / "localhost.yaml"), "-g", str(ROOT / "gates" / "local.yaml")]) == 0
     out = capsys.readouterr().out
-    for fact in FACTS:
-        assert f"$ {shlex.join(fact.argv)}" in out, fact.key
+    for fact in FACTS:  # what the one facts command runs, fact by fact, then that command exactly
+        assert f"{fact.description}: {shlex.join(fact.argv)}" in out, fact.key
+    assert f"$ {shlex.join(facts_argv(FACTS))}" in out
     assert "nvidia-smi" in out and "nvme list-subsys -o json" in out  # the provenance commands too
     assert "$ fio --output-format=json /var/tmp/kvgate-work/kvgate-G1-localhost.fio" in out
 

@@ -9,6 +9,8 @@ from harness.parsers.facts import (ProvenanceParseError, parse_nics, parse_nvidi
                                    parse_nvme_list_subsys, parse_versions)
 from harness.transport.doubles import Call, Reply, ScriptedTransport
 
+from facts_double import answer_facts, is_facts_call
+
 
 def read(fixtures, name):
     return (fixtures / "provenance" / name).read_text()
@@ -87,13 +89,17 @@ def test_nics_and_versions(fixtures):
 
 
 def answering(answers):
-    """A node that answers by program name from a table; any other program is not installed."""
-    def handler(call: Call) -> Reply:
-        out = answers.get(call.argv[0])
+    """A node that answers by program name from a table; any other program is not installed. The facts
+    come as one command, answered fact by fact (tests/facts_double.py)."""
+    def per_fact(argv) -> Reply:
+        out = answers.get(argv[0])
         if out is None:
             return Reply(error="[Errno 2] No such file or directory")
         rc, stdout, stderr = out
         return Reply(rc=rc, stdout=stdout, stderr=stderr)
+
+    def handler(call: Call) -> Reply:
+        return answer_facts(call, per_fact) if is_facts_call(call) else per_fact(call.argv)
     return ScriptedTransport(handler, name="n1")
 
 
@@ -106,6 +112,7 @@ def test_collect_records_absent_tools_and_failures(fixtures, tmp_path):
         "python3": (0, "not json", ""),
     })
     facts = collect_node_facts(tr, StepLog(tmp_path))
+    assert len(tr.commands) == 1  # one command for every fact
     prov, snap = facts["provenance"], facts["snapshot"]
     assert prov["absent"] == ["nvidia-smi"]
     assert prov["nvme_controllers"] == [] and prov["nvme_subsystems"] == []
@@ -113,10 +120,16 @@ def test_collect_records_absent_tools_and_failures(fixtures, tmp_path):
     assert snap["nics"][0]["name"] == "eth0"  # /sys/class/net is read once, into the snapshot
     assert "unparseable" in prov["errors"]["versions"]
     # a tool the snapshot needs that is missing is an error there, not an absence
-    assert "could not start" in snap["errors"]["uname"]
-    # every command left its step directory on disk, one per fact
+    assert "exit 127" in snap["errors"]["uname"] and "uname: not found" in snap["errors"]["uname"]
+    # the whole command is a step, and so is every fact cut from it: its own argv, stdout, stderr and rc
     from harness.execute.facts import FACTS
-    assert len(list((tmp_path / "steps").iterdir())) == len(FACTS)
+    dirs = sorted((tmp_path / "steps").iterdir())
+    assert len(dirs) == 1 + len(FACTS) and dirs[0].name.endswith("-n1-facts")
+    nvme = next(d for d in dirs if d.name.endswith("-provenance-nvme_list"))
+    argv = json.loads((nvme / "argv.json").read_text())
+    assert argv["argv"] == ["nvme", "list", "-o", "json"] and argv["part_of"] == dirs[0].name
+    assert (nvme / "rc").read_text() == "1\n" and "Failed to scan" in (nvme / "stderr").read_text()
+    assert json.loads((nvme / "status.json").read_text())["status"] == "failed"
 
 
 def test_engine_versions_are_read_by_the_nodes_engine_interpreter():

