@@ -1,5 +1,6 @@
 """Clock alignment of nodes: each node's clock offset from ours, estimated NTP-style from round trips of
-``date +%s.%N`` through its transport, and the offset actually applied when aligning its times."""
+``date +%s.%N`` through its transport (over one open session per node where the transport allows it), and
+the offset actually applied when aligning its times."""
 
 from __future__ import annotations
 
@@ -55,32 +56,82 @@ def applied_offset_s(off: ClockOffset, mode: str = "auto") -> float:
 
 
 CLOCK_ARGV = ("date", "+%s.%N")
+# One command per node answers every sample: a line in, the node's time out. Only `date` is started per
+# sample; no SSH session is opened and no shell started per round trip, so the round trip (and with it the
+# offset's uncertainty) is the connection's, not a process launch's.
+CLOCK_SESSION_ARGV = ("sh", "-c", "while read -r _; do date +%s.%N; done")
+
+
+class ClockSession:
+    """A clock probe left running on one node (CLOCK_SESSION_ARGV): each ``ask`` is one round trip."""
+
+    def __init__(self, transport: Transport):
+        try:
+            self.proc = transport.open_session(list(CLOCK_SESSION_ARGV))
+        except (HarnessError, OSError) as exc:
+            raise HarnessError(f"clock probe failed to start: {exc}") from None
+        self._seen = 0
+
+    def ask(self, clock: Callable[[], float], timeout_s: float) -> tuple[float, str, float]:
+        """(t_send, the node's answer, t_recv): a newline in, one line out."""
+        proc = self.proc
+        t_send = clock()
+        proc.send(b"\n")
+        need = self._seen + 1
+        while True:  # one answer is one line; it may arrive in pieces
+            if not proc.wait_stdout_bytes(need, max(0.0, timeout_s - (clock() - t_send))):
+                if proc.poll() is not None:
+                    raise HarnessError(f"clock probe ended (rc={proc.poll()}) before answering")
+                raise HarnessError(f"clock probe timed out after {timeout_s:g} s (node unresponsive)")
+            out = proc.stdout_so_far() or b""
+            if out.endswith(b"\n"):
+                break
+            need = len(out) + 1
+        t_recv = clock()
+        words = out[self._seen:].decode(errors="replace").split()
+        self._seen = len(out)
+        return t_send, (words[-1] if words else ""), t_recv
+
+    def close(self) -> None:
+        """End the probe (EOF on its stdin ends its loop); it is not waited for."""
+        self.proc.close_stdin()
+
+
+def _samples(transport: Transport, samples: int, clock: Callable[[], float], timeout_s: float,
+             session: ClockSession | None) -> tuple[list[tuple[float, float, float]], list[str]]:
+    got: list[tuple[float, float, float]] = []
+    errors: list[str] = []
+    for _ in range(samples):
+        if session is not None:
+            t_send, text, t_recv = session.ask(clock, timeout_s)
+        else:
+            t_send = clock()
+            res = transport.run(list(CLOCK_ARGV), timeout_s=timeout_s)
+            t_recv = clock()
+            if res.timed_out:
+                raise HarnessError(f"clock probe timed out after {timeout_s:g} s (node unresponsive)")
+            if res.error:
+                raise HarnessError(f"clock probe failed: {res.summary()}")
+            if not res.ok:
+                errors.append(res.summary())
+                continue
+            text = res.stdout.strip()
+        try:
+            got.append((t_send, float(text), t_recv))
+        except ValueError:
+            errors.append(f"unparseable clock reading {text[:40]!r}")
+    return got, errors
 
 
 def measure_clock_offset(transport: Transport, samples: int = 5, clock: Callable[[], float] = time.time,
-                         timeout_s: float = 5.0) -> ClockOffset:
-    """Offset of a node's clock from ours, from `samples` round trips of `date +%s.%N` (smallest RTT wins).
+                         timeout_s: float = 5.0, session: ClockSession | None = None) -> ClockOffset:
+    """Offset of a node's clock from ours, from `samples` round trips to `date +%s.%N` (smallest RTT wins):
+    through ``session`` (an open ClockSession) when given, else one command each.
 
     A probe that times out or cannot reach the node fails the node at once: `date` answers in
     milliseconds on a live node, so one such probe means the node is unreachable or hung, and
     retrying would only hold up every other node's measurement (timeout_s x samples per node)."""
-    got = []
-    errors = []
-    for _ in range(samples):
-        t_send = clock()
-        res = transport.run(list(CLOCK_ARGV), timeout_s=timeout_s)
-        t_recv = clock()
-        if res.timed_out:
-            raise HarnessError(f"clock probe timed out after {timeout_s:g} s (node unresponsive)")
-        if res.error:
-            raise HarnessError(f"clock probe failed: {res.summary()}")
-        if not res.ok:
-            errors.append(res.summary())
-            continue
-        try:
-            got.append((t_send, float(res.stdout.strip()), t_recv))
-        except ValueError:
-            errors.append(f"unparseable clock reading {res.stdout.strip()[:40]!r}")
+    got, errors = _samples(transport, samples, clock, timeout_s, session)
     if not got:
         raise HarnessError("clock offset: no usable sample: " + "; ".join(errors[:3]))
     return estimate_clock_offset(got)
@@ -89,8 +140,29 @@ def measure_clock_offset(transport: Transport, samples: int = 5, clock: Callable
 def measure_clock_offsets(transports: Mapping[str, Transport], samples: int = 5,
                           clock: Callable[[], float] = time.time, parallel: bool = False,
                           timeout_s: float = 5.0) -> GroupResult:
-    """Clock offset of every node. Sequential by default: parallel probes compete for the orchestrator's
+    """Clock offset of every node. Where a node's transport keeps stdin open, a probe is started on every
+    node at once and answers once (its start-up is paid in parallel), then the nodes are sampled one at a
+    time over their open sessions. Sequential by default: parallel probes compete for the orchestrator's
     CPU and inflate every round trip, and with it the uncertainty. A dead node costs one timeout_s."""
-    def one(_n: str, t: Transport) -> ClockOffset:
-        return measure_clock_offset(t, samples, clock, timeout_s)
-    return fan_out(transports, one, max_workers=None if parallel else 1)
+    def start(_n: str, t: Transport) -> ClockSession | None:
+        if not getattr(t, "supports_sessions", False):
+            return None
+        session = ClockSession(t)
+        try:
+            session.ask(clock, timeout_s)  # the shell's start-up, not a sample
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    opened = fan_out(transports, start)
+    try:
+        def one(n: str, t: Transport) -> ClockOffset:
+            if n in opened.failed:
+                raise HarnessError(opened.failed[n])
+            return measure_clock_offset(t, samples, clock, timeout_s, opened.succeeded[n])
+        return fan_out(transports, one, max_workers=None if parallel else 1)
+    finally:
+        for session in opened.succeeded.values():
+            if session is not None:
+                session.close()

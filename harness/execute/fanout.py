@@ -106,6 +106,14 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _local_outcome(node: str, fn: Callable[[], T]) -> NodeOutcome:
+    """``fn()`` as a node outcome, an exception as its error (no thread: for checks that send nothing)."""
+    try:
+        return NodeOutcome(node, True, fn())
+    except Exception as exc:  # noqa: BLE001 - failures are data
+        return NodeOutcome(node, False, None, _describe(exc))
+
+
 def fan_out(items: Mapping[str, Any], fn: Callable[[str, Any], T], max_workers: int | None = None) -> GroupResult:
     """Call fn(node, item) for every node in parallel; exceptions become that node's error."""
     def one(node: str) -> NodeOutcome:
@@ -142,11 +150,17 @@ def output_bytes(proc: Process) -> int | None:
 @dataclass(frozen=True)
 class LaunchSpec:
     """What to start on one node: argv (in its own process group), and the node-side files used to
-    signal 'armed' (the reader creates it) and 'go' (we create it, holding the node-clock start time)."""
+    signal 'armed' (the reader creates it) and 'go' (we create it, holding the node-clock start time).
+
+    ``armed_marker``: bytes the program prints on its stdout once armed. With it, arming is seen in the
+    output already streaming back, with no command sent per check (a check per node every ``poll_s`` is
+    a process forked on every node, many times a second); without it, or where the transport does not keep
+    the output in memory, ``armed_path`` is polled with ``test -e``."""
 
     argv: tuple[str, ...]
     armed_path: str
     go_path: str
+    armed_marker: bytes | None = None
 
 
 @dataclass
@@ -202,6 +216,7 @@ class SynchronizedLaunch:
         self.runs: dict[str, NodeRun] = {n: NodeRun(n) for n in specs}
         self.go_ref_s: float | None = None
         self.round_trip_all_s = 0.0  # slowest parallel command round over all nodes seen while arming
+        self.polled_rounds = 0  # `test -e` rounds sent while arming (none when every node prints its marker)
         self.events: list[dict] = []
         self._lock = threading.Lock()
 
@@ -242,10 +257,19 @@ class SynchronizedLaunch:
         waiting = set(group.succeeded)
         deadline = self.clock() + timeout_s
 
+        def streamed(node: str) -> bool | None:
+            """Armed as seen in the node's output stream; None when it has to be polled on the node."""
+            marker = self.specs[node].armed_marker
+            out = self.runs[node].process.stdout_so_far() if marker else None
+            return None if out is None else marker in out
+
         def check(node: str, spec: LaunchSpec) -> bool:
             proc = self.runs[node].process
             if proc is not None and proc.poll() is not None:
                 raise HarnessError(f"exited with rc={proc.poll()} before arming")
+            seen = streamed(node)
+            if seen is not None:
+                return seen
             res = self.transports[node].run(["test", "-e", spec.armed_path], timeout_s=30)
             if res.error or res.timed_out:
                 raise HarnessError(f"cannot check armed state: {res.summary()}")
@@ -253,8 +277,13 @@ class SynchronizedLaunch:
 
         while waiting and self.clock() < deadline:
             t_round = self.clock()
-            g = fan_out({n: self.specs[n] for n in waiting}, check)
-            self.round_trip_all_s = max(self.round_trip_all_s, self.clock() - t_round)
+            polled = {n for n in waiting if streamed(n) is None}
+            if polled:
+                g = fan_out({n: self.specs[n] for n in waiting}, check)
+                self.round_trip_all_s = max(self.round_trip_all_s, self.clock() - t_round)
+                self.polled_rounds += 1
+            else:  # nothing to send: every node's state is in its output already
+                g = GroupResult({n: _local_outcome(n, lambda n=n: check(n, self.specs[n])) for n in waiting})
             for node, err in g.failed.items():
                 self._fail(node, f"arming: {err}")
                 waiting.discard(node)
@@ -274,16 +303,20 @@ class SynchronizedLaunch:
         """Write every armed node's go file with one common start instant; returns it (our clock).
 
         lead_s: how far ahead of now the start is set, long enough for the parallel go-file writes to
-        land first; default: 0.25 s plus twice the slowest parallel round seen while arming. Writes that
-        land late are recorded in the events (late_go_writes).
+        land first; default: 0.25 s plus twice the slowest parallel round seen while arming, or, where
+        arming was seen in the output streams (no rounds sent), twice a probe round of the same writes.
+        Writes that land late are recorded in the events (late_go_writes).
         """
         nodes = [n for n in (nodes or self.runs) if self.runs[n].armed_at_s is not None and self.runs[n].error is None]
-        if lead_s is None:
-            lead_s = 0.25 + 2 * self.round_trip_all_s
+        tmpdir = Path(tempfile.mkdtemp(prefix="kvgate-go-"))
+        try:
+            if lead_s is None:
+                lead_s = 0.25 + 2 * (self.round_trip_all_s if self.polled_rounds else self._probe_round(nodes, tmpdir))
+        except BaseException:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            raise
         go_ref = self.clock() + lead_s
         self.go_ref_s = go_ref
-
-        tmpdir = Path(tempfile.mkdtemp(prefix="kvgate-go-"))
 
         def write(node: str, _):
             go_node = go_ref + self.offsets[node]
@@ -307,6 +340,17 @@ class SynchronizedLaunch:
         if g.failed and self.policy.on_node_failure == "abort":
             self.stop_all(reason="go signal failed on " + ", ".join(sorted(g.failed)))
         return go_ref
+
+    def _probe_round(self, nodes: Sequence[str], tmpdir: Path) -> float:
+        """How long one parallel round of go-file writes takes now: the same write (SFTP put of a line) to
+        ``go_path + ".probe"`` on every node, which no reader looks at. Returns the round's seconds."""
+        probe = tmpdir / "probe"
+        probe.write_text("probe\n")
+        t0 = self.clock()
+        g = fan_out({n: None for n in nodes}, lambda n, _: self.transports[n].put(probe, self.specs[n].go_path + ".probe"))
+        round_s = self.clock() - t0
+        self._event("probe", round_s=round_s, failed=g.failed)
+        return round_s
 
     def wait(self, timeout_s: float, stall_timeout_s: float | None = None) -> GroupResult:
         """Wait for every process; on timeout or (policy abort) a failure, stop every process group.

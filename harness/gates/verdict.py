@@ -73,11 +73,11 @@ def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
     actual = result.metrics.get(gate.metric)
     if result.error:
         return Verdict(actual=actual, outcome=Outcome.ERROR, reason=result.error, **common)
+    if result.invalid_reason:  # the evidence says the figure would not mean what it claims, if there is one
+        return Verdict(actual=actual, outcome=Outcome.INVALID, reason=result.invalid_reason, **common)
     if actual is None:
         return Verdict(actual=None, outcome=Outcome.ERROR,
                        reason=f"workload did not report metric {gate.metric}", **common)
-    if result.invalid_reason:
-        return Verdict(actual=actual, outcome=Outcome.INVALID, reason=result.invalid_reason, **common)
     _, factor = unit_info(metric_unit)
     base = actual * factor
     if gate.informational:

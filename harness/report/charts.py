@@ -10,7 +10,6 @@ Artists that tests and readers look for carry an SVG id (``gid``): ``bar-<label>
 
 from __future__ import annotations
 
-import bisect
 import io
 import math
 import re
@@ -155,16 +154,25 @@ def aggregate_series(series: Mapping[str, Sequence[Sequence[float]]]) -> list[tu
     after its last it contributes nothing. Returns [(t_s, sum_gb_s)], sorted by time.
     """
     nodes = {n: sorted((float(t), float(v)) for t, v in pts) for n, pts in series.items() if pts}
-    times = sorted({t for pts in nodes.values() for t, _ in pts})
-    out = []
-    for t in times:
+    # One sweep over every sample in time order, so 32 nodes of a long run cost N x P, not N x (N x P) x P.
+    samples = sorted((t, v, n) for n, pts in nodes.items() for t, v in pts)
+    ends = sorted((pts[-1][0], n) for n, pts in nodes.items())  # a node drops out after its last sample
+    current: dict[str, float] = {}
+    out: list[tuple[float, float]] = []
+    i = j = 0
+    while i < len(samples):
+        t = samples[i][0]
+        while j < len(ends) and ends[j][0] < t:
+            current.pop(ends[j][1], None)
+            j += 1
+        while i < len(samples) and samples[i][0] == t:
+            _, v, n = samples[i]
+            current[n] = v  # equal times in one node: the last in sorted order holds
+            i += 1
         total = 0.0
-        for pts in nodes.values():
-            ts = [p[0] for p in pts]
-            if t < ts[0] or t > ts[-1]:
-                continue
-            i = bisect.bisect_right(ts, t) - 1
-            total += pts[i][1]
+        for n in nodes:  # the series' order, as a plain running sum: the same float as ever
+            if n in current:
+                total += current[n]
         out.append((t, total))
     return out
 

@@ -22,6 +22,16 @@ from ..errors import TransportError
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+class _KeepStdinOpen:
+    """``_start``'s stdin for a session: the command's stdin stays open for ``Process.send``."""
+
+    def __repr__(self) -> str:
+        return "KEEP_STDIN_OPEN"
+
+
+KEEP_STDIN_OPEN = _KeepStdinOpen()
+
+
 @dataclass(frozen=True)
 class CommandResult:
     argv: tuple[str, ...]
@@ -68,8 +78,37 @@ class Process(abc.ABC):
 
     def stdout_bytes_so_far(self) -> int | None:
         """Bytes of stdout delivered so far while running (None when not captured in memory)."""
+        counted = getattr(self, "_out_bytes", None)  # kept up to date by backends that stream
+        if counted is not None:
+            return counted
         chunks = getattr(self, "_out", None)
         return sum(len(c) for c in list(chunks)) if isinstance(chunks, list) else None
+
+    def send(self, data: bytes) -> None:
+        """Write to the stdin of a command started with ``Transport.open_session``."""
+        raise NotImplementedError(f"{type(self).__name__} has no open stdin")
+
+    def close_stdin(self) -> None:
+        """End a session's stdin (the command sees EOF)."""
+        raise NotImplementedError(f"{type(self).__name__} has no open stdin")
+
+    def wait_stdout_bytes(self, n: int, timeout_s: float) -> bool:
+        """Wait until at least ``n`` bytes of stdout have come back (or the command ended); True if so."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self.stdout_bytes_so_far()
+            if got is not None and got >= n:
+                return True
+            if self.poll() is not None or time.monotonic() >= deadline:
+                got = self.stdout_bytes_so_far()
+                return got is not None and got >= n
+            time.sleep(0.0005)
+
+    def stdout_so_far(self) -> bytes | None:
+        """Stdout delivered so far while running (None when not captured in memory); for short outputs,
+        such as a launched program's first records."""
+        chunks = getattr(self, "_out", None)
+        return b"".join(list(chunks)) if isinstance(chunks, list) else None
 
 
 def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -136,6 +175,19 @@ class Transport(abc.ABC):
 
     def __exit__(self, *exc):
         self.close()
+
+    # Backends whose commands can keep stdin open (open_session); the test double does not.
+    supports_sessions: bool = False
+
+    def open_session(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Process:
+        """Start a command in its own process group whose stdin stays open: ``send`` writes to it,
+        ``close_stdin`` ends it, and its stdout streams back as it prints. One command serves many request
+        and answer rounds over the open connection, with no session or process started per round."""
+        if not self.supports_sessions:
+            raise TransportError(f"{self.name}: this transport cannot keep a command's stdin open")
+        proc = self._start([str(a) for a in argv], _check_env(env), KEEP_STDIN_OPEN, None)
+        self._track(proc, True)
+        return proc
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
               log_path: str | None = None) -> Process:
@@ -226,6 +278,10 @@ class ScopedTransport(Transport):
 
     def forward_port(self, remote_host, remote_port):
         return self.inner.forward_port(remote_host, remote_port)
+
+    @property
+    def supports_sessions(self) -> bool:  # the node's backend decides
+        return self.inner.supports_sessions
 
     def close(self):
         pass

@@ -11,7 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from .base import Process, Transport
+from ..errors import TransportError
+from .base import KEEP_STDIN_OPEN, Process, Transport
 
 
 class _LocalProcess(Process):
@@ -19,6 +20,9 @@ class _LocalProcess(Process):
         self.popen = popen
         self.pid = popen.pid
         self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._out_cond = threading.Condition()
+        self._drained = 0  # streams read to their end
         self._err: list[bytes] = []
         self._threads = []
         if capture:
@@ -27,11 +31,37 @@ class _LocalProcess(Process):
                 t.start()
                 self._threads.append(t)
 
-    @staticmethod
-    def _drain(stream, sink):
-        for chunk in iter(lambda: stream.read(65536), b""):
-            sink.append(chunk)
+    def _drain(self, stream, sink):
+        # read1: whatever the pipe holds now, so output streams in as the command prints it (a launched
+        # reader's records, progress that stall detection watches) instead of in 64 KiB blocks.
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            with self._out_cond:
+                sink.append(chunk)
+                if sink is self._out:
+                    self._out_bytes += len(chunk)
+                    self._out_cond.notify_all()
         stream.close()
+        with self._out_cond:
+            self._drained += 1
+            self._out_cond.notify_all()
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.popen.stdin.write(data)
+            self.popen.stdin.flush()
+        except (AttributeError, OSError, ValueError) as exc:
+            raise TransportError(f"cannot write to the command's stdin: {exc}") from None
+
+    def close_stdin(self) -> None:
+        try:
+            self.popen.stdin.close()
+        except (AttributeError, OSError):
+            pass
+
+    def wait_stdout_bytes(self, n: int, timeout_s: float) -> bool:
+        with self._out_cond:
+            return self._out_cond.wait_for(lambda: self._out_bytes >= n or self._drained == 2, timeout_s) \
+                and self._out_bytes >= n
 
     def poll(self):
         return self.popen.poll()
@@ -66,6 +96,8 @@ class _LocalProcess(Process):
 class LocalTransport(Transport):
     """Runs commands on this machine with subprocess, each in a new session (process group)."""
 
+    supports_sessions = True
+
     def __init__(self, name: str = "local"):
         self.name = name
 
@@ -85,7 +117,7 @@ class LocalTransport(Transport):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
                              start_new_session=True)
         proc = _LocalProcess(p, capture=True)
-        if stdin is not None:
+        if stdin is not None and stdin is not KEEP_STDIN_OPEN:
             def feed():
                 try:
                     p.stdin.write(stdin)

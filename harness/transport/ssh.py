@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import select
 import shlex
 import socket
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..errors import HostKeyError, TransportError
-from .base import Process, Transport
+from .base import KEEP_STDIN_OPEN, Process, Transport
 
 # The remote wrapper: report the shell's pid and process group on stderr's first line, then exec the
 # command. sshd starts each session command as a session leader, so killing -PGID ends every child.
@@ -37,20 +38,41 @@ class _SSHProcess(Process):
         self.t = transport
         self.ch = channel
         self._out: list[bytes] = []
+        self._out_bytes = 0
         self._err = bytearray()
         self._err_chunks: list[bytes] = []
         self.pgid: int | None = None
         self._pid_seen = threading.Event()
         self._done = threading.Event()
+        self._out_cond = threading.Condition()
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
-        if stdin is not None:
+        if stdin is KEEP_STDIN_OPEN:
+            pass  # a session: send() writes, close_stdin() ends it
+        elif stdin is not None:
             threading.Thread(target=self._feed, args=(stdin,), daemon=True).start()
         else:
             try:
                 channel.shutdown_write()
             except Exception:  # noqa: BLE001 - channel may already be closed
                 pass
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.ch.sendall(data)
+        except Exception as exc:  # noqa: BLE001 - the channel or connection is gone
+            raise TransportError(f"{self.t.name}: cannot write to the command's stdin: {exc}") from None
+
+    def close_stdin(self) -> None:
+        try:
+            self.ch.shutdown_write()
+        except Exception:  # noqa: BLE001 - already closed
+            pass
+
+    def wait_stdout_bytes(self, n: int, timeout_s: float) -> bool:
+        with self._out_cond:
+            return self._out_cond.wait_for(lambda: self._out_bytes >= n or self._done.is_set(), timeout_s) \
+                and self._out_bytes >= n
 
     def _feed(self, data: bytes):
         try:
@@ -62,12 +84,19 @@ class _SSHProcess(Process):
     def _pump(self):
         ch = self.ch
         header = bytearray()
+        try:
+            wake_fd = ch.fileno()  # readable while either stream holds data, and at EOF or close
+        except Exception:  # noqa: BLE001 - no pipe: poll as before
+            wake_fd = None
         while True:
             got = False
             if ch.recv_ready():
                 data = ch.recv(65536)
                 if data:
-                    self._out.append(data)
+                    with self._out_cond:
+                        self._out.append(data)
+                        self._out_bytes += len(data)
+                        self._out_cond.notify_all()
                     got = True
             if ch.recv_stderr_ready():
                 data = ch.recv_stderr(65536)
@@ -87,12 +116,29 @@ class _SSHProcess(Process):
                         break
                 elif ch.closed:
                     break  # connection lost: no exit status will come
-            time.sleep(0.005)
+            # Sleep until data arrives instead of polling: one thread per running command, and a run has
+            # a reader per node. After EOF the pipe stays readable, so wait for the exit status instead.
+            if wake_fd is None:
+                time.sleep(0.005)
+            elif ch.eof_received:
+                ch.status_event.wait(0.1)
+            else:
+                try:
+                    select.select([wake_fd], [], [], 0.25)
+                except (OSError, ValueError):  # the channel closed its pipe under us
+                    time.sleep(0.005)
         if not self._pid_seen.is_set():
             if header:
                 self._err_chunks.append(bytes(header))
             self._pid_seen.set()
-        self._done.set()
+        if wake_fd is not None:
+            try:
+                ch.close()  # the command is over (or its connection is): frees the wake pipe's two fds
+            except Exception:  # noqa: BLE001
+                pass
+        with self._out_cond:
+            self._done.set()
+            self._out_cond.notify_all()
 
     def _scan_header(self, header: bytearray) -> None:
         """Find the wrapper's pid line; anything a login shell printed before it is ordinary stderr."""
@@ -155,6 +201,8 @@ def host_key_fingerprint(key) -> str:
 
 class SSHTransport(Transport):
     """paramiko backend: ~/.ssh/config, agent and key files, ProxyJump, strict host keys, keepalive."""
+
+    supports_sessions = True
 
     def __init__(self, host: str, port: int | None = None, user: str | None = None,
                  identity_file: str | None = None, proxy_jump: str | None = None,

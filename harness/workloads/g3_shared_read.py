@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import time
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from ..errors import WorkloadError
-from ..execute.clock import CLOCK_ARGV, applied_offset_s, measure_clock_offsets
+from ..execute.clock import CLOCK_SESSION_ARGV, applied_offset_s, measure_clock_offsets
 from ..execute.fanout import FailurePolicy, GroupResult, LaunchSpec, NodeOutcome, SynchronizedLaunch, fan_out
 from ..node import program_path
 from ..parsers.g3series import (NodeSeries, PortRate, aggregate, cross_check_port_rate, nic_ceiling_ratio,
@@ -29,6 +30,8 @@ from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, SeriesE
 
 LMCACHE_HEADER_BYTES = 28  # LMCache's fs connector: RemoteMetadata before each chunk's bytes
 MANIFEST = "kvgate-manifest.json"
+# The reader's armed record as it prints it (compact JSON, type first): arming is seen in the stream.
+ARMED_MARKER = b'{"type":"armed"'
 
 
 class G3Params(StrictModel):
@@ -227,7 +230,7 @@ class G3SharedRead(Workload):
                 "--interval-s", str(p.interval_s), "--armed-file", posixpath.join(nd, "armed"),
                 "--go-file", posixpath.join(nd, "go"), "--out", posixpath.join(nd, "series.jsonl"),
                 "--deadline-s", str(p.arm_timeout_s + p.read_timeout_s + 60))
-        return LaunchSpec(argv, posixpath.join(nd, "armed"), posixpath.join(nd, "go")), argv
+        return LaunchSpec(argv, posixpath.join(nd, "armed"), posixpath.join(nd, "go"), ARMED_MARKER), argv
 
     def _create_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[str, ...]:
         nd = _node_dir(node, ctx.gate.id)
@@ -246,7 +249,8 @@ class G3SharedRead(Workload):
                                self._create_argv(ctx, creator, p)))
         for r in readers:
             node = ctx.nodes[r]
-            out.append(PlannedStep(r, f"measure clock offset ({p.clock_samples} round trips)", CLOCK_ARGV))
+            out.append(PlannedStep(r, f"measure clock offset: one command, {p.clock_samples} round trips over its "
+                                   "open stdin (a newline in, the node's time out)", CLOCK_SESSION_ARGV))
             if p.drop_caches:
                 out.append(PlannedStep(r, "drop the page cache (recorded)", DROP_CACHES_ARGV))
             _, argv = self._reader_argv(ctx, node, p)
@@ -302,23 +306,29 @@ class G3SharedRead(Workload):
 
         live = {r: tr[r] for r in prep.succeeded}
         # 4. Clock offsets, cold caches.
+        t_phase = time.monotonic()
         offs = measure_clock_offsets(live, samples=p.clock_samples, timeout_s=p.clock_probe_timeout_s)
+        ctx.progress(f"{ctx.gate.id}: clock offsets of {len(live)} nodes in {time.monotonic() - t_phase:.1f} s")
         applied = {n: applied_offset_s(o, p.clock_alignment) for n, o in offs.succeeded.items()}
         ev.clock_offsets = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
         ev.clock_alignment = p.clock_alignment
         ev.clock_offset_errors = offs.failed
         live = {r: live[r] for r in offs.succeeded}
         if p.drop_caches:
+            t_phase = time.monotonic()
             drops = fan_out(live, lambda _n, t: drop_caches(ctx, t, timeout_s=120))
             ev.page_cache_dropped = {n: vars(o.value) if o.ok else {"dropped": False, "error": o.error}
                                      for n, o in drops.items()}
+            ctx.progress(f"{ctx.gate.id}: page cache dropped on {len(live)} nodes in {time.monotonic() - t_phase:.1f} s")
 
         # 5. Arm, release together, wait.
         specs = {r: self._reader_argv(ctx, ctx.nodes[r], p)[0] for r in live}
         launch = SynchronizedLaunch(live, specs, applied, policy, log_dir=ctx.gate_dir)
         with launch:
             ctx.progress(f"{ctx.gate.id}: arming readers on {len(live)} nodes")
+            t_phase = time.monotonic()
             armed = launch.arm(timeout_s=p.arm_timeout_s)
+            ctx.progress(f"{ctx.gate.id}: {len(armed.succeeded)} armed in {time.monotonic() - t_phase:.1f} s")
             if not policy.tolerates(armed) or not armed.succeeded:
                 launch.stop_all("arming failed beyond the failure policy")
             else:

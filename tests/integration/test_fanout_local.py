@@ -154,3 +154,39 @@ def test_a_silent_node_is_failed_and_stopped_while_the_others_read_on(tmp_path):
     partial = parse_reader_output(launch.runs["b"].stdout, "b")
     assert partial.series.intervals and not partial.series.completed
     assert gone(pgid_b)
+
+
+class CountingTransport(LocalTransport):
+    """A local node that remembers every command sent to it."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.sent = []
+
+    def run(self, argv, *a, **kw):
+        self.sent.append(tuple(argv))
+        return super().run(argv, *a, **kw)
+
+
+def test_arming_seen_in_the_output_stream_sends_no_command_per_check(tmp_path):
+    from harness.workloads.g3_shared_read import ARMED_MARKER
+
+    pool = make_pool(tmp_path, 64 << 20)
+    nodes = ["a", "b", "c"]
+    tr = {n: CountingTransport(n) for n in nodes}
+    specs = {n: LaunchSpec(s.argv, s.armed_path, s.go_path, ARMED_MARKER)
+             for n, s in specs_for(tmp_path, pool, nodes).items()}
+    with SynchronizedLaunch(tr, specs, {n: 0.0 for n in nodes}, log_dir=tmp_path / "log") as launch:
+        assert set(launch.arm(timeout_s=30).succeeded) == set(nodes)
+        go = launch.release()
+        res = launch.wait(timeout_s=60)
+    assert not res.failed
+    # One command per node (clearing a stale go file), none per armed check.
+    assert all(t.sent == [("rm", "-f", specs[n].go_path, specs[n].armed_path)] for n, t in tr.items())
+    assert launch.polled_rounds == 0
+    events = {e["event"]: e for e in launch.events}
+    # The start was set ahead by twice a probe round of go-file writes, and every real write beat it.
+    assert events["probe"]["failed"] == {} and events["released"]["late_go_writes"] == []
+    assert events["released"]["lead_s"] == pytest.approx(0.25 + 2 * events["probe"]["round_s"])
+    series = {n: parse_reader_output(launch.runs[n].stdout, n).series for n in nodes}
+    assert all(s.completed and s.started_at_s >= go - 0.001 for s in series.values())

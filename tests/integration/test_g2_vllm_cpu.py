@@ -77,7 +77,13 @@ def test_g2_passes_through_vllm_serve_with_hits_from_the_tier(tmp_path, engine_p
 
 
 def test_lmcache_connector_on_vllm_cpu_falls_back_and_is_invalid_naming_lmcache(tmp_path, engine_python):
-    out, pub = _run(tmp_path, _config(tmp_path, engine_python, engine="vllm-lmcache", prompt_tokens=[1026],
+    # The shipped vllm-lmcache profile, as is but for the CPU backend's memory check (on CPU,
+    # --gpu-memory-utilization is the share of the node's memory vLLM wants free at start).
+    prof = yaml.safe_load((ROOT / "workloads" / "engines" / "vllm-lmcache.yaml").read_text())
+    prof["argv"] += ["--gpu-memory-utilization", "0.25"]
+    (tmp_path / "vllm-lmcache.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    out, pub = _run(tmp_path, _config(tmp_path, engine_python, engine=str(tmp_path / "vllm-lmcache.yaml"),
+                                      prompt_tokens=[1026],
                                       prompts_per_length=1, populate_timeout_s=5))
     v = out.verdicts[0]
     result = json.loads((out.run_dir / "gates" / "G2" / "result.json").read_text())

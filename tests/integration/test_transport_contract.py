@@ -197,3 +197,36 @@ def test_forward_port_reaches_a_service_on_the_nodes_loopback(transport):
             assert port != srv.server_address[1]
     finally:
         srv.shutdown()
+
+
+def test_a_session_answers_many_rounds_over_one_command_and_ends_at_eof(transport):
+    proc = transport.open_session(["sh", "-c", "while read -r x; do echo \"got $x\"; done; echo bye"])
+    seen = 0
+    for word in ("a", "b", "c"):
+        proc.send(f"{word}\n".encode())
+        want = seen + len(f"got {word}\n")
+        assert proc.wait_stdout_bytes(want, timeout_s=20)
+        assert proc.stdout_so_far()[seen:want] == f"got {word}\n".encode()
+        seen = want
+    proc.close_stdin()
+    assert proc.wait(20) == 0
+    assert proc.output()[0] == b"got a\ngot b\ngot c\nbye\n"
+
+
+def test_a_session_is_stopped_with_its_process_group(transport):
+    tag = f"kvgate-session-{uuid.uuid4().hex[:8]}"
+    proc = transport.open_session(["bash", "-c", f"exec -a {tag} sleep 300"])
+    assert not proc.wait_stdout_bytes(1, timeout_s=0.3)  # nothing printed: the wait gives up in time
+    assert transport.abort() == 1
+    wait_no_process(tag, timeout_s=30)
+
+
+def test_clock_offsets_over_sessions_leave_no_probe_running(transport):
+    from harness.execute.clock import CLOCK_SESSION_ARGV, measure_clock_offsets
+
+    g = measure_clock_offsets({"n": transport}, samples=5)
+    off = g.succeeded["n"]
+    # The same clock on both ends, one round trip on an open session: no process start in the round trip.
+    assert off.samples == 5 and off.rtt_s < 0.1 and abs(off.offset_s) <= off.uncertainty_s + 1e-3
+    assert CLOCK_SESSION_ARGV[2] == "while read -r _; do date +%s.%N; done"
+    wait_no_process("while read -r _; do date [+]%s[.]%N; done", timeout_s=30)  # pgrep takes a regex

@@ -56,3 +56,14 @@ def test_lower_is_better_gate():
     assert evaluate(g, WorkloadResult({"ttft": 11.85}), "s").outcome is Outcome.PASS
     assert evaluate(g, WorkloadResult({"ttft": 15}), "s").outcome is Outcome.FAIL
     assert evaluate(g, WorkloadResult({"ttft": 21000}), "ms").outcome is Outcome.STOP
+
+
+def test_invalid_without_the_gate_metric_is_invalid_not_an_error():
+    """A workload that proves its figure would be meaningless (an engine that fell back) may stop before it
+    has the figure: that is INVALID with its reason, not ERROR 'did not report metric'."""
+    from harness.config.models import Gate
+    from harness.gates.verdict import Outcome, WorkloadResult, evaluate
+    gate = Gate.model_validate({"id": "G2", "title": "t", "workload": "g2-ttft", "metric": "readback_speedup_p50",
+                                "pass": ">= 2 x"})
+    v = evaluate(gate, WorkloadResult(metrics={"ttft_recompute_p50_s": 1.0}, invalid_reason="engine fell back"), "x")
+    assert v.outcome is Outcome.INVALID and v.reason == "engine fell back"
