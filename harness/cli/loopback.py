@@ -4,6 +4,10 @@
     kvgate loopback guest-down [--state-dir D]                 stop it by PID
     kvgate loopback up|status|down [-i inventory/loopback.yaml] [--node N] [--target T] [--no-verify]
 
+up, status and down act on every nvmeof-loopback target of the inventory (or the one named), in order (down
+in reverse). A loopback whose NQN a ``kind: nvmeof`` target of the node names is the target side only: the
+host side is that target's (``kvgate run`` connects it with ``connect: managed``).
+
 A node whose ``labels`` hold ``kvgate-guest: <state-dir or "default">`` is the guest: its address,
 port, key and known_hosts come from the guest's state file, since the forwarded port can change.
 
@@ -51,8 +55,8 @@ def register(subparsers) -> None:
                         ("down", "disconnect and tear down what exists, in reverse order")):
         c = sub.add_parser(name, help=help_)
         c.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
-        c.add_argument("--node", default=None, help="node name (default: the only node with a loopback target)")
-        c.add_argument("--target", default=None, help="target name (default: the node's only loopback target)")
+        c.add_argument("--node", default=None, help="node name (default: every node with a loopback target)")
+        c.add_argument("--target", default=None, help="target name (default: every loopback target)")
         c.add_argument("--state-dir", type=Path, default=None, help="guest state dir for kvgate-guest nodes")
         c.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
         c.add_argument("--steps-dir", type=Path, default=None,
@@ -85,13 +89,23 @@ def _guest_down(args) -> int:
     return EXIT_OK
 
 
-def pick_target(inventory, node_name: str | None, target_name: str | None):
-    """(node, target) for the loopback: explicit names, else the only nvmeof-loopback target."""
+def pick_targets(inventory, node_name: str | None, target_name: str | None) -> list:
+    """[(node, target)] of the loopback: the nvmeof-loopback targets matching the names (every one by default)."""
     cands = [(n, t) for n in inventory.nodes for t in n.targets if t.kind == "nvmeof-loopback"
              and (node_name is None or n.name == node_name) and (target_name is None or t.name == target_name)]
+    if not cands:
+        what = f"node={node_name or '*'} target={target_name or '*'}"
+        raise ConfigError(ConfigIssue(str(getattr(inventory, "path", "inventory")), None, "nodes[].targets[]",
+                                      f"expected an nvmeof-loopback target for {what}; found none"))
+    return cands
+
+
+def pick_target(inventory, node_name: str | None, target_name: str | None):
+    """(node, target) for the loopback: explicit names, else the only nvmeof-loopback target."""
+    cands = pick_targets(inventory, node_name, target_name)
     if len(cands) != 1:
         what = f"node={node_name or '*'} target={target_name or '*'}"
-        found = ", ".join(f"{n.name}/{t.name}" for n, t in cands) or "none"
+        found = ", ".join(f"{n.name}/{t.name}" for n, t in cands)
         raise ConfigError(ConfigIssue(str(getattr(inventory, "path", "inventory")), None, "nodes[].targets[]",
                                       f"expected exactly one nvmeof-loopback target for {what}; found {found}"))
     return cands[0]
@@ -99,40 +113,55 @@ def pick_target(inventory, node_name: str | None, target_name: str | None):
 
 def _provision(args) -> int:
     inv = load_inventory(given_or_shipped(args.inventory, "inventory"))
-    node, target = pick_target(inv, args.node, args.target)
-    spec = LoopbackSpec.from_target(target, node.name)
-    tr = open_node_transport(node, args.state_dir)
+    pairs = pick_targets(inv, args.node, args.target)
+    if args.loopback_op == "down":
+        pairs = pairs[::-1]  # an RDMA device shared by two targets goes with the last
+    steps_dir = args.steps_dir or Path("runs") / "loopback" / f"{args.loopback_op}-{time.strftime('%Y%m%d-%H%M%S')}"
+    steps = StepLog(steps_dir)
+    print(f"steps: {steps.root}", file=sys.stderr)
+    results, all_ok = [], True
+    opened: dict[str, object] = {}
     try:
-        steps_dir = args.steps_dir or Path("runs") / "loopback" / f"{args.loopback_op}-{time.strftime('%Y%m%d-%H%M%S')}"
-        steps = StepLog(steps_dir)
-        print(f"steps: {steps.root}", file=sys.stderr)
-        lb = Loopback(tr, spec, run=lambda name, argv, timeout_s: steps.run(tr, name, argv, timeout_s=timeout_s),
-                      progress=lambda m: print(m, file=sys.stderr))
-        if args.loopback_op == "status":
-            data, ok = lb.status(), True
-        elif args.loopback_op == "up":
-            res = lb.up(verify=not args.no_verify)
-            data, ok = res.as_dict(), res.ok
-        else:
-            res = lb.down()
-            data, ok = res.as_dict(), res.ok
+        for node, target in pairs:
+            spec = LoopbackSpec.from_target(target, node.name, node)
+            tr = opened.get(node.name) or opened.setdefault(node.name, open_node_transport(node, args.state_dir))
+            lb = Loopback(tr, spec, run=lambda name, argv, timeout_s, tr=tr: steps.run(tr, name, argv,
+                                                                                     timeout_s=timeout_s),
+                          progress=lambda m: print(m, file=sys.stderr))
+            if args.loopback_op == "status":
+                data, ok = lb.status(), True
+            elif args.loopback_op == "up":
+                res = lb.up(verify=not args.no_verify)
+                data, ok = res.as_dict(), res.ok
+            else:
+                res = lb.down()
+                data, ok = res.as_dict(), res.ok
+            results.append(data)
+            all_ok = all_ok and ok
+            if not args.json:
+                print(_human(args.loopback_op, data), flush=True)
+            if not ok and args.loopback_op == "up":
+                break  # the result says what failed; `down` removes what exists
     finally:
-        tr.close()
+        for tr in opened.values():
+            tr.close()
+    data = results[0] if len(results) == 1 else results
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=2, default=str))
     if args.json:
         print(json.dumps(data, indent=2, default=str))
-    else:
-        print(_human(args.loopback_op, data))
-    return EXIT_OK if ok else EXIT_INFRA
+    return EXIT_OK if all_ok else EXIT_INFRA
 
 
 def _human(op: str, data: dict) -> str:
     summary = data.get("summary", data)
     lines = [f"{summary['target']} ({summary['nqn']}) at {summary['address']}: {summary['state']}"
              + (f", device {summary['device']}" if summary.get("device") else "")
-             + (f", backing {summary['backing_device']}" if summary.get("backing_device") else "")]
+             + (f", backing {summary['backing_device']}" if summary.get("backing_device") else "")
+             + (f", RDMA {summary['rdma_device']}" if summary.get("rdma_device") else "")
+             + ("" if summary.get("host_side", "").startswith("connected") else
+                f" (target side only; host side {summary.get('host_side', '').replace('left to ', '')})")]
     missing = [k for k, v in summary["layers"].items() if not v]
     if summary["state"] == "partial":
         lines.append("  missing: " + ", ".join(missing))

@@ -19,6 +19,8 @@ USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 DEV_RE = re.compile(r"^/dev/[A-Za-z0-9._/-]+$")
 IFNAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
 NQN_RE = re.compile(r"^nqn\.\d{4}-\d{2}\.[A-Za-z0-9.:_-]+$")
+UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+NGUID_RE = re.compile(r"^(?:[0-9a-fA-F]-?){31}[0-9a-fA-F]$")
 GATE_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 
 
@@ -72,6 +74,20 @@ class Target(Strict):
     trsvcid: str | None = None
     backing: Literal["null_blk", "brd", "file", "block"] | None = None
     backing_path: str | None = None
+    # nvmeof-loopback over rdma: the NIC the soft-RoCE device goes on (rdma link add ... netdev NIC)
+    soft_roce_netdev: str | None = None
+    # nvmeof (the host side of an array): how kvgate finds, or makes, the connection and the namespace
+    connect: Literal["existing", "managed"] | None = None
+    nsid: int | None = Field(default=None, ge=1)
+    ns_uuid: str | None = None
+    nguid: str | None = None
+    host_nqn: str | None = None
+    host_id: str | None = None
+    nr_io_queues: int | None = Field(default=None, ge=1, le=1024)
+    queue_size: int | None = Field(default=None, ge=16, le=4096)
+    ctrl_loss_tmo_s: int | None = Field(default=None, ge=-1, le=86400)
+    connect_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    discovery_trsvcid: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -80,15 +96,35 @@ class Target(Strict):
             raise ValueError(f"invalid target name {v!r} (expected letters, digits, . _ -)")
         return v
 
-    @field_validator("kind")
+    @field_validator("soft_roce_netdev")
     @classmethod
-    def _kind(cls, v: str) -> str:
-        # Nothing connects to a remote NVMe-oF subsystem and finds its /dev/nvmeXnY yet (the NVMe-oF issue
-        # builds it); accepting the kind would measure whatever path or work directory the target falls back to.
-        if v == "nvmeof":
-            raise ValueError("kind 'nvmeof' is not supported yet: kvgate cannot connect to an NVMe-oF subsystem "
-                             "and find its device (expected file, directory, block or nvmeof-loopback; for a "
-                             "namespace already connected, declare kind: block with its /dev path)")
+    def _netdev(cls, v: str | None) -> str | None:
+        if v is not None and not IFNAME_RE.match(v):
+            raise ValueError(f"invalid interface name {v!r} (expected letters, digits, . _ -; at most 15)")
+        if v == "lo":
+            raise ValueError("soft-RoCE on lo does not carry NVMe/RDMA (nvme connect -t rdma fails with "
+                             "rdma_resolve_route failed (-110)); expected the NIC that holds traddr, e.g. eth0")
+        return v
+
+    @field_validator("host_nqn")
+    @classmethod
+    def _host_nqn(cls, v: str | None) -> str | None:
+        if v is not None and not NQN_RE.match(v):
+            raise ValueError(f"invalid host NQN {v!r} (expected nqn.YYYY-MM.reverse.domain:name)")
+        return v
+
+    @field_validator("host_id", "ns_uuid")
+    @classmethod
+    def _uuid(cls, v: str | None) -> str | None:
+        if v is not None and not UUID_RE.match(v):
+            raise ValueError(f"invalid UUID {v!r} (expected 8-4-4-4-12 hex digits)")
+        return v
+
+    @field_validator("nguid")
+    @classmethod
+    def _nguid(cls, v: str | None) -> str | None:
+        if v is not None and not NGUID_RE.match(v):
+            raise ValueError(f"invalid NGUID {v!r} (expected 32 hex digits, dashes allowed)")
         return v
 
     @field_validator("size_bytes", mode="before")
@@ -115,7 +151,7 @@ class Target(Strict):
             raise ValueError(f"invalid transport address {v!r} (expected an IP address or host name)")
         return v
 
-    @field_validator("trsvcid")
+    @field_validator("trsvcid", "discovery_trsvcid")
     @classmethod
     def _svc(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"\d{1,5}", str(v)):
@@ -135,7 +171,52 @@ class Target(Strict):
             raise ValueError("allow_destructive: true needs the device's serial number (serial: ...)")
         if self.kind in ("nvmeof", "nvmeof-loopback") and not self.nqn:
             raise ValueError(f"target kind {self.kind!r} needs an nqn")
+        if self.kind == "nvmeof":
+            self._check_nvmeof()
+        else:
+            host_side = [k for k in _NVMEOF_HOST_FIELDS if k in self.model_fields_set]
+            if host_side:
+                raise ValueError(f"{', '.join(host_side)}: only for kind nvmeof (the host side of an NVMe-oF "
+                                 f"target), not {self.kind}")
+        if self.soft_roce_netdev is not None and not (self.kind == "nvmeof-loopback" and self.transport == "rdma"):
+            raise ValueError("soft_roce_netdev: only for kind nvmeof-loopback with transport rdma")
+        if self.kind == "nvmeof-loopback" and self.transport == "rdma":
+            if not self.soft_roce_netdev:
+                raise ValueError("an nvmeof-loopback target over rdma needs soft_roce_netdev: the NIC that holds "
+                                 "traddr (kvgate adds a soft-RoCE device on it; not lo)")
+            if not self.traddr or self.traddr.startswith("127.") or self.traddr in ("::1", "[::1]", "localhost"):
+                raise ValueError(f"an nvmeof-loopback target over rdma needs traddr: an address of "
+                                 f"{self.soft_roce_netdev} (got {self.traddr!r}; loopback addresses do not route "
+                                 "over soft-RoCE)")
         return self
+
+    def _check_nvmeof(self) -> None:
+        if self.connect is None:
+            raise ValueError("target kind 'nvmeof' needs connect: existing (the node is already connected; kvgate "
+                             "finds the namespace by NQN) or managed (kvgate connects and disconnects)")
+        if self.transport not in ("tcp", "rdma"):
+            raise ValueError(f"target kind 'nvmeof' needs transport: tcp or rdma (got {self.transport!r})")
+        if not self.traddr:
+            raise ValueError("target kind 'nvmeof' needs traddr: the array's address (checked against the live "
+                             "controller; managed: where kvgate connects)")
+        if self.path is not None:
+            raise ValueError("path: a kind nvmeof target has no path: its /dev/nvmeXnY is found by NQN when the "
+                             "gate runs (the kernel picks the name)")
+        if self.backing is not None or self.backing_path is not None:
+            raise ValueError("backing: only for kind nvmeof-loopback (the target side kvgate provisions)")
+        if self.ns_uuid and self.nguid:
+            raise ValueError("ns_uuid and nguid: name the namespace by one of them (or by nsid)")
+        if self.connect == "existing":
+            managed_only = [k for k in _MANAGED_FIELDS if k in self.model_fields_set]
+            if managed_only:
+                raise ValueError(f"{', '.join(managed_only)}: only for connect: managed (with connect: existing "
+                                 "the connection is the node's own)")
+
+
+# Fields of the host side of an NVMe-oF target (kind nvmeof); the other kinds refuse them.
+_MANAGED_FIELDS = ("host_id", "nr_io_queues", "queue_size", "ctrl_loss_tmo_s", "connect_timeout_s",
+                   "discovery_trsvcid")
+_NVMEOF_HOST_FIELDS = ("connect", "nsid", "ns_uuid", "nguid", "host_nqn") + _MANAGED_FIELDS
 
 
 class Node(Strict):

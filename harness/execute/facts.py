@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..parsers.blockdev import LSBLK_ARGV, parse_lsblk
+from ..parsers.nvme import NVME_SYSFS_ARGV, fabric_view, parse_nvme_sysfs
+from ..parsers.rdma import IB_SYSFS_ARGV, RDMA_LINK_ARGV, parse_ib_sysfs, parse_rdma_links
 from ..parsers.facts import (SECTION_MARK, FactSection, parse_cpuinfo, parse_fact_sections, parse_meminfo,
                              parse_nics, parse_numa, parse_nvidia_smi_csv, parse_nvme_list, parse_nvme_list_subsys,
                              parse_os_release, parse_versions)
@@ -74,6 +76,12 @@ FACTS: tuple[Fact, ...] = (
     Fact("lsblk", LSBLK_ARGV, "snapshot", _block_devices, "block devices"),
     Fact("numa_nodes", NUMA_ARGV, "snapshot", lambda t: {"numa_cpulists": parse_numa(t)}, "NUMA CPU lists"),
     Fact("nics", NICS_ARGV, "snapshot", lambda t: {"nics": parse_nics(t)}, "NICs: speed, MTU, state, driver"),
+    Fact("nvme_sysfs", NVME_SYSFS_ARGV, "snapshot", lambda t: fabric_view(parse_nvme_sysfs(t)),
+         "NVMe(-oF) controllers (transport, address, state, queue count) and namespaces (ANA state), from sysfs"),
+    Fact("rdma_links", RDMA_LINK_ARGV, "snapshot", lambda t: {"rdma_links": [l.__dict__ for l in parse_rdma_links(t)]},
+         "RDMA links: state and the NIC under each (rdma link)", optional_tool=True),
+    Fact("rdma_sysfs", IB_SYSFS_ARGV, "snapshot", lambda t: {"rdma_devices": [d.as_dict() for d in parse_ib_sysfs(t)]},
+         "RDMA devices: port state, link layer, GID types, the NIC under each GID (/sys/class/infiniband)"),
     Fact("nvidia_smi", NVIDIA_SMI_ARGV, "provenance", lambda t: {"gpus": parse_nvidia_smi_csv(t)},
          "GPUs and driver", optional_tool=True, timeout_s=60),
     Fact("nvme_list", NVME_LIST_ARGV, "provenance", lambda t: {"nvme_controllers": parse_nvme_list(t)},
@@ -165,7 +173,7 @@ def collect_node_facts(transport, steps, engine_python: str | None = None) -> di
         r = section_result(fact, sections.get(fact.key), whole)
         steps.keep(transport.name, f"{fact.file}-{fact.key}", r, timeout_s=fact.timeout_s, part_of=whole_dir.name)
         if fact.optional_tool and _absent(r):
-            rec["absent"].append(fact.argv[0])
+            rec.setdefault("absent", []).append(fact.argv[0])
             continue
         if fact.key in _EMPTY_WHEN_NONE and not r.ok and not r.stdout.strip():
             rec[_EMPTY_WHEN_NONE[fact.key]] = []

@@ -1,8 +1,10 @@
-"""Pure parsers for the NVMe-oF loopback: nvme-cli JSON and configfs listings.
+"""Pure parsers for NVMe-oF: nvme-cli JSON (list-subsys, list -v, discover, connect), the NVMe sysfs
+attributes of controllers and namespaces, and the nvmet/null_blk configfs listings of the loopback.
 
-Every function takes the text a command printed and returns data; nothing here runs a command.
-Fixtures captured from the real guest (Debian kernel 6.1, nvme-cli 2.3) are under
-tests/fixtures/nvme/.
+Every function takes the text a command printed and returns data; nothing here runs a command (the argv
+constants beside them are what kvgate runs). Fixtures captured from the real guest (Debian kernel 6.1,
+nvme-cli 2.3) are under tests/fixtures/nvme/ (the loopback) and tests/fixtures/nvmeof/ (the host side over
+TCP and RDMA, native multipath and per-path devices).
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ from harness.errors import HarnessError
 
 NVMET_ROOT = "/sys/kernel/config/nvmet"
 NULLB_ROOT = "/sys/kernel/config/nullb"
+
+LIST_SUBSYS_ARGV = ("nvme", "list-subsys", "-o", "json")
+LIST_VERBOSE_ARGV = ("nvme", "list", "-v", "-o", "json")
+# Controllers (state, transport, address, queue count) and namespace block devices (nsid, UUID, NGUID, ANA
+# state of each path) as the kernel shows them: ``path:value`` lines, unreadable attributes left out.
+NVME_SYSFS_ARGV = ("sh", "-c",
+                   'for c in /sys/class/nvme/nvme*; do [ -d "$c" ] && grep -s -H . "$c/state" "$c/transport" '
+                   '"$c/address" "$c/queue_count" "$c/sqsize" "$c/subsysnqn" "$c/cntlid"; done; '
+                   'for b in /sys/block/nvme*; do [ -d "$b" ] && grep -s -H . "$b/nsid" "$b/uuid" "$b/nguid" '
+                   '"$b/ana_state" "$b/size"; done; true')
 
 
 class ParseError(HarnessError):
@@ -32,6 +44,7 @@ class NvmePath:
     transport: str
     address: dict[str, str]
     state: str
+    ana_state: str | None = None  # nvme-cli prints it when asked about a namespace, and in ``list -v``
 
 
 @dataclass(frozen=True)
@@ -94,7 +107,8 @@ def parse_list_subsys(text: str) -> list[NvmeSubsystem]:
         for sub in host.get("Subsystems", []) or []:
             paths = tuple(
                 NvmePath(controller=str(p.get("Name", "")), transport=str(p.get("Transport", "")),
-                         address=parse_address(str(p.get("Address", ""))), state=str(p.get("State", "")))
+                         address=parse_address(str(p.get("Address", ""))), state=str(p.get("State", "")),
+                         ana_state=str(p["ANAState"]) if p.get("ANAState") else None)
                 for p in sub.get("Paths", []) or [])
             if "NQN" not in sub:
                 raise ParseError(f"nvme list-subsys: a subsystem has no NQN: {sub!r}"[:200])
@@ -115,10 +129,18 @@ class NvmeNamespace:
     sector_size: int
     controllers: tuple[str, ...]
     paths: tuple[str, ...]  # per-controller paths such as nvme0c0n1 (where multipath statistics appear)
+    # The controller a per-path device belongs to (no native multipath: one nvmeXnY per controller);
+    # None for a native multipath head, which every controller of the subsystem serves.
+    controller: str | None = None
+    path_ana: tuple[tuple[str, str], ...] = ()  # (path, ANA state) of every path of a multipath head
+    serial: str | None = None
 
 
 def parse_list_verbose(text: str) -> list[NvmeNamespace]:
-    """Parse ``nvme list -v -o json`` (nvme-cli 2.x): namespaces per subsystem, by NQN."""
+    """Parse ``nvme list -v -o json`` (nvme-cli 2.x): namespaces per subsystem, by NQN.
+
+    With native multipath the subsystem lists the head (``nvme0n1``) and each controller its hidden path
+    (``nvme0c1n1``, with its ANA state); without it each controller lists its own ``nvmeXnY``."""
     data = load_json(text, "nvme list -v")
     if data is None:
         return []
@@ -130,12 +152,15 @@ def parse_list_verbose(text: str) -> list[NvmeNamespace]:
             nqn = str(sub.get("SubsystemNQN", ""))
             ctrls = sub.get("Controllers", []) or []
             ctrl_names = tuple(str(c.get("Controller", "")) for c in ctrls)
-            path_names = tuple(str(p.get("Path", "")) for c in ctrls for p in (c.get("Paths", []) or []))
-            namespaces = list(sub.get("Namespaces", []) or [])
+            paths = [p for c in ctrls for p in (c.get("Paths", []) or [])]
+            path_names = tuple(str(p.get("Path", "")) for p in paths)
+            path_ana = tuple((str(p.get("Path", "")), str(p["ANAState"])) for p in paths if p.get("ANAState"))
+            serials = {str(c.get("SerialNumber", "")).strip() for c in ctrls} - {""}
             # Without native multipath the namespaces hang under each controller instead.
+            namespaces = [(ns, None) for ns in sub.get("Namespaces", []) or []]
             for c in ctrls:
-                namespaces += list(c.get("Namespaces", []) or [])
-            for ns in namespaces:
+                namespaces += [(ns, str(c.get("Controller", ""))) for ns in c.get("Namespaces", []) or []]
+            for ns, ctrl in namespaces:
                 sector = int(ns.get("SectorSize", 0) or 0)
                 size = int(ns.get("PhysicalSize", 0) or 0)
                 if not size and sector:
@@ -143,7 +168,9 @@ def parse_list_verbose(text: str) -> list[NvmeNamespace]:
                 out.append(NvmeNamespace(subsystem=str(sub.get("Subsystem", "")), nqn=nqn,
                                          device=str(ns.get("NameSpace", "")), nsid=int(ns.get("NSID", 0) or 0),
                                          size_bytes=size, sector_size=sector, controllers=ctrl_names,
-                                         paths=path_names))
+                                         paths=path_names if ctrl is None else (),
+                                         controller=ctrl, path_ana=path_ana if ctrl is None else (),
+                                         serial=serials.pop() if len(serials) == 1 else None))
     return out
 
 
@@ -167,6 +194,99 @@ def find_namespace_device(subsystems: list[NvmeSubsystem], namespaces: list[Nvme
     if sub.instance is not None and not namespaces:
         return f"/dev/nvme{sub.instance}n{nsid}"
     return None
+
+
+@dataclass(frozen=True)
+class NvmeSysfs:
+    """``NVME_SYSFS_ARGV``'s view: controller attributes by controller (nvme0) and namespace block device
+    attributes by device (nvme0n1, nvme0c1n1), each attribute name -> value."""
+
+    controllers: dict[str, dict[str, str]]
+    blocks: dict[str, dict[str, str]]
+
+    def queue_count(self, controller: str) -> int | None:
+        v = self.controllers.get(controller, {}).get("queue_count", "")
+        return int(v) if v.isdigit() else None
+
+
+_SYSFS_LINE = re.compile(r"^/sys/(class/nvme|block)/(nvme[0-9a-z]+)/([a-z_]+):(.*)$")
+
+
+def parse_nvme_sysfs(text: str) -> NvmeSysfs:
+    """Parse ``NVME_SYSFS_ARGV``'s ``/sys/class/nvme/nvmeX/attr:value`` and ``/sys/block/nvmeXnY/attr:value``
+    lines. Paths hold no ':' (NVMe names), values may (addresses, NQNs)."""
+    ctrls: dict[str, dict[str, str]] = {}
+    blocks: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        m = _SYSFS_LINE.match(line.strip())
+        if not m:
+            continue
+        where = ctrls if m.group(1) == "class/nvme" else blocks
+        where.setdefault(m.group(2), {})[m.group(3)] = m.group(4).strip()
+    return NvmeSysfs(ctrls, blocks)
+
+
+def fabric_view(sysfs: NvmeSysfs) -> dict[str, list[dict]]:
+    """The snapshot's NVMe(-oF) view from sysfs: controllers (transport, address, state, queue count, subsystem
+    NQN) and namespace block devices (a multipath head or a path, with its ANA state)."""
+    def num(v: str | None) -> int | None:
+        return int(v) if v and v.isdigit() else None
+    ctrls = [{"controller": name, "transport": a.get("transport"), "address": a.get("address"),
+              "state": a.get("state"), "queue_count": num(a.get("queue_count")), "sqsize": num(a.get("sqsize")),
+              "subsystem_nqn": a.get("subsysnqn"), "cntlid": num(a.get("cntlid"))}
+             for name, a in sorted(sysfs.controllers.items())]
+    blocks = [{"device": name, "nsid": num(a.get("nsid")), "uuid": a.get("uuid"), "nguid": a.get("nguid"),
+               "ana_state": a.get("ana_state"), "size_bytes": num(a.get("size")) * 512 if num(a.get("size"))
+               is not None else None}
+              for name, a in sorted(sysfs.blocks.items())]
+    return {"nvme_fabric_controllers": ctrls, "nvme_namespace_devices": blocks}
+
+
+def normalize_id(value: str | None) -> str:
+    """A namespace UUID or NGUID compared without dashes or case."""
+    return (value or "").replace("-", "").lower()
+
+
+@dataclass(frozen=True)
+class DiscoveryRecord:
+    """One entry of a discovery log page (``nvme discover -o json``)."""
+
+    trtype: str
+    traddr: str
+    trsvcid: str
+    subnqn: str
+    subtype: str
+    adrfam: str = ""
+    portid: int | None = None
+
+
+def parse_discovery_log(text: str) -> list[DiscoveryRecord]:
+    """Parse ``nvme discover -o json`` (nvme-cli 2.x: ``{"genctr": N, "records": [...]}``)."""
+    data = load_json(text, "nvme discover")
+    if data is None:
+        return []
+    if not isinstance(data, dict) or not isinstance(data.get("records", []), list):
+        raise ParseError("nvme discover: expected {\"records\": [...]}")
+    out = []
+    for r in data.get("records", []):
+        if not isinstance(r, dict) or "subnqn" not in r:
+            raise ParseError(f"nvme discover: a record has no subnqn: {r!r}"[:200])
+        port = r.get("portid")
+        out.append(DiscoveryRecord(trtype=str(r.get("trtype", "")), traddr=str(r.get("traddr", "")),
+                                   trsvcid=str(r.get("trsvcid", "")), subnqn=str(r["subnqn"]),
+                                   subtype=str(r.get("subtype", "")), adrfam=str(r.get("adrfam", "")),
+                                   portid=int(port) if isinstance(port, int) else None))
+    return out
+
+
+def parse_connect_device(text: str) -> str | None:
+    """The controller ``nvme connect -o json`` made (``{"device": "nvme0"}``), None when it printed none."""
+    try:
+        data = load_json(text, "nvme connect")
+    except ParseError:
+        return None
+    dev = data.get("device") if isinstance(data, dict) else None
+    return str(dev) if isinstance(dev, str) and re.fullmatch(r"nvme\d+", dev) else None
 
 
 # ------------------------------------------------------------------------------------- configfs

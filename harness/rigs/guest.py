@@ -9,7 +9,11 @@ qemu TCG with an initramfs that holds:
   --show-depends`` on a ``depmod -b`` tree, plus real ``kmod`` so ``modprobe`` works in
   the guest exactly as on a real host;
 * busybox (static) for the base system and init (busybox init reaps orphans);
-* fio, nvme-cli, sshd and sftp-server copied from this host with their shared libraries.
+* fio, nvme-cli, sshd and sftp-server copied from this host with their shared libraries;
+* soft-RoCE: ``rdma_rxe`` with the RDMA core (ib_core, ib_uverbs, rdma_cm, iw_cm, ib_cm), ``nvme-rdma`` and
+  ``nvmet-rdma``, the crc32 modules rdma_rxe asks the crypto API for, and iproute2's ``rdma`` tool. An
+  RDMA link is added on the guest's virtio NIC (``rdma link add ... type rxe netdev eth0``), never on
+  ``lo``, where ``nvme connect -t rdma`` fails with ``rdma_resolve_route failed (-110)``.
 
 qemu user networking with ``restrict=on,hostfwd=tcp:127.0.0.1:PORT-:22`` makes the guest
 an ordinary SSH node on the loopback address. The guest is started in its own session
@@ -43,6 +47,9 @@ from ..transport.local import free_port
 GUEST_MODULES = (
     "virtio_pci", "virtio_net", "configfs", "nvmet", "nvmet-tcp", "nvme-tcp",
     "null_blk", "brd", "crc32c_generic", "ext4", "loop",
+    # soft-RoCE and NVMe over RDMA; rdma_rxe asks the crypto API for "crc32" at link creation (no module
+    # dependency names it), so both implementations ride along
+    "crc32_generic", "crc32-pclmul", "rdma_rxe", "ib_uverbs", "rdma_cm", "nvme-rdma", "nvmet-rdma",
 )
 
 # Host binaries copied into the guest with their libraries, and the package each comes from.
@@ -55,6 +62,9 @@ HOST_BINARIES = {
     # the write guard (harness.writeguard) inspects a backing device with lsblk and blkid -p before writing
     "/usr/bin/lsblk": "util-linux",
     "/usr/sbin/blkid": "util-linux",
+    # RDMA links (soft-RoCE) and the RDMA facts kvgate records; not `ip`: busybox's applet serves the base
+    # system, and a real ip copied over /bin/ip would overwrite busybox itself through the applet's symlink
+    "/usr/bin/rdma": "iproute2",
 }
 # Host tools the build itself runs, and the package that provides each.
 BUILD_TOOLS = {
@@ -128,7 +138,7 @@ GROUP = "root:x:0:\nnogroup:x:65534:\n"
 SHADOW = "root:*:19000:0:99999:7:::\nsshd:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n"
 
 # Bump when the layout of the initramfs changes in a way the texts above do not show.
-BUILD_FORMAT = "1"
+BUILD_FORMAT = "2"
 
 
 class GuestError(HarnessError):
@@ -406,6 +416,8 @@ def _populate_base(stage: Path, host_key: Path, client_key: Path) -> None:
             _copy_into(stage, lib)
     for name in KMOD_LINKS:
         os.symlink("../bin/kmod", stage / "usr" / "sbin" / name)
+    # the kernel's module autoloader runs /sbin/modprobe (e.g. rdma-link-rxe, crypto-crc32)
+    os.symlink("../usr/bin/kmod", stage / "sbin" / "modprobe")
     files = {
         "etc/inittab": INITTAB, "etc/init.d/rcS": RCS, "etc/ssh/sshd_config": SSHD_CONFIG,
         "etc/passwd": PASSWD, "etc/group": GROUP, "etc/shadow": SHADOW,
@@ -449,13 +461,14 @@ def port_is_free(port: int) -> bool:
 
 
 def qemu_argv(image: GuestImage, ssh_port: int, console_log: Path, memory_mib: int = 2048,
-              smp: int = 2) -> list[str]:
-    """The qemu command line (TCG, user networking restricted to a 127.0.0.1 forward)."""
+              smp: int = 2, kernel_args: str = "") -> list[str]:
+    """The qemu command line (TCG, user networking restricted to a 127.0.0.1 forward); ``kernel_args`` are
+    appended to the kernel command line (e.g. ``nvme_core.multipath=N`` for per-path NVMe devices)."""
     return [
         "qemu-system-x86_64",
         "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp), "-m", str(memory_mib),
         "-kernel", str(image.kernel_path), "-initrd", str(image.initrd_path),
-        "-append", "console=ttyS0 rdinit=/init panic=-1 nokaslr mitigations=off",
+        "-append", ("console=ttyS0 rdinit=/init panic=-1 nokaslr mitigations=off " + kernel_args).strip(),
         "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{ssh_port}-:22",
         "-device", "virtio-net-pci,netdev=n0",
         "-display", "none", "-monitor", "none", "-no-reboot",
@@ -483,7 +496,8 @@ def _console_tail(path: Path, n: int = 20) -> str:
 
 
 def start_guest(image: GuestImage, state_dir: Path, ssh_port: int | None = None, memory_mib: int = 2048,
-                smp: int = 2, boot_timeout_s: float = 240.0, progress=lambda msg: None) -> GuestState:
+                smp: int = 2, boot_timeout_s: float = 240.0, progress=lambda msg: None,
+                kernel_args: str = "") -> GuestState:
     """Start qemu in its own session, wait for sshd's banner, record the state file.
 
     Picks another port when the requested one is taken. On a boot failure qemu is stopped,
@@ -499,7 +513,7 @@ def start_guest(image: GuestImage, state_dir: Path, ssh_port: int | None = None,
         if ssh_port and attempt == 0 and not port_is_free(port):
             progress(f"port 127.0.0.1:{port} is taken, picking another")
             continue
-        argv = qemu_argv(image, port, console_log, memory_mib, smp)
+        argv = qemu_argv(image, port, console_log, memory_mib, smp, kernel_args)
         (state_dir / "qemu.argv.json").write_text(json.dumps(argv))
         t0 = time.monotonic()
         with open(qemu_log, "wb") as err:

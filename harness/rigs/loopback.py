@@ -1,4 +1,12 @@
-"""Single-node NVMe-oF loopback: kernel nvmet target + nvme-tcp initiator on one node.
+"""Single-node NVMe-oF loopback: kernel nvmet target + NVMe/TCP or NVMe/RDMA initiator on one node.
+
+Over RDMA the port is soft-RoCE: ``rdma_rxe`` on a real NIC of the node (``soft_roce_netdev``; never ``lo``,
+where ``nvme connect -t rdma`` fails with ``rdma_resolve_route failed (-110)``), added as
+``rdma link add kvgate-<nic> type rxe netdev <nic>`` unless an RDMA device is already on that NIC.
+
+When the node also declares a ``kind: nvmeof`` target with the same NQN, the loopback is the target side only
+(the array, as it were): ``up`` provisions nvmet and leaves the connect to that target (``connect: managed`` in
+``kvgate run``), and it allows that target's host NQN. ``down`` always disconnects a host left connected.
 
 Provisioning is agentless: plain argv commands through a Transport (modprobe, mkdir/ln/rm/rmdir
 in configfs, ``sh -c 'printf ...'`` to write an attribute, nvme-cli). The flow is
@@ -26,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import HarnessError
 from ..parsers import nvme as P
+from ..parsers.rdma import RDMA_LINK_ARGV, RdmaLink, parse_rdma_links
 from ..writeguard import CREATED_SUFFIX, WriteDecision, check_write
 
 Runner = Callable[[str, Sequence[str], float | None], Any]  # returns a CommandResult
@@ -33,7 +42,8 @@ Runner = Callable[[str, Sequence[str], float | None], Any]  # returns a CommandR
 DEFAULT_SIZE_BYTES = 256 * 1024 * 1024
 INTEGRITY_CHUNK = 65536
 INTEGRITY_LEN_BYTES = 1024 * 1024
-TARGET_MODULES = ("nvmet", "nvmet-tcp", "nvme-tcp")
+TARGET_MODULES = {"tcp": ("nvmet", "nvmet-tcp", "nvme-tcp"), "rdma": ("rdma_rxe", "nvmet", "nvmet-rdma", "nvme-rdma")}
+RDMA_LINK_PREFIX = "kvgate-"  # soft-RoCE devices kvgate added (and so may delete): kvgate-<nic>
 
 
 class LoopbackError(HarnessError):
@@ -61,10 +71,15 @@ class LoopbackSpec:
     link_path: str | None = None
     allow_destructive: bool = False
     serial: str | None = None  # the backing device's serial (see harness.writeguard), checked before writes
+    soft_roce_netdev: str | None = None  # rdma: the NIC the soft-RoCE device sits on
+    connect_host: bool = True  # False: target side only (a kind nvmeof target of the node connects)
 
     def __post_init__(self):
-        if self.transport != "tcp":
-            raise LoopbackError(f"target {self.name}: loopback supports transport tcp only, got {self.transport!r}")
+        if self.transport not in TARGET_MODULES:
+            raise LoopbackError(f"target {self.name}: loopback supports transport tcp or rdma, got {self.transport!r}")
+        if self.transport == "rdma" and (not self.soft_roce_netdev or self.soft_roce_netdev == "lo"):
+            raise LoopbackError(f"target {self.name}: rdma needs soft_roce_netdev, a NIC other than lo "
+                                "(got {self.soft_roce_netdev!r})")
         if self.backing not in ("null_blk", "brd", "file", "block"):
             raise LoopbackError(f"target {self.name}: unknown backing {self.backing!r}")
         if self.backing in ("file", "block") and not self.backing_path:
@@ -101,13 +116,19 @@ class LoopbackSpec:
     def host_dir(self) -> str:
         return f"{P.NVMET_ROOT}/hosts/{self.host_nqn}"
 
+    @property
+    def rdma_link_name(self) -> str:
+        return f"{RDMA_LINK_PREFIX}{self.soft_roce_netdev}"
+
     @classmethod
-    def from_target(cls, target: Any, node_name: str) -> "LoopbackSpec":
-        """From an inventory ``Target`` of kind ``nvmeof-loopback``."""
+    def from_target(cls, target: Any, node_name: str, node: Any = None) -> "LoopbackSpec":
+        """From an inventory ``Target`` of kind ``nvmeof-loopback``. With its ``node``: a ``kind: nvmeof`` target
+        of the node naming the same NQN makes this the target side only, allowing that target's host NQN."""
         if getattr(target, "kind", None) != "nvmeof-loopback":
             raise LoopbackError(f"target {target.name} on node {node_name} has kind {target.kind!r}, "
                                 "expected nvmeof-loopback")
-        host_nqn = f"nqn.2024-01.io.kvgate:host-{node_name}"
+        served = [t for t in (getattr(node, "targets", None) or []) if t.kind == "nvmeof" and t.nqn == target.nqn]
+        host_nqn = next((t.host_nqn for t in served if t.host_nqn), None) or f"nqn.2024-01.io.kvgate:host-{node_name}"
         return cls(
             name=target.name, nqn=target.nqn, host_nqn=host_nqn,
             host_id=str(uuid.uuid5(uuid.NAMESPACE_URL, host_nqn)),
@@ -115,7 +136,8 @@ class LoopbackSpec:
             transport=target.transport or "tcp", backing=target.backing or "null_blk",
             backing_path=target.backing_path, size_bytes=target.size_bytes or DEFAULT_SIZE_BYTES,
             link_path=target.path, allow_destructive=bool(target.allow_destructive),
-            serial=getattr(target, "serial", None),
+            serial=getattr(target, "serial", None), soft_roce_netdev=getattr(target, "soft_roce_netdev", None),
+            connect_host=not served,
         )
 
 
@@ -136,6 +158,7 @@ class LoopbackState:
     subsystems: list[P.NvmeSubsystem] = field(default_factory=list)
     namespaces: list[P.NvmeNamespace] = field(default_factory=list)
     link_target: str | None = None
+    rdma_links: list[RdmaLink] = field(default_factory=list)
 
 
 def probe_commands(spec: LoopbackSpec) -> dict[str, tuple[str, ...]]:
@@ -145,9 +168,11 @@ def probe_commands(spec: LoopbackSpec) -> dict[str, tuple[str, ...]]:
         "nvmet-find": ("find", P.NVMET_ROOT),
         "nvmet-attrs": ("grep", "-rs", ".", P.NVMET_ROOT),
         "block-devices": ("ls", "/sys/block"),
-        "list-subsys": ("nvme", "list-subsys", "-o", "json"),
-        "list-namespaces": ("nvme", "list", "-v", "-o", "json"),
+        "list-subsys": P.LIST_SUBSYS_ARGV,
+        "list-namespaces": P.LIST_VERBOSE_ARGV,
     }
+    if spec.transport == "rdma":
+        cmds["rdma-links"] = RDMA_LINK_ARGV
     if spec.backing == "null_blk":
         cmds["nullb-attrs"] = ("grep", "-rs", ".", P.NULLB_ROOT)
     if spec.backing == "brd":
@@ -187,6 +212,7 @@ def parse_state(outputs: dict[str, tuple[int | None, str]]) -> LoopbackState:
         raise
     link = out("link").strip()
     st.link_target = link or None
+    st.rdma_links = parse_rdma_links(out("rdma-links"))
     return st
 
 
@@ -212,6 +238,11 @@ def nvme_device(spec: LoopbackSpec, st: LoopbackState) -> str | None:
     return P.find_namespace_device(st.subsystems, st.namespaces, spec.nqn, spec.nsid)
 
 
+def rdma_link(spec: LoopbackSpec, st: LoopbackState) -> RdmaLink | None:
+    """The RDMA device on the spec's NIC (kvgate's or one that was there), if any."""
+    return next((link for link in st.rdma_links if link.netdev == spec.soft_roce_netdev), None)
+
+
 def summarize(spec: LoopbackSpec, st: LoopbackState) -> dict[str, Any]:
     """Status as data: each layer present or not, and the overall state up / down / partial."""
     sub = st.nvmet.subsystems.get(spec.nqn)
@@ -220,20 +251,25 @@ def summarize(spec: LoopbackSpec, st: LoopbackState) -> dict[str, Any]:
     conn = P.find_subsystem(st.subsystems, spec.nqn)
     layers = {
         "backing": backing_device(spec, st) is not None if spec.backing != "block" else True,
+        **({"rdma_link": rdma_link(spec, st) is not None} if spec.transport == "rdma" else {}),
         "host": spec.host_nqn in st.nvmet.hosts,
         "subsystem": sub is not None,
         "allowed_host": bool(sub and spec.host_nqn in sub.allowed_hosts),
         "namespace_enabled": bool(ns and ns.enabled),
         "port": port is not None,
         "port_link": bool(port and spec.nqn in port.subsystems),
-        "connected": bool(conn and conn.live),
-        "device": nvme_device(spec, st) is not None,
     }
-    if spec.link_path:
-        layers["link"] = st.link_target is not None
+    if spec.connect_host:
+        layers.update(connected=bool(conn and conn.live), device=nvme_device(spec, st) is not None)
+        if spec.link_path:
+            layers["link"] = st.link_target is not None
     # A block device, or a file kvgate did not create, belongs to the user: not ours to count or remove.
     foreign_backing = spec.backing == "block" or (spec.backing == "file" and not st.file_created_by_kvgate)
-    owned = {k: v for k, v in layers.items() if not (k == "backing" and foreign_backing)}
+    # an RDMA device on the NIC that kvgate did not add is the node's: present or not, not ours to count
+    foreign_rdma = spec.transport == "rdma" and (rdma_link(spec, st) is not None and
+                                                  rdma_link(spec, st).device != spec.rdma_link_name)
+    owned = {k: v for k, v in layers.items() if not (k == "backing" and foreign_backing)
+             and not (k == "rdma_link" and foreign_rdma)}
     if all(owned.values()):
         overall = "up"
     elif not any(owned.values()):
@@ -247,6 +283,10 @@ def summarize(spec: LoopbackSpec, st: LoopbackState) -> dict[str, Any]:
         "multipath_paths": sorted({p for ns_ in st.namespaces if ns_.nqn == spec.nqn for p in ns_.paths}),
         "link_path": spec.link_path,
         "owned_layers": sorted(owned),
+        "host_side": "connected by this loopback" if spec.connect_host else
+        "left to the node's kind: nvmeof target with this NQN",
+        "rdma_device": (lambda link: f"{link.device} port {link.port} on {link.netdev} ({link.state})"
+                        if link else None)(rdma_link(spec, st)) if spec.transport == "rdma" else None,
     }
 
 
@@ -270,10 +310,15 @@ def write_attr(name: str, path: str, value: str, why: str = "") -> Action:
 def plan_backing(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
     """Modules, configfs mount and the backing store."""
     acts: list[Action] = []
-    for mod in TARGET_MODULES:
-        acts.append(Action(f"modprobe-{mod}", ("modprobe", mod), "kernel NVMe/TCP target and initiator"))
+    for mod in TARGET_MODULES[spec.transport]:
+        acts.append(Action(f"modprobe-{mod}", ("modprobe", mod),
+                           f"kernel NVMe/{spec.transport.upper()} target and initiator"))
     if not st.configfs_mounted:
         acts.append(Action("mount-configfs", ("mount", "-t", "configfs", "none", "/sys/kernel/config")))
+    if spec.transport == "rdma" and rdma_link(spec, st) is None:
+        acts.append(Action("rdma-link-add", ("rdma", "link", "add", spec.rdma_link_name, "type", "rxe", "netdev",
+                                             spec.soft_roce_netdev),
+                           f"soft-RoCE on {spec.soft_roce_netdev}: the nvmet RDMA port listens on its address"))
     if spec.backing == "null_blk":
         acts.append(Action("modprobe-null_blk", ("modprobe", "null_blk", "nr_devices=0"),
                            "no default nullb0; devices are made in configfs"))
@@ -337,7 +382,7 @@ def plan_target(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
                                    "file backing: page cache, works on filesystems without O_DIRECT"))
         acts.append(write_attr("ns-enable", f"{spec.ns_dir}/enable", "1"))
     port = nv.ports.get(spec.port_id)
-    want = {"trtype": "tcp", "adrfam": "ipv6" if ":" in spec.traddr else "ipv4",
+    want = {"trtype": spec.transport, "adrfam": "ipv6" if ":" in spec.traddr else "ipv4",
             "traddr": spec.traddr, "trsvcid": spec.trsvcid}
     if port is None:
         acts.append(Action("port-mkdir", ("mkdir", spec.port_dir)))
@@ -354,7 +399,7 @@ def plan_target(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
     if port is None or spec.nqn not in port.subsystems:
         acts.append(Action("port-link", ("ln", "-s", spec.subsys_dir, f"{spec.port_dir}/subsystems/{spec.nqn}")))
     conn = P.find_subsystem(st.subsystems, spec.nqn)
-    if conn is None:
+    if conn is None and spec.connect_host:
         acts.append(Action("nvme-connect", (
             "nvme", "connect", "-t", spec.transport, "-a", spec.traddr, "-s", spec.trsvcid, "-n", spec.nqn,
             "--hostnqn", spec.host_nqn, "--hostid", spec.host_id)))
@@ -406,6 +451,13 @@ def plan_down(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
         acts.append(Action("file-remove", ("rm", "-f", spec.backing_path, spec.backing_path + CREATED_SUFFIX)))
     if spec.backing == "brd" and "ram0" in st.block_devices:
         acts.append(Action("rmmod-brd", ("rmmod", "brd"), "the RAM disk and its memory"))
+    link = rdma_link(spec, st) if spec.transport == "rdma" else None
+    # the RDMA device goes with the last RDMA port: none other, and this one removed above (no other subsystem)
+    other_rdma_ports = [pid for pid, p in nv.ports.items() if p.trtype == "rdma" and
+                        (pid != spec.port_id or p.subsystems - {spec.nqn})]
+    if link is not None and link.device == spec.rdma_link_name and not other_rdma_ports:
+        acts.append(Action("rdma-link-delete", ("rdma", "link", "delete", link.device),
+                           "the soft-RoCE device kvgate added (no other RDMA port needs it)"))
     return acts
 
 
@@ -563,6 +615,13 @@ class Loopback:
                 return LoopbackResult(summarize(self.spec, self.probe()), records,
                                       error=f"backing setup failed at {records[-1].name}: {records[-1].stderr}")
             st = self.probe()
+            # a RAM-backed device the kernel was just asked for: wait for it rather than race it (seen once
+            # under a loaded TCG guest: the null_blk device was not listed by the probe right after power=1)
+            deadline = self.clock() + wait_s
+            while (self.spec.backing in ("null_blk", "brd") and backing_device(self.spec, st) is None
+                   and self.clock() < deadline):
+                self.sleep(0.5)
+                st = self.probe()
             if not self._execute(plan_target(self.spec, st), records, stop_on_error=True):
                 return LoopbackResult(summarize(self.spec, self.probe()), records,
                                       error=f"target setup failed at {records[-1].name}: {records[-1].stderr}")
@@ -570,14 +629,15 @@ class Loopback:
             return LoopbackResult(summarize(self.spec, self.probe()), records, error=str(exc))
         deadline = self.clock() + wait_s
         st = self.probe()
-        while nvme_device(self.spec, st) is None and self.clock() < deadline:
+        while self.spec.connect_host and nvme_device(self.spec, st) is None and self.clock() < deadline:
             self.sleep(0.5)
             st = self.probe()
         dev = nvme_device(self.spec, st)
-        if dev is None:
+        if dev is None and self.spec.connect_host:
             return LoopbackResult(summarize(self.spec, st), records,
                                   error=f"no /dev/nvme*n{self.spec.nsid} for {self.spec.nqn} after {wait_s:.0f} s")
-        self._execute(plan_link(self.spec, st), records, stop_on_error=False)
+        if self.spec.connect_host:
+            self._execute(plan_link(self.spec, st), records, stop_on_error=False)
         # Every layer must be there before `up` says so: on a loaded node the controller can still be
         # connecting (or resetting) when the device node appears.
         deadline = self.clock() + wait_s
@@ -592,7 +652,7 @@ class Loopback:
             missing = [k for k in summary["owned_layers"] if not summary["layers"][k]]
             result.error = f"{self.spec.nqn} not up after {wait_s:.0f} s: missing {', '.join(missing)}"
             return result
-        if verify:
+        if verify and self.spec.connect_host:  # target side only: the nvmeof target's gates check the data
             result.integrity = self.check_integrity(st)
             if not result.integrity.ok:
                 errs = [f"{c.direction}: {c.error}" for c in result.integrity.checks if c.error]
@@ -607,14 +667,20 @@ class Loopback:
         self._execute(plan_down(self.spec, st), records, stop_on_error=False)
         st = self.probe()
         summary = summarize(self.spec, st)
-        leftover = [k for k in summary["owned_layers"] if summary["layers"][k]]
+        # the host entry stays while another subsystem still allows it (two loopback targets share a host NQN)
+        shared_host = any(self.spec.host_nqn in sub.allowed_hosts for nqn, sub in st.nvmet.subsystems.items()
+                          if nqn != self.spec.nqn)
+        leftover = [k for k in summary["owned_layers"] if summary["layers"][k] and not (k == "host" and shared_host)]
         err = f"left behind: {', '.join(leftover)}" if leftover else None
         return LoopbackResult(summary, records, error=err)
 
     # -- integrity
     def check_integrity(self, st: LoopbackState | None = None, length_bytes: int = INTEGRITY_LEN_BYTES,
-                        seed: str = "kvgate") -> IntegrityResult:
-        """Read a known pattern back through NVMe/TCP and compare with the backing store.
+                        seed: str = "kvgate", device: str | None = None) -> IntegrityResult:
+        """Read a known pattern back through NVMe-oF and compare with the backing store.
+
+        ``device``: the namespace device to go through instead of this loopback's own connection (the one a
+        ``kind: nvmeof`` target of the node found by NQN; its writes passed the write guard already).
 
         A null_blk backing kvgate made, and backings the write guard (harness.writeguard) allows get a
         pattern written on the backing and read through /dev/nvmeXnY, then one written through
@@ -627,7 +693,7 @@ class Loopback:
         """
         st = st or self.probe()
         spec = self.spec
-        dev = nvme_device(spec, st)
+        dev = device or nvme_device(spec, st)
         bdev = backing_device(spec, st)
         if dev is None or bdev is None:
             return IntegrityResult((IntegrityCheck("backing->nvme", 0, 0, 0, "", "",
@@ -653,6 +719,7 @@ class Loopback:
         direct_backing = spec.backing != "file"  # nvmet file backing uses the page cache (buffered_io=1)
         tmp = f"/tmp/kvgate-integrity-{spec.name}"
         checks: list[IntegrityCheck] = []
+        io = PatternIO(self.transport, self.run)
         with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
             local = Path(local_s)
             if writable:
@@ -660,12 +727,20 @@ class Loopback:
                         ("nvme->backing", dev, bdev, True, direct_backing, 2 * length_bytes))
                 for direction, wdev, rdev, wdirect, rdirect, offset in plan:
                     data = pattern_bytes(f"{seed}:{spec.nqn}:{direction}", length_bytes)
-                    checks.append(self._write_read(direction, data, wdev, rdev, wdirect, rdirect, offset, count,
-                                                   tmp, local))
+                    checks.append(io.write_read(direction, data, wdev, rdev, wdirect, rdirect, offset, count,
+                                                tmp, local))
             else:
-                checks.append(self._compare_read(bdev, dev, length_bytes, count, tmp, local))
+                checks.append(io.compare_read(bdev, dev, length_bytes, count, tmp, local))
             self.run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback", f"{tmp}.backing"), 30)
         return IntegrityResult(tuple(checks), dev, bdev, decision)
+
+
+class PatternIO:
+    """Known patterns through a node's block devices: dd with O_DIRECT on the node, compared here. Data
+    travels over the transport only for the regions compared."""
+
+    def __init__(self, transport: Any, run: Runner):
+        self.transport, self.run = transport, run
 
     def _dd(self, name, src, dst, offset, count, iflag_direct=False, oflag_direct=False, read=True):
         skip_seek = f"skip={offset // INTEGRITY_CHUNK}" if read else f"seek={offset // INTEGRITY_CHUNK}"
@@ -678,7 +753,7 @@ class Loopback:
             argv.append("conv=fsync,notrunc")
         return self.run(name, argv, 120)
 
-    def _write_read(self, direction, data, wdev, rdev, wdirect, rdirect, offset, count, tmp, local):
+    def write_read(self, direction, data, wdev, rdev, wdirect, rdirect, offset, count, tmp, local):
         expected = hashlib.sha256(data).hexdigest()
         (local / "pattern").write_bytes(data)
         try:
@@ -690,9 +765,9 @@ class Loopback:
         if not w.ok:
             return IntegrityCheck(direction, offset, len(data), len(data), expected, "",
                                   error=f"write on {wdev} failed: {(w.stderr or w.error or '').strip()[-300:]}")
-        return self._read_compare(direction, data, rdev, rdirect, offset, count, tmp, local)
+        return self.read_compare(direction, data, rdev, rdirect, offset, count, tmp, local)
 
-    def _read_compare(self, direction, data, rdev, rdirect, offset, count, tmp, local):
+    def read_compare(self, direction, data, rdev, rdirect, offset, count, tmp, local):
         expected = hashlib.sha256(data).hexdigest()
         r = self._dd(f"integrity-read-{direction.replace('>', '')}", rdev, f"{tmp}.readback", offset, count,
                      iflag_direct=rdirect)
@@ -707,7 +782,7 @@ class Loopback:
         return IntegrityCheck(direction, offset, len(data), count_mismatched_bytes(data, got), expected,
                               hashlib.sha256(got).hexdigest())
 
-    def _compare_read(self, bdev, dev, length_bytes, count, tmp, local):
+    def compare_read(self, bdev, dev, length_bytes, count, tmp, local):
         offset = length_bytes
         r = self._dd("integrity-read-backing", bdev, f"{tmp}.backing", offset, count, iflag_direct=True)
         if not r.ok:
@@ -717,7 +792,23 @@ class Loopback:
             self.transport.get(f"{tmp}.backing", str(local / "backing"))
         except Exception as exc:  # noqa: BLE001
             return IntegrityCheck("compare", offset, length_bytes, length_bytes, "", "", error=f"get: {exc}")
-        return self._read_compare("compare", (local / "backing").read_bytes(), dev, True, offset, count, tmp, local)
+        return self.read_compare("compare", (local / "backing").read_bytes(), dev, True, offset, count, tmp, local)
+
+
+def roundtrip_integrity(transport: Any, run: Runner, device: str, length_bytes: int = INTEGRITY_LEN_BYTES,
+                        seed: str = "kvgate", label: str = "nvme", decision: WriteDecision | None = None
+                        ) -> IntegrityResult:
+    """A pattern written through ``device`` with O_DIRECT and read back through it with O_DIRECT (where no
+    backing store can be read, e.g. an array's namespace): the data crosses the fabric both ways. The caller
+    asked the write guard first (``decision``)."""
+    count = length_bytes // INTEGRITY_CHUNK
+    tmp = f"/tmp/kvgate-integrity-{label}"
+    io = PatternIO(transport, run)
+    with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
+        data = pattern_bytes(f"{seed}:{device}:roundtrip", length_bytes)
+        check = io.write_read("nvme->nvme", data, device, device, True, True, length_bytes, count, tmp, Path(local_s))
+        run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback"), 30)
+    return IntegrityResult((check,), device, "", decision)
 
 
 def resolve_loopback_device(transport: Any, steps: Any, target: Any, node_name: str = "node") -> str:

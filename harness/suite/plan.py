@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..execute.facts import facts_argv, node_facts
+from ..execute.nvmeof import managed_plan
 from ..workloads.base import GateContext, PlannedStep
 
 
@@ -50,6 +51,12 @@ def gate_plan(cfg: Config, gate) -> list[PlannedStep]:
     return cfg.workload(gate)().plan(ctx)
 
 
+def managed_nvmeof_plan(cfg: Config) -> tuple[list[PlannedStep], list[PlannedStep]]:
+    """(before the facts, after the gates): the ``connect: managed`` NVMe-oF connects and disconnects."""
+    attach, detach = managed_plan(cfg)
+    return ([PlannedStep(n, d, a) for n, d, a in attach], [PlannedStep(n, d, a) for n, d, a in detach])
+
+
 def _step_lines(step: PlannedStep) -> list[str]:
     out = [f"  [{step.node}] {step.description}"]
     for path, content in step.files.items():
@@ -64,6 +71,10 @@ def plan_text(cfg: Config) -> str:
     """The plan as people read it: the node facts, then every gate's steps with exact argv and job files."""
     lines = [f"suite {cfg.suite.suite.name} v{cfg.suite.suite.version}: {len(cfg.suite.gates)} gate(s), nothing runs",
              "", "every node, before the gates (in parallel across nodes):"]
+    attach, detach = managed_nvmeof_plan(cfg)
+    if attach:
+        lines.append("  NVMe-oF targets with connect: managed, first:")
+        lines += [line for s in attach for line in _step_lines(s)]
     lines += _facts_lines(cfg.inventory.nodes)
     for gate in cfg.suite.gates:
         stop = f", stop-loss {gate.stop_loss}" if gate.stop_loss else ""
@@ -73,4 +84,7 @@ def plan_text(cfg: Config) -> str:
             lines += _step_lines(step)
         if gate.stop_loss:
             lines.append(f"  if {gate.metric} {gate.stop_loss}: STOP, later gates SKIPPED")
+    if detach:
+        lines += ["", "every node, after the gates (also after a failed gate or Ctrl-C):"]
+        lines += [line for s in detach for line in _step_lines(s)]
     return "\n".join(lines) + "\n"

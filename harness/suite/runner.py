@@ -22,6 +22,7 @@ from ..config import Config
 from ..errors import HarnessError
 from ..execute.facts import collect_node_facts
 from ..execute.fanout import fan_out
+from ..execute.nvmeof import ManagedTargets, managed_targets
 from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 from ..paths import git_commit
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
@@ -154,6 +155,9 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     verdicts: list[Verdict] = []
     interrupted = False
     suite = config.suite
+    # connect: managed NVMe-oF targets: connected before the facts (the snapshot shows them), disconnected in
+    # `finally` whatever happened (a failed gate, Ctrl-C)
+    managed = ManagedTargets(steps, run_dir, progress)
     try:
         # Every node is connected at once (a dead node costs one connect timeout, not one per node before
         # it); each keeps this one connection for the whole run: facts, gates, file transfers and stops.
@@ -170,6 +174,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 node_errors[name] = o.error or "not connected"
                 progress(f"ERROR {node_errors[name]}")
         _write_json(run_dir / "nodes" / "connect-errors.json", node_errors)
+        managed.attach(managed_targets(config), opened)
+
         def facts(name: str, tr: Transport) -> None:
             # snapshot.json (kernel, CPU, memory, fio, block devices, NUMA, NICs) and provenance.json (GPUs,
             # NVMe, NVMe-oF, vLLM/LMCache versions): one command list, also what `kvgate plan` prints.
@@ -201,7 +207,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 scoped = {n: ScopedTransport(opened[n]) for n in nodes}
                 views.extend(scoped.values())
                 ctx = GateContext(gate=gate, params=config.params[gate.id], nodes=nodes,
-                                  transports=scoped, steps=steps, gate_dir=gate_dir, progress=progress)
+                                  transports=scoped, steps=steps, gate_dir=gate_dir, progress=progress,
+                                  nvmeof=managed)
                 try:
                     result = run_gate_workload(wl_cls(), ctx, scoped, progress)
                 except KeyboardInterrupt:
@@ -226,6 +233,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                     progress(f"stopped the commands still running on {view.name}")
             except Exception:  # noqa: BLE001
                 pass
+        managed.detach(opened)
         for tr in opened.values():
             try:
                 if tr.abort():

@@ -22,6 +22,9 @@ from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import WorkloadError
+from ..execute.nvmeof import NvmeofError, NvmeofHost, NvmeofSpec
+
 WORKLOADS: dict[str, type["Workload"]] = {}
 
 
@@ -51,8 +54,9 @@ class PlannedStep:
 @dataclass
 class GateContext:
     """What a workload's plan and run see: the gate, its validated params, its nodes and their transports,
-    the step log, its directory in the run, a progress callback, and the HTTP seam to engines (``http``:
-    an httpx transport such as ``httpx.MockTransport`` in tests; None is the network)."""
+    the step log, its directory in the run, a progress callback, the HTTP seam to engines (``http``:
+    an httpx transport such as ``httpx.MockTransport`` in tests; None is the network), and the run's
+    ``connect: managed`` NVMe-oF connections (``nvmeof``: harness.execute.nvmeof.ManagedTargets, or None)."""
 
     gate: Any
     params: Any
@@ -62,6 +66,7 @@ class GateContext:
     gate_dir: Path
     progress: Callable[[str], None] = lambda msg: None
     http: Any = None
+    nvmeof: Any = None
 
 
 # ------------------------------------------------------------------------------------------- evidence
@@ -192,3 +197,31 @@ def drop_caches(ctx: GateContext, transport: Any, step: str = "drop-caches", tim
 def write_summary(gate_dir: Path, name: str, result: WorkloadResult) -> None:
     """The gate's summary beside its raw files (``gate_dir/name``): metrics, evidence, invalid_reason, error."""
     (gate_dir / name).write_text(json.dumps(result.as_dict(), indent=1, default=str))
+
+
+def nvmeof_device(ctx: GateContext, node: Any, target: Any, transport: Any) -> tuple[str, dict[str, Any]]:
+    """The /dev/nvmeXnY of a ``kind: nvmeof`` target on ``node``, found by NQN and checked against the inventory
+    (harness.execute.nvmeof.resolve), with the record of the check for the evidence. What the node showed is
+    kept in ``gate_dir/NODE/`` (``nvme-list-subsys.json`` and the other probes) whatever the outcome; a
+    mismatch, or a managed connect that failed, raises WorkloadError before anything reads the device."""
+    rec = ctx.nvmeof.record(node.name, target.name) if ctx.nvmeof is not None else None
+    if rec is not None and not rec.ok:
+        raise WorkloadError(f"target {target.name} ({target.nqn}): connect: managed failed: {rec.error}")
+    host = NvmeofHost(lambda name, argv, t: ctx.steps.run(transport, name, argv, timeout_s=t),
+                      NvmeofSpec.from_target(target), node=node.name)
+    try:
+        res, st = host.resolve()
+    except NvmeofError as exc:
+        raise WorkloadError(f"target {target.name}: {exc}") from None
+    ndir = ctx.gate_dir / node.name
+    ndir.mkdir(parents=True, exist_ok=True)
+    for name, (rc, out) in st.raw.items():
+        (ndir / (f"nvme-{name}.json" if name.startswith("list") else f"nvmeof-{name}.txt")).write_text(out)
+    record = res.as_dict()
+    if rec is not None:
+        record["managed"] = {"connected_by_kvgate": rec.issued, "controllers": rec.controllers,
+                             "connect_s": rec.connect_s}
+    (ndir / "nvmeof-resolution.json").write_text(json.dumps(record, indent=1, default=str))
+    if not res.ok:
+        raise WorkloadError(f"target {target.name}: {res.error}")
+    return res.device, record

@@ -20,9 +20,10 @@ from ..parsers.blockdev import LSBLK_ARGV, find_device, parse_lsblk
 from ..parsers.facts import parse_numa
 from ..parsers.fio import FioRun, StreamSpec, job_file, parse_cpulist, parse_fio_json, split_regions
 from ..units import parse_size_bytes
+from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..writeguard import CREATED_SUFFIX, check_write, path_probe_argv, probe_path
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
-                   Workload, WorkloadResult, drop_caches, register_workload, target_path)
+                   Workload, WorkloadResult, drop_caches, nvmeof_device, register_workload, target_path)
 
 # kind -> fn(transport, steps, target) -> device path; other modules register NVMe-oF resolvers here.
 TARGET_RESOLVERS: dict[str, Callable[[Any, Any, Any], str]] = {}
@@ -83,6 +84,7 @@ class FioNodeEvidence(Evidence):
     page_cache_dropped: bool = False
     drop_caches_error: str | None = None
     write_guard: dict[str, Any] | None = None  # the guard's decision when the file had to be (re)filled
+    nvmeof: dict[str, Any] | None = None  # kind nvmeof: the namespace found by NQN, its paths, the RDMA device
     fio_version: str | None = None
     node_read_gb_s: float | None = None
 
@@ -187,8 +189,14 @@ class FioRead(Workload):
         out = []
         for node in ctx.nodes.values():
             t = node.target(p.target)
-            path = target_path(node, t) if t.path else f"<{t.kind} device resolved by NQN {t.nqn}>"
+            # fio refuses ':' in a file name, and an NQN holds one: the placeholder names the target instead
+            path = target_path(node, t) if t.path else f"</dev/nvmeXnY of {t.kind} target {t.name}, found by NQN>"
             remote_job = _job_path(node, ctx.gate.id)
+            if t.kind == "nvmeof":
+                spec = NvmeofSpec.from_target(t)
+                for name, argv in nvmeof_probes(spec).items():
+                    out.append(PlannedStep(node.name, f"find the namespace of {t.nqn} and check it is {spec.address}, "
+                                                      f"live ({name})", argv))
             out.append(PlannedStep(node.name, "create the work directory", ("mkdir", "-p", node.work_dir)))
             if t.kind == "file":
                 out.append(PlannedStep(node.name, f"what {path} is, its size and whether kvgate created it "
@@ -234,11 +242,14 @@ class FioRead(Workload):
         ndir = ctx.gate_dir / node.name
         ndir.mkdir(parents=True, exist_ok=True)
         t = node.target(p.target)
-        if t.kind in TARGET_RESOLVERS and not t.path:
+        nvmeof = None
+        if t.kind == "nvmeof":
+            path, nvmeof = nvmeof_device(ctx, node, t, tr)
+        elif t.kind in TARGET_RESOLVERS and not t.path:
             path = TARGET_RESOLVERS[t.kind](tr, steps, t)
         else:
             path = target_path(node, t)
-        rec = FioNodeEvidence(target=t.name, kind=t.kind, path=path)
+        rec = FioNodeEvidence(target=t.name, kind=t.kind, path=path, nvmeof=nvmeof)
         r = steps.run(tr, "mkdir-work", ("mkdir", "-p", node.work_dir), timeout_s=30)
         if not r.ok:
             raise WorkloadError(f"cannot create work dir: {r.summary()}")

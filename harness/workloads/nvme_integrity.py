@@ -1,10 +1,17 @@
-"""Data integrity through an NVMe-oF loopback: what is read through /dev/nvmeXnY equals the backing store.
+"""Data integrity through NVMe-oF: what is read through /dev/nvmeXnY equals what was written.
 
-Per node, a known pattern is written on the backing device and read back through the NVMe/TCP
-namespace, and another written through the namespace and read on the backing device (a user's
-block device not marked ``allow_destructive`` is only read on both paths and compared; every write
-to a backing kvgate did not make asks the write guard first, harness.writeguard). The
-metric is the number of bytes that differ; every read-back is kept in the evidence.
+A ``kind: nvmeof-loopback`` target: per node, a known pattern is written on the backing device and read
+back through the NVMe-oF namespace, and another written through the namespace and read on the backing
+device (a user's block device not marked ``allow_destructive`` is only read on both paths and compared;
+every write to a backing kvgate did not make asks the write guard first, harness.writeguard).
+
+A ``kind: nvmeof`` target (an array's namespace, found by NQN and checked: harness.execute.nvmeof): the
+namespace is not kvgate's, so the write guard decides first (a namespace holding a filesystem or partition
+table is written only with ``allow_destructive`` and its serial; refused, nothing is written and the gate is
+ERROR). Then a pattern goes through the fabric with O_DIRECT and back; where the node also provisions that
+NQN as a loopback (the target side), the check is the two-way one against its backing store instead.
+
+The metric is the number of bytes that differ; every read-back is kept in the evidence.
 
 Importing this module also registers the ``nvmeof-loopback`` device resolver for fio-read, so G1
 can name a loopback target and read the /dev/nvmeXnY found by its NQN.
@@ -17,9 +24,15 @@ from typing import Any
 
 from pydantic import Field
 
-from ..rigs.loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, LoopbackSpec, backing_device,
-                             nvme_device, probe_commands, resolve_loopback_device)
-from .base import Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload
+from ..errors import WorkloadError
+from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
+from ..parsers.blockdev import LSBLK_ARGV
+from ..rigs.loopback import (INTEGRITY_LEN_BYTES, IntegrityResult, Loopback, LoopbackError, LoopbackSpec,
+                             backing_device, nvme_device, probe_commands, resolve_loopback_device,
+                             roundtrip_integrity)
+from ..writeguard import check_write, path_probe_argv
+from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, nvmeof_device,
+                   register_workload)
 from .fio_read import TARGET_RESOLVERS
 
 TARGET_RESOLVERS.setdefault("nvmeof-loopback", resolve_loopback_device)
@@ -56,9 +69,9 @@ class NvmeIntegrity(Workload):
             t = node.target(params.target)
             if t is None:
                 issues.append((("target",), f"node {name!r} has no target {params.target!r}"))
-            elif t.kind != "nvmeof-loopback":
+            elif t.kind not in ("nvmeof-loopback", "nvmeof"):
                 issues.append((("target",), f"target {params.target!r} on node {name!r} has kind {t.kind!r}; "
-                               "nvme-integrity needs kind nvmeof-loopback"))
+                               "nvme-integrity needs kind nvmeof or nvmeof-loopback"))
             elif params.length_bytes % 65536:
                 issues.append((("length_bytes",), "length_bytes must be a multiple of 64 KiB"))
         return issues
@@ -66,7 +79,11 @@ class NvmeIntegrity(Workload):
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         out = []
         for name, node in ctx.nodes.items():
-            spec = LoopbackSpec.from_target(node.target(ctx.params.target), name)
+            t = node.target(ctx.params.target)
+            if t.kind == "nvmeof":
+                out += self._plan_nvmeof(ctx, name, node, t)
+                continue
+            spec = LoopbackSpec.from_target(t, name, node)
             for probe, argv in probe_commands(spec).items():
                 out.append(PlannedStep(name, f"probe {probe}", tuple(argv)))
             writes = "write pattern on backing, read via NVMe/TCP; write via NVMe/TCP, read on backing"
@@ -81,12 +98,46 @@ class NvmeIntegrity(Workload):
                                          f"direction on {spec.nqn} (dd with O_DIRECT, compared here)"))
         return out
 
+    @staticmethod
+    def _plan_nvmeof(ctx: GateContext, name: str, node, t) -> list[PlannedStep]:
+        spec = NvmeofSpec.from_target(t)
+        dev = f"<the namespace of {t.nqn}>"
+        out = [PlannedStep(name, f"find the namespace of {t.nqn} and check it is {spec.address}, live ({probe})", argv)
+               for probe, argv in nvmeof_probes(spec).items()]
+        out.append(PlannedStep(name, "the write guard on the namespace: what it is", path_probe_argv(dev)))
+        out.append(PlannedStep(name, "the write guard: filesystem, partition table, serial (lsblk, blkid -p)",
+                               LSBLK_ARGV + (dev,)))
+        loop = _loopback_of(node, t)
+        if loop is not None:
+            lspec = LoopbackSpec.from_target(loop, name, node)
+            for probe, argv in probe_commands(lspec).items():
+                out.append(PlannedStep(name, f"the loopback serving it ({loop.name}): probe {probe}", tuple(argv)))
+            mode = (f"write a pattern on the backing of {loop.name}, read it through the namespace; write one "
+                    "through the namespace, read it on the backing")
+        else:
+            mode = "write a pattern through the namespace and read it back through it"
+        out.append(PlannedStep(name, f"if the write guard allows it: {mode} ({ctx.params.length_bytes} bytes each, "
+                                     f"dd with O_DIRECT, compared here); refused: nothing is written, ERROR"))
+        return out
+
     def run(self, ctx: GateContext) -> WorkloadResult:
         ev = NvmeIntegrityEvidence()
         errors = []
         for name, node in ctx.nodes.items():
             tr = ctx.transports[name]
-            spec = LoopbackSpec.from_target(node.target(ctx.params.target), name)
+            t = node.target(ctx.params.target)
+            if t.kind == "nvmeof":
+                try:
+                    d, err = _run_nvmeof(ctx, name, node, t, tr)
+                except (WorkloadError, LoopbackError) as exc:
+                    errors.append(f"{name}: {exc}")
+                    continue
+                ev.nodes = {**ev.nodes, name: d}
+                (ctx.gate_dir / f"{name}-integrity.json").write_text(json.dumps(d, indent=1))
+                if err:
+                    errors.append(f"{name}: {err}")
+                continue
+            spec = LoopbackSpec.from_target(t, name, node)
             lb = Loopback(tr, spec, run=lambda n, argv, t, tr=tr: ctx.steps.run(tr, n, argv, timeout_s=t),
                           progress=ctx.progress)
             st = lb.probe()
@@ -107,3 +158,39 @@ class NvmeIntegrity(Workload):
             ctx.progress(f"{name}: {res.checked_bytes} bytes read back through {res.device}, "
                          f"{res.mismatched_bytes} differ")
         return evaluate_integrity(ev, errors)
+
+
+def _loopback_of(node, target):
+    """The node's own loopback target serving ``target``'s NQN (the target side), if it has one."""
+    return next((x for x in node.targets if x.kind == "nvmeof-loopback" and x.nqn == target.nqn), None)
+
+
+def _run_nvmeof(ctx: GateContext, name: str, node, t, tr) -> tuple[dict[str, Any], str | None]:
+    """One node's check through a ``kind: nvmeof`` target: (the evidence record, an error or None)."""
+    dev, nvmeof = nvmeof_device(ctx, node, t, tr)
+    run = lambda n, argv, timeout_s: ctx.steps.run(tr, n, argv, timeout_s=timeout_s)  # noqa: E731
+    decision = check_write(run, dev, expect="block", node=name, allow_destructive=t.allow_destructive,
+                           serial=t.serial, purpose=f"integrity pattern through NVMe-oF target {t.name} ({t.nqn})")
+    ndir = ctx.gate_dir / name
+    ndir.mkdir(parents=True, exist_ok=True)
+    (ndir / "write-guard.json").write_text(decision.to_json())
+    if not decision.allowed:
+        res = IntegrityResult((), dev, "", decision)
+        d = {**res.as_dict(), "ok": False, "nvmeof": nvmeof, "namespace_write_guard": decision.as_dict()}
+        return d, decision.refusal() + "; nothing was written"
+    loop = _loopback_of(node, t)
+    if loop is not None:
+        spec = LoopbackSpec.from_target(loop, name, node)
+        lb = Loopback(tr, spec, run=run, progress=ctx.progress)
+        st = lb.probe()
+        if backing_device(spec, st) is None:
+            raise WorkloadError(f"the loopback {loop.name} serving {t.nqn} has no backing device (run "
+                                "'kvgate loopback up')")
+        res = lb.check_integrity(st, length_bytes=ctx.params.length_bytes, device=dev)
+    else:
+        res = roundtrip_integrity(tr, run, dev, ctx.params.length_bytes, label=t.name, decision=decision)
+    d = {**res.as_dict(), "nvmeof": nvmeof, "namespace_write_guard": decision.as_dict()}
+    failed = [c for c in res.checks if c.error]
+    ctx.progress(f"{name}: {res.checked_bytes} bytes read back through {dev} ({nvmeof.get('transport')}), "
+                 f"{res.mismatched_bytes} differ")
+    return d, ("; ".join(f"{c.direction}: {c.error}" for c in failed) or None)

@@ -28,19 +28,31 @@ def test_guest_down_without_guest(tmp_path, capsys):
     assert "no guest running" in capsys.readouterr().out
 
 
-def test_default_inventory_has_exactly_one_loopback_target():
+def test_default_inventory_provisions_a_tcp_and_an_rdma_target_side_for_its_nvmeof_targets():
     from harness.config import load_inventory
+    from harness.rigs.loopback import LoopbackSpec
     inv = load_inventory(given_or_shipped(cli_loopback.DEFAULT_INVENTORY, "inventory"))
-    node, target = cli_loopback.pick_target(inv, None, None)
+    pairs = cli_loopback.pick_targets(inv, None, None)
+    assert [(t.name, t.transport, t.traddr, t.trsvcid) for _, t in pairs] == [
+        ("kv0", "tcp", "127.0.0.1", "4420"), ("kv1", "rdma", "10.0.2.15", "4421")]
+    node = pairs[0][0]
     assert node.labels.get(GUEST_LABEL) == "default"
-    assert (target.kind, target.traddr, target.trsvcid) == ("nvmeof-loopback", "127.0.0.1", "4420")
+    for _, t in pairs:  # the target side only, allowing the host NQN its kind: nvmeof target connects with
+        spec = LoopbackSpec.from_target(t, node.name, node)
+        host = next(x for x in node.targets if x.kind == "nvmeof" and x.nqn == t.nqn)
+        assert spec.connect_host is False and spec.host_nqn == host.host_nqn and host.connect == "managed"
+        assert (host.transport, host.traddr, host.trsvcid) == (t.transport, t.traddr, t.trsvcid)
+    assert LoopbackSpec.from_target(pairs[1][1], node.name, node).soft_roce_netdev == "eth0"
+    assert cli_loopback.pick_target(inv, None, "kv1")[1].name == "kv1"
 
 
-def test_loopback_suite_validates_with_the_integrity_workload():
-    import harness.workloads.nvme_integrity  # noqa: F401  (the lead registers it in workloads/__init__)
+def test_loopback_suite_reads_over_tcp_and_rdma_through_managed_nvmeof_targets():
     from harness.config import load_config
     from harness.workloads import WORKLOADS
     from harness.paths import data_path
     cfg = load_config(data_path("inventory", "loopback.yaml"), data_path("gates", "loopback.yaml"), WORKLOADS)
-    assert [g.id for g in cfg.suite.gates] == ["L1", "G1"]
-    assert cfg.params["L1"].target == "kv0"
+    assert [g.id for g in cfg.suite.gates] == ["L1-tcp", "G1-tcp", "L1-rdma", "G1-rdma"]
+    node = cfg.inventory.node("guest")
+    for gate in cfg.suite.gates:
+        t = node.target(cfg.params[gate.id].target)
+        assert (t.kind, t.connect, t.transport) == ("nvmeof", "managed", gate.id.split("-")[1])

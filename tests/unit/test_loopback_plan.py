@@ -169,3 +169,66 @@ def test_pattern_and_mismatch_count():
     b[99_999] ^= 0xFF
     assert L.count_mismatched_bytes(a, bytes(b)) == 2
     assert L.count_mismatched_bytes(a, a[:-5]) == 5
+
+
+# ----------------------------------------------------------------------------- over RDMA (soft-RoCE)
+
+RDMA = replace(SPEC, name="kv1", nqn="nqn.2024-01.io.kvgate:loopback-kv1", transport="rdma", traddr="10.0.2.15",
+               trsvcid="4421", soft_roce_netdev="eth0", link_path=None, connect_host=False)
+NVMEOF = Path(__file__).resolve().parents[1] / "fixtures" / "nvmeof"
+
+
+def with_links(st: L.LoopbackState, scenario: str | None) -> L.LoopbackState:
+    """The loopback state plus the RDMA links a guest capture shows (tests/fixtures/nvmeof/)."""
+    st.rdma_links = L.parse_rdma_links((NVMEOF / scenario / "rdma-links.out").read_text()) if scenario else []
+    return st
+
+
+def test_rdma_adds_soft_roce_on_the_nic_then_an_rdma_port_and_leaves_the_connect_to_the_nvmeof_target():
+    st = with_links(state("fresh"), None)
+    acts = L.plan_backing(RDMA, st)
+    assert names(acts)[:4] == ["modprobe-rdma_rxe", "modprobe-nvmet", "modprobe-nvmet-rdma", "modprobe-nvme-rdma"]
+    add = next(a for a in acts if a.name == "rdma-link-add")
+    assert add.argv == ("rdma", "link", "add", "kvgate-eth0", "type", "rxe", "netdev", "eth0")
+    assert "rdma-links" in L.probe_commands(RDMA)
+    st = with_links(state("down"), "none")
+    assert "rdma-link-add" not in names(L.plan_backing(RDMA, st))  # the device on eth0 is there already
+    st.nullb = {"kvgate-kv1": L.P.NullbDevice("kvgate-kv1", {"power": "1"})}
+    st.block_devices = {"kvgate-kv1"}
+    acts = L.plan_target(RDMA, st)
+    assert "nvme-connect" not in names(acts)
+    trtype = next(a for a in acts if a.name == "port-trtype")
+    assert trtype.argv[4:] == ("rdma", "/sys/kernel/config/nvmet/ports/4421/addr_trtype")
+    # a loopback that connects its own host does so over rdma
+    connect = L.plan_target(replace(RDMA, connect_host=True), st)[-1].argv
+    assert connect[:9] == ("nvme", "connect", "-t", "rdma", "-a", "10.0.2.15", "-s", "4421", "-n")
+
+
+def test_rdma_status_layers_and_the_rdma_device():
+    st = with_links(state("down"), "none")
+    s = L.summarize(RDMA, st)
+    assert s["layers"]["rdma_link"] is True and "connected" not in s["layers"] and "device" not in s["layers"]
+    assert s["rdma_device"] == "kvgate-eth0 port 1 on eth0 (ACTIVE)"
+    assert "kind: nvmeof target" in s["host_side"]
+
+
+def test_rdma_down_deletes_only_kvgates_soft_roce_device_and_only_when_no_rdma_port_needs_it():
+    st = with_links(state("down"), "none")
+    assert names(L.plan_down(RDMA, st))[-1] == "rdma-link-delete"
+    st.nvmet.ports["4422"] = L.P.PortState("4422", trtype="rdma", traddr="10.0.2.15", trsvcid="4422",
+                                            subsystems={"nqn.2024-01.io.kvgate:other"})
+    assert "rdma-link-delete" not in names(L.plan_down(RDMA, st))
+    st = with_links(state("down"), "none")
+    st.rdma_links = [replace(link, device="rxe0") for link in st.rdma_links]  # the node's own device
+    assert "rdma-link-delete" not in names(L.plan_down(RDMA, st))
+    s = L.summarize(RDMA, st)
+    assert "rdma_link" not in s["owned_layers"]
+
+
+def test_rdma_spec_needs_a_nic_other_than_lo():
+    with pytest.raises(L.LoopbackError, match="soft_roce_netdev"):
+        replace(RDMA, soft_roce_netdev=None)
+    with pytest.raises(L.LoopbackError, match="other than lo"):
+        replace(RDMA, soft_roce_netdev="lo")
+    with pytest.raises(L.LoopbackError, match="tcp or rdma"):
+        replace(RDMA, transport="fc")

@@ -4,6 +4,7 @@ what it makes of the answers is checked without fio, a kernel target or an engin
 
 import json
 import re
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -111,7 +112,12 @@ def test_fio_read_refuses_a_short_file_it_did_not_create(tmp_path):
 def loopback_node(corrupt_reads: bool = False) -> ScriptedTransport:
     """A guest whose loopback is up (probe outputs captured from the real guest) and whose null_blk device
     serves both paths: dd through the backing device and through /dev/nvmeXnY reach the same bytes."""
-    cfg = load_config(ROOT / "inventory" / "loopback.yaml", ROOT / "gates" / "loopback.yaml", WORKLOADS)
+    # L1 on the loopback target itself (gates/loopback.yaml reads through its kind: nvmeof targets instead)
+    gates = Path(tempfile.mkdtemp(prefix="kvgate-test-")) / "l1.yaml"
+    gates.write_text(yaml.safe_dump({"suite": {"name": "loopback-kv0", "version": 1}, "gates": [{
+        "id": "L1", "title": "integrity", "workload": "nvme-integrity", "metric": "mismatched_bytes",
+        "pass": "<= 0 B", "stop_loss": "> 0 B", "params": {"target": "kv0", "length_bytes": 1 << 20}}]}))
+    cfg = load_config(ROOT / "inventory" / "loopback.yaml", gates, WORKLOADS)
     spec = L.LoopbackSpec.from_target(cfg.inventory.node("guest").target("kv0"), "guest")
     outs = {p.stem: (int((p.with_suffix(".rc")).read_text()), p.read_text())
             for p in (FIX / "nvme" / "up-null_blk").glob("*.out")}
