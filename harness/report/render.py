@@ -35,6 +35,7 @@ import jinja2
 import pandas as pd
 from pydantic import ValidationError
 
+from ..parsers.rdma import rdma_devices
 from ..paths import data_path
 from ..safeio import MAX_JSON_BYTES, InputFileError, load_json, read_bytes
 from ..units import UnitError, parse_quantity, parse_threshold
@@ -368,12 +369,49 @@ def node_provenance(bundle_dir: Path) -> list[dict[str, Any]]:
             "errors": {**(snap.get("errors") or {}), **(prov.get("errors") or {})},
             "collected": bool(prov),
         })
+            "nvme_fabric_controllers": _dicts(snap.get("nvme_fabric_controllers")),
+            "rdma_devices": rdma_devices(_dicts(snap.get("rdma_links")), _dicts(snap.get("rdma_devices"))),
+            "nvmeof_managed": _read_json_list(d / "nvmeof-managed.json"),
     return out
 
 
 def config_files(bundle_dir: Path) -> list[dict[str, Any]]:
     out = []
     for name in ("gates.yaml", "inventory.yaml"):
+def _read_json_list(path: Path) -> list[dict[str, Any]]:
+    try:
+        d = load_json(path)
+    except InputFileError:
+        return []
+    return [x for x in d if isinstance(x, dict)] if isinstance(d, list) else []
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def nvmeof_rows(verdict: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per node of a gate that read through a ``kind: nvmeof`` target: the namespace, its transport, every path
+    (address, state, ANA, queues) and the RDMA device and NIC under an NVMe/RDMA connection."""
+    nodes = (verdict.get("evidence") or {}).get("nodes")
+    out = []
+    for node, rec in sorted(nodes.items()) if isinstance(nodes, dict) else []:
+        nv = rec.get("nvmeof") if isinstance(rec, dict) else None
+        if not isinstance(nv, dict):
+            continue
+        paths = "; ".join(
+            f"{p.get('controller')} {p.get('address')} {p.get('state')}"
+            + (f", ANA {p['ana_state']}" if p.get("ana_state") else "")
+            + (f", {p['queue_count']} queues" if p.get("queue_count") else "") for p in _dicts(nv.get("paths")))
+        rdma = ", ".join(f"{r['device']} port {r.get('port')} on {r.get('netdev') or '?'}"
+                         for r in _dicts(nv.get("rdma")) if r.get("device"))
+        out.append({"node": node, "target": nv.get("target"), "nqn": nv.get("nqn"), "device": nv.get("device"),
+                    "transport": nv.get("transport"), "multipath": nv.get("multipath"), "paths": paths or None,
+                    "rdma": rdma or None,
+                    "managed": bool((nv.get("managed") or {}).get("connected_by_kvgate"))})
+    return out
+
+
         p = bundle_dir / "config" / name
         if p.is_file():
             data = p.read_bytes()
@@ -425,6 +463,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             "duration_s": (finished - started) if isinstance(started, (int, float)) and
             isinstance(finished, (int, float)) else None,
             "streams": (v.get("evidence") or {}).get("streams") if isinstance(
+            "nvmeof": nvmeof_rows(v),
                 (v.get("evidence") or {}).get("streams"), list) else [],
         })
     view = {
