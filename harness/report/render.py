@@ -45,7 +45,7 @@ from .junit import verdicts_to_junit
 
 TABLES_DIR = "tables"
 CHARTS_DIR = "charts"
-PER_STREAM_PREFIXES = ("per_gpu_", "per_stream_")
+PER_STREAM_PREFIXES = ("per_gpu_", "per_stream_", "connector_read_gb_s")
 
 
 def fmt_value(v: float | None, unit: str = "") -> str:
@@ -311,13 +311,16 @@ def gate_charts(verdict: dict[str, Any], gate_dir: Path | None = None) -> dict[s
         bars = [((f"{s.node}/" if multi else "") + s.label, s.read_gb_s) for s in ci.streams]
         per_stream = metric.startswith(PER_STREAM_PREFIXES)
         ref = quantity_in((verdict.get("reference") or {}).get("value"), "GB/s")
+        fio = [s.fio_read_gb_s for s in ci.streams]
+        paired = any(f is not None for f in fio)
         svg = rc.stream_bars_svg(
             bars, unit="GB/s",
             pass_value=threshold_in(verdict.get("pass_threshold"), "GB/s") if per_stream else None,
             stop_value=threshold_in(verdict.get("stop_loss_threshold"), "GB/s") if per_stream else None,
-            reference_value=ref if per_stream else None,
-            title=f"{gid}: read bandwidth per GPU / stream")
-        caption = "Read bandwidth of each GPU / read stream" + (
+            reference_value=ref if per_stream else None, baseline=fio if paired else None,
+            title=f"{gid}: read bandwidth per GPU / stream" + (": fio vs connector" if paired else ""))
+        caption = ("fio (grey) and the KV connector (blue) reading the same bytes, " if paired else "") + \
+            "Read bandwidth of each GPU / read stream" + (
             " with the pass and stop-loss thresholds and the reference figure" if per_stream else
             f" (the thresholds apply to {metric}, not to single streams)")
         out["streams"] = (caption, svg)
@@ -366,18 +369,15 @@ def node_provenance(bundle_dir: Path) -> list[dict[str, Any]]:
             "nics": prov.get("nics") or snap.get("nics") or [], "gpus": prov.get("gpus") or [],
             "nvme_controllers": prov.get("nvme_controllers") or [],
             "nvme_subsystems": prov.get("nvme_subsystems") or [], "versions": versions,
-            "errors": {**(snap.get("errors") or {}), **(prov.get("errors") or {})},
-            "collected": bool(prov),
-        })
             "nvme_fabric_controllers": _dicts(snap.get("nvme_fabric_controllers")),
             "rdma_devices": rdma_devices(_dicts(snap.get("rdma_links")), _dicts(snap.get("rdma_devices"))),
             "nvmeof_managed": _read_json_list(d / "nvmeof-managed.json"),
+            "errors": {**(snap.get("errors") or {}), **(prov.get("errors") or {})},
+            "collected": bool(prov),
+        })
     return out
 
 
-def config_files(bundle_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for name in ("gates.yaml", "inventory.yaml"):
 def _read_json_list(path: Path) -> list[dict[str, Any]]:
     try:
         d = load_json(path)
@@ -412,6 +412,9 @@ def nvmeof_rows(verdict: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def config_files(bundle_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for name in ("gates.yaml", "inventory.yaml"):
         p = bundle_dir / "config" / name
         if p.is_file():
             data = p.read_bytes()
@@ -460,10 +463,10 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             "reference_text": " ".join(x for x in (ref.get("value"), f"({ref['note']})" if ref.get("note") else None)
                                        if x) or "—",
             "reference_source": ref.get("source"), "tables": g_tables, "charts": g_charts,
+            "nvmeof": nvmeof_rows(v),
             "duration_s": (finished - started) if isinstance(started, (int, float)) and
             isinstance(finished, (int, float)) else None,
             "streams": (v.get("evidence") or {}).get("streams") if isinstance(
-            "nvmeof": nvmeof_rows(v),
                 (v.get("evidence") or {}).get("streams"), list) else [],
         })
     view = {

@@ -86,6 +86,9 @@ class StreamRow(BaseModel):
     iops: float | None = None
     lat_p50_us: float | None = None
     lat_p99_us: float | None = None
+    # The same stream's fio figure where a workload measures both (kv-read): the report draws the two bars
+    # side by side.
+    fio_read_gb_s: float | None = None
 
 
 class StreamsEvidence(BaseModel):
