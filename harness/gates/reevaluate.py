@@ -25,6 +25,7 @@ from ..safeio import MAX_JSON_BYTES, InputFileError, check_keys, json_type, key_
 from ..workloads import WORKLOADS
 from ..workloads.base import RecordedEvidence, WorkloadResult
 from ..workloads.fio_read import cold_invalid_reason, read_metrics
+from ..workloads.kv_read import reevaluate_kv_read
 from .verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 
 REDERIVERS: dict[str, Callable[..., tuple[dict[str, float], str | None]]] = {}
@@ -220,3 +221,21 @@ def _fio_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str
         logged = any(rc.read_text().strip() == "0" for rc in steps_dir.glob(f"*-{node}-drop-caches/rc"))
         dropped[node] = logged and bool((ev.get("nodes") or {}).get(node, {}).get("page_cache_dropped"))
     return metrics, cold_invalid_reason(dropped, getattr(params, "direct", ev.get("direct", True)))
+
+
+@rederiver("kv-read")
+def _kv_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """kv-read from every node's raw reader output (``read.json``) and fio JSON, through the workload's own pure
+    functions (harness.workloads.kv_read.reevaluate_kv_read)."""
+    ev = result.get("evidence") or {}
+    raw = {}
+    for node in sorted(ev.get("nodes") or {}):
+        texts = []
+        for name, what in (("read.json", "KV reader output"), ("fio.json", "fio output")):
+            texts.append(read_text(gate_dir / node / name, max_bytes=MAX_JSON_BYTES, what=what, follow_symlinks=False,
+                                   display_name=f"gates/{gate_dir.name}/{node}/{name}"))
+        raw[node] = (texts[0], texts[1])
+    if not raw:
+        raise HarnessError(f"{gate_dir.name}: the evidence names no node")
+    again = reevaluate_kv_read(ev, raw)
+    return again.metrics, again.invalid_reason, again.failed_check
