@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job: boot the NVMe-oF loopback guest (Debian's kernel under qemu, cached after the first build),
-# provision nvmet + nvme-tcp inside it, run gates/loopback.yaml on it, and always tear down and stop qemu.
+# provision the target side inside it (nvmet over NVMe/TCP, and over NVMe/RDMA on soft-RoCE), run
+# gates/loopback.yaml on it (kvgate run connects the kind: nvmeof targets itself, and disconnects them), and
+# always tear down and stop qemu.
 #   scripts/run-loopback-suite.sh [OUT_DIR] [extra kvgate run options, e.g. --key KEY]
 # Exit code: kvgate run's (0 PASS, 1 FAIL, 2 config, 3 infrastructure, 4 STOP).
 set -euo pipefail

@@ -28,8 +28,9 @@ if [ "$WITH_TEST" = 1 ]; then
   APT_PKGS+=(chromium chromium-driver)
 fi
 if [ "$WITH_LOOPBACK" = 1 ]; then
-  # the qemu guest that runs Debian's kernel with nvmet + nvme-tcp (see docs/loopback.md)
-  APT_PKGS+=(qemu-system-x86 busybox-static nvme-cli kmod cpio)
+  # the qemu guest that runs Debian's kernel with nvmet, nvme-tcp and soft-RoCE nvme-rdma (see docs/loopback.md);
+  # iproute2 gives the guest its `rdma` tool
+  APT_PKGS+=(qemu-system-x86 busybox-static nvme-cli kmod cpio iproute2)
 fi
 
 missing=()

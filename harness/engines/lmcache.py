@@ -66,6 +66,8 @@ LMCACHE_EXTRA_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         "use_odirect": (bool,),                      # local_disk backend
         "disk_io_threads": (int,),                   # local_disk backend
         "fs_connector_use_odirect": (bool,),         # fs:// remote connector
+        "save_chunk_meta": (bool,),                  # remote connectors: 28-byte header per chunk (default on;
+                                                     # the fs connector's O_DIRECT needs it off)
         "fs_connector_read_ahead_size": (int,),
         "fs_connector_relative_tmp_dir": (str,),
         "fs_base_path": (str,),

@@ -60,6 +60,7 @@ CLOCK_ARGV = ("date", "+%s.%N")
 # sample; no SSH session is opened and no shell started per round trip, so the round trip (and with it the
 # offset's uncertainty) is the connection's, not a process launch's.
 CLOCK_SESSION_ARGV = ("sh", "-c", "while read -r _; do date +%s.%N; done")
+START_TIMEOUT_S = 30.0  # for a probe to start and answer once (node-side process start, all nodes at once)
 
 
 class ClockSession:
@@ -143,13 +144,17 @@ def measure_clock_offsets(transports: Mapping[str, Transport], samples: int = 5,
     """Clock offset of every node. Where a node's transport keeps stdin open, a probe is started on every
     node at once and answers once (its start-up is paid in parallel), then the nodes are sampled one at a
     time over their open sessions. Sequential by default: parallel probes compete for the orchestrator's
-    CPU and inflate every round trip, and with it the uncertainty. A dead node costs one timeout_s."""
+    CPU and inflate every round trip, and with it the uncertainty. A node whose probe does not start and
+    answer within START_TIMEOUT_S (timeout_s if longer), or that then misses one sample's timeout_s, fails
+    alone: a dead node costs one such wait, in parallel with the others' start."""
     def start(_n: str, t: Transport) -> ClockSession | None:
         if not getattr(t, "supports_sessions", False):
             return None
         session = ClockSession(t)
         try:
-            session.ask(clock, timeout_s)  # the shell's start-up, not a sample
+            # The first answer waits for the node's sshd to start the probe's shell, on every node at once:
+            # on a busy machine that can take seconds. It is not a sample; the samples get timeout_s each.
+            session.ask(clock, max(timeout_s, START_TIMEOUT_S))
         except BaseException:
             session.close()
             raise

@@ -162,6 +162,12 @@ class LaunchSpec:
     go_path: str
     armed_marker: bytes | None = None
 
+    def command(self) -> tuple[str, ...]:
+        """What is started on the node: a stale go file (it would release the program at once) and armed
+        file removed, then ``argv`` exec'd in the same process: one command per node, not two."""
+        return ("sh", "-c", 'rm -f -- "$1" "$2" && shift 2 && exec "$@"', "kvgate-launch", self.go_path,
+                self.armed_path, *self.argv)
+
 
 @dataclass
 class NodeRun:
@@ -243,10 +249,7 @@ class SynchronizedLaunch:
     def arm(self, timeout_s: float = 60.0) -> GroupResult:
         """Spawn every process and wait until each has armed (or failed). Nothing starts reading yet."""
         def spawn(node: str, spec: LaunchSpec) -> Process:
-            t = self.transports[node]
-            # A stale go file from an earlier run would release this reader at once.
-            t.run(["rm", "-f", spec.go_path, spec.armed_path], timeout_s=30)
-            proc = t.spawn(list(spec.argv))
+            proc = self.transports[node].spawn(list(spec.command()))
             self.runs[node].process = proc
             return proc
 

@@ -7,7 +7,8 @@ drop-caches step's recorded rc), else taken from ``gates/<gate>/result.json``; t
 :func:`harness.gates.verdict.evaluate` and compared with the signed verdict. Differences are data, never an exception.
 
 Other workloads add a re-deriver with ``@rederiver("workload-name")``: ``fn(gate_dir, result, params, ctx)
--> (metrics, invalid_reason)`` where ``result`` is result.json as a dict and ``ctx`` gives ``bundle_dir``.
+-> (metrics, invalid_reason)`` or ``(metrics, invalid_reason, failed_check)`` where ``result`` is result.json as
+a dict and ``ctx`` gives ``bundle_dir``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..safeio import MAX_JSON_BYTES, InputFileError, check_keys, json_type, key_
 from ..workloads import WORKLOADS
 from ..workloads.base import RecordedEvidence, WorkloadResult
 from ..workloads.fio_read import cold_invalid_reason, read_metrics
+from ..workloads.kv_read import reevaluate_kv_read
 from .verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 
 REDERIVERS: dict[str, Callable[..., tuple[dict[str, float], str | None]]] = {}
@@ -102,7 +104,8 @@ def compare_verdicts(signed: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 # What the runner writes into gates/<gate>/result.json; anything else is refused, not silently ignored.
-RESULT_KEYS = frozenset({"metrics", "evidence", "invalid_reason", "error", "started_unix_s", "finished_unix_s"})
+RESULT_KEYS = frozenset({"metrics", "evidence", "invalid_reason", "error", "failed_check", "started_unix_s",
+                         "finished_unix_s"})
 
 
 def read_result(p: Path, name: str) -> dict[str, Any]:
@@ -112,7 +115,8 @@ def read_result(p: Path, name: str) -> dict[str, Any]:
     result = parse_json(text, name)
     check_keys(result, RESULT_KEYS, name, "result", text, root=True)
     for key, kinds, want in (("metrics", (dict, type(None)), "an object"), ("evidence", (dict, type(None)), "an object"),
-                             ("invalid_reason", (str, type(None)), "a string"), ("error", (str, type(None)), "a string")):
+                             ("invalid_reason", (str, type(None)), "a string"), ("error", (str, type(None)), "a string"),
+                             ("failed_check", (str, type(None)), "a string")):
         if not isinstance(result.get(key), kinds):
             raise InputFileError(name, key_line(text, key), f"{key}: expected {want} or null, "
                                                             f"got {json_type(result[key])}")
@@ -159,12 +163,15 @@ def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reev
                 metrics = {k: float(x) for k, x in (result.get("metrics") or {}).items()}
                 invalid = result.get("invalid_reason")
                 error = result.get("error")
+                failed = result.get("failed_check")
                 fn = REDERIVERS.get(gate.workload)
                 if fn is not None and not error:
-                    metrics, invalid = fn(gate_dir, result, cfg.params[gate.id], {"bundle_dir": bundle_dir})
+                    out = fn(gate_dir, result, cfg.params[gate.id], {"bundle_dir": bundle_dir})
+                    metrics, invalid = out[0], out[1]
+                    failed = out[2] if len(out) > 2 else failed
                     source = f"raw output re-parsed ({gate.workload})"
                 evidence = RecordedEvidence.model_validate(result.get("evidence") or {})
-                v = evaluate(gate, WorkloadResult(metrics, evidence, invalid, error), unit)
+                v = evaluate(gate, WorkloadResult(metrics, evidence, invalid, error, failed), unit)
             except (HarnessError, OSError, ValueError, KeyError, TypeError) as exc:
                 v = Verdict(gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
                             stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, actual=None,
@@ -214,3 +221,21 @@ def _fio_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str
         logged = any(rc.read_text().strip() == "0" for rc in steps_dir.glob(f"*-{node}-drop-caches/rc"))
         dropped[node] = logged and bool((ev.get("nodes") or {}).get(node, {}).get("page_cache_dropped"))
     return metrics, cold_invalid_reason(dropped, getattr(params, "direct", ev.get("direct", True)))
+
+
+@rederiver("kv-read")
+def _kv_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """kv-read from every node's raw reader output (``read.json``) and fio JSON, through the workload's own pure
+    functions (harness.workloads.kv_read.reevaluate_kv_read)."""
+    ev = result.get("evidence") or {}
+    raw = {}
+    for node in sorted(ev.get("nodes") or {}):
+        texts = []
+        for name, what in (("read.json", "KV reader output"), ("fio.json", "fio output")):
+            texts.append(read_text(gate_dir / node / name, max_bytes=MAX_JSON_BYTES, what=what, follow_symlinks=False,
+                                   display_name=f"gates/{gate_dir.name}/{node}/{name}"))
+        raw[node] = (texts[0], texts[1])
+    if not raw:
+        raise HarnessError(f"{gate_dir.name}: the evidence names no node")
+    again = reevaluate_kv_read(ev, raw)
+    return again.metrics, again.invalid_reason, again.failed_check

@@ -61,8 +61,9 @@ def overall_outcome(verdicts: list[Verdict]) -> Outcome:
 def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
     """Compare ``result.metrics[gate.metric]`` (in ``metric_unit``) with the gate's thresholds.
 
-    Order: error -> ERROR; missing evidence -> INVALID; informational -> INFO; pass holds -> PASS;
-    stop-loss holds -> STOP; otherwise FAIL.
+    Order: a failed check (``result.failed_check``: the system under test proved wrong, e.g. data read back
+    differs) -> FAIL, whatever else; error -> ERROR; missing evidence -> INVALID; informational -> INFO;
+    pass holds -> PASS; stop-loss holds -> STOP; otherwise FAIL.
     """
     common = dict(
         gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
@@ -71,6 +72,10 @@ def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
         metrics=dict(result.metrics),
     )
     actual = result.metrics.get(gate.metric)
+    failed = result.failed_check
+    if failed:
+        return Verdict(actual=actual, outcome=Outcome.FAIL,
+                       reason=failed + (f" (also: {result.error})" if result.error else ""), **common)
     if result.error:
         return Verdict(actual=actual, outcome=Outcome.ERROR, reason=result.error, **common)
     if result.invalid_reason:  # the evidence says the figure would not mean what it claims, if there is one

@@ -3,8 +3,8 @@
 Every function takes plain Python data (lists of numbers, dicts of series), never a bundle, so the same
 function draws a chart for any workload that produces the data. Output is deterministic (fixed hash salt,
 no date, text as paths), so re-rendering a bundle gives byte-identical SVG with the same matplotlib.
-Artists that tests and readers look for carry an SVG id (``gid``): ``bar-<label>``, ``pass-line``,
-``stop-loss-line``, ``reference-line``, ``ecdf-recompute``, ``ecdf-readback``, ``series-<node>``,
+Artists that tests and readers look for carry an SVG id (``gid``): ``bar-<label>``, ``bar-fio-<label>``,
+``pass-line``, ``stop-loss-line``, ``reference-line``, ``ecdf-recompute``, ``ecdf-readback``, ``series-<node>``,
 ``aggregate-line``, ``nic-ceiling-line``.
 """
 
@@ -21,6 +21,7 @@ PASS_COLOR = "#2e7d32"
 STOP_COLOR = "#c62828"
 REF_COLOR = "#6d6d6d"
 BAR_COLOR = "#4f81bd"
+BASELINE_COLOR = "#a5a5a5"
 RECOMPUTE_COLOR = "#c0504d"
 READBACK_COLOR = "#4f81bd"
 RC = {"svg.hashsalt": "kvgate-report", "svg.fonttype": "path", "font.size": 9}
@@ -53,23 +54,37 @@ def svg_text(fig) -> str:
 
 def stream_bars_svg(streams: Sequence[tuple[str, float]], *, unit: str = "GB/s", pass_value: float | None = None,
                     stop_value: float | None = None, reference_value: float | None = None,
-                    title: str = "Read bandwidth per GPU / stream") -> str:
+                    title: str = "Read bandwidth per GPU / stream",
+                    baseline: Sequence[float | None] | None = None, baseline_name: str = "fio",
+                    bar_name: str = "connector") -> str:
     """One bar per GPU or read stream (label, value in ``unit``), with the pass and stop-loss lines and the
-    reference figure where given (all in ``unit``)."""
+    reference figure where given (all in ``unit``). With ``baseline`` (one value per stream, e.g. fio's figure
+    for the same stream) each stream gets two bars side by side: the baseline (``bar-<name>-<label>``) and the
+    measured one (``bar-<label>``)."""
     mpl, plt = _plt()
     with mpl.rc_context(RC):
         n = max(len(streams), 1)
-        fig, ax = plt.subplots(figsize=(min(3.5 + 0.55 * n, 11.0), 3.6))
+        paired = baseline is not None and any(b is not None for b in baseline)
+        fig, ax = plt.subplots(figsize=(min(3.5 + (0.8 if paired else 0.55) * n, 11.0), 3.6))
         xs = list(range(len(streams)))
-        for x, (label, val) in zip(xs, streams):
-            bar = ax.bar([x], [val], color=BAR_COLOR, width=0.7)
+        width, shift = (0.38, 0.2) if paired else (0.7, 0.0)
+        for i, (x, (label, val)) in enumerate(zip(xs, streams)):
+            base = baseline[i] if paired and i < len(baseline) else None
+            if base is not None:
+                bb = ax.bar([x - shift], [base], color=BASELINE_COLOR, width=width,
+                            label=baseline_name if i == 0 else None)
+                bb.patches[0].set_gid(f"bar-{_gid(baseline_name)}-{_gid(label)}")
+                ax.annotate(f"{base:.3g}", (x - shift, base), ha="center", va="bottom", fontsize=7,
+                            xytext=(0, 2), textcoords="offset points")
+            bar = ax.bar([x + shift], [val], color=BAR_COLOR, width=width,
+                         label=bar_name if paired and i == 0 else None)
             bar.patches[0].set_gid(f"bar-{_gid(label)}")
-            ax.annotate(f"{val:.3g}", (x, val), ha="center", va="bottom", fontsize=7,
+            ax.annotate(f"{val:.3g}", (x + shift, val), ha="center", va="bottom", fontsize=7,
                         xytext=(0, 2), textcoords="offset points")
         ax.set_xticks(xs, [str(s[0]) for s in streams], rotation=45 if n > 8 else 0,
                       ha="right" if n > 8 else "center")
         # A reference far above what was measured would flatten the bars: then it is named, not drawn.
-        near = _finite([v for _, v in streams] + [pass_value, stop_value])
+        near = _finite([v for _, v in streams] + list(baseline or []) + [pass_value, stop_value])
         ref_off_scale = (reference_value is not None and near and reference_value > 2.5 * max(near))
         for value, gid, color, style, name in (
             (pass_value, "pass-line", PASS_COLOR, "-", "pass"),
@@ -80,7 +95,7 @@ def stream_bars_svg(streams: Sequence[tuple[str, float]], *, unit: str = "GB/s",
                 line = ax.axhline(value, color=color, linestyle=style, linewidth=1.2,
                                   label=f"{name} {value:.3g} {unit}")
                 line.set_gid(gid)
-        tops = _finite([v for _, v in streams] + [pass_value, stop_value] +
+        tops = _finite([v for _, v in streams] + list(baseline or []) + [pass_value, stop_value] +
                        ([] if ref_off_scale else [reference_value]))
         ax.set_ylim(0, (max(tops) if tops else 1.0) * 1.15 or 1.0)
         ax.set_ylabel(f"read ({unit})")
@@ -88,7 +103,8 @@ def stream_bars_svg(streams: Sequence[tuple[str, float]], *, unit: str = "GB/s",
         if ref_off_scale:
             ax.text(1.02, 0.02, f"reference {reference_value:.3g} {unit}\n(off scale)", transform=ax.transAxes,
                     fontsize=7, color=REF_COLOR, va="bottom", gid="reference-note")
-        if any(v is not None for v in (pass_value, stop_value)) or (reference_value is not None and not ref_off_scale):
+        if paired or any(v is not None for v in (pass_value, stop_value)) or (
+                reference_value is not None and not ref_off_scale):
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, framealpha=0.9)
         fig.tight_layout()
         svg = svg_text(fig)

@@ -35,6 +35,7 @@ import jinja2
 import pandas as pd
 from pydantic import ValidationError
 
+from ..parsers.rdma import rdma_devices
 from ..paths import data_path
 from ..safeio import MAX_JSON_BYTES, InputFileError, load_json, read_bytes
 from ..units import UnitError, parse_quantity, parse_threshold
@@ -44,7 +45,7 @@ from .junit import verdicts_to_junit
 
 TABLES_DIR = "tables"
 CHARTS_DIR = "charts"
-PER_STREAM_PREFIXES = ("per_gpu_", "per_stream_")
+PER_STREAM_PREFIXES = ("per_gpu_", "per_stream_", "connector_read_gb_s")
 
 
 def fmt_value(v: float | None, unit: str = "") -> str:
@@ -310,13 +311,16 @@ def gate_charts(verdict: dict[str, Any], gate_dir: Path | None = None) -> dict[s
         bars = [((f"{s.node}/" if multi else "") + s.label, s.read_gb_s) for s in ci.streams]
         per_stream = metric.startswith(PER_STREAM_PREFIXES)
         ref = quantity_in((verdict.get("reference") or {}).get("value"), "GB/s")
+        fio = [s.fio_read_gb_s for s in ci.streams]
+        paired = any(f is not None for f in fio)
         svg = rc.stream_bars_svg(
             bars, unit="GB/s",
             pass_value=threshold_in(verdict.get("pass_threshold"), "GB/s") if per_stream else None,
             stop_value=threshold_in(verdict.get("stop_loss_threshold"), "GB/s") if per_stream else None,
-            reference_value=ref if per_stream else None,
-            title=f"{gid}: read bandwidth per GPU / stream")
-        caption = "Read bandwidth of each GPU / read stream" + (
+            reference_value=ref if per_stream else None, baseline=fio if paired else None,
+            title=f"{gid}: read bandwidth per GPU / stream" + (": fio vs connector" if paired else ""))
+        caption = ("fio (grey) and the KV connector (blue) reading the same bytes, " if paired else "") + \
+            "Read bandwidth of each GPU / read stream" + (
             " with the pass and stop-loss thresholds and the reference figure" if per_stream else
             f" (the thresholds apply to {metric}, not to single streams)")
         out["streams"] = (caption, svg)
@@ -365,9 +369,46 @@ def node_provenance(bundle_dir: Path) -> list[dict[str, Any]]:
             "nics": prov.get("nics") or snap.get("nics") or [], "gpus": prov.get("gpus") or [],
             "nvme_controllers": prov.get("nvme_controllers") or [],
             "nvme_subsystems": prov.get("nvme_subsystems") or [], "versions": versions,
+            "nvme_fabric_controllers": _dicts(snap.get("nvme_fabric_controllers")),
+            "rdma_devices": rdma_devices(_dicts(snap.get("rdma_links")), _dicts(snap.get("rdma_devices"))),
+            "nvmeof_managed": _read_json_list(d / "nvmeof-managed.json"),
             "errors": {**(snap.get("errors") or {}), **(prov.get("errors") or {})},
             "collected": bool(prov),
         })
+    return out
+
+
+def _read_json_list(path: Path) -> list[dict[str, Any]]:
+    try:
+        d = load_json(path)
+    except InputFileError:
+        return []
+    return [x for x in d if isinstance(x, dict)] if isinstance(d, list) else []
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def nvmeof_rows(verdict: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per node of a gate that read through a ``kind: nvmeof`` target: the namespace, its transport, every path
+    (address, state, ANA, queues) and the RDMA device and NIC under an NVMe/RDMA connection."""
+    nodes = (verdict.get("evidence") or {}).get("nodes")
+    out = []
+    for node, rec in sorted(nodes.items()) if isinstance(nodes, dict) else []:
+        nv = rec.get("nvmeof") if isinstance(rec, dict) else None
+        if not isinstance(nv, dict):
+            continue
+        paths = "; ".join(
+            f"{p.get('controller')} {p.get('address')} {p.get('state')}"
+            + (f", ANA {p['ana_state']}" if p.get("ana_state") else "")
+            + (f", {p['queue_count']} queues" if p.get("queue_count") else "") for p in _dicts(nv.get("paths")))
+        rdma = ", ".join(f"{r['device']} port {r.get('port')} on {r.get('netdev') or '?'}"
+                         for r in _dicts(nv.get("rdma")) if r.get("device"))
+        out.append({"node": node, "target": nv.get("target"), "nqn": nv.get("nqn"), "device": nv.get("device"),
+                    "transport": nv.get("transport"), "multipath": nv.get("multipath"), "paths": paths or None,
+                    "rdma": rdma or None,
+                    "managed": bool((nv.get("managed") or {}).get("connected_by_kvgate"))})
     return out
 
 
@@ -422,6 +463,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             "reference_text": " ".join(x for x in (ref.get("value"), f"({ref['note']})" if ref.get("note") else None)
                                        if x) or "—",
             "reference_source": ref.get("source"), "tables": g_tables, "charts": g_charts,
+            "nvmeof": nvmeof_rows(v),
             "duration_s": (finished - started) if isinstance(started, (int, float)) and
             isinstance(finished, (int, float)) else None,
             "streams": (v.get("evidence") or {}).get("streams") if isinstance(

@@ -606,6 +606,7 @@ def guest_running(state_dir: Path) -> GuestState | None:
 # ----------------------------------------------------------------------------------- as an inventory node
 
 GUEST_LABEL = "kvgate-guest"
+GUEST_CONNECT_TIMEOUT_S = 90.0
 
 
 def default_state_dir() -> Path:
@@ -624,8 +625,9 @@ def open_node_transport(node, state_dir: Path | None = None) -> Transport:
     if st is None:
         raise GuestError(f"node {node.name} is the loopback guest but none runs (state {sd}): "
                          "run 'kvgate loopback guest-up' first")
+    # A TCG guest on a loaded host can take far longer than a real node to finish a login after its banner.
     return SSHTransport(st.host, st.ssh_port, st.user, st.identity_file, known_hosts_path=st.known_hosts_path,
-                        name=node.name)
+                        name=node.name, connect_timeout_s=GUEST_CONNECT_TIMEOUT_S)
 
 
 def open_guest_transports(inventory, state_dir: Path | None = None) -> dict[str, Transport]:

@@ -144,6 +144,12 @@ class RigSpec:
     def log_dir(self) -> Path:
         return self.state_dir / "log"
 
+    @property
+    def work_dir(self) -> Path:
+        """Every node's work_dir in the inventory. The nodes share this machine's file system, so each rig
+        has its own: two rigs (a test's and a benchmark's) never touch each other's reader, go and armed files."""
+        return self.state_dir / "work"
+
 
 @dataclass
 class RigState:
@@ -434,7 +440,7 @@ def rig_up(spec: RigSpec) -> RigState:
 
 def _build(spec: RigSpec) -> RigState:
     sd = spec.state_dir
-    for sub in ("keys", "hostkeys", "sshd", "storage/pool", "mnt/pool", "log"):
+    for sub in ("keys", "hostkeys", "sshd", "storage/pool", "mnt/pool", "log", "work"):
         (sd / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(sd / "keys", 0o700)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
@@ -577,6 +583,7 @@ def render_inventory(spec: RigSpec, ssh_ports: dict[str, int]) -> str:
             "port": ssh_ports[node],
             "user": "root",
             "identity_file": str(spec.identity_file),
+            "work_dir": str(spec.work_dir),
             "engine_python": spec.engine_python,
             # veth reports 10000 Mb/s; the node side is not the bottleneck in the rig.
             "nics": [{"name": "eth0", "line_rate_gbit_s": 10.0}],
@@ -589,6 +596,7 @@ def render_inventory(spec: RigSpec, ssh_ports: dict[str, int]) -> str:
         "port": ssh_ports[STORAGE_NODE],
         "user": "root",
         "identity_file": str(spec.identity_file),
+        "work_dir": str(spec.work_dir),
         # The one shared port, shaped with tc tbf to this rate.
         "nics": [{"name": "st0", "line_rate_gbit_s": line_rate_gbit_s}],
         "targets": [{"name": "kvpool", "kind": "directory", "path": str(spec.pool_dir)}],
@@ -634,6 +642,20 @@ def kill_node(spec: RigSpec, node: str) -> list[int]:
 def node_processes(spec: RigSpec, node: str) -> list[tuple[int, str]]:
     """(PID, command line) of every process in a node's namespace."""
     return [(p, process_cmdline(p)) for p in namespace_pids(spec.node_ns(node))]
+
+
+def set_port_rate(spec: RigSpec, rate_mbit: int) -> None:
+    """Reshape the storage port (both directions) to ``rate_mbit`` in place, nodes and mounts untouched:
+    one rig serves runs with different port rates (the benchmark keeps each node's share of the port the
+    same at every node count). The inventory's declared line rate is the caller's to match."""
+    if rate_mbit <= 0:
+        raise RigError(f"rig port rate {rate_mbit}: must be > 0")
+    tbf = ["tbf", "rate", f"{rate_mbit}mbit", "burst", spec.tbf_burst, "latency", spec.tbf_latency]
+    for argv in (["tc", "-n", spec.storage_ns, "qdisc", "change", "dev", "st0", "root", *tbf],
+                 ["tc", "-n", spec.hub_ns, "qdisc", "change", "dev", "v-st", "root", *tbf]):
+        cp = subprocess.run(argv, capture_output=True, text=True)
+        if cp.returncode != 0:
+            raise RigError(f"rig: `{shlex.join(argv)}` failed rc={cp.returncode}: {cp.stderr.strip()}")
 
 
 def set_node_link(spec: RigSpec, node: str, up: bool) -> None:

@@ -86,6 +86,9 @@ class StreamRow(BaseModel):
     iops: float | None = None
     lat_p50_us: float | None = None
     lat_p99_us: float | None = None
+    # The same stream's fio figure where a workload measures both (kv-read): the report draws the two bars
+    # side by side.
+    fio_read_gb_s: float | None = None
 
 
 class StreamsEvidence(BaseModel):
@@ -135,19 +138,25 @@ class ChartInputs(StreamsEvidence, SeriesEvidence, TtftEvidence):
 
 @dataclass
 class WorkloadResult:
-    """What a workload hands back: metrics in the units its METRICS table declares, plus typed evidence."""
+    """What a workload hands back: metrics in the units its METRICS table declares, plus typed evidence.
+    ``failed_check`` names a check the system under test failed whatever the metric (e.g. KV read back
+    different from what was stored): the gate is FAIL with it as the reason."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     evidence: Evidence | None = None
     invalid_reason: str | None = None
     error: str | None = None
+    failed_check: str | None = None
 
     def evidence_dict(self) -> dict[str, Any]:
         return {} if self.evidence is None else self.evidence.as_dict()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"metrics": self.metrics, "evidence": self.evidence_dict(), "invalid_reason": self.invalid_reason,
-                "error": self.error}
+        out = {"metrics": self.metrics, "evidence": self.evidence_dict(), "invalid_reason": self.invalid_reason,
+               "error": self.error}
+        if self.failed_check is not None:  # only then, so results without one keep their shape
+            out["failed_check"] = self.failed_check
+        return out
 
 
 class Workload:

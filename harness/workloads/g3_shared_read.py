@@ -253,8 +253,9 @@ class G3SharedRead(Workload):
                                    "open stdin (a newline in, the node's time out)", CLOCK_SESSION_ARGV))
             if p.drop_caches:
                 out.append(PlannedStep(r, "drop the page cache (recorded)", DROP_CACHES_ARGV))
-            _, argv = self._reader_argv(ctx, node, p)
-            out.append(PlannedStep(r, "armed reader: opens every file, waits for the common start", argv))
+            spec, _ = self._reader_argv(ctx, node, p)
+            out.append(PlannedStep(r, "armed reader (a stale go/armed file removed first): opens every file, "
+                                   "waits for the common start", spec.command()))
         return out
 
     # ---- run
@@ -308,7 +309,8 @@ class G3SharedRead(Workload):
         # 4. Clock offsets, cold caches.
         t_phase = time.monotonic()
         offs = measure_clock_offsets(live, samples=p.clock_samples, timeout_s=p.clock_probe_timeout_s)
-        ctx.progress(f"{ctx.gate.id}: clock offsets of {len(live)} nodes in {time.monotonic() - t_phase:.1f} s")
+        ctx.progress(f"{ctx.gate.id}: clock offsets of {len(offs.succeeded)}/{len(live)} nodes in "
+                     f"{time.monotonic() - t_phase:.1f} s")
         applied = {n: applied_offset_s(o, p.clock_alignment) for n, o in offs.succeeded.items()}
         ev.clock_offsets = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
         ev.clock_alignment = p.clock_alignment
@@ -319,7 +321,8 @@ class G3SharedRead(Workload):
             drops = fan_out(live, lambda _n, t: drop_caches(ctx, t, timeout_s=120))
             ev.page_cache_dropped = {n: vars(o.value) if o.ok else {"dropped": False, "error": o.error}
                                      for n, o in drops.items()}
-            ctx.progress(f"{ctx.gate.id}: page cache dropped on {len(live)} nodes in {time.monotonic() - t_phase:.1f} s")
+            ctx.progress(f"{ctx.gate.id}: page cache dropped on {len(drops.succeeded)}/{len(live)} nodes in "
+                         f"{time.monotonic() - t_phase:.1f} s")
 
         # 5. Arm, release together, wait.
         specs = {r: self._reader_argv(ctx, ctx.nodes[r], p)[0] for r in live}
@@ -328,7 +331,7 @@ class G3SharedRead(Workload):
             ctx.progress(f"{ctx.gate.id}: arming readers on {len(live)} nodes")
             t_phase = time.monotonic()
             armed = launch.arm(timeout_s=p.arm_timeout_s)
-            ctx.progress(f"{ctx.gate.id}: {len(armed.succeeded)} armed in {time.monotonic() - t_phase:.1f} s")
+            ctx.progress(f"{ctx.gate.id}: {len(armed.succeeded)}/{len(live)} armed in {time.monotonic() - t_phase:.1f} s")
             if not policy.tolerates(armed) or not armed.succeeded:
                 launch.stop_all("arming failed beyond the failure policy")
             else:

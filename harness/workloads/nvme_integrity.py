@@ -26,7 +26,7 @@ from pydantic import Field
 
 from ..errors import WorkloadError
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
-from ..parsers.blockdev import LSBLK_ARGV
+from ..parsers.blockdev import LSBLK_ARGV, blkid_argv
 from ..rigs.loopback import (INTEGRITY_LEN_BYTES, IntegrityResult, Loopback, LoopbackError, LoopbackSpec,
                              backing_device, nvme_device, probe_commands, resolve_loopback_device,
                              roundtrip_integrity)
@@ -105,8 +105,10 @@ class NvmeIntegrity(Workload):
         out = [PlannedStep(name, f"find the namespace of {t.nqn} and check it is {spec.address}, live ({probe})", argv)
                for probe, argv in nvmeof_probes(spec).items()]
         out.append(PlannedStep(name, "the write guard on the namespace: what it is", path_probe_argv(dev)))
-        out.append(PlannedStep(name, "the write guard: filesystem, partition table, serial (lsblk, blkid -p)",
+        out.append(PlannedStep(name, "the write guard: filesystem, partition table, serial (lsblk)",
                                LSBLK_ARGV + (dev,)))
+        out.append(PlannedStep(name, "the write guard: signatures on the device itself (blkid -p; then the sysfs "
+                                     "serial when lsblk shows none)", blkid_argv(dev)))
         loop = _loopback_of(node, t)
         if loop is not None:
             lspec = LoopbackSpec.from_target(loop, name, node)

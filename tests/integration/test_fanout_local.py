@@ -164,8 +164,12 @@ class CountingTransport(LocalTransport):
         self.sent = []
 
     def run(self, argv, *a, **kw):
-        self.sent.append(tuple(argv))
+        self.sent.append(("run",) + tuple(argv))
         return super().run(argv, *a, **kw)
+
+    def spawn(self, argv, *a, **kw):
+        self.sent.append(("spawn",) + tuple(argv))
+        return super().spawn(argv, *a, **kw)
 
 
 def test_arming_seen_in_the_output_stream_sends_no_command_per_check(tmp_path):
@@ -176,13 +180,15 @@ def test_arming_seen_in_the_output_stream_sends_no_command_per_check(tmp_path):
     tr = {n: CountingTransport(n) for n in nodes}
     specs = {n: LaunchSpec(s.argv, s.armed_path, s.go_path, ARMED_MARKER)
              for n, s in specs_for(tmp_path, pool, nodes).items()}
+    for s in specs.values():  # a stale go file from an earlier run would release its reader at once
+        Path(s.go_path).write_text("1.0\n")
     with SynchronizedLaunch(tr, specs, {n: 0.0 for n in nodes}, log_dir=tmp_path / "log") as launch:
         assert set(launch.arm(timeout_s=30).succeeded) == set(nodes)
         go = launch.release()
         res = launch.wait(timeout_s=60)
     assert not res.failed
-    # One command per node (clearing a stale go file), none per armed check.
-    assert all(t.sent == [("rm", "-f", specs[n].go_path, specs[n].armed_path)] for n, t in tr.items())
+    # One command per node (a stale go file cleared, then the reader in the same process), none per check.
+    assert all(t.sent == [("spawn",) + specs[n].command()] for n, t in tr.items())
     assert launch.polled_rounds == 0
     events = {e["event"]: e for e in launch.events}
     # The start was set ahead by twice a probe round of go-file writes, and every real write beat it.

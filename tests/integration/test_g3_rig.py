@@ -119,7 +119,7 @@ def test_g3_end_to_end_passes_near_the_shaped_ceiling_and_bundle_verifies(rig, t
 def test_node_killed_mid_read_is_error_with_partial_series_others_kept(rig, tmp_path):
     spec, _ = rig
     victim = "n3"
-    series_file = Path(f"/tmp/kvgate-work/g3-G3-{victim}/series.jsonl")  # rig nodes share this filesystem
+    series_file = spec.work_dir / f"g3-G3-{victim}" / "series.jsonl"  # rig nodes share this filesystem
     if series_file.exists():
         series_file.unlink()
     killed = []
@@ -171,7 +171,7 @@ def test_node_whose_link_goes_down_mid_read_is_error_long_before_the_read_timeou
     spec, _ = rig
     victim = "n5"
     readers = [n for n in spec.node_names() if n != "n3"]
-    series_file = Path(f"/tmp/kvgate-work/g3-G3-{victim}/series.jsonl")
+    series_file = spec.work_dir / f"g3-G3-{victim}" / "series.jsonl"
     if series_file.exists():
         series_file.unlink()
     downed = []

@@ -223,6 +223,14 @@ def test_a_managed_run_connects_first_reads_the_checked_device_and_disconnects_a
     assert managed[0]["disconnected"] == ["nvme0"] and managed[0]["left_connected"] == []
     snap = json.loads((out.bundle.path / "nodes" / "n1" / "snapshot.json").read_text())
     assert snap["rdma_links"][0]["netdev"] == "eth0" and snap["rdma_devices"][0]["ports"][0]["link_layer"] == "Ethernet"
+    assert [(c["transport"], c["queue_count"]) for c in snap["nvme_fabric_controllers"]] == [("rdma", 3)]
+    # the report names the gate's transport and the RDMA device under it, and the node's RDMA devices
+    report = (out.bundle.path / "report.md").read_text()
+    assert "read /dev/nvme0n1 (target kv-rdma, nqn.2024-01.io.kvgate:loopback-kv1) over **rdma**, RDMA device " \
+           "kvgate-eth0 port 1 on eth0" in report
+    assert "| kvgate-eth0 | 1 | ACTIVE | Ethernet | RoCE v2 | eth0 |" in report
+    assert "connect: managed kv-rdma" in report and "disconnected nvme0 at the end" in report
+    assert "RoCE v2" in (out.bundle.path / "report.html").read_text()
     # kvgate plan lists every command the run sent, in the order it sent them
     attach, detach = managed_nvmeof_plan(cfg)
     planned = [s.argv for s in attach + facts_plan(cfg.inventory.nodes) + gate_plan(cfg, cfg.suite.gates[0])

@@ -1,4 +1,4 @@
-"""Verdict order: error, invalid, informational, pass, stop-loss, fail; overall is the worst."""
+"""Verdict order: failed check, error, invalid, informational, pass, stop-loss, fail; overall is the worst."""
 
 import pytest
 
@@ -31,6 +31,19 @@ def test_error_and_invalid_win_over_a_good_number():
     r = WorkloadResult({"per_gpu_read_gb_s": 9.0}, invalid_reason="not cold")
     assert evaluate(gate(), r, "GB/s").outcome is Outcome.INVALID
     assert evaluate(gate(), WorkloadResult({}), "GB/s").outcome is Outcome.ERROR
+
+
+def test_a_failed_check_is_fail_whatever_the_number_error_or_gate_kind():
+    r = WorkloadResult({"per_gpu_read_gb_s": 9.0}, invalid_reason="not cold", failed_check="chunk K differs")
+    v = evaluate(gate(), r, "GB/s")
+    assert (v.outcome, v.reason, v.actual) == (Outcome.FAIL, "chunk K differs", 9.0)
+    v = evaluate(gate(informational=True), WorkloadResult({}, error="stream 1 died", failed_check="chunk K differs"),
+                 "GB/s")
+    assert (v.outcome, v.reason) == (Outcome.FAIL, "chunk K differs (also: stream 1 died)")
+    assert overall_outcome([v]) is Outcome.FAIL
+    # result.json carries it only when set, so other workloads' results keep their shape
+    assert "failed_check" not in WorkloadResult({}).as_dict()
+    assert WorkloadResult({}, failed_check="x").as_dict()["failed_check"] == "x"
 
 
 def test_informational_never_decides():

@@ -1,0 +1,216 @@
+"""The KV connector reader's output (harness/node/kv_reader.py, ``kvgate-kv-read/1``) and the pool's device, parsed
+(pure).
+
+The reader prints one JSON document per run on stdout (LMCache logs to stderr); ``layout`` describes the chunk
+files LMCache wrote, ``read`` every reader process's retrieves and the device's ``/sys/dev/block/MAJ:MIN/stat``
+line before the common start and after the last read. Bandwidth is decimal: GB/s = 1e9 bytes per second.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import WorkloadError
+from .blockdev import BlockStat, parse_block_stat
+
+SCHEMA = "kvgate-kv-read/1"
+
+
+def _document(text: str, kind: str) -> dict[str, Any]:
+    """The reader's JSON document: the last stdout line that is a ``kvgate-kv-read/1`` object of ``kind``."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == SCHEMA and doc.get("type") == kind:
+            return doc
+    raise WorkloadError(f"the KV reader printed no {kind} document (see its stderr)")
+
+
+def _num(d: dict[str, Any], key: str, default: float | None = None) -> float | None:
+    v = d.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise WorkloadError(f"KV reader output: {key} is not a number ({v!r})")
+    return float(v)
+
+
+def _int(d: dict[str, Any], key: str, default: int = 0) -> int:
+    v = _num(d, key, default)
+    return int(v) if v is not None else default
+
+
+@dataclass(frozen=True)
+class ChunkFile:
+    """One chunk LMCache stored: the prompt and chunk index it belongs to, its key and its file in the pool."""
+
+    prompt: int
+    index: int
+    key: str
+    file: str
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What ``kv_reader.py layout`` did: the chunk files in the pool, and whether an earlier layout was reused."""
+
+    reused: bool
+    chunks: int
+    kv_bytes: int
+    file_bytes: int
+    elapsed_s: float
+    files: tuple[ChunkFile, ...]
+    engine_init_s: float | None = None
+    versions: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def parse_layout(text: str) -> Layout:
+    """Parse ``kv_reader.py layout`` stdout; a document carrying ``error`` parses (the caller reports it)."""
+    d = _document(text, "layout")
+    if d.get("error"):
+        return Layout(False, 0, 0, 0, 0.0, (), error=str(d["error"]))
+    try:
+        files = tuple(ChunkFile(int(c["prompt"]), int(c["index"]), str(c["key"]), str(c["file"]), int(c["file_bytes"]))
+                      for c in d.get("files") or [])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkloadError(f"KV reader layout: a chunk record is malformed ({type(exc).__name__}: {exc})") from None
+    return Layout(reused=bool(d.get("reused")), chunks=_int(d, "chunks"), kv_bytes=_int(d, "kv_bytes"),
+                  file_bytes=_int(d, "file_bytes"), elapsed_s=_num(d, "elapsed_s", 0.0) or 0.0, files=files,
+                  engine_init_s=_num(d, "engine_init_s"), versions=dict(d.get("versions") or {}))
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A chunk whose bytes read back differ from what was stored."""
+
+    key: str
+    file: str
+    expected_sha256: str
+    actual_sha256: str
+
+
+@dataclass(frozen=True)
+class ReaderStream:
+    """One reader process (a GPU or a read stream): what it retrieved, how long the retrieves took, what differed."""
+
+    label: str
+    gpu: int | None
+    chunks: int
+    chunks_retrieved: int
+    kv_bytes: int
+    read_s: float | None
+    retrieve_s: tuple[float, ...] = ()
+    mismatches: tuple[Mismatch, ...] = ()
+    missing: tuple[str, ...] = ()
+    destination: str | None = None
+    cpus: str | None = None
+    cpus_used: str | None = None
+    prepare_s: float | None = None
+    start_unix_s: float | None = None
+    end_unix_s: float | None = None
+    error: str | None = None
+
+    @property
+    def read_gb_s(self) -> float | None:
+        """KV bytes retrieved over the time from the first retrieve's start to the last one's end."""
+        if self.error or not self.read_s or self.read_s <= 0:
+            return None
+        return self.kv_bytes / self.read_s / 1e9
+
+
+@dataclass(frozen=True)
+class ReadRun:
+    """What ``kv_reader.py read`` did: every stream, and the pool device's stat line around the reads."""
+
+    streams: tuple[ReaderStream, ...]
+    device_stat_before: BlockStat | None
+    device_stat_after: BlockStat | None
+    errors: tuple[str, ...] = ()
+    versions: dict[str, Any] = field(default_factory=dict)
+    go_unix_s: float | None = None
+    error: str | None = None
+
+    @property
+    def device_read_bytes(self) -> int | None:
+        """Bytes the pool's device read while the readers read (None where the device could not be read)."""
+        if self.device_stat_before is None or self.device_stat_after is None:
+            return None
+        return self.device_stat_after.read_bytes - self.device_stat_before.read_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(s.kv_bytes for s in self.streams)
+
+
+def _stat(v: Any) -> BlockStat | None:
+    if not isinstance(v, str) or not v.strip():
+        return None
+    try:
+        return parse_block_stat(v)
+    except ValueError:
+        return None
+
+
+def _stream(s: Any) -> ReaderStream:
+    if not isinstance(s, dict) or not isinstance(s.get("label"), str):
+        raise WorkloadError(f"KV reader read: a stream record is malformed ({str(s)[:200]!r})")
+    gpu = s.get("gpu")
+    try:
+        mism = tuple(Mismatch(str(m["key"]), str(m.get("file", "")), str(m["expected_sha256"]),
+                              str(m["actual_sha256"])) for m in s.get("mismatches") or [])
+        calls = tuple(float(x) for x in s.get("retrieve_s") or [])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkloadError(f"KV reader read: stream {s['label']}: {type(exc).__name__}: {exc}") from None
+    return ReaderStream(
+        label=s["label"], gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
+        chunks=_int(s, "chunks"), chunks_retrieved=_int(s, "chunks_retrieved"), kv_bytes=_int(s, "kv_bytes"),
+        read_s=_num(s, "read_s"), retrieve_s=calls, mismatches=mism,
+        missing=tuple(str(k) for k in s.get("missing") or []), destination=s.get("destination"),
+        cpus=s.get("cpus"), cpus_used=s.get("cpus_used"), prepare_s=_num(s, "prepare_s"),
+        start_unix_s=_num(s, "start_unix_s"), end_unix_s=_num(s, "end_unix_s"),
+        error=str(s["error"]) if s.get("error") else None)
+
+
+def parse_read(text: str) -> ReadRun:
+    """Parse ``kv_reader.py read`` stdout; a document carrying ``error`` parses (the caller reports it)."""
+    d = _document(text, "read")
+    if d.get("error"):
+        return ReadRun((), None, None, error=str(d["error"]))
+    streams = d.get("streams")
+    if not isinstance(streams, list):
+        raise WorkloadError("KV reader read: no streams")
+    return ReadRun(streams=tuple(_stream(s) for s in streams), device_stat_before=_stat(d.get("device_stat_before")),
+                   device_stat_after=_stat(d.get("device_stat_after")),
+                   errors=tuple(str(e) for e in d.get("errors") or []), versions=dict(d.get("versions") or {}),
+                   go_unix_s=_num(d, "go_unix_s"))
+
+
+@dataclass(frozen=True)
+class MountSource:
+    """The block device a directory is on, from ``findmnt -n -o SOURCE,MAJ:MIN --target DIR``."""
+
+    source: str
+    maj_min: str
+
+    @property
+    def stat_path(self) -> str | None:
+        """Its ``/sys/dev/block/MAJ:MIN/stat`` (None for a filesystem without one device, major 0)."""
+        return None if self.maj_min.startswith("0:") else f"/sys/dev/block/{self.maj_min}/stat"
+
+
+def parse_findmnt_source(text: str) -> MountSource | None:
+    """The first line of ``findmnt -n -o SOURCE,MAJ:MIN``; None when it names no MAJ:MIN."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and ":" in parts[-1] and all(x.isdigit() for x in parts[-1].split(":", 1)):
+            return MountSource(" ".join(parts[:-1]), parts[-1])
+    return None

@@ -1,0 +1,375 @@
+"""kv-read (G1 through the KV connector): the reader's output parsed from captured real runs
+(tests/fixtures/kv_read), the pure sizing / LMCache YAML / fio job builders, the evaluator's outcomes, run()
+through a scripted node (every command as planned, in order), re-evaluation from the raw files, and the report's
+paired fio / connector bars."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.config import load_config
+from harness.engines import arch_from_config, check_lmcache_config, load_profile
+from harness.errors import WorkloadError
+from harness.gates.verdict import Outcome, evaluate
+from harness.parsers.fio import parse_fio_json
+from harness.parsers.kvread import parse_findmnt_source, parse_layout, parse_read
+from harness.report.render import gate_charts
+from harness.suite.plan import gate_plan
+from harness.transport.doubles import Reply, ScriptedTransport
+from harness.transport.steps import StepLog
+from harness.workloads import WORKLOADS
+from harness.workloads.base import DROP_CACHES_ARGV, GateContext
+from harness.workloads.kv_read import (FioSettings, KvNodeEvidence, KvReadEvidence, blockstat_argv, connector_rows,
+                                       evaluate_kv_read, fio_job, fio_rows, kv_shape, parallel_read_settings,
+                                       reader_lmcache_config, record_checks, reevaluate_kv_read, sizing)
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "kv_read"
+KEY = "kvgate-kv-read/llama-3-8b@1@0@32ae5292e1497ba6@bfloat16"  # the chunk flipped in read-fs-mismatch.json
+
+
+def fixture(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+# ----------------------------------------------------------------------------------------------- parsers
+
+
+def test_layout_of_a_real_run_lists_every_chunk_file_lmcache_wrote():
+    lay = parse_layout(fixture("layout-fs-2streams.json"))
+    assert not lay.reused and lay.error is None
+    assert lay.chunks == len(lay.files) == 16
+    assert lay.kv_bytes == 16 * 32 * 2 ** 20
+    # the fs connector's files: the key with '/' as -SEP-, '.data', a 28-byte header before the KV bytes
+    assert lay.file_bytes == lay.kv_bytes + 16 * 28
+    assert all(f.file.endswith(".data") and f.key.split("@")[-2] in f.file for f in lay.files)
+    assert sorted((f.prompt, f.index) for f in lay.files) == [(p, i) for p in range(4) for i in range(4)]
+    assert lay.versions["lmcache"] == "0.5.6"
+
+
+def test_cold_read_of_a_real_run_gives_per_stream_rates_and_the_device_bytes():
+    run = parse_read(fixture("read-fs-2streams.json"))
+    assert [s.label for s in run.streams] == ["stream0", "stream1"]
+    s0 = run.streams[0]
+    assert s0.chunks == s0.chunks_retrieved == 8 and s0.kv_bytes == 8 * 32 * 2 ** 20
+    assert s0.read_gb_s == pytest.approx(s0.kv_bytes / s0.read_s / 1e9)
+    assert len(s0.retrieve_s) == 2 and not s0.mismatches and not s0.missing
+    assert run.kv_bytes == 16 * 32 * 2 ** 20
+    assert run.device_read_bytes >= run.kv_bytes  # dropped page cache: the device read all of it
+
+
+def test_read_with_a_flipped_byte_names_the_chunk():
+    run = parse_read(fixture("read-fs-mismatch.json"))
+    assert [len(s.mismatches) for s in run.streams] == [0, 1]
+    m = run.streams[1].mismatches[0]
+    assert m.key == KEY and m.expected_sha256 != m.actual_sha256 and m.file.endswith(".data")
+
+
+def test_read_of_streams_that_failed_to_start_keeps_each_error():
+    run = parse_read(fixture("read-gpu-on-cpu-only-torch.json"))
+    assert [s.error for s in run.streams] == ["RuntimeError: destination gpu, but torch 2.13.0+cpu sees no CUDA "
+                                              "device"] * 2
+    assert all(s.read_gb_s is None for s in run.streams)
+    assert run.errors == ("readers did not all start: BrokenBarrierError",)
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("", "printed no read document"),
+    ('{"schema": "kvgate-kv-read/1", "type": "layout"}\n', "printed no read document"),
+    ('LMCache noise\n{"schema": "kvgate-kv-read/1", "type": "read", "streams": [{"chunks": 1}]}\n',
+     "stream record is malformed"),
+    ('{"schema": "kvgate-kv-read/1", "type": "read", "streams": [{"label": "s", "read_s": "fast"}]}', "not a number"),
+])
+def test_reader_output_that_is_not_a_document_is_a_workload_error(text, msg):
+    with pytest.raises(WorkloadError, match=msg):
+        parse_read(text)
+
+
+def test_a_reader_that_failed_as_a_whole_parses_as_its_error():
+    run = parse_read('{"schema":"kvgate-kv-read/1","type":"read","error":"RuntimeError: no complete layout"}\n')
+    assert run.error == "RuntimeError: no complete layout" and run.streams == ()
+
+
+def test_findmnt_source_gives_the_sysfs_stat_of_a_block_device_only():
+    m = parse_findmnt_source(fixture("findmnt-vda.txt"))
+    assert (m.source, m.maj_min, m.stat_path) == ("/dev/vda", "254:0", "/sys/dev/block/254:0/stat")
+    assert parse_findmnt_source("overlay 0:52\n").stat_path is None  # no single device behind it
+    assert parse_findmnt_source("findmnt: can't read /proc/mounts\n") is None
+
+
+# ------------------------------------------------------------------------------------------------ pure parts
+
+
+def test_sizing_is_whole_retrieves_per_stream_from_the_models_kv_bytes():
+    cfg = json.loads((ROOT / "workloads" / "models" / "llama-3-8b.json").read_text())
+    bpt = arch_from_config(cfg).kv_bytes_per_token
+    assert bpt == 32 * 8 * 128 * 2 * 2
+    sz = sizing(bpt, 256, 4, 2, 600 * 2 ** 20)
+    assert (sz.chunk_bytes, sz.prompts_per_stream, sz.prompts, sz.kv_bytes) == (32 * 2 ** 20, 2, 4, 512 * 2 ** 20)
+    with pytest.raises(ValueError, match="holds no whole retrieve per stream: 2 stream"):
+        sizing(bpt, 256, 4, 2, 200 * 2 ** 20)
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "qwen2.5-32b", "deepseek-v3"])
+def test_lmcache_kv_shape_holds_exactly_the_kv_bytes_per_token(model):
+    arch = arch_from_config(json.loads((ROOT / "workloads" / "models" / f"{model}.json").read_text()))
+    shape, mla = kv_shape(arch, 256)
+    layers, kv, tokens, heads, dim = shape
+    assert mla == (arch.attention == "mla") and tokens == 256
+    assert layers * kv * heads * dim * arch.dtype_bytes == arch.kv_bytes_per_token
+
+
+def test_reader_lmcache_yaml_puts_the_pool_on_the_target_and_keeps_the_profiles_chunking():
+    prof = load_profile("vllm-lmcache")
+    fs = reader_lmcache_config(prof, {"max_local_cpu_size": 1.0, "extra_config": {"save_chunk_meta": False}},
+                               "fs", "/mnt/kv/pool", 3 * 2 ** 30)
+    assert fs["remote_url"] == "fs://localhost:0/mnt/kv/pool" and fs["chunk_size"] == 256
+    assert fs["remote_serde"] == "naive" and fs["max_local_cpu_size"] == 1.0
+    assert fs["extra_config"] == {"fs_connector_use_odirect": True, "save_chunk_meta": False}  # merged, not replaced
+    disk = reader_lmcache_config(prof, {"extra_config": {"disk_io_threads": 16}}, "local_disk", "/mnt/kv/pool",
+                                 3 * 2 ** 30)
+    assert "remote_url" not in disk and disk["local_disk"] == "/mnt/kv/pool"
+    assert disk["max_local_disk_size"] >= 3  # local_disk would evict (delete) chunk files past its size
+    assert check_lmcache_config(fs, "0.5.6") == [] and check_lmcache_config(disk, "0.5.6") == []
+
+
+def test_parallel_read_settings_say_when_lmcache_ignores_o_direct():
+    fs = parallel_read_settings({"extra_config": {"fs_connector_use_odirect": True}}, "fs", 8)
+    assert fs["in_flight_chunk_reads"] == 8 and fs["odirect_effective"] is False and "save_chunk_meta" in fs["note"]
+    direct = parallel_read_settings({"extra_config": {"fs_connector_use_odirect": True, "save_chunk_meta": False}},
+                                    "fs", 8)
+    assert direct["odirect_effective"] is True and "note" not in direct
+    disk = parallel_read_settings({"extra_config": {"disk_io_threads": 2}}, "local_disk", 8)
+    assert disk["disk_io_threads"] == 2 and disk["in_flight_chunk_reads"] == 2
+
+
+def test_fio_job_reads_each_streams_files_once_in_its_own_group():
+    job = fio_job([("gpu0", ["/p/a.data", "/p/b.data"], "0-7"), ("gpu1", ["/p/c.data"], None)], FioSettings(bs="1 MiB"))
+    assert "direct=1" in job and "time_based" not in job and "file_service_type=sequential" in job
+    assert "[gpu0]\nfilename=/p/a.data:/p/b.data\ncpus_allowed=0-7" in job
+    assert "[gpu1]\nnew_group\nfilename=/p/c.data" in job
+    with pytest.raises(WorkloadError, match="containing ':'"):
+        fio_job([("s", ["/p/a:b.data"], None)], FioSettings())
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+
+def evidence(read_fixture: str, with_fio: bool = True) -> KvReadEvidence:
+    run = parse_read(fixture(read_fixture))
+    fio = parse_fio_json(fixture("fio-2streams.json")) if with_fio else None
+    rec = KvNodeEvidence(target="scratch", kind="file", pool_dir="/var/tmp/kvgate-work/kvgate-kv-read",
+                         pool_device="/dev/vda", page_cache_dropped=True,
+                         layout={"chunks": 16, "reused": False})
+    record_checks(rec, run)
+    rows, details = connector_rows("localhost", run, fio)
+    return KvReadEvidence(engine_profile="vllm-lmcache", backend="fs", model="llama-3-8b", kv_bytes_per_token=131072,
+                          chunk_tokens=256, chunk_bytes=32 * 2 ** 20, chunks_per_retrieve=4, destination="cpu",
+                          nodes={"localhost": rec}, streams=rows, stream_details=details,
+                          fio_streams=fio_rows("localhost", fio, {}) if fio else [])
+
+
+def g1c_gate():
+    cfg = load_config(ROOT / "inventory" / "localhost.yaml", ROOT / "gates" / "g1-connector.yaml", WORKLOADS)
+    return cfg, cfg.suite.gates[0]
+
+
+def test_cold_read_with_every_chunk_equal_passes_with_its_fio_comparison():
+    result = evaluate_kv_read(evidence("read-fs-2streams.json"))
+    assert result.error is None and result.invalid_reason is None and result.failed_check is None
+    m = result.metrics
+    conn = [s.read_gb_s for s in result.evidence.streams]
+    assert m["connector_read_gb_s"] == min(conn) and m["connector_read_gb_s_mean"] == pytest.approx(sum(conn) / 2)
+    assert m["fio_read_gb_s"] == pytest.approx(0.547827461)
+    assert m["connector_efficiency"] == pytest.approx(m["connector_read_gb_s"] / m["fio_read_gb_s"])
+    assert m["mismatched_chunks"] == m["missing_chunks"] == 0
+    # each connector bar carries the same stream's fio figure, for the side-by-side chart
+    assert [s.fio_read_gb_s for s in result.evidence.streams] == pytest.approx([0.547827461, 0.618514875])
+    assert result.evidence.validity["cold"]["proven"] and result.evidence.validity["data"]["proven"]
+    _, gate = g1c_gate()
+    assert evaluate(gate, result, "GB/s").outcome is Outcome.PASS
+
+
+def test_a_chunk_read_back_different_is_fail_naming_its_key_whatever_the_bandwidth():
+    result = evaluate_kv_read(evidence("read-fs-mismatch.json"))
+    assert KEY in result.failed_check and "localhost/stream1" in result.failed_check
+    _, gate = g1c_gate()
+    v = evaluate(gate, result, "GB/s")
+    assert v.outcome is Outcome.FAIL and KEY in v.reason
+    assert result.metrics["connector_read_gb_s"] > 0.05  # above the pass threshold, still FAIL
+    assert result.evidence.validity["data"]["proven"] is False
+
+
+def test_a_chunk_stored_but_not_retrieved_is_fail_naming_its_key():
+    text = fixture("read-fs-2streams.json").replace('"missing":[]', '"missing":["model@1@0@abc@bfloat16"]', 1)
+    ev = evidence("read-fs-2streams.json")
+    run = parse_read(text)
+    record_checks(ev.nodes["localhost"], run)
+    result = evaluate_kv_read(ev)
+    assert "chunk model@1@0@abc@bfloat16 was stored but LMCache did not retrieve it" in result.failed_check
+
+
+def test_reads_served_from_the_page_cache_are_invalid():
+    result = evaluate_kv_read(evidence("read-fs-warm-cache.json"))
+    assert result.invalid_reason.startswith("served from a cache: the pool's device on localhost (/dev/vda) read ")
+    _, gate = g1c_gate()
+    assert evaluate(gate, result, "GB/s").outcome is Outcome.INVALID
+
+
+def test_a_device_that_cannot_be_measured_is_invalid():
+    ev = evidence("read-fs-2streams.json")
+    ev.nodes["localhost"].device_read_bytes = None
+    assert "could not be measured" in evaluate_kv_read(ev).invalid_reason
+
+
+def test_readers_that_failed_are_an_error_naming_node_and_stream():
+    result = evaluate_kv_read(evidence("read-gpu-on-cpu-only-torch.json"))
+    assert "node localhost stream gpu0: RuntimeError: destination gpu" in result.error
+    assert "connector_read_gb_s" not in result.metrics
+
+
+def test_no_fio_figure_is_an_error():
+    assert evaluate_kv_read(evidence("read-fs-2streams.json", with_fio=False)).error == \
+        "no fio figure for the same chunk files"
+
+
+# ------------------------------------------------------------------------------------------ run() and plan
+
+
+def reader_node(read_json: str, drop_rc: int = 0, seen: dict | None = None) -> ScriptedTransport:
+    """localhost as the captured run saw it: findmnt, the reader's layout and read, the device counters, fio."""
+    stats = fixture("blockstat-around-fio.txt").splitlines(keepends=True)
+    seen = {} if seen is None else seen
+
+    def handler(call):
+        argv = call.argv
+        if argv == DROP_CACHES_ARGV:
+            return Reply(rc=drop_rc, stderr="" if drop_rc == 0 else "sh: 1: cannot create: Permission denied\n")
+        if argv[0] == "findmnt":
+            return Reply(stdout=fixture("findmnt-vda.txt"))
+        if len(argv) > 2 and argv[1].endswith("/kv_reader.py"):
+            seen[argv[2]] = dict(call.env)
+            return Reply(stdout=fixture("layout-fs-2streams.json" if argv[2] == "layout" else read_json))
+        if argv[:2] == ("sh", "-c") and "kvgate-pool-blockstat" in argv:
+            return Reply(stdout=stats.pop(0))
+        if argv[:2] == ("fio", "--output-format=json"):
+            return Reply(stdout=fixture("fio-2streams.json"))
+        if argv[0] == "mkdir":
+            return Reply()
+        return Reply(rc=127, stderr=f"{argv[0]}: not expected")
+    return ScriptedTransport(handler, name="localhost")
+
+
+def g1c_context(tmp_path, node) -> GateContext:
+    cfg, gate = g1c_gate()
+    gate_dir = tmp_path / "gates" / gate.id
+    gate_dir.mkdir(parents=True)
+    return GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                       transports={"localhost": node}, steps=StepLog(tmp_path), gate_dir=gate_dir)
+
+
+def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_output(tmp_path):
+    seen: dict = {}
+    node = reader_node("read-fs-2streams.json", seen=seen)
+    ctx = g1c_context(tmp_path, node)
+    result = WORKLOADS["kv-read"]().run(ctx)
+
+    assert result.error is None and result.invalid_reason is None and result.failed_check is None
+    cfg, gate = g1c_gate()
+    assert node.commands == [s.argv for s in gate_plan(cfg, gate) if s.argv]
+    # cold first: the page cache dropped after the layout and before the readers, and again before fio
+    cmds = [c[2] if len(c) > 2 and c[1].endswith("kv_reader.py") else c[0] for c in node.commands]
+    assert cmds == ["mkdir", "findmnt", "layout", "sh", "read", "sh", "sh", "fio", "sh"]
+    # one hash seed for the layout and every reader (LMCache's builtin chunk hash), no telemetry
+    assert seen["layout"]["PYTHONHASHSEED"] == seen["read"]["PYTHONHASHSEED"] == "0"
+    assert seen["read"]["LMCACHE_TRACK_USAGE"] == "false"
+    # the spec the readers got: the pool device found by findmnt, disjoint prompts per stream
+    spec = json.loads(node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/spec.json"])
+    assert spec["device_stat"] == "/sys/dev/block/254:0/stat"
+    assert [s["prompts"] for s in spec["streams"]] == [[0, 2], [1, 3]]
+    assert spec["chunk_bytes"] == 32 * 2 ** 20 and spec["kv_dtype"] == "bfloat16" and spec["destination"] == "cpu"
+    lm = yaml.safe_load(node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/lmcache.yaml"])
+    assert lm["remote_url"] == "fs://localhost:0/var/tmp/kvgate-work/kvgate-kv-read" and lm["max_local_cpu_size"] == 1.0
+    assert node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/kv_reader.py"].startswith(b'"""kvgate\'s KV')
+    # fio read the chunk files the layout listed, stream by stream
+    job = node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/kv-fio.job"].decode()
+    lay = parse_layout(fixture("layout-fs-2streams.json"))
+    stream1 = [f.file for f in sorted(lay.files, key=lambda f: (f.prompt, f.index)) if f.prompt in (1, 3)]
+    assert "[stream1]\nnew_group\nfilename=" + ":".join(
+        f"/var/tmp/kvgate-work/kvgate-kv-read/{f}" for f in stream1) in job
+
+    ev = result.evidence
+    rec = ev.nodes["localhost"]
+    assert rec.page_cache_dropped and rec.fio_page_cache_dropped and rec.pool_device == "/dev/vda"
+    assert rec.fio_device_read_bytes == (457664082 - 456351058) * 512
+    assert ev.parallel_read["odirect_effective"] is False  # the profile asks for it; LMCache 0.5.6 ignores it
+    assert ev.kv_bytes_per_token == 131072 and ev.chunk_bytes == 32 * 2 ** 20
+    assert result.metrics["fio_read_gb_s"] == pytest.approx(0.547827461)
+    for raw in ("layout.json", "read.json", "fio.json", "spec.json", "lmcache.yaml", "kv-fio.job"):
+        assert (ctx.gate_dir / "localhost" / raw).is_file(), raw
+    assert evaluate(gate, result, "GB/s").outcome is Outcome.PASS
+
+
+def test_run_with_a_corrupted_chunk_is_fail_and_keeps_the_measurement(tmp_path):
+    ctx = g1c_context(tmp_path, reader_node("read-fs-mismatch.json"))
+    result = WORKLOADS["kv-read"]().run(ctx)
+    v = evaluate(ctx.gate, result, "GB/s")
+    assert v.outcome is Outcome.FAIL and KEY in v.reason
+    assert result.evidence.nodes["localhost"].mismatches[0]["stream"] == "stream1"
+    assert json.loads((ctx.gate_dir / "kv-read.json").read_text())["failed_check"] == result.failed_check
+
+
+def test_run_whose_page_cache_drop_is_refused_records_it_and_lets_the_device_bytes_decide(tmp_path):
+    ctx = g1c_context(tmp_path, reader_node("read-fs-warm-cache.json", drop_rc=1))
+    result = WORKLOADS["kv-read"]().run(ctx)
+    rec = result.evidence.nodes["localhost"]
+    assert rec.page_cache_dropped is False and "Permission denied" in rec.drop_caches_error
+    assert evaluate(ctx.gate, result, "GB/s").outcome is Outcome.INVALID
+
+
+def test_run_whose_layout_fails_is_an_error_with_the_readers_words(tmp_path):
+    def handler(call):
+        if len(call.argv) > 2 and call.argv[1].endswith("/kv_reader.py"):
+            return Reply(rc=3, stdout='{"schema":"kvgate-kv-read/1","type":"layout","error":"RuntimeError: '
+                                      '/pool has 10 bytes free, the layout needs 536936448"}\n')
+        return Reply(stdout=fixture("findmnt-vda.txt") if call.argv[0] == "findmnt" else "")
+    node = ScriptedTransport(handler, name="localhost")
+    ctx = g1c_context(tmp_path, node)
+    result = WORKLOADS["kv-read"]().run(ctx)
+    assert result.error == "node localhost: layout failed: RuntimeError: /pool has 10 bytes free, the layout needs " \
+                           "536936448"
+    assert not any(c[0] == "fio" or (len(c) > 2 and c[2] == "read") for c in node.commands)
+    assert evaluate(ctx.gate, result, "GB/s").outcome is Outcome.ERROR
+
+
+def test_reevaluation_from_the_raw_files_gives_the_same_result():
+    ev = evidence("read-fs-mismatch.json")
+    first = evaluate_kv_read(ev)
+    again = reevaluate_kv_read(first.evidence.as_dict(), {"localhost": (fixture("read-fs-mismatch.json"),
+                                                                        fixture("fio-2streams.json"))})
+    assert again.metrics == first.metrics and again.failed_check == first.failed_check
+    # a raw file that no longer says what the evidence says is what re-evaluation reports
+    clean = reevaluate_kv_read(first.evidence.as_dict(), {"localhost": (fixture("read-fs-2streams.json"),
+                                                                        fixture("fio-2streams.json"))})
+    assert clean.failed_check is None and clean.metrics != first.metrics
+
+
+def test_blockstat_argv_resolves_the_pools_device_on_the_node():
+    argv = blockstat_argv("/pool dir")
+    assert argv[:2] == ("sh", "-c") and argv[-1] == "/pool dir" and "findmnt -n -o MAJ:MIN" in argv[2]
+
+
+# -------------------------------------------------------------------------------------------------- report
+
+
+def test_the_report_draws_fio_and_connector_bars_side_by_side_with_the_reference():
+    result = evaluate_kv_read(evidence("read-fs-2streams.json"))
+    _, gate = g1c_gate()
+    verdict = evaluate(gate, result, "GB/s").to_dict()
+    verdict["reference"] = {"value": "0.5 GB/s"}  # on the scale of the bars, so it is drawn
+    caption, svg = gate_charts(verdict)["streams"]
+    for gid in ("bar-fio-stream0", "bar-stream0", "bar-fio-stream1", "bar-stream1", "reference-line", "pass-line"):
+        assert f'id="{gid}"' in svg, gid
+    assert caption.startswith("fio (grey) and the KV connector (blue) reading the same bytes")
