@@ -1,6 +1,6 @@
 """One exception root for kvgate, with config, transport, workload and bundle branches.
 
-The CLI maps each branch to one exit code (harness.cli.main.EXIT_FOR_ERROR); nothing below the CLI exits."""
+The CLI maps each branch to one exit code (harness.cli.exits.EXIT_FOR_ERROR); nothing below the CLI exits."""
 
 from __future__ import annotations
 
@@ -47,3 +47,8 @@ class WorkloadError(HarnessError):
 
 class BundleError(HarnessError):
     """A bundle could not be written or read."""
+
+
+class VerificationError(BundleError):
+    """A bundle was read but does not verify (a file, a signature or a signing record does not match), so
+    the command refused to act on it: a negative answer, not bad input."""

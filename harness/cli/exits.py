@@ -1,8 +1,9 @@
 """The one map from what happened to kvgate's exit status, for every subcommand.
 
     0    success: every gate PASS (or INFO); a bundle verified; a command did what it was asked
-    1    a negative answer: some gate FAIL, INVALID or SKIPPED; verification failed; re-evaluated verdicts
-         differ; a status that is not up
+    1    a negative answer: some gate FAIL, INVALID or SKIPPED; verification failed (a bundle that does not
+         verify is not cosigned either); re-evaluated verdicts differ; a library site that does not match its
+         bundles; a status that is not up
     2    bad input: a configuration file, the command line, a bundle that cannot be read or is refused
     3    the infrastructure failed: a node unreachable, a transport, the guest, the rig, a loopback that could
          not be provisioned, a gate ERROR
@@ -15,7 +16,7 @@ Subcommands return one of these constants; errors they raise are mapped by :func
 
 from __future__ import annotations
 
-from ..errors import BundleError, ConfigError, HarnessError
+from ..errors import BundleError, ConfigError, HarnessError, VerificationError
 from ..gates.verdict import Outcome
 from ..safeio import InputFileError
 
@@ -31,8 +32,10 @@ EXIT_FOR_OUTCOME = {
     Outcome.SKIPPED: EXIT_NO, Outcome.ERROR: EXIT_INFRA, Outcome.STOP: EXIT_STOP,
 }
 
-# Most specific first: a ConfigError, a BundleError and an InputFileError are HarnessErrors too.
+# Most specific first: a VerificationError is a BundleError; a ConfigError, a BundleError and an
+# InputFileError are HarnessErrors too.
 EXIT_FOR_ERROR: tuple[tuple[type[BaseException], int], ...] = (
+    (VerificationError, EXIT_NO),
     (ConfigError, EXIT_INPUT),
     (BundleError, EXIT_INPUT),
     (InputFileError, EXIT_INPUT),

@@ -1,6 +1,8 @@
 """Bundles on the command line: ``kvgate keygen``, ``verify``, ``report BUNDLE`` (verify, re-evaluate from raw
 data, re-render offline) and ``compare BUNDLE_A BUNDLE_B`` (delta table and chart of the metrics two runs share).
 
+``verify``: 0 every file matches and every named key signed (with ``--keyring``: every signature judged, none
+refused, each ``--require-role`` present); 1 it does not; 2 usage, an unreadable key, a bad keyring (FILE:LINE).
 ``report``: 0 verified and the re-evaluated verdicts equal the signed ones; 1 verification failed (nothing is
 re-rendered) or the verdicts differ (the report says what differs); 2 usage / bundle error.
 ``compare``: 0 written; 1 a bundle failed verification; 2 usage / bundle error (harness.cli.exits).
@@ -18,10 +20,12 @@ from ..gates.reevaluate import reevaluate_bundle
 from ..paths import state_dir
 from ..report.bundle import (ENVELOPE, check_statement, generate_keypair, key_fingerprint, load_public_key,
                              open_bundle, read_envelope, verify_bundle)
-from ..safeio import InputFileError, decode_utf8, parse_json
 from ..report.charts import compare_svg
 from ..report.compare import compare_predicates, outcome_changes, render_html, render_markdown
+from ..report.cosign import SignersResult, signer_view, verify_signers
+from ..report.keyring import ROLES, keyring_from_pubkeys, load_keyring
 from ..report.render import to_csv_bytes, write_reports
+from ..safeio import InputFileError, decode_utf8, parse_json
 from .exits import EXIT_NO, EXIT_OK
 
 
@@ -32,17 +36,32 @@ def cmd_keygen(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    res = verify_bundle(args.bundle, args.pubkey)
+    if not args.pubkey and not args.keyring:
+        raise BundleError("give --pubkey SIGNER.pub (repeatable) or --keyring KEYRING.yaml")
+    if args.require_role and not args.keyring:
+        raise BundleError("--require-role needs --keyring (roles come from a keyring)")
+    named = keyring_from_pubkeys(args.pubkey or [])
+    ring = list(load_keyring(args.keyring).entries) if args.keyring else []
+    # a key in both: the keyring's entry (with its validity and revocation) is the one that judges
+    res = verify_signers(args.bundle, trusted=named + ring, require_keys=named, require_roles=args.require_role or [])
     if not res.ok:
         print(f"FAILED: {res.error}")
+        for c in res.signatures:
+            print(f"  signature: {c.line()}")
         return EXIT_NO
     pred = res.statement["predicate"]
     # The predicate is signed, but what it holds beyond the checked shape is printed as data, never trusted
     # to have the types this kvgate writes.
     key = pred.get("signing_key")
-    print(f"OK {res.report_id}: signed by {res.signer} ({key.get('kind', '?') if isinstance(key, dict) else '?'} "
-          f"key), created {pred.get('created_utc')}, overall {pred.get('overall')}, "
+    original = key if isinstance(key, dict) else {}
+    by = ", ".join((f"{c.name} ({c.role}) " if c.role else (f"{c.name} " if args.keyring else "")) + c.keyid
+                   + (f" ({original.get('kind', '?')} key)" if c.keyid == original.get("fingerprint") else "")
+                   for c in res.accepted)
+    print(f"OK {res.report_id}: signed by {by}, created {pred.get('created_utc')}, overall {pred.get('overall')}, "
           f"{len(res.statement['subject'])} files")
+    if args.keyring or len(res.signatures) > 1:
+        for c in res.signatures:
+            print(f"  signature: {c.line()}")
     verdicts = pred.get("verdicts")
     for v in verdicts if isinstance(verdicts, list) else []:
         if not isinstance(v, dict):
@@ -74,23 +93,41 @@ def resolve_pubkey(d: Path, pubkey: str | None) -> tuple[Path | None, str]:
     return None, f"no --pubkey given and the bundle's signer {_envelope_keyid(d)} is not this machine's development key"
 
 
+def _signers(d: Path, pubkey: str | None, keyring: str | None) -> tuple[SignersResult, str]:
+    """Every signature of the envelope judged with the keyring and the verifying key (harness.report.cosign)."""
+    key = resolve_pubkey(d, pubkey)[0] if pubkey or not keyring else None
+    named = keyring_from_pubkeys([key]) if key is not None else []
+    ring = list(load_keyring(keyring).entries) if keyring else []
+    what = " and ".join(x for x in (f"the keyring {keyring}" if keyring else "",
+                                     f"the key {key.name}" if key is not None else "") if x)
+    return verify_signers(d, trusted=named + ring, require_keys=named), what
+
+
 def _verify(d: Path, pubkey: str | None):
     key, how = resolve_pubkey(d, pubkey)
     if key is None:
-        raise BundleError(how + "; give --pubkey SIGNER.pub")
+        raise BundleError(how + "; give --pubkey SIGNER.pub or --keyring KEYRING.yaml")
     return verify_bundle(d, key), how
 
 
 def cmd_report(args) -> int:
     with open_bundle(args.bundle) as d:
-        res, how = _verify(d, args.pubkey)
-        if not res.ok:
+        res, how = (None, f"keyring {args.keyring}") if args.keyring and not args.pubkey else _verify(d, args.pubkey)
+        if res is not None and not res.ok:
             print(f"FAILED verification: {res.error}")
             print("nothing was re-rendered: the bundle does not match its signature")
             return EXIT_NO
-        pred = res.statement["predicate"]
-        rid = res.report_id
-        print(f"OK {rid}: signature and every file verified (key {res.signer}, {how})")
+        signers, checked_with = _signers(d, args.pubkey if res is not None else None, args.keyring)
+        if not signers.ok:
+            print(f"FAILED verification: {signers.error}")
+            print("nothing was re-rendered: the bundle's signatures do not stand")
+            return EXIT_NO
+        pred = signers.statement["predicate"]
+        rid = signers.report_id
+        who = f"key {res.signer}" if res is not None else ", ".join(c.who for c in signers.accepted)
+        print(f"OK {rid}: signature and every file verified ({who}, {how})")
+        for c in signers.signatures if len(signers.signatures) > 1 or args.keyring else []:
+            print(f"  signature: {c.line()}")
         re = reevaluate_bundle(d, pred)
         for c in re.checks:
             s = (c.signed or {}).get("outcome", "—")
@@ -98,6 +135,9 @@ def cmd_report(args) -> int:
             print(f"  {c.gate_id}: signed {s}, re-evaluated {n} ({c.source})" + ("" if c.same else "  DIFFERS"))
         render_pred = {k: v for k, v in pred.items() if k not in ("report_id", "rendered_files", "created_utc")}
         render_pred["verdicts"] = re.verdicts_for_render()
+        if len(signers.signatures) > 1 or args.keyring:  # else the signed copy's text already says it all
+            render_pred["rerender_signers"] = {"signatures": signer_view(signers.signatures),
+                                               "checked_with": checked_with}
         if not re.same:
             render_pred["overall"] = re.overall_reevaluated or pred.get("overall")
             render_pred["rerender_notice"] = ("Re-rendered by kvgate report: the verdicts re-evaluated from the raw "
@@ -190,9 +230,13 @@ def register(subparsers) -> None:
     s.add_argument("--out", required=True, metavar="PREFIX")
     s.set_defaults(func=cmd_keygen)
 
-    s = subparsers.add_parser("verify", help="verify a bundle (directory or .tar.gz) against a public key")
+    s = subparsers.add_parser("verify", help="verify a bundle (directory or .tar.gz): every named key signed it; with "
+                              "--keyring, who signed in which role, refusing signatures made after a key's revocation")
     s.add_argument("bundle")
-    s.add_argument("--pubkey", required=True)
+    s.add_argument("--pubkey", action="append", help="a signer's public key; repeatable: every one must have signed")
+    s.add_argument("--keyring", help="keyring YAML: names, roles, validity and revocation of signing keys")
+    s.add_argument("--require-role", action="append", choices=list(ROLES),
+                   help="with --keyring: some accepted signature must have this role; repeatable")
     s.add_argument("--verbose", "-v", action="store_true", help="also list the input report IDs a bundle cites")
     s.set_defaults(func=cmd_verify)
 
@@ -200,6 +244,8 @@ def register(subparsers) -> None:
                               "its own suite, and re-render its reports offline")
     s.add_argument("bundle", help="bundle directory or .tar.gz")
     s.add_argument("--pubkey", help="signer's public key (default: this machine's development key, if it signed)")
+    s.add_argument("--keyring", help="keyring YAML: the re-rendered report names every signer and role, and "
+                   "a refused signature (made after its key's revocation) fails the command")
     s.add_argument("--out", "-o", help="directory for the re-rendered reports (default: ./<report ID>-report)")
     s.set_defaults(func=cmd_report)
 

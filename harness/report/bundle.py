@@ -2,6 +2,7 @@
 
 Layout of a bundle directory ``KVG-YYYYMMDD-xxxxxxxx/``:
   attestation.dsse.json   DSSE envelope; its payload is the in-toto statement (base64)
+  signatures/*.dsse.json  signing records of co-signatures (harness.report.dsse, kvgate cosign); not subjects
   <every other file>      one subject each in the statement, with its sha256
 The report ID is derived from the sha256 of the statement payload, so it names exactly one content.
 The bundle is assembled under a temporary name and renamed into place only when complete.
@@ -29,20 +30,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ..errors import BundleError
-from ..safeio import (MAX_JSON_BYTES, MAX_KEY_BYTES, InputFileError, check_keys, decode_utf8, json_type, key_line,
-                      parse_json, read_bytes, read_text)
+from ..safeio import (MAX_JSON_BYTES, MAX_KEY_BYTES, InputFileError, check_keys, decode_utf8, json_type, parse_json,
+                      read_bytes)
+from .dsse import (PAYLOAD_TYPE, STATEMENT_KEYS, STATEMENT_TYPE, check_signing_records, decode_signatures,
+                   is_record_path, key_fingerprint, pae, read_envelope_file)
+from .dsse import canonical as _canonical
 
-PAYLOAD_TYPE = "application/vnd.in-toto+json"
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kvgate.dev/acceptance-report/v1"
 ENVELOPE = "attestation.dsse.json"
 _CHUNK = 1 << 20
-
-
-def pae(payload_type: str, payload: bytes) -> bytes:
-    """DSSE pre-authentication encoding."""
-    t = payload_type.encode()
-    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
 
 
 def generate_keypair(prefix: str | Path) -> tuple[Path, Path]:
@@ -89,11 +85,6 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
     return key
 
 
-def key_fingerprint(pub: Ed25519PublicKey) -> str:
-    raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
-
-
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -112,10 +103,6 @@ def _list_files(root: Path) -> list[str]:
                 raise BundleError(f"{p}: symlinks are not allowed in a bundle")
             out.append(p.relative_to(root).as_posix())
     return sorted(out)
-
-
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
 def evidence_digest(subjects: list[dict], predicate: dict[str, Any]) -> str:
@@ -152,18 +139,22 @@ class BundleInfo:
 
 def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519PrivateKey,
                  predicate: dict[str, Any], make_tar: bool = True,
-                 render: Callable[[str, Path], list[str]] | None = None, move: bool = False) -> BundleInfo:
+                 render: Callable[[str, Path], list[str]] | None = None, move: bool = False,
+                 clock: Callable[[], time.struct_time] = time.gmtime) -> BundleInfo:
     """Sign every file under ``run_dir`` into a bundle under ``out_dir``.
 
     The files go into a hidden temporary directory beside the final one: copied and hashed in one pass, or,
     with ``move=True``, the run directory itself is renamed there (no copy; on any failure it is renamed
     back). ``render`` (given the report ID and that directory) may then write reports that print the ID.
+    ``clock`` gives ``created_utc`` (a seam for tests that need bundles of different dates).
     The directory is renamed into place (and tarred) only after the envelope is written.
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [f for f in _list_files(run_dir) if f != ENVELOPE]
-    created = time.gmtime()
+    if any(is_record_path(f) for f in files):
+        raise BundleError(f"{run_dir}: a top-level signatures/ is reserved for signing records")
+    created = clock()
     tmp = Path(tempfile.mkdtemp(prefix=".incomplete-bundle-", dir=out_dir))
     moved = False
     if move:
@@ -218,24 +209,42 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
         else:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    tar_path = None
-    if make_tar:
-        tar_path = out_dir / f"{report_id}.tar.gz"
-        tmp_tar = out_dir / f".incomplete-{report_id}.tar.gz"
-        try:
-            with tarfile.open(tmp_tar, "w:gz", compresslevel=6) as tf:
-                tf.add(final, arcname=report_id)
-            os.rename(tmp_tar, tar_path)
-        except BaseException:
-            tmp_tar.unlink(missing_ok=True)
-            raise
+    tar_path = tar_bundle(final, out_dir / f"{report_id}.tar.gz") if make_tar else None
     return BundleInfo(final, tar_path, report_id)
+
+
+def tar_bundle(bundle_dir: Path, tar_path: Path) -> Path:
+    """Write ``tar_path`` (one top directory named like ``bundle_dir``) under a hidden temporary name beside
+    it, renamed into place (replacing an older one) only when complete."""
+    tmp_tar = tar_path.parent / f".incomplete-{tar_path.name}"
+    try:
+        with tarfile.open(tmp_tar, "w:gz", compresslevel=6) as tf:
+            tf.add(bundle_dir, arcname=bundle_dir.name)
+        os.rename(tmp_tar, tar_path)
+    except BaseException:
+        tmp_tar.unlink(missing_ok=True)
+        raise
+    return tar_path
+
+
+def extract_archive(tar: Path, into: Path) -> Path:
+    """Extract a bundle archive into the directory ``into`` (tar's ``data`` filter: no links out, no devices);
+    the one bundle directory it must hold."""
+    try:
+        with tarfile.open(tar, "r:gz") as tf:
+            tf.extractall(into, filter="data")
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise BundleError(f"{tar}: not a readable bundle archive: {exc}") from None
+    entries = list(Path(into).iterdir())
+    if len(entries) != 1 or not entries[0].is_dir():
+        raise BundleError(f"{tar}: archive must hold exactly one bundle directory")
+    return entries[0]
 
 
 @contextlib.contextmanager
 def open_bundle(path: str | Path) -> Iterator[Path]:
-    """A bundle's directory: the directory itself, or a ``.tar.gz`` extracted (tar's ``data`` filter: no links
-    out, no devices) into a temporary directory that lives as long as the ``with`` block."""
+    """A bundle's directory: the directory itself, or a ``.tar.gz`` extracted (:func:`extract_archive`) into a
+    temporary directory that lives as long as the ``with`` block."""
     path = Path(path)
     if path.is_dir():
         yield path
@@ -243,45 +252,13 @@ def open_bundle(path: str | Path) -> Iterator[Path]:
     if not path.is_file():
         raise BundleError(f"{path}: no such bundle (expected a directory or a .tar.gz)")
     with tempfile.TemporaryDirectory(prefix="kvgate-bundle-") as td:
-        try:
-            with tarfile.open(path, "r:gz") as tf:
-                tf.extractall(td, filter="data")
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-            raise BundleError(f"{path}: not a readable bundle archive: {exc}") from None
-        entries = list(Path(td).iterdir())
-        if len(entries) != 1 or not entries[0].is_dir():
-            raise BundleError(f"{path}: archive must hold exactly one bundle directory")
-        yield entries[0]
-
-
-ENVELOPE_KEYS = frozenset({"payloadType", "payload", "signatures"})
-SIGNATURE_KEYS = frozenset({"keyid", "sig"})
-STATEMENT_KEYS = frozenset({"_type", "subject", "predicateType", "predicate"})
+        yield extract_archive(path, Path(td))
 
 
 def read_envelope(env_path: Path) -> tuple[str, bytes, list[dict[str, str]]]:
-    """(payloadType, payload bytes, signatures) of a DSSE envelope, read with the hardened JSON reader
+    """(payloadType, payload bytes, signatures) of a bundle's DSSE envelope, read with the hardened JSON reader
     (no symlink, size cap, UTF-8, no duplicate keys) and checked key by key; InputFileError otherwise."""
-    text = read_text(env_path, max_bytes=MAX_JSON_BYTES, what="envelope", follow_symlinks=False,
-                     display_name=ENVELOPE)
-    env = parse_json(text, ENVELOPE)
-    check_keys(env, ENVELOPE_KEYS, ENVELOPE, "envelope", text, root=True)
-    missing = sorted(ENVELOPE_KEYS - set(env))
-    if missing:
-        raise InputFileError(ENVELOPE, None, f"envelope: required key {missing[0]!r} is missing")
-    for key, want in (("payloadType", str), ("payload", str), ("signatures", list)):
-        if not isinstance(env[key], want):
-            raise InputFileError(ENVELOPE, key_line(text, key), f"envelope: {key} must be a JSON "
-                                                 f"{'string' if want is str else 'array'}, got {json_type(env[key])}")
-    for i, sig in enumerate(env["signatures"]):
-        check_keys(sig, SIGNATURE_KEYS, ENVELOPE, f"signatures[{i}]", text)
-        if not isinstance(sig.get("sig"), str) or not isinstance(sig.get("keyid", ""), str):
-            raise InputFileError(ENVELOPE, None, f"signatures[{i}]: sig and keyid must be strings")
-    try:
-        payload = base64.b64decode(env["payload"], validate=True)
-    except ValueError as exc:
-        raise InputFileError(ENVELOPE, None, f"envelope: payload is not base64: {exc}") from None
-    return env["payloadType"], payload, env["signatures"]
+    return read_envelope_file(env_path, ENVELOPE, MAX_JSON_BYTES)
 
 
 _SHA256_HEX = frozenset("0123456789abcdef")
@@ -330,14 +307,25 @@ def _fail(msg: str, report_id: str | None = None, statement=None) -> VerifyResul
 
 def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
                   public_key: Ed25519PublicKey | None = None) -> VerifyResult:
-    """Check the signature, then every subject digest; reject missing and extra files."""
-    path = Path(path)
+    """Check the signature, then every subject digest; reject missing and extra files; check every signing
+    record under ``signatures/``."""
     if public_key is None:
         public_key = load_public_key(pubkey_path)  # type: ignore[arg-type]
+    return _verify(Path(path), public_key)
+
+
+def verify_content(path: str | Path) -> VerifyResult:
+    """Every file against the statement and every signing record against its own key, checking no
+    signature of the statement against a trusted key (``signer`` is None): for callers that judge the
+    signatures themselves (harness.report.cosign)."""
+    return _verify(Path(path), None)
+
+
+def _verify(path: Path, public_key: Ed25519PublicKey | None) -> VerifyResult:
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         try:
             with open_bundle(path) as d:
-                return verify_bundle(d, public_key=public_key)
+                return _verify(d, public_key)
         except BundleError as exc:
             return _fail(str(exc))
     env_path = path / ENVELOPE
@@ -349,16 +337,16 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
         return _fail(str(exc))
     if ptype != PAYLOAD_TYPE:
         return _fail(f"{ENVELOPE}: unexpected payloadType {ptype!r}")
-    fp = key_fingerprint(public_key)
+    fp = key_fingerprint(public_key) if public_key is not None else None
     good = False
-    for s in sigs:
+    for s in sigs if public_key is not None else []:
         try:
             public_key.verify(base64.b64decode(s["sig"], validate=True), pae(ptype, payload))
             good = True
             break
         except (InvalidSignature, ValueError):
             continue
-    if not good:
+    if public_key is not None and not good:
         return _fail(f"{ENVELOPE}: signature does not verify with key {fp}")
     name = f"{ENVELOPE} payload"
     try:
@@ -374,7 +362,7 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
                      f"({report_id})", report_id, statement)
     expected = {s["name"]: s["digest"]["sha256"] for s in subjects}
     try:
-        present = [f for f in _list_files(path) if f != ENVELOPE]
+        present = [f for f in _list_files(path) if f != ENVELOPE and not is_record_path(f)]
     except Exception as exc:  # noqa: BLE001 - e.g. a symlink planted in the bundle
         return _fail(str(exc), report_id, statement)
     for rel in sorted(expected):
@@ -396,4 +384,11 @@ def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
         return _fail(f"{extra[0]}: file not in the signed statement", report_id, statement)
     if path.name.startswith("KVG-") and path.name != report_id:
         return _fail(f"bundle directory name {path.name} does not match report ID {report_id}", report_id, statement)
+    try:
+        parsed_sigs = decode_signatures(sigs)
+    except ValueError as exc:
+        return _fail(f"{ENVELOPE}: malformed signatures: {exc}", report_id, statement)
+    _, record_error = check_signing_records(path, ptype, payload, parsed_sigs, report_id, pred["created_utc"])
+    if record_error:
+        return _fail(record_error, report_id, statement)
     return VerifyResult(True, report_id, statement, None, fp)

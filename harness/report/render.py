@@ -475,6 +475,9 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
         "signing_key": predicate.get("signing_key") or {}, "gates": gates,
         "nodes": node_provenance(bundle_dir), "config_files": config_files(bundle_dir),
         "notice": predicate.get("rerender_notice"),
+        # render-only (kvgate report): every signature of the envelope as checked now (harness.report.cosign)
+        "signers": (predicate.get("rerender_signers") or {}).get("signatures"),
+        "signers_checked_with": (predicate.get("rerender_signers") or {}).get("checked_with"),
     }
     return Rendered(view, tables, charts)
 

@@ -77,6 +77,8 @@ KIND_CASES: dict[str, dict[str, tuple[int | None, str]]] = {
                 "unknown_key": (4, "max_local_cpu_sise: unknown LMCache 0.5.6 key")},
     "cost": {"wrong_types": (5, "workload.context_tokens: Input should be a valid number"),
              "unknown_key": (6, "workload.contex_tokens: unknown key")},
+    "keyring": {"wrong_types": (4, "keys[0].valid_from: invalid time [2026, 1, 1]"),
+                "unknown_key": (4, "keys[0].revokd: unknown key")},
     "envelope": {"wrong_types": (3, "envelope: payload must be a JSON string, got a number"),
                  "unknown_key": (5, "envelope: unknown key 'note'")},
     "verdicts": {"wrong_types": (4, "verdicts: expected an array, got an object"),
@@ -101,7 +103,7 @@ AFTER_SIGNING: dict[str, tuple[int | None, str]] = {
     "unreadable": (None, "cannot read: Permission denied"),
 }
 MEMORY_CASES = {"alias_bomb", "deep_nesting", "big", "recursive_alias"}
-YAML_KINDS = ("inventory", "gates", "engine", "lmcache", "cost")
+YAML_KINDS = ("inventory", "gates", "engine", "lmcache", "cost", "keyring")
 JSON_KINDS = ("envelope", "verdicts", "result")
 # where each bundle JSON kind lives in a bundle; messages name it so (the bundle may be a temporary copy)
 IN_BUNDLE = {"envelope": "attestation.dsse.json", "verdicts": "verdicts.json", "result": "gates/G1/result.json"}
@@ -244,6 +246,8 @@ def yaml_command(kind: str, path: Path, work: Path) -> tuple[list[str], int]:
         return [sys.executable, "-m", "harness.engines.cpu_reference", "--port", "1", "--lmcache-config", str(path)], 2
     if kind == "cost":
         return py + ["cost", "--params", str(path), "--out", str(work / "cost-out")], 2
+    if kind == "keyring":  # verify reads the keyring before the bundle (which need not exist here)
+        return py + ["verify", str(work / "no-such-bundle"), "--keyring", str(path)], 2
     raise AssertionError(kind)
 
 
