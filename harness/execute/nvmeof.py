@@ -562,7 +562,7 @@ class ManagedTargets:
                         rec.error = str(exc)
                     self.progress(f"{node}/{t.name}: " + (
                         f"{'connected' if rec.issued else 'found connected'} {rec.nqn} "
-                        f"({', '.join(rec.controllers) or 'not kvgate’s: left as found'}) in {rec.connect_s} s"
+                        f"({', '.join(rec.controllers) or 'not connected by kvgate, left as found'}) in {rec.connect_s} s"
                         if rec.ok else f"connect: managed failed: {rec.error}"))
                     self._write(node)
             finally:
