@@ -575,22 +575,22 @@ class KvRead(Workload):
                 where = ".".join(map(str, path))
                 issues.append((("engine",), f"LMCache config of profile {prof.name!r}: {where}: {msg}"))
         chunk = cfg.get("chunk_size", 256)
-        if isinstance(chunk, int) and chunk > 0:
-            for name, node in nodes.items():
-                try:
-                    sz = sizing(arch.kv_bytes_per_token, chunk, params.chunks_per_retrieve, node.stream_count,
-                                params.kv_size_bytes)
-                except ValueError as exc:
-                    issues.append((("kv_size",), f"node {name!r}: {exc}"))
-                    continue
-                cpu_gib = cfg.get("max_local_cpu_size", 5.0)
-                need = params.chunks_per_retrieve * sz.chunk_bytes
-                if isinstance(cpu_gib, (int, float)) and need > cpu_gib * GIB:
-                    where = ("lmcache", "max_local_cpu_size") if "max_local_cpu_size" in params.lmcache else \
-                        ("chunks_per_retrieve",)
-                    issues.append((where, f"one retrieve ({params.chunks_per_retrieve} chunks x {sz.chunk_bytes} "
-                                   f"bytes) does not fit LMCache's CPU buffer (max_local_cpu_size {cpu_gib:g} GiB)"))
-                break
+        if not isinstance(chunk, int) or chunk <= 0:
+            return issues
+        for name, node in nodes.items():
+            try:
+                sizing(arch.kv_bytes_per_token, chunk, params.chunks_per_retrieve, node.stream_count,
+                       params.kv_size_bytes)
+            except ValueError as exc:
+                issues.append((("kv_size",), f"node {name!r}: {exc}"))
+        cpu_gib = cfg.get("max_local_cpu_size", 5.0)
+        need = params.chunks_per_retrieve * chunk * arch.kv_bytes_per_token
+        if isinstance(cpu_gib, (int, float)) and need > cpu_gib * GIB:
+            where = ("lmcache", "max_local_cpu_size") if "max_local_cpu_size" in params.lmcache else \
+                ("chunks_per_retrieve",)
+            issues.append((where, f"one retrieve ({params.chunks_per_retrieve} chunks x "
+                           f"{chunk * arch.kv_bytes_per_token} bytes) does not fit LMCache's CPU buffer "
+                           f"(max_local_cpu_size {cpu_gib:g} GiB)"))
         return issues
 
     # ---- what a node runs (pure)
