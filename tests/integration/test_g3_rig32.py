@@ -150,6 +150,7 @@ def test_two_nodes_killed_and_one_link_down_at_32_nodes(rig, tmp_path):
         # Each victim is failed within the stall timeout of its fault (the silent one: at it, plus polling).
         launch = json.loads((res.run_dir / "gates" / "G3" / "launch.json").read_text())
         failed_at = {e["node"]: e["t_s"] for e in launch["events"] if e["event"] == "node_failed"}
+        print("fault -> node failed (s):", {n: round(failed_at[n] - fault_at[n], 2) for n in victims})
         for n in killed:
             assert failed_at[n] - fault_at[n] <= STALL_S, (n, failed_at[n] - fault_at[n])
         assert STALL_S - 1 <= failed_at[downed] - fault_at[downed] <= STALL_S + 4
