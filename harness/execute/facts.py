@@ -95,6 +95,8 @@ FACTS: tuple[Fact, ...] = (
 
 # nvme-cli 2.3 exits 1 with no output when the host has no NVMe device at all: no device, not an error.
 _EMPTY_WHEN_NONE = {"nvme_list": "nvme_controllers", "nvme_list_subsys": "nvme_subsystems"}
+# iproute2's rdma tool on a kernel without RDMA netlink (no RDMA core loaded): no RDMA link, not an error.
+_NO_RDMA_STDERR = "Failed to open NETLINK_RDMA socket"
 
 
 def _absent(r) -> bool:
@@ -174,6 +176,10 @@ def collect_node_facts(transport, steps, engine_python: str | None = None) -> di
         steps.keep(transport.name, f"{fact.file}-{fact.key}", r, timeout_s=fact.timeout_s, part_of=whole_dir.name)
         if fact.optional_tool and _absent(r):
             rec.setdefault("absent", []).append(fact.argv[0])
+            continue
+        if fact.key == "rdma_links" and not r.ok and _NO_RDMA_STDERR in (r.stderr or ""):
+            rec["rdma_links"] = []
+            rec.setdefault("notes", {})[fact.key] = _NO_RDMA_STDERR + " (no RDMA core in this kernel)"
             continue
         if fact.key in _EMPTY_WHEN_NONE and not r.ok and not r.stdout.strip():
             rec[_EMPTY_WHEN_NONE[fact.key]] = []
