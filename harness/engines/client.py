@@ -40,13 +40,33 @@ class CompletionRequest:
     prompt_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def payload(self, model: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": model, "prompt": self.prompt, "max_tokens": self.max_tokens, "stream": True,
-            "temperature": 0.0, "ignore_eos": True,
-        }
+    def payload(self, model: str, api: "ApiShape | None" = None) -> dict[str, Any]:
+        """The request body: a completions prompt (text or token ids) or, for a chat API, one user message
+        (text only); greedy, streamed, ``ignore_eos`` unless the API shape says the server refuses it."""
+        api = api or ApiShape()
+        if api.kind == "chat":
+            if not isinstance(self.prompt, str):
+                raise ValueError("a chat API takes text prompts: give the model's tokenizer")
+            body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": self.prompt}]}
+        else:
+            body = {"model": model, "prompt": self.prompt}
+        body.update({"max_tokens": self.max_tokens, "stream": True, "temperature": 0.0})
+        if api.ignore_eos:
+            body["ignore_eos"] = True
+        body.update(api.extra_body)
         body.update(self.extra)
         return body
+
+
+@dataclass(frozen=True)
+class ApiShape:
+    """What differs between OpenAI-compatible servers (an engine profile's ``api``): completions or chat,
+    whether ``ignore_eos`` is sent, extra body fields, and whether the stream must end with ``[DONE]``."""
+
+    kind: str = "completions"
+    ignore_eos: bool = True
+    require_done: bool = True
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,7 +98,7 @@ class RequestRecord:
 
 async def stream_completion(client: httpx.AsyncClient, url: str, request: CompletionRequest, model: str,
                             clock: Clock = time.perf_counter, queue_s: float = 0.0,
-                            timeout_s: float | None = 600.0) -> RequestRecord:
+                            timeout_s: float | None = 600.0, api: ApiShape | None = None) -> RequestRecord:
     """Send one streaming completion and time it. Never raises for a failed request."""
     ttft = None
     itl: list[float] = []
@@ -97,8 +117,13 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
             output_chunks=chunks, output_text="".join(text), http_status=status, error=error,
             started_unix_s=started_unix)
 
+    api = api or ApiShape()
     try:
-        async with client.stream("POST", url, json=request.payload(model), timeout=timeout_s) as resp:
+        body = request.payload(model, api)
+    except ValueError as exc:
+        return rec(str(exc), None)
+    try:
+        async with client.stream("POST", url, json=body, timeout=timeout_s) as resp:
             status = resp.status_code
             if resp.status_code != 200:
                 body = (await resp.aread()).decode(errors="replace")
@@ -131,7 +156,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
             end = clock()
             if ttft is None:
                 return rec("stream ended without a token chunk", end)
-            if not done:
+            if not done and api.require_done:
                 return rec("stream ended without [DONE]", end)
             return rec(None, end)
     except httpx.TimeoutException as exc:
@@ -142,7 +167,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
 
 async def run_requests(base_url: str, requests: Sequence[CompletionRequest], model: str, concurrency: int = 1,
                        clock: Clock = time.perf_counter, transport: httpx.AsyncBaseTransport | None = None,
-                       timeout_s: float | None = 600.0, path: str = "/v1/completions") -> list[RequestRecord]:
+                       timeout_s: float | None = 600.0, path: str = "/v1/completions",
+                       api: ApiShape | None = None) -> list[RequestRecord]:
     """Send all requests with at most ``concurrency`` in flight; records come back in request order."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -154,7 +180,7 @@ async def run_requests(base_url: str, requests: Sequence[CompletionRequest], mod
             async with sem:
                 queue_s = clock() - t_submit
                 return await stream_completion(client, url, req, model, clock=clock, queue_s=queue_s,
-                                               timeout_s=timeout_s)
+                                               timeout_s=timeout_s, api=api)
         # Every request is submitted now; a request's wait for a free slot is its queue_s.
         t_submit = clock()
         return list(await asyncio.gather(*(one(r, t_submit) for r in requests)))

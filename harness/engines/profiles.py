@@ -14,11 +14,12 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config.yamlload import load_yaml, validate
 from ..errors import ConfigError, ConfigIssue
 from ..paths import data_path
+from .client import ApiShape
 from .lmcache import LMCacheSettings, check_lmcache_config, lmcache_config, render_template
 
 
@@ -37,17 +38,78 @@ class HitMetrics(_Strict):
     read_bytes: list[str] = Field(default_factory=list)
 
 
+class HitLog(_Strict):
+    """Engine-log lines that prove read-back hits: a regular expression searched per line (ANSI colours
+    removed). With a named group ``hit_tokens`` each line adds that many hit tokens (and ``query_tokens``, if
+    the pattern has it, the tokens looked up; otherwise the read-back prompts' tokens are the lookups);
+    without it each matching line is one request served from the tier."""
+
+    pattern: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            rx = re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"hit_log pattern {v!r} is not a valid regular expression: {exc}") from None
+        unknown = set(rx.groupindex) - {"hit_tokens", "query_tokens"}
+        if unknown:
+            raise ValueError(f"hit_log pattern {v!r}: named groups may be hit_tokens and query_tokens, "
+                             f"not {', '.join(sorted(unknown))}")
+        if "query_tokens" in rx.groupindex and "hit_tokens" not in rx.groupindex:
+            raise ValueError(f"hit_log pattern {v!r}: a query_tokens group needs a hit_tokens group")
+        return v
+
+
+class ApiSettings(_Strict):
+    """How G2 talks to the engine: the OpenAI-compatible completions or chat-completions API, streamed as
+    server-sent events (``data: {...}`` lines, ``data: [DONE]`` at the end unless ``require_done`` is off)."""
+
+    kind: Literal["completions", "chat"] = "completions"
+    path: str | None = None  # default /v1/completions or /v1/chat/completions
+    stream_format: Literal["openai-sse"] = "openai-sse"
+    require_done: bool = True
+    ignore_eos: bool = True  # sent as "ignore_eos": vLLM and SGLang honour it; switch off for strict servers
+    extra_body: dict[str, Any] = Field(default_factory=dict)  # merged into every request body
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"api path {v!r} must start with '/'")
+        return v
+
+    def shape(self) -> ApiShape:
+        return ApiShape(kind=self.kind, ignore_eos=self.ignore_eos, require_done=self.require_done,
+                        extra_body=dict(self.extra_body))
+
+    @property
+    def request_path(self) -> str:
+        return self.path or ("/v1/chat/completions" if self.kind == "chat" else "/v1/completions")
+
+
 class EngineProfile(_Strict):
     name: str
     description: str
-    engine: Literal["vllm", "dynamo-vllm", "sglang", "cpu-reference"]
+    # openai: any OpenAI-compatible server (SGLang, TensorRT-LLM, llama.cpp, Dynamo, a vendor's fork ...):
+    # kvgate knows only what the profile says about it
+    engine: Literal["vllm", "dynamo-vllm", "sglang", "cpu-reference", "openai"]
     engine_version: str | None = None
-    argv: list[str]
+    # The launch command; empty: kvgate never launches this engine, a gate attaches to it (G2 ``attach:``)
+    argv: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     ready_timeout_s: float = Field(default=600.0, gt=0)
-    hit_metrics: HitMetrics
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    # How read-back hits are proven; any of: Prometheus counters, engine-log lines, the pool device's read
+    # bytes (device_reads). A profile that can prove neither hits nor cold reads is refused.
+    hit_metrics: HitMetrics | None = None
+    hit_log: HitLog | None = None
+    # The pool's block device must be read during read-back (its /sys/class/block/DEV/stat), covering
+    # min_read_fraction of the KV the hits claim: proves the read-back was cold and from the tier.
+    device_reads: bool = True
     lmcache: LMCacheSettings | None = None
     # A program of harness/engines/ (e.g. cpu_reference.py) that kvgate puts into the run directory on the node
     # before the launch; the argv names it as {program} (the engine then needs its own packages, not kvgate).
@@ -79,6 +141,18 @@ class EngineProfile(_Strict):
         if not v or "/" in v:
             raise ValueError(f"pool_files {v!r}: a file-name pattern such as '*.data' (no '/')")
         return v
+
+    @model_validator(mode="after")
+    def _provable(self) -> "EngineProfile":
+        if self.hit_metrics is None and self.hit_log is None and not self.device_reads:
+            raise ValueError("the profile can prove neither hits (hit_metrics, hit_log) nor cold reads "
+                             "(device_reads): G2 through it could never be valid")
+        return self
+
+    @property
+    def launches(self) -> bool:
+        """Whether kvgate can start this engine itself (a profile without argv is attached to)."""
+        return bool(self.argv)
 
     def render_argv(self, values: dict[str, Any]) -> list[str]:
         """The launch argv with ``{placeholders}`` filled; a missing value is an error, not ''."""

@@ -59,3 +59,48 @@ def scan_fallbacks(text: str, extra_patterns: list[str] | tuple[str, ...] = ()) 
                 found.append(LogMatch(i, line[:400], source, meaning, rank))
                 break
     return found
+
+
+# ------------------------------------------------------------------------------------------ hit lines
+
+
+@dataclass(frozen=True)
+class LogHits:
+    """What an engine log's hit lines say about one phase: matching lines, hit tokens and looked-up tokens
+    (None when the pattern does not carry them)."""
+
+    lines: int
+    hit_tokens: float | None
+    query_tokens: float | None
+    first: str | None = None  # the first matching line, for the evidence
+
+
+def new_log_lines(before: str, after: str) -> tuple[list[str], bool]:
+    """Pure: the lines ``after`` has beyond ``before`` when both are reads of one growing log (a file, or a
+    command that prints the log since the engine started). Returns (lines, continuous): when ``after`` does
+    not begin with ``before``'s lines (rotated, truncated, a restarted pod's new log), every line of
+    ``after`` is returned and ``continuous`` is False."""
+    b, a = before.splitlines(), after.splitlines()
+    if len(a) >= len(b) and a[:len(b)] == b:
+        return a[len(b):], True
+    return a, False
+
+
+def count_log_hits(lines: list[str], pattern: str) -> LogHits:
+    """Pure: the hit lines among ``lines`` (a profile's ``hit_log.pattern``, searched per line after ANSI
+    colour codes are removed), with the sums of its ``hit_tokens`` / ``query_tokens`` groups if it has them."""
+    rx = re.compile(pattern)
+    n, hit, query, first = 0, 0.0, 0.0, None
+    for raw in lines:
+        line = ANSI_RE.sub("", raw).strip()
+        m = rx.search(line)
+        if not m:
+            continue
+        n += 1
+        first = first or line[:400]
+        if "hit_tokens" in rx.groupindex:
+            hit += float(m.group("hit_tokens") or 0)
+        if "query_tokens" in rx.groupindex:
+            query += float(m.group("query_tokens") or 0)
+    return LogHits(n, hit if "hit_tokens" in rx.groupindex else None,
+                   query if "query_tokens" in rx.groupindex else None, first)

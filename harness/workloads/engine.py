@@ -222,6 +222,14 @@ class EngineProcess:
             return []
         return scan_fallbacks(text, self.profile.fallback_patterns)
 
+    def log_text(self) -> str | None:
+        """The engine's log so far (fetched from the node), None when there is none yet."""
+        self.fetch_log()
+        try:
+            return self.local_log.read_text(errors="replace")
+        except OSError:
+            return None
+
     def log_tail(self, n: int = 40) -> str:
         self.fetch_log()
         try:

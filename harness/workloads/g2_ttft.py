@@ -18,9 +18,11 @@ tokenizer encodes to exactly that many tokens when the profile or the gate names
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,10 +35,12 @@ from ..engines.prompts import load_tokenizer, make_prompts, make_text_prompts
 from ..errors import WorkloadError
 from ..node import program_path
 from ..parsers.blockdev import parse_block_stat
+from ..parsers.engine_log import LogHits, count_log_hits, new_log_lines
 from ..parsers.prometheus import counter_delta
 from ..stats import percentile
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
                    drop_caches, register_workload, write_summary)
+from .attach import AttachedEngine, AttachParams, attach_issues, restarted
 from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_python, engine_values,
                      fallback_reason, model_config_issues, pool_contents, pool_files_argv, profile_issues,
                      random_model_dir, stage_engine_files, start_engine, stored_kv_tokens)
@@ -76,6 +80,14 @@ class G2Params(StrictModel):
     # One unrelated prompt after each engine start (recorded, excluded from the statistics and taken
     # before the counters and device statistics of the phase), so a first-request effect lands on neither.
     warmup: bool = True
+    # Attach mode: the engine already runs (Kubernetes, systemd, Slurm, Docker ...); kvgate sends the prompts
+    # to its URL and makes it cold with the operator's commands (harness/workloads/attach.py).
+    attach: AttachParams | None = None
+    pool_path: str | None = None  # attach: the directory the engine stores KV in, on pool_node
+    pool_node: str | None = None  # attach: the node that mounts pool_path (default: the gate's first node)
+    # The pool's device must read at least this share of the KV the read-back hits claim (profiles with
+    # device_reads): fewer bytes mean the KV came from the engine's memory or a cache, not the tier.
+    min_read_fraction: float = Field(default=0.5, ge=0, le=1)
 
     @field_validator("prompt_tokens")
     @classmethod
@@ -132,6 +144,14 @@ class G2Evidence(Evidence):
     random_model: dict[str, Any] | None = None
     warmup: dict[str, Any] = {}
     fallback_lines: list[str] = []
+    readback_log_hits: dict[str, Any] | None = None
+    # attach mode: the engine kvgate did not launch, and how it was made cold
+    attached: bool = False
+    prompt_seed: int | None = None
+    cold_procedure: list[dict[str, Any]] = []
+    engine_restarted: bool | None = None
+    pool_before_recompute: dict[str, Any] | None = None
+    recompute_log_hit_lines: int | None = None
 
 
 def _stats(xs: list[float], prefix: str) -> dict[str, float]:
@@ -141,12 +161,38 @@ def _stats(xs: list[float], prefix: str) -> dict[str, float]:
             f"{prefix}_p99_s": percentile(xs, 99)}
 
 
+@dataclass(frozen=True)
+class LogProof:
+    """The read-back phase's hit lines in the engine log (profile ``hit_log``): ``hits`` None when the log
+    could not be read; ``requests`` and ``prompt_tokens`` are what the phase sent (the lookups when the
+    pattern counts lines, or has no ``query_tokens`` group)."""
+
+    hits: LogHits | None
+    requests: int
+    prompt_tokens: int
+
+    def hit_rate(self) -> float | None:
+        h = self.hits
+        if h is None:
+            return None
+        if h.hit_tokens is not None:
+            query = h.query_tokens if h.query_tokens is not None else self.prompt_tokens
+            return h.hit_tokens / query if query else None
+        return min(h.lines / self.requests, 1.0) if self.requests else None
+
+
 def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], hit_tokens: float | None,
                 query_tokens: float | None, device_read_bytes: int | None, min_hit_rate: float,
                 expected_kv_bytes: int, evidence: G2Evidence | None = None,
-                fallback: str | None = None) -> WorkloadResult:
-    """Pure: metrics and validity from the two phases' records and the read-back evidence (added to
-    ``evidence``, a copy of which the result carries)."""
+                fallback: str | None = None, *, counters: bool = True, log: LogProof | None = None,
+                device_reads: bool = True, min_read_fraction: float = 0.0) -> WorkloadResult:
+    """Pure: metrics and validity from the two phases' records and the read-back proof (added to
+    ``evidence``, a copy of which the result carries).
+
+    The proofs a profile declares must all hold: hit counters (``counters``: hit / query token deltas),
+    hit lines of the engine log (``log``), and the pool device's read bytes (``device_reads``): more than
+    none, and at least ``min_read_fraction`` of the KV the hits claim (hit rate x the prompts' KV bytes;
+    all of it when no hit source is declared, the device reads then being the hit proof)."""
     metrics: dict[str, float] = {}
     failed = [r for r in recompute + readback if not r.ok]
     rc = [r.ttft_s for r in recompute if r.ok]
@@ -156,34 +202,63 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
     if rc and rb and metrics["ttft_readback_p50_s"] > 0:
         metrics["readback_speedup_p50"] = metrics["ttft_recompute_p50_s"] / metrics["ttft_readback_p50_s"]
     hit_rate = None
-    if hit_tokens is not None and query_tokens:
+    if counters and hit_tokens is not None and query_tokens:
         hit_rate = hit_tokens / query_tokens
         metrics["hit_rate"] = hit_rate
+    log_rate = log.hit_rate() if log is not None else None
+    if log_rate is not None:
+        metrics["log_hit_rate"] = log_rate
+    claimed = expected_kv_bytes * (hit_rate if hit_rate is not None else log_rate if log_rate is not None else 1.0)
+    read_fraction = None
     if device_read_bytes is not None:
         metrics["readback_device_read_bytes"] = float(device_read_bytes)
+        if claimed > 0:
+            read_fraction = device_read_bytes / claimed
+            metrics["readback_read_fraction"] = read_fraction
     ev = (evidence or G2Evidence()).model_copy(update=dict(
         readback_hit_tokens=hit_tokens, readback_query_tokens=query_tokens,
         readback_device_read_bytes=device_read_bytes, expected_kv_bytes=expected_kv_bytes,
         failed_requests=len(failed)))
+    if log is not None:
+        ev.readback_log_hits = None if log.hits is None else dataclasses.asdict(log.hits)
     error = None
     if failed:
         error = (f"{len(failed)} of {len(recompute) + len(readback)} requests failed; first: "
                  f"{failed[0].request_id}: {failed[0].error}")
     invalid = fallback  # the engine's own log says the tier was not used: nothing else counts
-    if invalid is not None:
-        pass
-    elif hit_rate is None:
-        invalid = "the engine exposed no hit counters for the read-back phase: hits from the tier are unproven"
-    elif hit_rate < min_hit_rate:
-        invalid = f"read-back hit rate {hit_rate:.3f} is below {min_hit_rate}: TTFT was not measured on the tier"
-    elif device_read_bytes is None:
-        invalid = "bytes read from the pool's device could not be measured: the read-back is not proven cold"
-    elif device_read_bytes <= 0:
-        invalid = "no bytes were read from the pool's device during read-back: the KV came from a cache, not the tier"
+    if invalid is None and counters:
+        if hit_rate is None:
+            invalid = "the engine exposed no hit counters for the read-back phase: hits from the tier are unproven"
+        elif hit_rate < min_hit_rate:
+            invalid = f"read-back hit rate {hit_rate:.3f} is below {min_hit_rate}: TTFT was not measured on the tier"
+    if invalid is None and log is not None:
+        if log.hits is None:
+            invalid = "the engine log could not be read for the read-back phase: hits from the tier are unproven"
+        elif log_rate is None or log_rate < min_hit_rate:
+            invalid = (f"the engine log's hit lines give a read-back hit rate of "
+                       f"{0.0 if log_rate is None else log_rate:.3f} ({log.hits.lines} matching lines for "
+                       f"{log.requests} requests), below {min_hit_rate}: TTFT was not measured on the tier")
+    if invalid is None and device_reads:
+        if device_read_bytes is None:
+            invalid = "bytes read from the pool's device could not be measured: the read-back is not proven cold"
+        elif device_read_bytes <= 0:
+            invalid = "no bytes were read from the pool's device during read-back: the KV came from a cache, not the tier"
+        elif read_fraction is not None and read_fraction < min_read_fraction:
+            invalid = (f"the pool's device read {device_read_bytes} B during read-back, {read_fraction:.4f} of the "
+                       f"{claimed:.0f} B of KV the hits claim (at least {min_read_fraction} required): the KV came "
+                       f"from the engine's memory or a cache, not the tier")
+    if invalid is None and not (counters or log is not None or device_reads):
+        invalid = "no proof of hits or cold reads was declared (profile hit_metrics, hit_log, device_reads)"
     if invalid is None and ev.recompute_hit_tokens:
         invalid = f"the re-compute phase hit {ev.recompute_hit_tokens:.0f} tokens: prompts were not new"
-    if invalid is None and ev.pool_after_populate is not None and not ev.pool_after_populate.get("bytes"):
-        invalid = "the pool holds no bytes after populate"
+    if invalid is None and ev.recompute_log_hit_lines:
+        invalid = (f"the engine log has {ev.recompute_log_hit_lines} hit lines in the re-compute phase: "
+                   "prompts were not new")
+    if invalid is None and ev.pool_after_populate is not None:
+        added = ev.pool_after_populate.get("bytes_added", ev.pool_after_populate.get("bytes"))
+        if not added:
+            invalid = "the pool holds no bytes after populate" if "bytes_added" not in ev.pool_after_populate \
+                else "the pool gained no bytes in the re-compute phase: the engine stored nothing on the tier"
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
 
 
@@ -195,12 +270,24 @@ class G2Ttft(Workload):
         "ttft_recompute_p50_s": "s", "ttft_recompute_p90_s": "s", "ttft_recompute_p99_s": "s",
         "ttft_readback_p50_s": "s", "ttft_readback_p90_s": "s", "ttft_readback_p99_s": "s",
         "readback_speedup_p50": "x", "hit_rate": "ratio", "readback_device_read_bytes": "B",
+        "log_hit_rate": "ratio", "readback_read_fraction": "ratio",
     }
 
     # -------------------------------------------------------------------------------- preparation
 
+    # parameters only a launched engine uses: set with attach:, they would be accepted and ignored
+    LAUNCH_ONLY = ("python", "host", "port", "engine_values", "pool_dir", "random_weights", "random_weights_dtype")
+
     def validate_against(self, params, nodes):
-        prof, issues = profile_issues(params.engine, nodes, "g2-ttft")
+        prof, issues = profile_issues(params.engine, nodes, "g2-ttft", node_count=len(nodes))
+        issues += attach_issues(params.attach, prof, nodes, params.pool_node, params.pool_path,
+                                params.tokenizer)
+        if params.attach is not None:
+            issues += [((name,), "a launch parameter: kvgate does not launch an attached engine")
+                       for name in self.LAUNCH_ONLY if name in params.model_fields_set]
+        else:
+            issues += [((name,), "only with attach: (a launched engine's pool is kvgate's own pool_dir)")
+                       for name in ("pool_path", "pool_node") if getattr(params, name) is not None]
         if prof is not None and prof.engine != "cpu-reference" and (
                 params.model_config_inline is None and params.model_config_path is None):
             issues.insert(0, (("model_config",), "needs the model's config.json (for KV bytes per token and vocab size)"))
@@ -217,6 +304,8 @@ class G2Ttft(Workload):
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2Params = ctx.params
         prof = load_profile(p.engine)
+        if p.attach is not None:
+            return self._plan_attached(p, prof, ctx)
         node = next(iter(ctx.nodes.values()))
         v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
                           node.engine_python)
@@ -255,10 +344,122 @@ class G2Ttft(Workload):
         ]
         return steps
 
+    def _plan_attached(self, p: G2Params, prof: EngineProfile, ctx: GateContext) -> list[PlannedStep]:
+        a = p.attach
+        pool_node = p.pool_node or next(iter(ctx.nodes))
+        n = len(p.prompt_tokens) * p.prompts_per_length
+        warm = "; one unrelated warm-up prompt first (recorded, not in the statistics)" if p.warmup else ""
+        proofs = []
+        if prof.hit_metrics:
+            proofs.append("hit counters " + " / ".join(prof.hit_metrics.hit_tokens + prof.hit_metrics.query_tokens))
+        if prof.hit_log:
+            proofs.append(f"engine-log lines /{prof.hit_log.pattern}/")
+        if prof.device_reads:
+            proofs.append(f"the pool device's read bytes (at least {p.min_read_fraction} of the KV the hits claim)")
+        proofs_text = "; ".join(proofs)
+        steps = [PlannedStep("(control host)", f"attach: {prof.name} already running at {a.url}; its "
+                             f"{prof.health_path} must answer 200 within {a.connect_timeout_s:.0f} s (else ERROR)")]
+        log = [PlannedStep(a.log.node, "the engine's log (fall-back lines" + (", hit lines" if prof.hit_log else "") + ")",
+                           ("sh", "-c", a.log.run))] if a.log else []
+        steps += log + [
+            PlannedStep("(control host)", f"re-compute: {n} prompts of {p.prompt_tokens} tokens new to the engine "
+                        f"(seed {p.seed} + a per-run nonce, recorded){warm}; hit counters before and after must not move"),
+            PlannedStep(pool_node, f"wait until the finished chunk files in {p.pool_path} grew by the expected KV bytes",
+                        tuple(pool_files_argv(p.pool_path, prof.pool_files)))]
+        steps += [PlannedStep(c.node, f"cold procedure {i + 1}/{len(a.restart)} (timeout {c.timeout_s:.0f} s; "
+                              "a failure is ERROR with its output)", ("sh", "-c", c.run))
+                  for i, c in enumerate(a.restart)]
+        if p.drop_caches:
+            steps += [PlannedStep(node, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV)
+                      for node in (a.drop_caches_on or [pool_node])]
+        ready = a.ready_timeout_s or prof.ready_timeout_s
+        steps += [
+            PlannedStep("(control host)", f"wait until {a.url}{prof.health_path} answers 200 again (at most {ready:.0f} s)"),
+            PlannedStep(pool_node, "the pool's device", ("findmnt", "-n", "-o", "SOURCE", "--target", p.pool_path)),
+            PlannedStep("(control host)", f"read back: the same {n} prompts, TTFT each{warm}; proofs: {proofs_text}"),
+        ] + log
+        return steps
+
     # ------------------------------------------------------------------------------------------ run
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: G2Params = ctx.params
+        if p.attach is not None:
+            return self._run_attached(ctx, p, load_profile(p.engine))
+        return self._run_launched(ctx, p)
+
+    # ---------------------------------------------------------------------------- shared by both modes
+
+    def _kv_shape(self, p: G2Params, prof: EngineProfile) -> tuple[dict[str, Any], int, int]:
+        """The model config, its KV bytes per token and vocabulary size (ValueError on a bad config)."""
+        model_cfg = self._model_config(p)
+        bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)
+        vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size", 32000))
+        return model_cfg, bpt, vocab
+
+    def _prompts(self, p: G2Params, prof: EngineProfile, tok_spec: str | None, vocab: int, seed: int,
+                 ev: G2Evidence) -> tuple[list, list]:
+        """The measured prompts and two warm-up prompts (never among them); text when a tokenizer is known
+        (and the engine is not cpu-reference), token ids otherwise. Sets the evidence's prompt fields."""
+        if tok_spec and prof.engine != "cpu-reference":  # cpu-reference has no tokenizer: token ids there
+            tokenizer = load_tokenizer(tok_spec)
+            prompts = make_text_prompts(seed, p.prompt_tokens, p.prompts_per_length, tokenizer)
+            warm = [make_text_prompts(seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, tokenizer)[0]
+                    for i in range(2)]
+            ev.prompt_kind, ev.tokenizer = "text", tok_spec
+        else:
+            prompts = make_prompts(seed, p.prompt_tokens, p.prompts_per_length, vocab)
+            warm = [make_prompts(seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, vocab)[0]
+                    for i in range(2)]
+            ev.prompt_kind = "token_ids"
+        ev.prompts, ev.prompt_tokens, ev.seed, ev.prompt_seed = len(prompts), list(p.prompt_tokens), p.seed, seed
+        return prompts, warm
+
+    def _send(self, ctx: GateContext, p: G2Params, prof: EngineProfile, base_url: str, requests: list,
+              concurrency: int | None = None) -> list[RequestRecord]:
+        return run_requests_sync(base_url, requests, p.served_model_name, concurrency=concurrency or p.concurrency,
+                                 timeout_s=p.request_timeout_s, transport=ctx.http, path=prof.api.request_path,
+                                 api=prof.api.shape())
+
+    def _warm_up(self, ctx: GateContext, p: G2Params, prof: EngineProfile, base_url: str, label: str, request,
+                 ev: G2Evidence) -> None:
+        """One unrelated prompt right after the (re)start: recorded, never in the statistics."""
+        if not p.warmup:
+            return
+        recs = self._send(ctx, p, prof, base_url, [request], concurrency=1)
+        self._save(ctx.gate_dir / f"requests-warmup-{label}.jsonl", recs)
+        ev.warmup[label] = {"request_id": recs[0].request_id, "ttft_s": recs[0].ttft_s, "error": recs[0].error}
+
+    @staticmethod
+    def _log_proof(prof: EngineProfile, before: str | None, after: str | None, requests: list) -> LogProof | None:
+        """The hit lines a phase added to the engine log (profile ``hit_log``), None without one."""
+        if prof.hit_log is None:
+            return None
+        sent = len(requests)
+        tokens = sum(r.prompt_tokens or 0 for r in requests)
+        if before is None or after is None:
+            return LogProof(None, sent, tokens)
+        lines, _continuous = new_log_lines(before, after)
+        return LogProof(count_log_hits(lines, prof.hit_log.pattern), sent, tokens)
+
+    def _finish(self, ctx: GateContext, p: G2Params, prof: EngineProfile, recompute, readback, m0, m1, s0, s1,
+                log: LogProof | None, expected_bytes: int, ev: G2Evidence, fallback: str | None) -> WorkloadResult:
+        counters = prof.hit_metrics is not None
+        hit = query = None
+        if readback and counters and m0 is not None and m1 is not None:
+            ev.engine_reported_read_bytes = counter_delta(m0, m1, prof.hit_metrics.read_bytes)
+            hit = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
+            query = counter_delta(m0, m1, prof.hit_metrics.query_tokens)
+        read_bytes = None if s0 is None or s1 is None else s1.read_bytes - s0.read_bytes
+        result = evaluate_g2(recompute, readback, hit, query, read_bytes, p.min_hit_rate, expected_bytes, ev,
+                             fallback=fallback, counters=counters, log=log if readback else None,
+                             device_reads=prof.device_reads, min_read_fraction=p.min_read_fraction)
+        write_summary(ctx.gate_dir, "g2-summary.json", result)
+        return result
+
+    # ------------------------------------------------------------------------- an engine kvgate launches
+
+    def _run_launched(self, ctx: GateContext, p: G2Params) -> WorkloadResult:
         node, transport, prof, python = engine_node(ctx, p.engine, p.python)
         port = engine_port(ctx, transport, node, p.port, python, "g2-port")
         run_tag = uuid.uuid4().hex[:8]
@@ -267,12 +468,10 @@ class G2Ttft(Workload):
         gate_dir = ctx.gate_dir
         ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,
                         base_url=base_url, client_path=client_path, pool_dir=v["pool_dir"], run_dir_on_node=v["run_dir"])
-        model_cfg = self._model_config(p)
         try:
-            bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)
+            model_cfg, bpt, vocab = self._kv_shape(p, prof)
         except ValueError as exc:  # a model_config file read only now
             return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
-        vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size", 32000))
 
         # Files for the node: LMCache YAML (strictly checked), model config, the engine's program.
         err, cfg = stage_engine_files(ctx, transport, prof, v, gate_dir, model_cfg, prof.lmcache, "g2-mkdir")
@@ -287,26 +486,16 @@ class G2Ttft(Workload):
             err, tok_spec = self._build_model(ctx, transport, python, node, v, p, model_cfg, ev)
             if err:
                 return WorkloadResult(evidence=ev, error=err)
-        if tok_spec and prof.engine != "cpu-reference":  # cpu-reference has no tokenizer: token ids there
-            try:
-                tokenizer = load_tokenizer(tok_spec)
-                prompts = make_text_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, tokenizer)
-                warm = [make_text_prompts(p.seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, tokenizer)[0]
-                        for i in range(2)]
-            except (OSError, ValueError) as exc:
-                return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}")
-            ev.prompt_kind, ev.tokenizer = "text", tok_spec
-        else:
-            prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
-            warm = [make_prompts(p.seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, vocab)[0]
-                    for i in range(2)]
-            ev.prompt_kind = "token_ids"
+        try:
+            prompts, warm = self._prompts(p, prof, tok_spec, vocab, p.seed, ev)
+        except (OSError, ValueError) as exc:
+            return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}")
         expected_bytes = sum(stored_kv_tokens(r.prompt_tokens, prof.kv_block_tokens) for r in prompts) * bpt
-        ev.kv_bytes_per_token, ev.expected_kv_bytes, ev.prompts = bpt, expected_bytes, len(prompts)
-        ev.prompt_tokens, ev.seed = list(p.prompt_tokens), p.seed
+        ev.kv_bytes_per_token, ev.expected_kv_bytes = bpt, expected_bytes
 
         argv, env = prof.render_argv(v), prof.render_env(v)
         engines: list[EngineProcess] = []
+        counters = prof.hit_metrics is not None
 
         def engine(label: str) -> EngineProcess:
             eng = EngineProcess(ctx, transport, prof, argv, env, base_url,
@@ -314,30 +503,25 @@ class G2Ttft(Workload):
             engines.append(eng)
             return eng
 
-        def warm_up(label: str, request) -> None:
-            """One unrelated prompt right after the start: recorded, never in the statistics."""
-            if not p.warmup:
-                return
-            recs = run_requests_sync(base_url, [request], p.served_model_name, timeout_s=p.request_timeout_s,
-                                     transport=ctx.http)
-            self._save(gate_dir / f"requests-warmup-{label}.jsonl", recs)
-            ev.warmup[label] = {"request_id": recs[0].request_id, "ttft_s": recs[0].ttft_s, "error": recs[0].error}
-
         fallback = None
+        recompute: list[RequestRecord] = []
         readback: list[RequestRecord] = []
         m0 = m1 = s0 = s1 = None
+        log = None
         try:
             eng = engine("recompute")
             err = start_engine(eng, "recompute")
             if err:
                 return WorkloadResult(evidence=ev, error=err)
-            warm_up("recompute", warm[0])
-            m0 = eng.metrics()
+            self._warm_up(ctx, p, prof, base_url, "recompute", warm[0], ev)
+            m0 = eng.metrics() if counters else None
+            l0 = eng.log_text() if prof.hit_log else None
             ctx.progress(f"{ctx.gate.id}: re-compute phase, {len(prompts)} prompts")
-            recompute = run_requests_sync(base_url, prompts, p.served_model_name, concurrency=p.concurrency,
-                                          timeout_s=p.request_timeout_s, transport=ctx.http)
-            m1 = eng.metrics()
-            ev.recompute_hit_tokens = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
+            recompute = self._send(ctx, p, prof, base_url, prompts)
+            m1 = eng.metrics() if counters else None
+            if counters:
+                ev.recompute_hit_tokens = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
+            self._recompute_log_hits(prof, l0, eng.log_text() if prof.hit_log else None, prompts, ev)
             self._save(gate_dir / "requests-recompute.jsonl", recompute)
 
             ev.pool_after_populate = pool_contents(ctx, transport, v["pool_dir"], expected_bytes,
@@ -357,16 +541,17 @@ class G2Ttft(Workload):
                 err = start_engine(eng, "readback")
                 if err:
                     return WorkloadResult(evidence=ev, error=err)
-                warm_up("readback", warm[1])
+                self._warm_up(ctx, p, prof, base_url, "readback", warm[1], ev)
                 dev = self._pool_device(ctx, transport, v["pool_dir"])
                 ev.pool_device = dev
                 s0 = self._block_stat(ctx, transport, dev)
-                m0 = eng.metrics()
+                m0 = eng.metrics() if counters else None
+                l0 = eng.log_text() if prof.hit_log else None
                 ctx.progress(f"{ctx.gate.id}: cold read-back phase, {len(prompts)} prompts")
-                readback = run_requests_sync(base_url, prompts, p.served_model_name, concurrency=p.concurrency,
-                                             timeout_s=p.request_timeout_s, transport=ctx.http)
-                m1 = eng.metrics()
+                readback = self._send(ctx, p, prof, base_url, prompts)
+                m1 = eng.metrics() if counters else None
                 s1 = self._block_stat(ctx, transport, dev)
+                log = self._log_proof(prof, l0, eng.log_text() if prof.hit_log else None, prompts)
                 self._save(gate_dir / "requests-readback.jsonl", readback)
                 eng.stop()
                 found = eng.fallbacks()
@@ -378,18 +563,126 @@ class G2Ttft(Workload):
         finally:
             for e in engines:
                 e.stop()
+        return self._finish(ctx, p, prof, recompute, readback, m0, m1, s0, s1, log, expected_bytes, ev, fallback)
 
-        if readback:
-            ev.engine_reported_read_bytes = counter_delta(m0, m1, prof.hit_metrics.read_bytes)
-            hit = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
-            query = counter_delta(m0, m1, prof.hit_metrics.query_tokens)
-        else:
-            hit = query = None
-        read_bytes = None if s0 is None or s1 is None else s1.read_bytes - s0.read_bytes
-        result = evaluate_g2(recompute, readback, hit, query, read_bytes, p.min_hit_rate, expected_bytes, ev,
-                             fallback=fallback)
-        write_summary(gate_dir, "g2-summary.json", result)
-        return result
+    def _recompute_log_hits(self, prof: EngineProfile, before: str | None, after: str | None, prompts: list,
+                            ev: G2Evidence) -> None:
+        proof = self._log_proof(prof, before, after, prompts)
+        if proof is not None and proof.hits is not None:
+            ev.recompute_log_hit_lines = proof.hits.lines
+
+    # ---------------------------------------------------------------------------- an engine already running
+
+    def _run_attached(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> WorkloadResult:
+        """G2 on an engine someone else runs: same phases and proofs; the cold procedure is the operator's."""
+        a = p.attach
+        pool_node = p.pool_node or next(iter(ctx.nodes))
+        transport = ctx.transports[pool_node]
+        eng = AttachedEngine(ctx, prof, a)
+        ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,
+                        base_url=a.url, client_path="direct (attached)", pool_dir=p.pool_path, attached=True)
+        try:
+            model_cfg, bpt, vocab = self._kv_shape(p, prof)
+        except ValueError as exc:
+            return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
+        ok, why = eng.wait_ready(a.connect_timeout_s)
+        if not ok:
+            return WorkloadResult(evidence=ev, error=f"attach: {why}")
+        # The engine and its pool outlive this run: prompts are new to it by a per-run seed (recorded).
+        seed = p.seed + int(uuid.uuid4().hex[:8], 16)
+        tok_spec = p.tokenizer or prof.tokenizer
+        try:
+            prompts, warm = self._prompts(p, prof, tok_spec, vocab, seed, ev)
+        except (OSError, ValueError) as exc:
+            return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}")
+        expected_bytes = sum(stored_kv_tokens(r.prompt_tokens, prof.kv_block_tokens) for r in prompts) * bpt
+        ev.kv_bytes_per_token, ev.expected_kv_bytes = bpt, expected_bytes
+        counters = prof.hit_metrics is not None
+        url = a.url
+
+        def log_text() -> str | None:
+            return eng.log_text() if a.log is not None else None
+
+        fallback = None
+        recompute: list[RequestRecord] = []
+        readback: list[RequestRecord] = []
+        m0 = m1 = s0 = s1 = None
+        log = None
+        try:
+            log_start = log_text()
+            self._warm_up(ctx, p, prof, url, "recompute", warm[0], ev)
+            m0 = self._optional_metrics(eng, counters)
+            l0 = log_text()
+            ev.pool_before_recompute = pool_contents(ctx, transport, p.pool_path, 0, 0, "g2-pool-before",
+                                                     prof.pool_files)
+            ctx.progress(f"{ctx.gate.id}: re-compute phase on the attached engine, {len(prompts)} prompts")
+            recompute = self._send(ctx, p, prof, url, prompts)
+            m1 = self._optional_metrics(eng, counters)
+            l1 = log_text()
+            if counters and m0 is not None and m1 is not None:
+                ev.recompute_hit_tokens = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
+            self._recompute_log_hits(prof, l0, l1, prompts, ev)
+            self._save(ctx.gate_dir / "requests-recompute.jsonl", recompute)
+            before = ev.pool_before_recompute["bytes"]
+            pool = pool_contents(ctx, transport, p.pool_path, before + expected_bytes, p.populate_timeout_s,
+                                 "g2-pool-after-populate", prof.pool_files)
+            pool["bytes_added"] = pool["bytes"] - before
+            ev.pool_after_populate = pool
+            if log_start is not None and l1 is not None:
+                found = eng.fallbacks("\n".join(new_log_lines(log_start, l1)[0]))
+                ev.fallback_lines = [m.quote() for m in found]
+                fallback = fallback_reason(found, "re-compute")
+            if fallback is None and any(r.ok for r in recompute):  # all failed: an ERROR, nothing to read back
+                err = eng.make_cold()
+                ev.cold_procedure = eng.cold_steps
+                if err:
+                    return WorkloadResult(evidence=ev, error=f"cold procedure: {err}")
+                if p.drop_caches:
+                    drops = [drop_caches(ctx, ctx.transports[n], f"g2-drop-caches-{n}")
+                             for n in (a.drop_caches_on or [pool_node])]
+                    ev.page_cache_dropped = all(d.dropped for d in drops)
+                    ev.page_cache_drop_error = "; ".join(d.error for d in drops if d.error) or None
+                else:
+                    ev.page_cache_dropped = False
+                ok, why = eng.wait_ready(a.ready_timeout_s or prof.ready_timeout_s)
+                if not ok:
+                    return WorkloadResult(evidence=ev, error=f"after the cold procedure: {why}")
+                log_start = log_text()
+                self._warm_up(ctx, p, prof, url, "readback", warm[1], ev)
+                dev = self._pool_device(ctx, transport, p.pool_path)
+                ev.pool_device = dev
+                s0 = self._block_stat(ctx, transport, dev)
+                m_cold = self._optional_metrics(eng, True)
+                ev.engine_restarted = restarted(m1, m_cold)
+                m0 = m_cold if counters else None
+                l0 = log_text()
+                ctx.progress(f"{ctx.gate.id}: cold read-back phase on the attached engine, {len(prompts)} prompts")
+                readback = self._send(ctx, p, prof, url, prompts)
+                m1 = self._optional_metrics(eng, counters)
+                s1 = self._block_stat(ctx, transport, dev)
+                l1 = log_text()
+                log = self._log_proof(prof, l0, l1, prompts)
+                self._save(ctx.gate_dir / "requests-readback.jsonl", readback)
+                if log_start is not None and l1 is not None:
+                    found = eng.fallbacks("\n".join(new_log_lines(log_start, l1)[0]))
+                    ev.fallback_lines += [m.quote() for m in found]
+                    fallback = fallback_reason(found, "read-back")
+        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            ev.cold_procedure = eng.cold_steps
+        return self._finish(ctx, p, prof, recompute, readback, m0, m1, s0, s1, log, expected_bytes, ev, fallback)
+
+    @staticmethod
+    def _optional_metrics(eng: AttachedEngine, wanted: bool):
+        """The attached engine's metrics when the profile's proof needs them (errors raise); otherwise a
+        best-effort read for its process start time (None when it has no metrics endpoint)."""
+        if wanted:
+            return eng.metrics()
+        try:
+            return eng.metrics()
+        except (httpx.HTTPError, ValueError):
+            return None
 
     def _build_model(self, ctx, transport, python: str, node, v: dict[str, Any], p: G2Params,
                      model_cfg: dict[str, Any], ev: G2Evidence) -> tuple[str | None, str | None]:
