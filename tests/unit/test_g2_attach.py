@@ -308,3 +308,90 @@ def test_restart_that_kept_the_engines_memory_is_invalid(tmp_path):
     assert result.metrics["hit_rate"] == 1.0
     assert "the KV came from the engine's memory or a cache, not the tier" in result.invalid_reason
     assert result.evidence.engine_restarted is False
+
+
+def test_metrics_on_their_own_url_are_read_there(tmp_path):
+    """Kubernetes often serves /metrics on another port (a sidecar, a Service): attach.metrics_url."""
+    cfg = attach_config(tmp_path)
+    gate = cfg.suite.gates[0]
+    params = cfg.params[gate.id]
+    cfg.params[gate.id] = params.model_copy(update={"attach": params.attach.model_copy(
+        update={"metrics_url": "http://10.9.9.9:9400/prom"})})
+    events: list[Event] = []
+    engine = RunningEngine(events)
+
+    def split(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404)  # not on the serving port
+        if request.url.port == 9400:
+            assert request.url.path == "/prom"
+            return engine(httpx.Request("GET", "http://10.9.9.9:8000/metrics"))
+        return engine(request)
+
+    nodes = {n: ScriptedTransport(pool_node_handler({"old": 0}, engine), name=n, events=events) for n in ("gpu1", "ctl")}
+    gate_dir = tmp_path / "run" / "gates" / "G2"
+    gate_dir.mkdir(parents=True)
+    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports=nodes, steps=StepLog(tmp_path / "run"), gate_dir=gate_dir,
+                      http=httpx.MockTransport(split))
+    result = WORKLOADS["g2-ttft"]().run(ctx)
+    assert result.invalid_reason is None and result.error is None, (result.error, result.invalid_reason)
+    assert result.metrics["hit_rate"] == 1.0
+
+
+def test_a_launched_engine_whose_hits_are_proven_by_its_log_lines(tmp_path):
+    """A profile without counters: the read-back's hit lines in the engine's own log (fetched from the node)
+    prove the hits; the re-compute phase's log must have none."""
+    prof = yaml.safe_load((ROOT / "workloads" / "engines" / "cpu-reference.yaml").read_text())
+    prof.pop("hit_metrics")
+    prof.update(name="cpu-reference-log", hit_log={"pattern": r"loaded (?P<hit_tokens>\d+) tokens from the tier"})
+    (tmp_path / "prof.yaml").write_text(yaml.safe_dump(prof))
+    suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
+    suite["gates"] = suite["gates"][:1]
+    suite["gates"][0]["params"].update(engine=str(tmp_path / "prof.yaml"), python="/engine/bin/python", port=18000,
+                                       populate_timeout_s=1)
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local", "work_dir": "/w"}]}))
+    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    events: list[Event] = []
+    reads = iter(range(0, 10 ** 9, 10 ** 6))
+
+    def handler(call):
+        if call.spawned or call.argv[0] == "mkdir" or call.argv == DROP_CACHES_ARGV:
+            return Reply(stdout="engine starting\n" if call.spawned else "")
+        if call.argv[0] == "find":
+            return Reply(stdout="10000000\n10000000\n")
+        if call.argv[0] == "findmnt":
+            return Reply(stdout="/dev/vdb\n")
+        if call.argv[0] == "cat":
+            return Reply(stdout=f"1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
+        return Reply(stdout="lmcache 0.5.6\n")
+
+    node = ScriptedTransport(handler, name="n1", events=events)
+    stored: set[str] = set()
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        events.append(Event("http", path=request.url.path))
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/metrics":
+            return httpx.Response(500, text="no metrics endpoint")  # never read: the profile has no counters
+        prompt = json.loads(request.content)["prompt"]
+        log = next(e.path for e in reversed(events) if e.kind == "spawn")
+        if json.dumps(prompt) in stored:
+            node.files[log] += f"INFO loaded {len(prompt)} tokens from the tier\n".encode()
+        stored.add(json.dumps(prompt))
+        return httpx.Response(200, text='data: {"choices": [{"text": "t"}]}\n\ndata: [DONE]\n\n')
+
+    gate = cfg.suite.gates[0]
+    gate_dir = tmp_path / "gates" / gate.id
+    gate_dir.mkdir(parents=True)
+    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={"n1": cfg.gate_nodes(gate)[0]},
+                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
+                      http=httpx.MockTransport(engine))
+    result = WORKLOADS["g2-ttft"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    assert result.metrics["log_hit_rate"] == 1.0 and "hit_rate" not in result.metrics
+    assert result.evidence.recompute_log_hit_lines == 0
+    assert result.evidence.readback_log_hits["lines"] == 2
+    assert not any(e.path == "/metrics" for e in events)
