@@ -227,11 +227,32 @@ def tar_bundle(bundle_dir: Path, tar_path: Path) -> Path:
     return tar_path
 
 
-def extract_archive(tar: Path, into: Path) -> Path:
+# A bundle's files unpacked: fio JSON, engine logs and request records of a run are far below this
+MAX_EXTRACTED_BYTES = 4 << 30
+MAX_ARCHIVE_MEMBERS = 200_000
+
+
+def extract_archive(tar: Path, into: Path, max_bytes: int | None = None) -> Path:
     """Extract a bundle archive into the directory ``into`` (tar's ``data`` filter: no links out, no devices);
-    the one bundle directory it must hold."""
+    the one bundle directory it must hold. The members' sizes are summed from their headers before anything
+    is written: an archive that would unpack to more than ``max_bytes`` (a gzip bomb), or to more than the
+    free space of ``into``, or with more than MAX_ARCHIVE_MEMBERS entries, is refused."""
+    max_bytes = MAX_EXTRACTED_BYTES if max_bytes is None else max_bytes
+    Path(into).mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(tar, "r:gz") as tf:
+            total, count = 0, 0
+            for member in tf:  # headers only: a member's data is skipped, not inflated to disk
+                count += 1
+                total += max(member.size, 0)
+                if count > MAX_ARCHIVE_MEMBERS:
+                    raise BundleError(f"{tar}: more than {MAX_ARCHIVE_MEMBERS} entries: not a kvgate bundle")
+                if total > max_bytes:
+                    raise BundleError(f"{tar}: would unpack to more than {max_bytes} bytes (refused: a bundle "
+                                      "is far smaller; a compressed bomb fills the disk)")
+            free = shutil.disk_usage(into).free
+            if total > free:
+                raise BundleError(f"{tar}: unpacks to {total} bytes, more than the {free} bytes free in {into}")
             tf.extractall(into, filter="data")
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise BundleError(f"{tar}: not a readable bundle archive: {exc}") from None

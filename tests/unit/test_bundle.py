@@ -140,3 +140,25 @@ def test_moved_run_dir_becomes_the_bundle(tmp_path):
     info = write_bundle(run, tmp_path / "out", load_private_key(key), {}, move=True, make_tar=False)
     assert not run.exists() and (info.path / "raw.json").exists()
     assert verify_bundle(info.path, pub).ok
+
+
+def test_a_compressed_bomb_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """An archive whose members' declared sizes exceed the cap (here lowered to 1 MiB; 4 GiB by default)
+    is refused from its headers: nothing unpacked, a one-line reason."""
+    import harness.report.bundle as B
+    bomb_dir = tmp_path / "KVG-20261130-00000000"
+    bomb_dir.mkdir()
+    with open(bomb_dir / "zeros.bin", "wb") as f:
+        f.truncate(8 << 20)  # 8 MiB of zeros: a few KiB compressed
+    tar = tmp_path / "bomb.tar.gz"
+    with tarfile.open(tar, "w:gz") as tf:
+        tf.add(bomb_dir, arcname=bomb_dir.name)
+    assert tar.stat().st_size < 64 << 10
+    monkeypatch.setattr(B, "MAX_EXTRACTED_BYTES", 1 << 20)
+    into = tmp_path / "x"
+    with pytest.raises(B.BundleError, match="would unpack to more than 1048576 bytes"):
+        B.extract_archive(tar, into)
+    assert list(into.iterdir()) == []
+    _key, pub = generate_keypair(tmp_path / "k")
+    res = verify_bundle(tar, pub)
+    assert not res.ok and "would unpack to more than" in res.error

@@ -150,3 +150,13 @@ def test_g2_raw_request_records_feed_tables_chart_and_validity(tmp_path):
     hits, cold = validity(v)
     assert (hits["name"], hits["proven"]) == ("hits", False)  # zero hit tokens: not read from the tier
     assert cold["proven"] is True and "page cache dropped: no" in cold["detail"]
+
+
+def test_request_logs_that_are_not_regular_files_draw_nothing_and_do_not_hang(tmp_path):
+    """A FIFO named like a request log would block a plain read forever; the report skips it."""
+    import os
+    from harness.report.render import request_records
+    (tmp_path / "requests-recompute.jsonl").write_text('{"ttft_s": 1.0}\nnot json\n')
+    os.mkfifo(tmp_path / "requests-readback.jsonl")
+    recs = request_records(tmp_path)
+    assert recs == {"recompute": [{"ttft_s": 1.0}]}
