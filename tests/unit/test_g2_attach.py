@@ -20,7 +20,7 @@ from harness.transport.doubles import Event, Reply, ScriptedTransport
 from harness.transport.steps import StepLog
 from harness.workloads import WORKLOADS
 from harness.workloads.base import DROP_CACHES_ARGV, GateContext
-from harness.workloads.g2_ttft import G2Evidence, LogProof, evaluate_g2
+from harness.workloads.g2_ttft import LogProof, evaluate_g2
 from harness.engines.client import RequestRecord
 from harness.parsers.engine_log import LogHits
 
