@@ -10,16 +10,11 @@ import pytest
 from polling import wait_no_process
 import yaml
 
+from kvgate_cli import kvgate
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def kvgate(*args, env=None, timeout=600):
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=e, timeout=timeout)
 
 
 def write_inventory(tmp_path, sshd, target_path):

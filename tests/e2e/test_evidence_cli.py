@@ -3,25 +3,18 @@ them, on bundles of real local G1 runs (real fio) and a real kvgate cost bundle 
 
 import base64
 import json
-import os
 import shutil
-import subprocess
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kvgate_cli import kvgate
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def kvgate(*args, home, timeout=300):
-    env = dict(os.environ, KVGATE_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=timeout)
 
 
 def payload(bundle_dir: Path) -> bytes:

@@ -3,22 +3,17 @@ SSH), the next gate still runs, and the bundle is written and verifies. Through 
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kvgate_cli import kvgate
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def kvgate(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout)
 
 
 def processes_with(text: str) -> list[int]:

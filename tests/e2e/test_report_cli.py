@@ -1,25 +1,18 @@
 """kvgate report and kvgate compare as a user runs them, on bundles of real local G1 runs (real fio)."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kvgate_cli import kvgate
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def kvgate(*args, home, timeout=300):
-    env = dict(os.environ, KVGATE_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,21 @@
+"""kvgate as a user runs it, for end-to-end tests: ``python -m harness`` of this checkout, from its root, output
+captured; ``home`` sets KVGATE_HOME (keys, caches) to a private directory, ``env`` adds variables."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kvgate(*args, home: Path | None = None, env: dict[str, str] | None = None,
+           timeout: float = 600) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    if home is not None:
+        e["KVGATE_HOME"] = str(home)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=e, timeout=timeout)
