@@ -97,3 +97,26 @@ def test_versions_are_what_importlib_metadata_reports(tmp_path):
     got = json.loads(ours.stdout)
     assert got == json.loads(theirs.stdout)
     assert (got["vllm"], got["lmcache"], got["torch"]) == ("0.33.0", "0.5.6", "2.13.0+cpu")
+
+
+def test_nics_fact_reports_what_sysfs_holds():
+    """The NICs fact reads sysfs with the shell's `read` (no process per value): each line must carry what
+    the files hold, '-' where a value cannot be read (a link that is down has no speed)."""
+    import os
+
+    from harness.execute.facts import NICS_ARGV
+
+    def value(path):
+        try:
+            with open(path) as f:
+                return f.read().strip() or "-"
+        except OSError:
+            return "-"
+
+    want = []
+    for name in sorted(os.listdir("/sys/class/net")):
+        i = f"/sys/class/net/{name}"
+        drv = os.path.basename(os.readlink(f"{i}/device/driver")) if os.path.exists(f"{i}/device/driver") else ""
+        want.append(f"{name} {value(i + '/speed')} {value(i + '/mtu')} {value(i + '/operstate')} {drv}")
+    got = subprocess.run(list(NICS_ARGV), capture_output=True, text=True, check=True).stdout.splitlines()
+    assert sorted(got) == sorted(want)
