@@ -16,7 +16,7 @@ DEFAULT_STATE_ROOT = Path("/var/tmp/kvgate-rig")
 def _spec(args: argparse.Namespace) -> RigSpec:
     state_dir = Path(args.state_dir) if args.state_dir else DEFAULT_STATE_ROOT / args.prefix.rstrip("-")
     kwargs = {"prefix": args.prefix, "state_dir": state_dir}
-    for name in ("node_count", "subnet", "port_rate_mbit", "engine_python"):
+    for name in ("node_count", "subnet", "port_rate_mbit", "engine_python", "shell_rc"):
         value = getattr(args, name, None)
         if value is not None:
             kwargs[name] = value
@@ -78,6 +78,9 @@ def register(subparsers) -> None:
             sp.add_argument("--port-rate-mbit", type=int, default=None, help="storage port tbf rate (default 1000)")
             sp.add_argument("--engine-python", default=None,
                             help="the nodes' engine interpreter, written into the inventory (default: this kvgate's)")
+            sp.add_argument("--shell-rc", choices=("empty", "host"), default=None,
+                            help="the ~/.bashrc a node's login shell reads before every command: empty, as on a "
+                                 "fresh node (default), or this machine's root's")
         if name == "down":
             sp.add_argument("--purge", action="store_true", help="also delete the state dir (keys, pool)")
         if name == "status":

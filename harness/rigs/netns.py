@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import pwd
 import shlex
 import shutil
 import signal
@@ -68,6 +69,12 @@ class RigSpec:
     # The nodes are namespaces of this machine and see its files: their engine environment defaults to
     # the interpreter running kvgate (the venv scripts/setup.sh made), written into the inventory.
     engine_python: str = field(default_factory=lambda: sys.executable)
+    # What a node's login shell reads before every command kvgate sends. sshd runs each command (and the
+    # SFTP subsystem) as `$SHELL -c ...`, and bash then sources ~/.bashrc: this machine's root's, set up for
+    # people (pyenv init alone forks dozens of processes, ~0.1 CPU-s per command). "empty": each node's
+    # sshd sees an empty ~/.bashrc (a bind mount in its private mount namespace), as on a fresh node;
+    # "host": this machine's, as it is.
+    shell_rc: str = "empty"
 
     def __post_init__(self) -> None:
         if not self.prefix or len(self.prefix) > 8 or not all(c.isalnum() or c == "-" for c in self.prefix):
@@ -79,6 +86,8 @@ class RigSpec:
             raise RigError(f"rig subnet {self.subnet}: must be a private IPv4 /24 (e.g. 10.77.0.0/24)")
         if self.port_rate_mbit <= 0:
             raise RigError(f"rig port_rate_mbit {self.port_rate_mbit}: must be > 0")
+        if self.shell_rc not in ("empty", "host"):
+            raise RigError(f"rig shell_rc {self.shell_rc!r}: expected 'empty' or 'host'")
 
     # --- names and addresses -------------------------------------------------------------------
     @property
@@ -378,6 +387,18 @@ def _sshd_config(spec: RigSpec, listen: str, host_key: Path) -> str:
     ])
 
 
+def _shell_rc_mounts(spec: RigSpec) -> str:
+    """Shell commands, run in a node's private mount namespace before its sshd starts, that hide root's
+    ~/.bashrc behind an empty file (spec.shell_rc "empty"); nothing for "host" or where there is none."""
+    if spec.shell_rc == "host":
+        return ""
+    rc = Path(pwd.getpwnam("root").pw_dir) / ".bashrc"
+    empty = spec.state_dir / "sshd" / "empty-rc"
+    empty.write_text("")
+    return (f"if [ -f {shlex.quote(str(rc))} ]; then "
+            f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(rc))}; fi; ")
+
+
 def _keygen(log: _CmdLog, path: Path, comment: str) -> str:
     if path.exists():
         path.unlink()
@@ -487,7 +508,9 @@ def _build(spec: RigSpec) -> RigState:
     st_cfg.write_text(_sshd_config(spec, spec.storage_addr, sd / "hostkeys" / f"{STORAGE_NODE}_ed25519"))
     st_log = spec.log_dir / "sshd-storage.log"
     with st_log.open("wb") as fh:
-        st_proc = subprocess.Popen(["ip", "netns", "exec", spec.storage_ns, SSHD, "-D", "-e", "-f", str(st_cfg)],
+        st_script = f"set -e; {_shell_rc_mounts(spec)}exec {SSHD} -D -e -f {shlex.quote(str(st_cfg))}"
+        st_proc = subprocess.Popen(["ip", "netns", "exec", spec.storage_ns, "unshare", "--mount", "--propagation",
+                                    "private", "--", "/bin/sh", "-c", st_script],
                                    stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     state.pids["sshd-storage"] = st_proc.pid
@@ -509,7 +532,7 @@ def _build(spec: RigSpec) -> RigState:
             "set -e; "
             f"sshfs -o {shlex.quote(sshfs_opts)} root@{spec.storage_addr}:{shlex.quote(str(spec.pool_dir))} "
             f"{shlex.quote(str(spec.pool_mount))}; "
-            f"echo 'rig: pool mounted'; exec {SSHD} -D -e -f {shlex.quote(str(cfg))}"
+            f"{_shell_rc_mounts(spec)}echo 'rig: pool mounted'; exec {SSHD} -D -e -f {shlex.quote(str(cfg))}"
         )
         nlog = spec.log_dir / f"sshd-{node}.log"
         with nlog.open("wb") as fh:

@@ -69,3 +69,54 @@ def test_stopping_the_facts_command_stops_the_running_fact(transport):
     assert s["uname"].complete and not s["hung"].complete  # what finished before the stop is kept
     wait_no_process(tag, timeout_s=30)
     assert subprocess.run(["pgrep", "-f", tag], capture_output=True).returncode == 1
+
+
+def test_versions_are_what_importlib_metadata_reports(tmp_path):
+    """The versions fact reads dist-info / egg-info itself (importing importlib.metadata costs every node
+    ~35 ms of CPU); it must report what importlib.metadata.version() does, shadowing and all."""
+    import json
+    import sys
+
+    from harness.execute.facts import VERSION_PACKAGES, VERSIONS_ARGV
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d, name, meta, text in [
+            (first, "vLLM-0.33.0.dist-info", "METADATA", "Metadata-Version: 2.1\nName: vLLM\nVersion: 0.33.0\n\nbody\n"),
+            (second, "vllm-0.1.dist-info", "METADATA", "Name: vllm\nVersion: 0.1\n"),  # shadowed by first/
+            (second, "LMCache-0.5.6.dist-info", "METADATA", "Name: LMCache\nVersion: 0.5.6\n"),
+            (first, "torch.egg-info", "PKG-INFO", "Metadata-Version: 1.0\nName: torch\nVersion: 2.13.0+cpu\n")]:
+        (d / name).mkdir(parents=True)
+        (d / name / meta).write_text(text)
+    env = {"PYTHONPATH": f"{first}:{second}", "PATH": "/usr/bin:/bin"}
+    ours = subprocess.run([sys.executable, *VERSIONS_ARGV[1:]], env=env, capture_output=True, text=True, check=True)
+    probe = ("import importlib.metadata as m, json, platform\nout = {'python': platform.python_version()}\n"
+             f"for p in {list(VERSION_PACKAGES)!r}:\n"
+             "    try:\n        out[p] = m.version(p)\n    except m.PackageNotFoundError:\n        out[p] = None\n"
+             "print(json.dumps(out))")
+    theirs = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    got = json.loads(ours.stdout)
+    assert got == json.loads(theirs.stdout)
+    assert (got["vllm"], got["lmcache"], got["torch"]) == ("0.33.0", "0.5.6", "2.13.0+cpu")
+
+
+def test_nics_fact_reports_what_sysfs_holds():
+    """The NICs fact reads sysfs with the shell's `read` (no process per value): each line must carry what
+    the files hold, '-' where a value cannot be read (a link that is down has no speed)."""
+    import os
+
+    from harness.execute.facts import NICS_ARGV
+
+    def value(path):
+        try:
+            with open(path) as f:
+                return f.read().strip() or "-"
+        except OSError:
+            return "-"
+
+    want = []
+    for name in sorted(os.listdir("/sys/class/net")):
+        i = f"/sys/class/net/{name}"
+        drv = os.path.basename(os.readlink(f"{i}/device/driver")) if os.path.exists(f"{i}/device/driver") else ""
+        want.append(f"{name} {value(i + '/speed')} {value(i + '/mtu')} {value(i + '/operstate')} {drv}")
+    got = subprocess.run(list(NICS_ARGV), capture_output=True, text=True, check=True).stdout.splitlines()
+    assert sorted(got) == sorted(want)

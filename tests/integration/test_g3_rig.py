@@ -5,6 +5,8 @@ name/PID in the fixture's finally, also when a test fails.
 """
 
 import json
+import pwd
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -77,6 +79,21 @@ def test_rig_is_eight_ssh_nodes_behind_one_shaped_port(rig):
     assert all(n["transport"] == "ssh" and n["host"] == "127.0.0.1" for n in inv["nodes"])
     storage = inv["nodes"][-1]
     assert storage["nics"] == [{"name": "st0", "line_rate_gbit_s": 0.5}]
+
+
+def test_a_nodes_login_shell_reads_an_empty_bashrc_and_this_machines_is_left_alone(rig):
+    # sshd runs every command as `bash -c`, which sources ~/.bashrc: this machine's is set up for people
+    # (pyenv init alone costs ~0.1 CPU-s per command), which a fresh node's is not.
+    spec, state = rig
+    host_rc = Path(pwd.getpwnam("root").pw_dir) / ".bashrc"
+    if not host_rc.is_file():
+        pytest.skip(f"this machine has no {host_rc} to hide")
+    before = host_rc.read_bytes()
+    for who in ("n1", "storage"):
+        cp = subprocess.run(["ssh", "-F", state.ssh_config, who, f"wc -c < {host_rc}"], capture_output=True,
+                            text=True, timeout=30)
+        assert (cp.returncode, cp.stdout.strip()) == (0, "0"), (who, cp.stderr)
+    assert host_rc.read_bytes() == before
 
 
 def test_g3_end_to_end_passes_near_the_shaped_ceiling_and_bundle_verifies(rig, tmp_path):
