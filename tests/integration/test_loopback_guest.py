@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -24,19 +23,6 @@ NQN = "nqn.2024-01.io.kvgate:itest-kv0"
 SPEC = LoopbackSpec(name="it0", nqn=NQN, host_nqn="nqn.2024-01.io.kvgate:host-itest",
                     host_id="0c1f4f3e-3f4b-5d6e-8a9b-0c1d2e3f4a5b", size_bytes=64 << 20,
                     link_path="/dev/kvgate/it0")
-
-
-def _qemu_pids_with(initrd: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmd and b"qemu-system" in cmd[0] and initrd.encode() in cmd:
-                pids.append(int(d.name))
-    return pids
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +40,7 @@ def guest(tmp_path_factory):
     finally:
         tr.close()
         G.stop_guest(state_dir)
-        assert state.pid not in _qemu_pids_with(str(image.initrd_path)), "qemu left running"
+        assert state.pid not in G.qemu_pids(str(image.initrd_path)), "qemu left running"
 
 
 # Under a CPU hog the TCG guest answers slowly: command timeouts here are hang guards, not expectations.

@@ -39,19 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 T = 180  # hang guard per command
 
 
-def _qemu_pids_with(initrd: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmd and b"qemu-system" in cmd[0] and initrd.encode() in cmd:
-                pids.append(int(d.name))
-    return pids
-
-
 def inventory_for(state_dir: Path, tmp: Path) -> Path:
     """inventory/loopback.yaml with its guest label pointing at this module's guest."""
     inv = yaml.safe_load((ROOT / "inventory" / "loopback.yaml").read_text())
@@ -115,7 +102,7 @@ def guest(tmp_path_factory):
             if tr is not None:
                 tr.close()
             G.stop_guest(state_dir)
-            assert state.pid not in _qemu_pids_with(str(image.initrd_path)), "qemu left running"
+            assert state.pid not in G.qemu_pids(str(image.initrd_path)), "qemu left running"
 
 
 def connect(state, deadline_s: float = 300) -> SSHTransport:
