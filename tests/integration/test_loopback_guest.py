@@ -8,7 +8,6 @@ kmod, cpio) and apt sources that know linux-image-amd64.
 
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import replace
 
@@ -26,21 +25,8 @@ SPEC = LoopbackSpec(name="it0", nqn=NQN, host_nqn="nqn.2024-01.io.kvgate:host-it
 
 
 @pytest.fixture(scope="module")
-def guest(tmp_path_factory):
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.fail("qemu-system-x86_64 missing: apt-get install qemu-system-x86 (scripts/setup.sh installs it)")
-    state_dir = tmp_path_factory.mktemp("guest")
-    image = G.build_guest()
-    state = G.start_guest(image, state_dir)
-    from harness.transport import SSHTransport
-    tr = SSHTransport(state.host, state.ssh_port, state.user, state.identity_file,
-                      known_hosts_path=state.known_hosts_path, name="guest")
-    try:
-        yield tr, state, state_dir
-    finally:
-        tr.close()
-        G.stop_guest(state_dir)
-        assert state.pid not in G.qemu_pids(str(image.initrd_path)), "qemu left running"
+def guest(qemu_guest):
+    return qemu_guest
 
 
 # Under a CPU hog the TCG guest answers slowly: command timeouts here are hang guards, not expectations.
