@@ -29,8 +29,8 @@ if [ "$WITH_TEST" = 1 ]; then
 fi
 if [ "$WITH_LOOPBACK" = 1 ]; then
   # the qemu guest that runs Debian's kernel with nvmet, nvme-tcp and soft-RoCE nvme-rdma (see docs/loopback.md);
-  # iproute2 gives the guest its `rdma` tool
-  APT_PKGS+=(qemu-system-x86 busybox-static nvme-cli kmod cpio iproute2)
+  # iproute2 gives the guest its `rdma` tool, e2fsprogs its mke2fs (kv-read's pool on the loopback)
+  APT_PKGS+=(qemu-system-x86 busybox-static nvme-cli kmod cpio iproute2 e2fsprogs)
 fi
 
 missing=()

@@ -1,6 +1,7 @@
 """``kvgate loopback``: the single-node NVMe-oF loopback (guest lifecycle and target provisioning).
 
-    kvgate loopback guest-up   [--state-dir D] [--port P]      build + boot the qemu guest, wait for SSH
+    kvgate loopback guest-up   [--state-dir D] [--port P] [--engine-python PY] [--kernel-args ARGS]
+                                                             build + boot the qemu guest, wait for SSH
     kvgate loopback guest-down [--state-dir D]                 stop it by PID
     kvgate loopback up|status|down [-i inventory/loopback.yaml] [--node N] [--target T] [--no-verify]
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,10 +28,11 @@ from pathlib import Path
 from ..config import load_inventory
 from ..errors import ConfigError, ConfigIssue
 from ..paths import given_or_shipped
-from ..rigs.guest import build_guest, default_state_dir, guest_running, open_node_transport, start_guest, stop_guest
+from ..rigs.guest import (GuestError, build_guest, check_engine_python, default_state_dir, guest_running,
+                          open_node_transport, start_guest, stop_guest)
 from ..rigs.loopback import Loopback, LoopbackSpec
 from ..transport.steps import StepLog
-from .exits import EXIT_INFRA, EXIT_OK
+from .exits import EXIT_INFRA, EXIT_INPUT, EXIT_OK
 
 DEFAULT_INVENTORY = "inventory/loopback.yaml"
 
@@ -42,8 +45,17 @@ def register(subparsers) -> None:
     g = sub.add_parser("guest-up", help="build (cached) and boot the qemu guest; wait for its sshd")
     g.add_argument("--state-dir", type=Path, default=None, help="guest state (default ~/.cache/kvgate/guest/run)")
     g.add_argument("--port", type=int, default=None, help="SSH port on 127.0.0.1 (another is picked if taken)")
-    g.add_argument("--memory-mib", type=int, default=2048)
+    g.add_argument("--memory-mib", type=int, default=None,
+                   help="guest memory (default 2048; 4096 with --engine-python: torch and LMCache in the guest)")
+    g.add_argument("--engine-python", default=None, metavar="PY",
+                   help="a host interpreter with torch and LMCache (e.g. .venv/bin/python): the host's tree is "
+                        "shared read-only with the guest, whose kvgate-engine-python runs PY chrooted on it "
+                        "(the engine_python of inventory/loopback-kv-read.yaml)")
     g.add_argument("--boot-timeout-s", type=float, default=240.0)
+    g.add_argument("--kernel-args", default="", metavar="ARGS",
+                   help="appended to the guest kernel's command line, e.g. nvme_core.multipath=N (per-path "
+                        "/dev/nvmeXnY devices, whose read counters kv-read needs: Debian 6.1's multipath head "
+                        "has none)")
     g.set_defaults(func=_guest_up)
 
     g = sub.add_parser("guest-down", help="stop the guest by PID")
@@ -73,10 +85,17 @@ def _guest_up(args) -> int:
     if running:
         print(f"guest already running: pid {running.pid}, ssh root@127.0.0.1 -p {running.ssh_port}")
         return EXIT_OK
+    try:  # a wrong path is bad input (exit 2), found before anything is built or started
+        engine_python = check_engine_python(os.path.abspath(args.engine_python)) if args.engine_python else None
+    except GuestError as exc:
+        print(f"kvgate loopback guest-up: {exc}", file=sys.stderr)
+        return EXIT_INPUT
     t0 = time.monotonic()
     image = build_guest(progress=lambda m: print(m, file=sys.stderr))
-    state = start_guest(image, state_dir, ssh_port=args.port, memory_mib=args.memory_mib,
-                        boot_timeout_s=args.boot_timeout_s, progress=lambda m: print(m, file=sys.stderr))
+    memory_mib = args.memory_mib or (4096 if args.engine_python else 2048)
+    state = start_guest(image, state_dir, ssh_port=args.port, memory_mib=memory_mib,
+                        boot_timeout_s=args.boot_timeout_s, progress=lambda m: print(m, file=sys.stderr),
+                        engine_python=engine_python, kernel_args=args.kernel_args)
     print(f"guest up in {time.monotonic() - t0:.1f} s: kernel {state.kernel_release}, pid {state.pid}, "
           f"ssh -i {state.identity_file} -o UserKnownHostsFile={state.known_hosts_path} "
           f"-p {state.ssh_port} root@127.0.0.1; console {state.console_log}")
@@ -162,6 +181,11 @@ def _human(op: str, data: dict) -> str:
              + (f", RDMA {summary['rdma_device']}" if summary.get("rdma_device") else "")
              + ("" if summary.get("host_side", "").startswith("connected") else
                 f" (target side only; host side {summary.get('host_side', '').replace('left to ', '')})")]
+    fs = summary.get("filesystem")
+    if fs:
+        m = fs.get("mounted")
+        lines.append(f"  filesystem {fs['type']} at {fs['mount_path']}: "
+                     + (f"mounted ({m['source']}, {m['type']})" if m else "not mounted"))
     missing = [k for k, v in summary["layers"].items() if not v]
     if summary["state"] == "partial":
         lines.append("  missing: " + ", ".join(missing))

@@ -76,6 +76,10 @@ class Target(Strict):
     backing_path: str | None = None
     # nvmeof-loopback over rdma: the NIC the soft-RoCE device goes on (rdma link add ... netdev NIC)
     soft_roce_netdev: str | None = None
+    # nvmeof-loopback that connects its own host side: a filesystem kvgate makes on the namespace (through the
+    # write guard) and mounts at mount_path, for gates that need a directory on the NVMe-oF tier (kv-read)
+    filesystem: Literal["ext4"] | None = None
+    mount_path: str | None = None
     # nvmeof (the host side of an array): how kvgate finds, or makes, the connection and the namespace
     connect: Literal["existing", "managed"] | None = None
     nsid: int | None = Field(default=None, ge=1)
@@ -137,6 +141,14 @@ class Target(Strict):
     def _path(cls, v: str | None) -> str | None:
         return None if v is None else _safe_path(v)
 
+    @field_validator("mount_path")
+    @classmethod
+    def _mount_path(cls, v: str | None) -> str | None:
+        if v is not None and (not re.fullmatch(r"/[A-Za-z0-9._/-]*[A-Za-z0-9._-]", v) or ".." in v.split("/")):
+            raise ValueError(f"invalid mount_path {v!r} (expected an absolute directory path other than /: "
+                             "letters, digits, . _ - / only)")
+        return v
+
     @field_validator("nqn")
     @classmethod
     def _nqn(cls, v: str | None) -> str | None:
@@ -178,6 +190,12 @@ class Target(Strict):
             if host_side:
                 raise ValueError(f"{', '.join(host_side)}: only for kind nvmeof (the host side of an NVMe-oF "
                                  f"target), not {self.kind}")
+        if (self.filesystem is None) != (self.mount_path is None):
+            raise ValueError("filesystem and mount_path go together: the filesystem kvgate makes on the namespace "
+                             "and where it mounts it (e.g. filesystem: ext4, mount_path: /mnt/kvgate-kv)")
+        if self.filesystem is not None and self.kind != "nvmeof-loopback":
+            raise ValueError("filesystem, mount_path: only for kind nvmeof-loopback (a filesystem kvgate makes on "
+                             "the namespace it provisions)")
         if self.soft_roce_netdev is not None and not (self.kind == "nvmeof-loopback" and self.transport == "rdma"):
             raise ValueError("soft_roce_netdev: only for kind nvmeof-loopback with transport rdma")
         if self.kind == "nvmeof-loopback" and self.transport == "rdma":

@@ -50,6 +50,9 @@ GUEST_MODULES = (
     # soft-RoCE and NVMe over RDMA; rdma_rxe asks the crypto API for "crc32" at link creation (no module
     # dependency names it), so both implementations ride along
     "crc32_generic", "crc32-pclmul", "rdma_rxe", "ib_uverbs", "rdma_cm", "nvme-rdma", "nvmet-rdma",
+    # the host's tree shared read-only over virtio-9p (9pnet, netfs and fscache come as dependencies): the
+    # node's engine interpreter (torch, LMCache) runs from it, chrooted (kvgate-engine-python below)
+    "9pnet_virtio", "9p",
 )
 
 # Host binaries copied into the guest with their libraries, and the package each comes from.
@@ -65,6 +68,9 @@ HOST_BINARIES = {
     # RDMA links (soft-RoCE) and the RDMA facts kvgate records; not `ip`: busybox's applet serves the base
     # system, and a real ip copied over /bin/ip would overwrite busybox itself through the applet's symlink
     "/usr/bin/rdma": "iproute2",
+    # kv-read: the pool's block device (findmnt) and a filesystem on an NVMe-oF namespace (mke2fs)
+    "/usr/bin/findmnt": "util-linux",
+    "/usr/sbin/mke2fs": "e2fsprogs",
 }
 # Host tools the build itself runs, and the package that provides each.
 BUILD_TOOLS = {
@@ -85,6 +91,15 @@ KMOD_LINKS = ("modprobe", "insmod", "rmmod", "lsmod", "depmod", "modinfo")
 BUSYBOX_SKIP = set(KMOD_LINKS) | {"mke2fs", "mkfs.ext2", "init", "linuxrc", "blkid", "lsblk"}
 
 GUEST_HOSTNAME = "kvgate-guest"
+# Debian 6.1's hardened usercopy takes nvmet-tcp's receive into a multi-page buffer for an exposure and BUGs
+# (mm/usercopy.c:101 from nvmet_tcp_io_work, seen on large writes: LMCache storing 4 MiB chunks on ext4 over
+# NVMe/TCP); the worker dies, keep-alive expires and every I/O on the namespace hangs. The check is off in the
+# guest, which runs nothing but kvgate's own loopback.
+GUEST_KERNEL_ARGS = "hardened_usercopy=off"
+HOST_SHARE_TAG = "hostroot"
+HOST_SHARE_DIR = "/host"
+ENGINE_PYTHON = "/usr/local/bin/kvgate-engine-python"
+ENGINE_PYTHON_ARG = "kvgate.engine_python"
 READY_MARKER = "KVGATE-GUEST-READY"
 
 INITTAB = """\
@@ -101,6 +116,7 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /tmp
 modprobe configfs && mount -t configfs configfs /sys/kernel/config
@@ -112,9 +128,35 @@ ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
 ip route add default via 10.0.2.2
 mkdir -p /run/sshd /root
+# the host's tree, when qemu shares it (tag hostroot, read-only on both sides): see kvgate-engine-python
+modprobe 9pnet_virtio && modprobe 9p
+if grep -qx {HOST_SHARE_TAG} /sys/bus/virtio/drivers/9pnet_virtio/*/mount_tag 2>/dev/null; then
+  mkdir -p {HOST_SHARE_DIR}
+  mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=512000,cache=loose {HOST_SHARE_TAG} {HOST_SHARE_DIR}
+fi
 chmod 755 /run/sshd
 chmod 700 /root
 echo "{READY_MARKER} kernel=$(uname -r)" > /dev/console
+"""
+
+# The node's engine interpreter in the guest: the host's own (named on the kernel command line by guest-up),
+# run chrooted on the host's tree (shared read-only at /host) in a private mount namespace where the guest's
+# /dev /proc /sys /run /tmp /mnt are bound in at the same paths, so every path (work dir, pool, device stat)
+# means the same inside and out, and nothing is ever written into the host's tree.
+ENGINE_WRAPPER = f"""\
+#!/bin/sh
+py=$(sed -n 's/.*{ENGINE_PYTHON_ARG.replace(".", "[.]")}=\\([^ ]*\\).*/\\1/p' /proc/cmdline)
+if [ -z "$py" ]; then
+  echo "kvgate-engine-python: no {ENGINE_PYTHON_ARG}= on the kernel command line (kvgate loopback guest-up --engine-python PATH)" >&2
+  exit 127
+fi
+if ! grep -q " {HOST_SHARE_DIR} 9p ro[, ]" /proc/mounts; then
+  echo "kvgate-engine-python: the host's tree is not mounted read-only at {HOST_SHARE_DIR} (a guest booted without its share)" >&2
+  exit 127
+fi
+# the host's tree is read-only: numba (LMCache's CPU kernels) caches its compiled functions in the guest's /tmp
+export NUMBA_CACHE_DIR="${{NUMBA_CACHE_DIR:-/tmp/kvgate-engine-cache/numba}}" PYTHONDONTWRITEBYTECODE=1
+exec unshare -m sh -c 'for d in dev proc sys run tmp mnt; do mount --rbind "/$d" "{HOST_SHARE_DIR}/$d" || exit 126; done; exec chroot {HOST_SHARE_DIR} "$@"' kvgate-engine-python "$py" "$@"
 """
 
 SSHD_CONFIG = """\
@@ -274,7 +316,7 @@ def _cache_key(kernel_pkg: str, kernel_version: str, versions: dict[str, str]) -
     h = hashlib.sha256()
     h.update(json.dumps({"kernel": [kernel_pkg, kernel_version], "host": versions,
                          "modules": GUEST_MODULES, "format": BUILD_FORMAT,
-                         "texts": [INITTAB, RCS, SSHD_CONFIG, PASSWD, GROUP, SHADOW]},
+                         "texts": [INITTAB, RCS, SSHD_CONFIG, PASSWD, GROUP, SHADOW, ENGINE_WRAPPER]},
                         sort_keys=True).encode())
     return h.hexdigest()[:16]
 
@@ -422,13 +464,16 @@ def _populate_base(stage: Path, host_key: Path, client_key: Path) -> None:
         "etc/inittab": INITTAB, "etc/init.d/rcS": RCS, "etc/ssh/sshd_config": SSHD_CONFIG,
         "etc/passwd": PASSWD, "etc/group": GROUP, "etc/shadow": SHADOW,
         "etc/hostname": GUEST_HOSTNAME + "\n",
+        ENGINE_PYTHON.lstrip("/"): ENGINE_WRAPPER,
         "etc/ssh/authorized_keys": Path(str(client_key) + ".pub").read_text(),
         "etc/ssh/ssh_host_ed25519_key": host_key.read_text(),
         "etc/ssh/ssh_host_ed25519_key.pub": Path(str(host_key) + ".pub").read_text(),
     }
     for rel, text in files.items():
+        (stage / rel).parent.mkdir(parents=True, exist_ok=True)
         (stage / rel).write_text(text)
     (stage / "etc/init.d/rcS").chmod(0o755)
+    (stage / ENGINE_PYTHON.lstrip("/")).chmod(0o755)
     (stage / "etc/shadow").chmod(0o600)
     (stage / "etc/ssh/ssh_host_ed25519_key").chmod(0o600)
 
@@ -460,17 +505,38 @@ def port_is_free(port: int) -> bool:
         return True
 
 
+def check_engine_python(path: str) -> str:
+    """The host interpreter the guest runs as its engine interpreter: an absolute path without blanks (it rides
+    on the kernel command line) to an executable file on this host; GuestError otherwise."""
+    if not path.startswith("/") or any(c.isspace() or c in "\"'\\" for c in path):
+        raise GuestError(f"--engine-python {path!r}: expected an absolute path without blanks or quotes")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise GuestError(f"--engine-python {path}: not an executable file on this host")
+    return path
+
+
 def qemu_argv(image: GuestImage, ssh_port: int, console_log: Path, memory_mib: int = 2048,
-              smp: int = 2, kernel_args: str = "") -> list[str]:
+              smp: int = 2, kernel_args: str = "", engine_python: str | None = None) -> list[str]:
     """The qemu command line (TCG, user networking restricted to a 127.0.0.1 forward); ``kernel_args`` are
-    appended to the kernel command line (e.g. ``nvme_core.multipath=N`` for per-path NVMe devices)."""
+    appended to the kernel command line (e.g. ``nvme_core.multipath=N`` for per-path NVMe devices).
+
+    With ``engine_python`` (a host path) the host's tree is shared with the guest over virtio-9p, read-only in
+    qemu (``readonly=on``: the guest cannot write whatever it mounts) and mounted read-only at /host, and the
+    path rides on the kernel command line for the guest's ``kvgate-engine-python``."""
+    share: list[str] = []
+    if engine_python is not None:
+        kernel_args = f"{kernel_args} {ENGINE_PYTHON_ARG}={engine_python}".strip()
+        share = ["-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on",
+                 "-device", f"virtio-9p-pci,fsdev=hostroot,mount_tag={HOST_SHARE_TAG}"]
     return [
         "qemu-system-x86_64",
         "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp), "-m", str(memory_mib),
         "-kernel", str(image.kernel_path), "-initrd", str(image.initrd_path),
-        "-append", ("console=ttyS0 rdinit=/init panic=-1 nokaslr mitigations=off " + kernel_args).strip(),
+        "-append", (f"console=ttyS0 rdinit=/init panic=-1 nokaslr mitigations=off {GUEST_KERNEL_ARGS} "
+                    + kernel_args).strip(),
         "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{ssh_port}-:22",
         "-device", "virtio-net-pci,netdev=n0",
+        *share,
         "-display", "none", "-monitor", "none", "-no-reboot",
         "-serial", f"file:{console_log}",
         "-name", f"kvgate-guest-{image.key}",
@@ -497,11 +563,12 @@ def _console_tail(path: Path, n: int = 20) -> str:
 
 def start_guest(image: GuestImage, state_dir: Path, ssh_port: int | None = None, memory_mib: int = 2048,
                 smp: int = 2, boot_timeout_s: float = 240.0, progress=lambda msg: None,
-                kernel_args: str = "") -> GuestState:
+                kernel_args: str = "", engine_python: str | None = None) -> GuestState:
     """Start qemu in its own session, wait for sshd's banner, record the state file.
 
-    Picks another port when the requested one is taken. On a boot failure qemu is stopped,
-    the console log stays in ``state_dir`` and GuestError carries its tail.
+    With ``engine_python``, the host's tree is shared read-only and the guest's ``kvgate-engine-python`` runs
+    that interpreter (:func:`qemu_argv`). Picks another port when the requested one is taken. On a boot failure
+    qemu is stopped, the console log stays in ``state_dir`` and GuestError carries its tail.
     """
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -513,7 +580,8 @@ def start_guest(image: GuestImage, state_dir: Path, ssh_port: int | None = None,
         if ssh_port and attempt == 0 and not port_is_free(port):
             progress(f"port 127.0.0.1:{port} is taken, picking another")
             continue
-        argv = qemu_argv(image, port, console_log, memory_mib, smp, kernel_args)
+        argv = qemu_argv(image, port, console_log, memory_mib, smp, kernel_args,
+                         engine_python=check_engine_python(engine_python) if engine_python else None)
         (state_dir / "qemu.argv.json").write_text(json.dumps(argv))
         t0 = time.monotonic()
         with open(qemu_log, "wb") as err:
@@ -560,6 +628,12 @@ def _is_our_qemu(pid: int, initrd_path: str) -> bool:
     except OSError:
         return False
     return bool(cmdline) and b"qemu-system" in cmdline[0] and initrd_path.encode() in cmdline
+
+
+def qemu_pids(initrd_path: str) -> list[int]:
+    """PIDs of every running qemu booting ``initrd_path`` (what a test checks is gone after it stopped its guest)."""
+    return sorted(int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _is_our_qemu(int(d.name),
+                                                                                                   str(initrd_path)))
 
 
 def stop_guest(state_dir: Path, grace_s: float = 5.0) -> bool:

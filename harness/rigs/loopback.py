@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 import tempfile
 import time
 import uuid
@@ -34,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import HarnessError
 from ..parsers import nvme as P
+from ..parsers.blockdev import parse_blkid_export
 from ..parsers.rdma import RDMA_LINK_ARGV, RdmaLink, parse_rdma_links
 from ..writeguard import CREATED_SUFFIX, WriteDecision, check_write
 
@@ -43,6 +45,7 @@ DEFAULT_SIZE_BYTES = 256 * 1024 * 1024
 INTEGRITY_CHUNK = 65536
 INTEGRITY_LEN_BYTES = 1024 * 1024
 TARGET_MODULES = {"tcp": ("nvmet", "nvmet-tcp", "nvme-tcp"), "rdma": ("rdma_rxe", "nvmet", "nvmet-rdma", "nvme-rdma")}
+MKE2FS = "/usr/sbin/mke2fs"
 RDMA_LINK_PREFIX = "kvgate-"  # soft-RoCE devices kvgate added (and so may delete): kvgate-<nic>
 
 
@@ -73,6 +76,8 @@ class LoopbackSpec:
     serial: str | None = None  # the backing device's serial (see harness.writeguard), checked before writes
     soft_roce_netdev: str | None = None  # rdma: the NIC the soft-RoCE device sits on
     connect_host: bool = True  # False: target side only (a kind nvmeof target of the node connects)
+    filesystem: str | None = None  # ext4: kvgate makes it on the namespace (write guard) and mounts it
+    mount_path: str | None = None
 
     def __post_init__(self):
         if self.transport not in TARGET_MODULES:
@@ -88,6 +93,13 @@ class LoopbackSpec:
             raise LoopbackError(f"target {self.name}: size must be a whole number of MiB, got {self.size_bytes}")
         if self.size_bytes < 4 * INTEGRITY_LEN_BYTES:
             raise LoopbackError(f"target {self.name}: size must be at least 4 MiB, got {self.size_bytes}")
+        if (self.filesystem is None) != (self.mount_path is None):
+            raise LoopbackError(f"target {self.name}: filesystem and mount_path go together")
+        if self.filesystem is not None and self.filesystem != "ext4":
+            raise LoopbackError(f"target {self.name}: filesystem ext4 only, got {self.filesystem!r}")
+        if self.filesystem is not None and not self.connect_host:
+            raise LoopbackError(f"target {self.name}: a filesystem needs the loopback to connect its own host side; "
+                                f"a kind: nvmeof target of the node names {self.nqn} (the target side only)")
         if len(self.nullb_name) > 31:
             raise LoopbackError(f"target {self.name}: name too long for a null_blk disk name (max 24 chars)")
 
@@ -137,7 +149,8 @@ class LoopbackSpec:
             backing_path=target.backing_path, size_bytes=target.size_bytes or DEFAULT_SIZE_BYTES,
             link_path=target.path, allow_destructive=bool(target.allow_destructive),
             serial=getattr(target, "serial", None), soft_roce_netdev=getattr(target, "soft_roce_netdev", None),
-            connect_host=not served,
+            connect_host=not served, filesystem=getattr(target, "filesystem", None),
+            mount_path=getattr(target, "mount_path", None),
         )
 
 
@@ -159,6 +172,7 @@ class LoopbackState:
     namespaces: list[P.NvmeNamespace] = field(default_factory=list)
     link_target: str | None = None
     rdma_links: list[RdmaLink] = field(default_factory=list)
+    mounts: dict[str, tuple[str, str]] = field(default_factory=dict)  # mount point -> (source, fs type)
 
 
 def probe_commands(spec: LoopbackSpec) -> dict[str, tuple[str, ...]]:
@@ -197,6 +211,7 @@ def parse_state(outputs: dict[str, tuple[int | None, str]]) -> LoopbackState:
 
     st = LoopbackState()
     st.configfs_mounted = any(line.split()[2:3] == ["configfs"] for line in out("mounts").splitlines())
+    st.mounts = parse_mounts(out("mounts"))
     st.nvmet = P.parse_nvmet_configfs(out("nvmet-find"), out_any("nvmet-attrs"))
     st.nullb = P.parse_nullb_configfs(out_any("nullb-attrs"))
     st.block_devices = P.parse_block_list(out("block-devices"))
@@ -214,6 +229,23 @@ def parse_state(outputs: dict[str, tuple[int | None, str]]) -> LoopbackState:
     st.link_target = link or None
     st.rdma_links = parse_rdma_links(out("rdma-links"))
     return st
+
+
+def parse_mounts(text: str) -> dict[str, tuple[str, str]]:
+    """Pure: /proc/mounts -> mount point -> (source, fs type); the last mount on a point wins (octal escapes
+    such as ``\\040`` for a blank are decoded)."""
+    out: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 3:
+            unesc = lambda x: re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), x)  # noqa: E731
+            out[unesc(f[1])] = (unesc(f[0]), f[2])
+    return out
+
+
+def mounted_filesystem(spec: LoopbackSpec, st: LoopbackState) -> tuple[str, str] | None:
+    """(source, fs type) mounted at the spec's mount_path now, if anything is."""
+    return st.mounts.get(spec.mount_path) if spec.mount_path else None
 
 
 def backing_device(spec: LoopbackSpec, st: LoopbackState) -> str | None:
@@ -287,6 +319,9 @@ def summarize(spec: LoopbackSpec, st: LoopbackState) -> dict[str, Any]:
         "left to the node's kind: nvmeof target with this NQN",
         "rdma_device": (lambda link: f"{link.device} port {link.port} on {link.netdev} ({link.state})"
                         if link else None)(rdma_link(spec, st)) if spec.transport == "rdma" else None,
+        "filesystem": None if not spec.filesystem else {
+            "type": spec.filesystem, "mount_path": spec.mount_path,
+            "mounted": (lambda m: {"source": m[0], "type": m[1]} if m else None)(mounted_filesystem(spec, st))},
     }
 
 
@@ -418,6 +453,8 @@ def plan_link(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
 def plan_down(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
     """Reverse order of up, only for what exists: disconnect, port, namespace, subsystem, host, backing."""
     acts: list[Action] = []
+    if mounted_filesystem(spec, st) is not None:
+        acts.append(Action("umount", ("umount", spec.mount_path), "the filesystem kvgate mounted on the namespace"))
     if spec.link_path and st.link_target is not None:
         acts.append(Action("link-remove", ("rm", "-f", spec.link_path)))
     if P.find_subsystem(st.subsystems, spec.nqn) is not None:
@@ -548,6 +585,7 @@ class LoopbackResult:
     actions: list[ActionRecord] = field(default_factory=list)
     integrity: IntegrityResult | None = None
     error: str | None = None
+    write_guard: WriteDecision | None = None  # the decision before a filesystem was made on the namespace
 
     @property
     def ok(self) -> bool:
@@ -557,7 +595,8 @@ class LoopbackResult:
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "error": self.error, "summary": self.summary,
                 "actions": [dict(a.__dict__, argv=list(a.argv)) for a in self.actions],
-                "integrity": self.integrity.as_dict() if self.integrity else None}
+                "integrity": self.integrity.as_dict() if self.integrity else None,
+                "write_guard": self.write_guard.as_dict() if self.write_guard else None}
 
 
 class Loopback:
@@ -652,13 +691,63 @@ class Loopback:
             missing = [k for k in summary["owned_layers"] if not summary["layers"][k]]
             result.error = f"{self.spec.nqn} not up after {wait_s:.0f} s: missing {', '.join(missing)}"
             return result
-        if verify and self.spec.connect_host:  # target side only: the nvmeof target's gates check the data
+        if self.spec.filesystem:
+            result.integrity, result.error, result.write_guard = self._filesystem(st, records, verify)
+            result.summary = summarize(self.spec, self.probe())
+        elif verify and self.spec.connect_host:  # target side only: the nvmeof target's gates check the data
             result.integrity = self.check_integrity(st)
             if not result.integrity.ok:
                 errs = [f"{c.direction}: {c.error}" for c in result.integrity.checks if c.error]
                 result.error = "data integrity check failed: " + (
                     "; ".join(errs) if errs else f"{result.integrity.mismatched_bytes} bytes differ")
         return result
+
+    def _filesystem(self, st: LoopbackState, records: list[ActionRecord],
+                    verify: bool) -> tuple[IntegrityResult | None, str | None, WriteDecision | None]:
+        """The spec's filesystem on the connected namespace, mounted at its mount_path: (integrity, error, the
+        write guard's decision when one was asked for).
+
+        Mounted already: nothing to do. Holding the spec's filesystem (an earlier ``up``): mounted as it is, and
+        the data-integrity check, which writes patterns on the device, is skipped. Blank: the integrity check,
+        then the write guard on the namespace (mounted, holding a filesystem or partition table, or another
+        serial than the target's: refused), then ``mke2fs -t ext4`` and the mount. Another filesystem: an error,
+        nothing written."""
+        spec = self.spec
+        dev = nvme_device(spec, st)
+        assert dev is not None and spec.filesystem and spec.mount_path
+        now = mounted_filesystem(spec, st)
+        if now is not None:
+            return None, (None if now[0] == dev else f"{spec.mount_path} holds {now[0]} ({now[1]}), not {dev}"), None
+        res = self.run("fs-blkid", ("blkid", "-p", "-o", "export", dev), 60)
+        if res.timed_out or res.error or res.rc not in (0, 2):  # 2: no signature found
+            return None, f"blkid -p {dev} did not answer: {res.summary()}", None
+        found = parse_blkid_export(res.stdout).get("TYPE") if res.rc == 0 else None
+        integrity, decision = None, None
+        if found is None:
+            if verify:
+                integrity = self.check_integrity(st)
+                if not integrity.ok:
+                    return integrity, "data integrity check failed before mkfs", None
+            decision = check_write(self.run, dev, expect="block", node=getattr(self.transport, "name", ""),
+                                   purpose=f"mke2fs -t {spec.filesystem} on the namespace of loopback target "
+                                           f"{spec.name}",
+                                   allow_destructive=spec.allow_destructive, serial=spec.serial)
+            if not decision.allowed:
+                return integrity, decision.refusal(), decision
+            # e2fsprogs' mke2fs by its path: a busybox shell prefers its own mke2fs applet (no -t, no ext4)
+            mkfs = Action("mkfs", (MKE2FS, "-q", "-F", "-t", spec.filesystem, "-L", f"kvgate-{spec.name}"[:16],
+                                   "-E", "lazy_itable_init=0,lazy_journal_init=0", dev),
+                          f"the write guard allowed it: {decision.reason}")
+            if not self._execute([mkfs], records, stop_on_error=True):
+                return integrity, f"mke2fs on {dev} failed: {records[-1].stderr}", decision
+        elif found != spec.filesystem:
+            return None, (f"{dev} holds a {found} filesystem, not {spec.filesystem}: not formatted over "
+                          "(kvgate loopback down, then up, starts from a blank namespace)"), None
+        acts = [Action("mount-dir", ("mkdir", "-p", spec.mount_path)),
+                Action("mount", ("mount", "-t", spec.filesystem, dev, spec.mount_path))]
+        if not self._execute(acts, records, stop_on_error=True):
+            return integrity, f"{records[-1].name} failed: {records[-1].stderr}", decision
+        return integrity, None, decision
 
     def down(self) -> LoopbackResult:
         """Tear down what exists, in reverse order; keeps going past a failure and reports it."""

@@ -1,5 +1,11 @@
+import shutil
+import time
+
 import pytest
 
+from harness.errors import TransportError
+from harness.rigs import guest as G
+from harness.transport import SSHTransport
 from harness.transport.sshd import PrivateSshd
 
 
@@ -9,3 +15,36 @@ def sshd(tmp_path_factory):
     server = PrivateSshd(tmp_path_factory.mktemp("sshd")).start()
     yield server
     server.stop()
+
+
+def guest_ssh(state: G.GuestState, deadline_s: float = 300) -> SSHTransport:
+    """SSH into the guest: sshd answering its banner is not sshd done with a login under a loaded TCG guest."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return SSHTransport(state.host, state.ssh_port, state.user, state.identity_file,
+                                known_hosts_path=state.known_hosts_path, name="guest", connect_timeout_s=60)
+        except TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def qemu_guest(tmp_path_factory):
+    """One qemu TCG guest (Debian's kernel) per module that asks for it, reached over SSH: (transport, state,
+    state dir). Stopped by PID at the end, also on failure; no qemu booting its initrd may be left running."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.fail("qemu-system-x86_64 missing: apt-get install qemu-system-x86 (scripts/setup.sh installs it)")
+    state_dir = tmp_path_factory.mktemp("qemu-guest") / "guest"
+    image = G.build_guest()
+    state = G.start_guest(image, state_dir, boot_timeout_s=600)
+    tr = None
+    try:
+        tr = guest_ssh(state)
+        yield tr, state, state_dir
+    finally:
+        if tr is not None:
+            tr.close()
+        G.stop_guest(state_dir)
+        assert state.pid not in G.qemu_pids(str(image.initrd_path)), "qemu left running"

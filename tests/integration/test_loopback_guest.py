@@ -8,10 +8,8 @@ kmod, cpio) and apt sources that know linux-image-amd64.
 
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -26,35 +24,9 @@ SPEC = LoopbackSpec(name="it0", nqn=NQN, host_nqn="nqn.2024-01.io.kvgate:host-it
                     link_path="/dev/kvgate/it0")
 
 
-def _qemu_pids_with(initrd: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmd and b"qemu-system" in cmd[0] and initrd.encode() in cmd:
-                pids.append(int(d.name))
-    return pids
-
-
 @pytest.fixture(scope="module")
-def guest(tmp_path_factory):
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.fail("qemu-system-x86_64 missing: apt-get install qemu-system-x86 (scripts/setup.sh installs it)")
-    state_dir = tmp_path_factory.mktemp("guest")
-    image = G.build_guest()
-    state = G.start_guest(image, state_dir)
-    from harness.transport import SSHTransport
-    tr = SSHTransport(state.host, state.ssh_port, state.user, state.identity_file,
-                      known_hosts_path=state.known_hosts_path, name="guest")
-    try:
-        yield tr, state, state_dir
-    finally:
-        tr.close()
-        G.stop_guest(state_dir)
-        assert state.pid not in _qemu_pids_with(str(image.initrd_path)), "qemu left running"
+def guest(qemu_guest):
+    return qemu_guest
 
 
 # Under a CPU hog the TCG guest answers slowly: command timeouts here are hang guards, not expectations.

@@ -23,13 +23,11 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from harness.config import load_config, load_inventory
-from harness.errors import TransportError
 from harness.execute import nvmeof as N
 from harness.parsers.nvme import parse_list_subsys
 from harness.rigs import guest as G
 from harness.rigs.loopback import Loopback, LoopbackSpec
 from harness.suite.runner import run_suite
-from harness.transport import SSHTransport
 from harness.workloads import WORKLOADS
 
 # hang guards sized for a TCG guest on a loaded 2-core host (the module's guest boots in its first test)
@@ -37,19 +35,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 180  # hang guard per command
-
-
-def _qemu_pids_with(initrd: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmd and b"qemu-system" in cmd[0] and initrd.encode() in cmd:
-                pids.append(int(d.name))
-    return pids
 
 
 def inventory_for(state_dir: Path, tmp: Path) -> Path:
@@ -87,48 +72,23 @@ class Guest:
 
 
 @pytest.fixture(scope="module")
-def guest(tmp_path_factory):
-    if subprocess.run(["which", "qemu-system-x86_64"], capture_output=True).returncode:
-        pytest.fail("qemu-system-x86_64 missing: apt-get install qemu-system-x86 (scripts/setup.sh installs it)")
-    tmp = tmp_path_factory.mktemp("nvmeof-guest")
-    state_dir = tmp / "guest"
-    image = G.build_guest()
-    state = G.start_guest(image, state_dir, boot_timeout_s=600)
-    tr, lbs = None, []
+def guest(qemu_guest, tmp_path_factory):
+    """The module's guest with the target sides of inventory/loopback.yaml up, as `kvgate loopback up` makes them;
+    torn down (host sides disconnected, target sides removed) before the guest stops."""
+    tr, state, state_dir = qemu_guest
+    g = Guest(tr, state, state_dir, inventory_for(state_dir, tmp_path_factory.mktemp("nvmeof-guest")))
+    lbs = [Loopback(tr, LoopbackSpec.from_target(t, "guest", g.node)) for t in g.node.targets
+           if t.kind == "nvmeof-loopback"]
     try:
-        tr = connect(state)
-        g = Guest(tr, state, state_dir, inventory_for(state_dir, tmp))
-        lbs = [Loopback(tr, LoopbackSpec.from_target(t, "guest", g.node)) for t in g.node.targets
-               if t.kind == "nvmeof-loopback"]
         for lb in lbs:  # the target side, as `kvgate loopback up` makes it
             up = lb.up(wait_s=120)
             assert up.ok, up.error
             assert up.summary["host_side"].startswith("left to")  # the kind: nvmeof targets connect
         yield g
     finally:
-        try:
-            if tr is not None:
-                g.disconnect_all()
-                for lb in reversed(lbs):
-                    lb.down()
-        finally:
-            if tr is not None:
-                tr.close()
-            G.stop_guest(state_dir)
-            assert state.pid not in _qemu_pids_with(str(image.initrd_path)), "qemu left running"
-
-
-def connect(state, deadline_s: float = 300) -> SSHTransport:
-    """SSH into the guest: sshd answering its banner is not sshd done with a login under a loaded TCG guest."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            return SSHTransport(state.host, state.ssh_port, state.user, state.identity_file,
-                                known_hosts_path=state.known_hosts_path, name="guest", connect_timeout_s=60)
-        except TransportError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(2)
+        g.disconnect_all()
+        for lb in reversed(lbs):
+            lb.down()
 
 
 @pytest.fixture

@@ -63,3 +63,58 @@ def test_free_port_is_bindable():
     from harness.transport.local import free_port  # the one free-port helper, also the guest's
     port = free_port()
     assert G.port_is_free(port)
+
+
+def _image(tmp_path):
+    return G.GuestImage("k", tmp_path, tmp_path / "vmlinuz", tmp_path / "initrd.cpio", "6.1.0-1-amd64", "p 1",
+                        tmp_path / "id", "ssh-ed25519 AAAA", {})
+
+
+def test_host_tree_is_shared_read_only_and_only_when_an_engine_python_is_named(tmp_path):
+    plain = G.qemu_argv(_image(tmp_path), 2222, tmp_path / "console.log")
+    assert "-fsdev" not in plain and not any("9p" in a for a in plain)
+    assert "kvgate.engine_python" not in plain[plain.index("-append") + 1]
+    argv = G.qemu_argv(_image(tmp_path), 2222, tmp_path / "console.log", engine_python="/opt/venv/bin/python")
+    fsdev = argv[argv.index("-fsdev") + 1].split(",")
+    assert fsdev[0] == "local" and "path=/" in fsdev and "readonly=on" in fsdev  # qemu refuses every guest write
+    assert f"mount_tag={G.HOST_SHARE_TAG}" in argv[argv.index("-fsdev") + 3]
+    assert argv[argv.index("-append") + 1].endswith(" kvgate.engine_python=/opt/venv/bin/python")
+    # the guest mounts it read-only too, and the wrapper refuses to run on a share that is not read-only
+    assert f"mount -t 9p -o ro," in G.RCS and f'" {G.HOST_SHARE_DIR} 9p ro[, ]"' in G.ENGINE_WRAPPER
+
+
+def test_engine_python_must_be_an_absolute_executable_path_without_blanks(tmp_path):
+    assert G.check_engine_python(sys.executable) == sys.executable
+    for bad, why in (("python3", "absolute path"), ("/opt/my venv/python", "absolute path"),
+                     (str(tmp_path / "missing"), "not an executable")):
+        try:
+            G.check_engine_python(bad)
+        except G.GuestError as exc:
+            assert why in str(exc)
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+
+
+def test_guest_up_with_a_wrong_engine_python_is_bad_input_before_anything_starts(tmp_path, capsys):
+    from harness.cli.main import main
+    assert main(["loopback", "guest-up", "--state-dir", str(tmp_path), "--engine-python", "venv/bin/nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine-python" in err and "not an executable file" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "guest.json").exists()
+
+
+def test_the_engine_wrapper_and_its_modules_are_part_of_the_build_cache_key(monkeypatch):
+    key = G._cache_key("linux-image-x", "1", {"fio": "3"})
+    assert "9p" in G.GUEST_MODULES and "9pnet_virtio" in G.GUEST_MODULES
+    assert "/usr/sbin/mke2fs" in G.HOST_BINARIES and "/usr/bin/findmnt" in G.HOST_BINARIES
+    monkeypatch.setattr(G, "ENGINE_WRAPPER", G.ENGINE_WRAPPER + "# changed\n")
+    assert G._cache_key("linux-image-x", "1", {"fio": "3"}) != key
+
+
+def test_qemu_pids_finds_only_qemu_booting_that_initrd(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(tmp_path / "initrd.cpio")])
+    try:  # not qemu, though its command line names the initrd
+        assert proc.pid not in G.qemu_pids(str(tmp_path / "initrd.cpio"))
+    finally:
+        proc.kill()
+        proc.wait()

@@ -232,3 +232,87 @@ def test_rdma_spec_needs_a_nic_other_than_lo():
         replace(RDMA, soft_roce_netdev="lo")
     with pytest.raises(L.LoopbackError, match="tcp or rdma"):
         replace(RDMA, transport="fc")
+
+
+# ---- a filesystem kvgate makes on the namespace (kv-read's pool on the loopback)
+
+FS_SPEC = replace(SPEC, filesystem="ext4", mount_path="/mnt/kvgate-kv")
+
+
+def with_mount(st: L.LoopbackState, source: str, point: str = "/mnt/kvgate-kv", fstype: str = "ext4"):
+    return replace(st, mounts={**st.mounts, point: (source, fstype)})
+
+
+def test_mounts_parse_with_octal_escapes_and_the_last_mount_on_a_point_wins():
+    m = L.parse_mounts("/dev/vda / ext4 rw 0 0\n/dev/nvme0n1 /mnt/my\\040pool ext4 rw 0 0\n"
+                       "tmpfs /mnt/my\\040pool tmpfs rw 0 0\n")
+    assert m["/"] == ("/dev/vda", "ext4") and m["/mnt/my pool"] == ("tmpfs", "tmpfs")
+
+
+def test_down_unmounts_the_filesystem_before_it_disconnects():
+    st = with_mount(state("up-null_blk"), "/dev/nvme0n1")
+    acts = L.plan_down(FS_SPEC, st)
+    assert names(acts)[:3] == ["umount", "link-remove", "nvme-disconnect"]
+    assert acts[0].argv == ("umount", "/mnt/kvgate-kv")
+    assert "umount" not in names(L.plan_down(FS_SPEC, state("up-null_blk")))  # nothing mounted: nothing to undo
+    fs = L.summarize(FS_SPEC, st)["filesystem"]
+    assert fs == {"type": "ext4", "mount_path": "/mnt/kvgate-kv", "mounted": {"source": "/dev/nvme0n1", "type": "ext4"}}
+
+
+def test_filesystem_needs_the_loopback_to_connect_its_host_side():
+    with pytest.raises(L.LoopbackError, match="go together"):
+        replace(SPEC, filesystem="ext4")
+    with pytest.raises(L.LoopbackError, match="target side only"):
+        replace(FS_SPEC, connect_host=False)
+
+
+class Node:
+    """A scripted node for the filesystem step: argv prefix -> (rc, stdout); records what ran."""
+
+    def __init__(self, answers: dict[tuple[str, ...], tuple[int, str]]):
+        self.answers, self.ran = answers, []
+
+    def run(self, name, argv, timeout_s):
+        from harness.transport.base import CommandResult
+        self.ran.append(tuple(argv))
+        rc, out = next((v for k, v in self.answers.items() if tuple(argv[:len(k)]) == k), (0, ""))
+        return CommandResult(tuple(argv), rc, out, "", 0.01)
+
+
+def _fs(node: Node, st: L.LoopbackState, verify: bool = False):
+    lb = L.Loopback(SimpleNamespace(name="guest"), FS_SPEC, run=node.run)
+    records = []
+    integrity, error, decision = lb._filesystem(st, records, verify)
+    return error, records, decision
+
+
+def test_a_blank_namespace_passes_the_write_guard_then_gets_ext4_and_is_mounted():
+    lsblk = ('{"blockdevices": [{"name": "nvme0n1", "kname": "nvme0n1", "path": "/dev/nvme0n1", "type": "disk", '
+             '"size": 268435456, "ro": false, "mountpoint": null, "fstype": null, "pttype": null, "serial": "abc"}]}')
+    node = Node({("blkid",): (2, ""), ("sh", "-c"): (0, "block\nforeign\n268435456\n"), ("lsblk",): (0, lsblk)})
+    error, records, decision = _fs(node, state("up-null_blk"))
+    assert error is None, error
+    assert decision.allowed and decision.path == "/dev/nvme0n1"  # asked before anything was written
+    assert [r.name for r in records] == ["mkfs", "mount-dir", "mount"]
+    assert records[0].argv[0] == "/usr/sbin/mke2fs" and records[0].argv[-1] == "/dev/nvme0n1"
+    assert "-t" in records[0].argv and "ext4" in records[0].argv
+    assert records[2].argv == ("mount", "-t", "ext4", "/dev/nvme0n1", "/mnt/kvgate-kv")
+
+
+def test_a_namespace_holding_another_filesystem_is_not_formatted_over():
+    node = Node({("blkid",): (0, "TYPE=xfs\nUUID=1\n")})
+    error, records, _ = _fs(node, state("up-null_blk"))
+    assert "holds a xfs filesystem" in error and records == []
+    assert not any(a[0].endswith("mke2fs") or a[0] == "mount" for a in node.ran)
+
+
+def test_ext4_from_an_earlier_up_is_mounted_as_it_is_and_a_mounted_one_is_left_alone():
+    node = Node({("blkid",): (0, "TYPE=ext4\n")})
+    error, records, _ = _fs(node, state("up-null_blk"), verify=True)  # no integrity patterns over the filesystem
+    assert error is None and [r.name for r in records] == ["mount-dir", "mount"]
+    assert not any("dd" in a[0] for a in node.ran)
+    node = Node({})
+    error, records, _ = _fs(node, with_mount(state("up-null_blk"), "/dev/nvme0n1"))
+    assert error is None and records == [] and node.ran == []
+    error, _, _ = _fs(Node({}), with_mount(state("up-null_blk"), "/dev/vdb"))
+    assert "holds /dev/vdb" in error
