@@ -17,7 +17,9 @@ from harness.workloads.g2_ttft import G2Params, launch_values
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-VLLM_PROFILES = [n for n in list_profiles() if load_profile(n).engine in ("vllm", "dynamo-vllm")]
+# the profiles kvgate launches vLLM with (an attach profile, such as vllm-attach, has no argv to check)
+VLLM_PROFILES = [n for n in list_profiles() if load_profile(n).engine in ("vllm", "dynamo-vllm")
+                 and load_profile(n).launches]
 
 
 class VllmRejected(Exception):
