@@ -156,7 +156,18 @@ if ! grep -q " {HOST_SHARE_DIR} 9p ro[, ]" /proc/mounts; then
 fi
 # the host's tree is read-only: numba (LMCache's CPU kernels) caches its compiled functions in the guest's /tmp
 export NUMBA_CACHE_DIR="${{NUMBA_CACHE_DIR:-/tmp/kvgate-engine-cache/numba}}" PYTHONDONTWRITEBYTECODE=1
-exec unshare -m sh -c 'for d in dev proc sys run tmp mnt; do mount --rbind "/$d" "{HOST_SHARE_DIR}/$d" || exit 126; done; exec chroot {HOST_SHARE_DIR} "$@"' kvgate-engine-python "$py" "$@"
+# An interpreter under a directory the guest's own is bound over (a checkout in /tmp, as CI clones it): the
+# top directory of its path (e.g. /tmp/ci) stays the host's, at the same path, over the guest's.
+case "$py" in
+  /tmp/*|/run/*|/mnt/*) keep=$(echo "$py" | cut -d/ -f1-3) ;;
+  *) keep= ;;
+esac
+exec unshare -m sh -c '
+  keep=$1; shift
+  if [ -n "$keep" ]; then mkdir -p /run/kvgate-keep && mount --bind "{HOST_SHARE_DIR}$keep" /run/kvgate-keep || exit 126; fi
+  for d in dev proc sys run tmp mnt; do mount --rbind "/$d" "{HOST_SHARE_DIR}/$d" || exit 126; done
+  if [ -n "$keep" ]; then mkdir -p "{HOST_SHARE_DIR}$keep" && mount --bind /run/kvgate-keep "{HOST_SHARE_DIR}$keep" || exit 126; fi
+  exec chroot {HOST_SHARE_DIR} "$@"' kvgate-engine-python "$keep" "$py" "$@"
 """
 
 SSHD_CONFIG = """\
