@@ -611,13 +611,13 @@ class G2Ttft(Workload):
         try:
             log_start = log_text()
             self._warm_up(ctx, p, prof, url, "recompute", warm[0], ev)
-            m0 = self._optional_metrics(eng, counters)
+            m0 = eng.metrics() if counters else None
             l0 = log_text()
             ev.pool_before_recompute = pool_contents(ctx, transport, p.pool_path, 0, 0, "g2-pool-before",
                                                      prof.pool_files)
             ctx.progress(f"{ctx.gate.id}: re-compute phase on the attached engine, {len(prompts)} prompts")
             recompute = self._send(ctx, p, prof, url, prompts)
-            m1 = self._optional_metrics(eng, counters)
+            m1 = self._optional_metrics(eng, counters)  # also the restart marker's baseline
             l1 = log_text()
             if counters and m0 is not None and m1 is not None:
                 ev.recompute_hit_tokens = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
@@ -652,13 +652,13 @@ class G2Ttft(Workload):
                 dev = self._pool_device(ctx, transport, p.pool_path)
                 ev.pool_device = dev
                 s0 = self._block_stat(ctx, transport, dev)
-                m_cold = self._optional_metrics(eng, True)
+                m_cold = self._optional_metrics(eng, counters)  # also the restart marker
                 ev.engine_restarted = restarted(m1, m_cold)
                 m0 = m_cold if counters else None
                 l0 = log_text()
                 ctx.progress(f"{ctx.gate.id}: cold read-back phase on the attached engine, {len(prompts)} prompts")
                 readback = self._send(ctx, p, prof, url, prompts)
-                m1 = self._optional_metrics(eng, counters)
+                m1 = eng.metrics() if counters else None
                 s1 = self._block_stat(ctx, transport, dev)
                 l1 = log_text()
                 log = self._log_proof(prof, l0, l1, prompts)

@@ -395,3 +395,30 @@ def test_a_launched_engine_whose_hits_are_proven_by_its_log_lines(tmp_path):
     assert result.evidence.recompute_log_hit_lines == 0
     assert result.evidence.readback_log_hits["lines"] == 2
     assert not any(e.path == "/metrics" for e in events)
+
+
+def test_an_engine_without_a_metrics_endpoint_is_proven_by_device_reads_alone(tmp_path):
+    """openai-attach (no counters): llama.cpp and others may serve no /metrics; the run needs none, and the
+    restart is then simply not known from the engine (engine_restarted None)."""
+    cfg = attach_config(tmp_path, engine="openai-attach")
+    events: list[Event] = []
+    engine = RunningEngine(events)
+
+    def no_metrics(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            events.append(Event("http", path="/metrics"))
+            return httpx.Response(404, text="Not Found")
+        return engine(request)
+
+    nodes = {n: ScriptedTransport(pool_node_handler({"old": 0}, engine, device_reads_per_phase=10 ** 6), name=n,
+                                  events=events) for n in ("gpu1", "ctl")}
+    gate = cfg.suite.gates[0]
+    gate_dir = tmp_path / "run" / "gates" / "G2"
+    gate_dir.mkdir(parents=True)
+    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports=nodes, steps=StepLog(tmp_path / "run"), gate_dir=gate_dir,
+                      http=httpx.MockTransport(no_metrics))
+    result = WORKLOADS["g2-ttft"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    assert "hit_rate" not in result.metrics and result.metrics["readback_read_fraction"] >= 0.5
+    assert result.evidence.engine_restarted is None
