@@ -228,7 +228,8 @@ def pool_node_handler(state: dict, engine: RunningEngine, restart_rc: int = 0, d
     return handler
 
 
-def run_attached(tmp_path, cfg, engine, node_handler, events):
+def run_attached(tmp_path, cfg, engine, node_handler, events, http=None):
+    """run() of the gate with both nodes answered by ``node_handler`` and HTTP by ``http`` (default: ``engine``)."""
     nodes = {"gpu1": ScriptedTransport(node_handler, name="gpu1", events=events),
              "ctl": ScriptedTransport(node_handler, name="ctl", events=events)}
     gate = cfg.suite.gates[0]
@@ -236,7 +237,7 @@ def run_attached(tmp_path, cfg, engine, node_handler, events):
     gate_dir.mkdir(parents=True)
     ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
                       transports=nodes, steps=StepLog(tmp_path / "run"), gate_dir=gate_dir,
-                      http=httpx.MockTransport(engine))
+                      http=httpx.MockTransport(http or engine))
     return WORKLOADS["g2-ttft"]().run(ctx), ctx
 
 
@@ -328,13 +329,7 @@ def test_metrics_on_their_own_url_are_read_there(tmp_path):
             return engine(httpx.Request("GET", "http://10.9.9.9:8000/metrics"))
         return engine(request)
 
-    nodes = {n: ScriptedTransport(pool_node_handler({"old": 0}, engine), name=n, events=events) for n in ("gpu1", "ctl")}
-    gate_dir = tmp_path / "run" / "gates" / "G2"
-    gate_dir.mkdir(parents=True)
-    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports=nodes, steps=StepLog(tmp_path / "run"), gate_dir=gate_dir,
-                      http=httpx.MockTransport(split))
-    result = WORKLOADS["g2-ttft"]().run(ctx)
+    result, _ = run_attached(tmp_path, cfg, engine, pool_node_handler({"old": 0}, engine), events, http=split)
     assert result.invalid_reason is None and result.error is None, (result.error, result.invalid_reason)
     assert result.metrics["hit_rate"] == 1.0
 
@@ -410,15 +405,8 @@ def test_an_engine_without_a_metrics_endpoint_is_proven_by_device_reads_alone(tm
             return httpx.Response(404, text="Not Found")
         return engine(request)
 
-    nodes = {n: ScriptedTransport(pool_node_handler({"old": 0}, engine, device_reads_per_phase=10 ** 6), name=n,
-                                  events=events) for n in ("gpu1", "ctl")}
-    gate = cfg.suite.gates[0]
-    gate_dir = tmp_path / "run" / "gates" / "G2"
-    gate_dir.mkdir(parents=True)
-    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports=nodes, steps=StepLog(tmp_path / "run"), gate_dir=gate_dir,
-                      http=httpx.MockTransport(no_metrics))
-    result = WORKLOADS["g2-ttft"]().run(ctx)
+    result, _ = run_attached(tmp_path, cfg, engine, pool_node_handler({"old": 0}, engine, device_reads_per_phase=10 ** 6),
+                             events, http=no_metrics)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     assert "hit_rate" not in result.metrics and result.metrics["readback_read_fraction"] >= 0.5
     assert result.evidence.engine_restarted is None
