@@ -54,13 +54,34 @@ def load_tokenizer(spec: str) -> HFTokenizers:
     return HFTokenizers.from_file(p)
 
 
-def stable_word_ids(tok: TextTokenizer, content: list[int], content_set: set[int]) -> list[int]:
-    """Word-initial tokens (decoded text starts with one space) that re-encode to themselves: joined, they
-    decode to text the pre-tokenizer splits at the same places, so the token count is kept."""
+def standalone_ids(tok: TextTokenizer, content: list[int]) -> list[int]:
+    """Content ids that decode on their own to printable text: byte-fall-back pieces (SentencePiece's
+    ``<0xNN>``, llama.cpp's GGUF vocabularies) decode to part of a UTF-8 sequence, U+FFFD alone, and the
+    replacement character then re-encodes as three byte tokens; such ids are never drawn."""
     out = []
     for i in content:
         s = tok.decode([i])
-        if len(s) > 1 and s[0] == " " and not s[1].isspace() and [j for j in tok.encode(s) if j in content_set] == [i]:
+        if s.strip() and "\ufffd" not in s and s.isprintable():
+            out.append(i)
+    return out
+
+
+def stable_word_ids(tok: TextTokenizer, content: list[int], content_set: set[int]) -> list[int]:
+    """Whole-word tokens that re-encode to themselves when joined: two copies decode to the word twice,
+    split by whitespace (byte-level BPE: a leading space in the token; SentencePiece: the word-boundary
+    marker, dropped at the start of a text; word-level vocabularies: the decoder's space), and that text
+    encodes back to the two ids. Joined, such tokens decode to text the tokenizer splits at the same
+    places, so the token count is kept."""
+    out = []
+    for i in standalone_ids(tok, content):
+        one = tok.decode([i])
+        word = one.strip()
+        if one not in (word, " " + word) or any(c.isspace() for c in word):
+            continue
+        two = tok.decode([i, i])
+        if two.split() != [word, word] or two not in (one + one, one + " " + one):
+            continue
+        if [j for j in tok.encode(two) if j in content_set] == [i, i]:
             out.append(i)
     return out
 
@@ -78,7 +99,9 @@ def text_prompt(tok: TextTokenizer, length: int, key: str, max_rounds: int = 50)
     if length <= overhead:
         raise ValueError(f"prompt length {length} leaves no room for text: the tokenizer adds {overhead} "
                          "special token(s) to every prompt")
-    pool = stable_word_ids(tok, content, content_set) or content
+    pool = stable_word_ids(tok, content, content_set) or standalone_ids(tok, content)
+    if not pool:
+        raise ValueError("the tokenizer has no token that decodes to text on its own (only byte pieces)")
     rng = random.Random(f"kvgate-text:{key}:{length}")
     ids = [rng.choice(pool) for _ in range(max(length - overhead, 1))]
     for _ in range(max_rounds):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers, decoders  # noqa: E402
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers, decoders  # noqa: E402
 
 from harness.engines.prompts import HFTokenizers, load_tokenizer, text_prompt  # noqa: E402
 
@@ -31,7 +31,29 @@ def _wordlevel() -> Tokenizer:
     return tok
 
 
-@pytest.mark.parametrize("make", [lambda: _bpe(False), lambda: _bpe(True), _wordlevel], ids=["bpe", "bpe+bos", "wordlevel"])
+def _sentencepiece_byte_fallback() -> Tokenizer:
+    """A SentencePiece-style vocabulary with byte fall-back, laid out as Llama's tokenizer.json (and llama.cpp's
+    GGUF vocabularies) have it: ``<0x00>``..``<0xFF>`` are ordinary entries, "▁" marks word starts, and
+    the decoder drops the first one."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]))
+    spec = json.loads(tok.to_str())
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for t, _ in sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        vocab.setdefault(t, len(vocab))
+    spec["model"]["vocab"] = vocab
+    for added in spec["added_tokens"]:
+        added["id"] = vocab[added["content"]]
+    spec["post_processor"]["special_tokens"]["<s>"]["ids"] = [1]
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+@pytest.mark.parametrize("make", [lambda: _bpe(False), lambda: _bpe(True), _wordlevel, _sentencepiece_byte_fallback],
+                         ids=["bpe", "bpe+bos", "wordlevel", "sentencepiece-byte-fallback"])
 @pytest.mark.parametrize("length", [2, 17, 256, 2048])
 def test_text_encodes_to_exactly_the_requested_length(make, length):
     tok = HFTokenizers(make())
@@ -40,6 +62,36 @@ def test_text_encodes_to_exactly_the_requested_length(make, length):
     assert text_prompt(tok, length, "s0-i0") == text  # deterministic
     if length > 16:
         assert text_prompt(tok, length, "s0-i1") != text  # another key, another prompt
+
+
+def test_byte_fallback_vocabulary_gives_valid_text_without_byte_tokens():
+    """Random byte pieces decode to invalid UTF-8 (U+FFFD, three byte tokens when re-encoded): G2 used to end
+    ERROR on such vocabularies ("... 24577 tokens after 50 rounds"). Prompts are drawn from whole words."""
+    raw = _sentencepiece_byte_fallback()
+    tok = HFTokenizers(raw)
+    byte_ids = {raw.token_to_id(f"<0x{b:02X}>") for b in range(256)}
+    assert byte_ids <= set(tok.content_ids())  # byte pieces are ordinary vocabulary entries, as in Llama's
+    for length in (256, 2048, 8192):
+        text = text_prompt(tok, length, "s0-i0")
+        ids = raw.encode(text).ids
+        assert len(ids) == length and "\ufffd" not in text
+        assert not byte_ids & set(ids)
+        assert ids[0] == 1 and ids.count(1) == 1
+
+
+def test_a_vocabulary_of_byte_pieces_only_is_an_error():
+    class _BytesOnly:
+        def encode(self, text):
+            return list(text.encode())
+
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+        def content_ids(self):
+            return list(range(128, 256))  # continuation/lead bytes: none decodes to text alone
+
+    with pytest.raises(ValueError, match="byte pieces"):
+        text_prompt(_BytesOnly(), 8, "k")
 
 
 def test_bos_is_counted_and_special_tokens_never_drawn():
