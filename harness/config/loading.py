@@ -7,6 +7,7 @@ model for ``params:``), ``METRICS`` (metric -> unit) and ``validate_against(para
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -49,7 +50,20 @@ def load_inventory(path: str | Path) -> Inventory:
         first.setdefault(node.name, i)
     if issues:
         raise ConfigError(issues)
-    return inv
+    return _local_paths_from(inv, Path(path).absolute().parent)
+
+
+def _local_paths_from(inv: Inventory, base: Path) -> Inventory:
+    """A local node's relative ``engine_python`` (with a ``/``; a bare name is looked up on PATH) is relative
+    to the inventory file, so an inventory shipped beside an engine environment works from any directory.
+    Not resolved through symbolic links: a venv's interpreter is one, and it must stay the venv's."""
+    nodes = []
+    for node in inv.nodes:
+        ep = node.engine_python
+        if node.transport == "local" and ep and "/" in ep and not ep.startswith("/"):
+            node = node.model_copy(update={"engine_python": os.path.normpath(base / ep)})
+        nodes.append(node)
+    return inv.model_copy(update={"nodes": nodes})
 
 
 def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None,

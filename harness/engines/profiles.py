@@ -89,6 +89,21 @@ class ApiSettings(_Strict):
         return self.path or ("/v1/chat/completions" if self.kind == "chat" else "/v1/completions")
 
 
+class Preflight(_Strict):
+    """What the engine's interpreter must manage before kvgate launches the engine with it
+    (harness/engines/preflight.py): import these modules; for vLLM, detect a device to run on."""
+    modules: list[str] = Field(default_factory=list)
+    vllm_device: bool = False
+
+    @field_validator("modules")
+    @classmethod
+    def _modules(cls, v: list[str]) -> list[str]:
+        for m in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", m):
+                raise ValueError(f"preflight module {m!r} is not a Python module name")
+        return v
+
+
 class EngineProfile(_Strict):
     name: str
     description: str
@@ -124,6 +139,9 @@ class EngineProfile(_Strict):
     pool_files: str = "*.data"
     kv_block_tokens: int | None = Field(default=None, ge=1)
     notes: str = ""
+    # Checked with the engine's interpreter before a launch: a node that cannot run the engine fails at once
+    # with one line naming the engine_python to set, not 60 lines into the engine's log.
+    preflight: Preflight | None = None
 
     @field_validator("fallback_patterns")
     @classmethod

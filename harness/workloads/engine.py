@@ -26,6 +26,7 @@ from typing import Any, Callable
 import httpx
 
 from ..engines import ArchError, EngineProfile, LMCacheSettings, arch_from_config, load_profile, write_lmcache_yaml
+from ..engines.preflight import parse_preflight, preflight_argv, preflight_hint, preflight_problem
 from ..engines.profiles import program_file
 from ..errors import ConfigError
 from ..parsers.engine_log import LogMatch, scan_fallbacks
@@ -236,6 +237,28 @@ class EngineProcess:
             return "\n".join(self.local_log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return "(no engine log)"
+
+
+def engine_preflight(ctx: GateContext, transport: Any, node_name: str, prof: EngineProfile, python: str,
+                     step: str) -> tuple[dict[str, str], str | None]:
+    """Before a launch: the engine's interpreter imports what the profile declares (and vLLM finds a device),
+    one logged step. Returns the engine's distribution versions (for the evidence) and, when the interpreter
+    cannot run the engine, one line saying so and which ``engine_python`` to set."""
+    res = ctx.steps.run(transport, step, preflight_argv(python, prof), timeout_s=300)
+    try:
+        report = parse_preflight(res.stdout)
+    except ValueError:
+        tail = (res.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return {}, (f"engine pre-flight on node {node_name}: {python} could not run (rc {res.rc}: {tail}); "
+                    f"{preflight_hint(node_name)}")
+    versions = dict(report.versions)
+    if prof.lmcache is not None and versions.get("lmcache") and versions["lmcache"] != prof.lmcache.version:
+        versions["warning"] = f"profile written for LMCache {prof.lmcache.version}, node has {versions['lmcache']}"
+    why = preflight_problem(report, prof)
+    if why:
+        return versions, (f"engine pre-flight on node {node_name}: {python} cannot run {prof.name}: {why}; "
+                          f"{preflight_hint(node_name)}")
+    return versions, None
 
 
 def start_engine(engine: EngineProcess, label: str) -> str | None:

@@ -35,12 +35,13 @@ from pydantic import Field
 
 from ..engines import DEFAULT_CPU_REF_MODEL, LMCacheSettings, check_lmcache_config, kv_bytes_per_token, load_profile
 from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
+from ..engines.preflight import preflight_argv
 from ..errors import WorkloadError
 from ..parsers.prometheus import Sample, counter_delta
 from .base import Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload, write_summary
-from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_values, fallback_reason,
-                     model_config_issues,
-                     node_engine_python, profile_issues, stage_engine_files, start_engine)
+from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_preflight, engine_values,
+                     fallback_reason, model_config_issues, node_engine_python, profile_issues, stage_engine_files,
+                     start_engine)
 
 SUPPORTED_ENGINES = ("cpu-reference",)
 COUNTER_PREFIX = "kvgate_cpu_ref_"
@@ -78,6 +79,7 @@ class MultiTurnEvidence(Evidence):
     sessions found in engine memory and in the tier (from the engine's counters around every request)."""
 
     engine_profile: str | None = None
+    versions: dict[str, str] = {}  # the engine's distributions, read by the pre-flight
     base_urls: dict[str, str] = {}
     pool_dir: str | None = None
     sessions: int | None = None
@@ -201,6 +203,8 @@ class G2MultiTurn(Workload):
         n = p.sessions * p.turns
         order = f"{p.sessions} sessions x {p.turns} turns round-robin ({n} requests, one at a time)"
         return [
+            PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares",
+                        tuple(preflight_argv(v["python"], prof))),
             PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
                         ("mkdir", "-p", v["run_dir"], v["pool_dir"])),
             PlannedStep(node.name, "start an instance without the tier", tuple(self._argv(prof, v, p, False))),
@@ -223,6 +227,9 @@ class G2MultiTurn(Workload):
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: MultiTurnParams = ctx.params
         node, transport, prof, python = engine_node(ctx, p.engine, p.python)
+        versions, err = engine_preflight(ctx, transport, node.name, prof, python, "g2mt-preflight")
+        if err:
+            return WorkloadResult(evidence=MultiTurnEvidence(engine_profile=prof.name), error=err)
         ports = {"no_tier": engine_port(ctx, transport, node, p.port, python, "g2mt-port-no-tier")}
         ports["tier"] = p.port + 1 if p.port else engine_port(ctx, transport, node, 0, python, "g2mt-port-tier")
         run_tag = uuid.uuid4().hex[:8]
@@ -237,6 +244,7 @@ class G2MultiTurn(Workload):
                                turns=p.turns, gpu_cache_tokens=p.gpu_cache_tokens,
                                kv_bytes_per_token=kv_bytes_per_token(model_cfg, "float32"),
                                context_tokens_per_session_last_turn=len(prompts[-1][0]))
+        ev.versions = versions
         settings = None
         if prof.lmcache is not None:
             settings = LMCacheSettings(version=prof.lmcache.version,

@@ -31,6 +31,7 @@ from pydantic import Field, field_validator
 
 from ..engines import DEFAULT_CPU_REF_MODEL, EngineProfile, kv_bytes_per_token, lmcache_config, load_profile, shell_line
 from ..engines.client import RequestRecord, run_requests_sync
+from ..engines.preflight import preflight_argv
 from ..engines.prompts import load_tokenizer, make_prompts, make_text_prompts
 from ..errors import WorkloadError
 from ..node import program_path
@@ -41,7 +42,8 @@ from ..stats import percentile
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
                    drop_caches, register_workload, write_summary)
 from .attach import AttachedEngine, AttachParams, attach_issues, restarted
-from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_python, engine_values,
+from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_preflight, engine_python,
+                     engine_values,
                      fallback_reason, model_config_issues, pool_contents, pool_files_argv, profile_issues,
                      random_model_dir, stage_engine_files, start_engine, stored_kv_tokens)
 
@@ -315,6 +317,8 @@ class G2Ttft(Workload):
             files[v["lmcache_config"]] = json.dumps(lmcache_config(prof.lmcache, v), indent=1)
         n = len(p.prompt_tokens) * p.prompts_per_length
         steps = [
+            PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares and "
+                        "reports its versions", tuple(preflight_argv(v["python"], prof))),
             PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
                         ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
                         files=files)]
@@ -461,6 +465,11 @@ class G2Ttft(Workload):
 
     def _run_launched(self, ctx: GateContext, p: G2Params) -> WorkloadResult:
         node, transport, prof, python = engine_node(ctx, p.engine, p.python)
+        # Can the node's interpreter run this engine at all? (and the engine's versions, for the evidence)
+        versions, err = engine_preflight(ctx, transport, node.name, prof, python, "g2-preflight")
+        if err:
+            return WorkloadResult(evidence=G2Evidence(engine_profile=prof.name, engine=prof.engine, versions=versions),
+                                  error=err)
         port = engine_port(ctx, transport, node, p.port, python, "g2-port")
         run_tag = uuid.uuid4().hex[:8]
         v = launch_values(p, prof, node.work_dir, ctx.gate.id, port, run_tag, node.transport, node.engine_python)
@@ -473,13 +482,13 @@ class G2Ttft(Workload):
         except ValueError as exc:  # a model_config file read only now
             return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
 
+        ev.versions = versions
         # Files for the node: LMCache YAML (strictly checked), model config, the engine's program.
         err, cfg = stage_engine_files(ctx, transport, prof, v, gate_dir, model_cfg, prof.lmcache, "g2-mkdir")
         if err:
             return WorkloadResult(evidence=ev, error=err)
         if prof.lmcache is not None:
             ev.lmcache_version_pinned, ev.lmcache_config = prof.lmcache.version, cfg
-        ev.versions = self._versions(ctx, transport, prof, python)
 
         tok_spec = p.tokenizer or prof.tokenizer
         if p.random_weights:
@@ -709,15 +718,6 @@ class G2Ttft(Workload):
     @staticmethod
     def _save(path: Path, records: list[RequestRecord]) -> None:
         path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
-
-    def _versions(self, ctx, transport, prof: EngineProfile, python: str) -> dict[str, str]:
-        code = ("import importlib.metadata as m\nfor d in ('vllm','lmcache','torch','transformers','sglang','kvbm'):\n"
-                "    try: print(d, m.version(d))\n    except Exception: pass\n")
-        res = ctx.steps.run(transport, "g2-versions", [python, "-c", code], timeout_s=60)
-        out = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
-        if prof.lmcache is not None and out.get("lmcache") and out["lmcache"] != prof.lmcache.version:
-            out["warning"] = f"profile written for LMCache {prof.lmcache.version}, node has {out['lmcache']}"
-        return out
 
     def _pool_device(self, ctx, transport, pool_dir: str) -> str | None:
         res = ctx.steps.run(transport, "g2-pool-device", ["findmnt", "-n", "-o", "SOURCE", "--target", pool_dir],

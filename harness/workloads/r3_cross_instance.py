@@ -28,14 +28,15 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from ..engines import DEFAULT_CPU_REF_MODEL, kv_bytes_per_token, lmcache_config, load_profile, shell_line
+from ..engines.preflight import preflight_argv
 from ..engines.prompts import make_prompts
 from ..execute.fanout import fan_out
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
                    target_path, write_summary)
-from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_values, fallback_reason,
-                     model_config_issues,
-                     node_engine_python, pool_contents, pool_files_argv, profile_issues, stage_engine_files, start_engine)
+from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_preflight, engine_values,
+                     fallback_reason, model_config_issues, node_engine_python, pool_contents, pool_files_argv,
+                     profile_issues, stage_engine_files, start_engine)
 
 # Runs on the node: POST every prompt to the engine on the node's loopback, then GET /metrics.
 # argv: URL MODEL PROMPTS_JSON MAX_TOKENS TIMEOUT_S; prints one JSON object.
@@ -90,6 +91,7 @@ class R3Evidence(Evidence):
     """R3's evidence: both roles and their layout, both engines' counter deltas, the pool as each node saw it."""
 
     engine_profile: str | None = None
+    versions: dict[str, dict[str, str]] = {}  # node -> the engine's distributions, read by the pre-flight
     writer: str | None = None
     reader: str | None = None
     run_tag: str | None = None
@@ -192,6 +194,8 @@ class R3CrossInstance(Workload):
         for role, name in (("writer", writer), ("reader", reader)):
             v = self._layout(ctx, prof, ctx.nodes[name], 8000, "<run>")
             argv, env = prof.render_argv(v), prof.render_env(v)
+            out.append(PlannedStep(name, f"{role}: pre-flight: the engine's interpreter imports what the profile "
+                                   "declares", tuple(preflight_argv(node_engine_python(p.python, ctx.nodes[name]), prof))))
             out.append(PlannedStep(name, f"{role}: a free port on the node's loopback",
                                    (node_engine_python(p.python, ctx.nodes[name]), "-c", FREE_PORT_CODE)))
             out.append(PlannedStep(name, f"{role}: create {v['run_dir']} and the run's pool directory {v['pool_dir']}",
@@ -228,6 +232,9 @@ class R3CrossInstance(Workload):
         # 1. Per node: a free loopback port, directories, model config, LMCache YAML, the engine program, prompts.
         def prepare(name: str, role: str) -> dict[str, Any]:
             t, node = ctx.transports[name], ctx.nodes[name]
+            versions, err = engine_preflight(ctx, t, name, prof, node_engine_python(p.python, node), f"r3-{role}-preflight")
+            if err:
+                raise RuntimeError(err)
             v = self._layout(ctx, prof, node, engine_port(ctx, t, node, 0, node_engine_python(p.python, node),
                                                           f"r3-{role}-port"), tag)
             err, cfg = stage_engine_files(ctx, t, prof, v, ctx.gate_dir / role, model_cfg, prof.lmcache,
@@ -235,14 +242,15 @@ class R3CrossInstance(Workload):
             if err:
                 raise RuntimeError(err)
             t.put(ctx.gate_dir / "prompts.json", posixpath.join(v["run_dir"], "prompts.json"))
-            return {**v, "lmcache": cfg}
+            return {**v, "lmcache": cfg, "versions": versions}
 
         roles = {writer: "writer", reader: "reader"}
         prep = fan_out(roles, prepare)
         if prep.failed:
             return WorkloadResult(evidence=ev, error="preparing nodes: " + prep.summary())
         lay = prep.succeeded
-        ev.layout = {n: {k: v for k, v in lay[n].items() if k != "lmcache"} for n in lay}
+        ev.layout = {n: {k: v for k, v in lay[n].items() if k not in ("lmcache", "versions")} for n in lay}
+        ev.versions = {n: lay[n]["versions"] for n in lay}
         ev.lmcache_config = lay[writer].get("lmcache")
 
         engines: dict[str, EngineProcess] = {}

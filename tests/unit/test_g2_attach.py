@@ -360,7 +360,9 @@ def test_a_launched_engine_whose_hits_are_proven_by_its_log_lines(tmp_path):
             return Reply(stdout="/dev/vdb\n")
         if call.argv[0] == "cat":
             return Reply(stdout=f"1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
-        return Reply(stdout="lmcache 0.5.6\n")
+        if list(call.argv[1:2]) == ["-c"] and "KVGATE-PREFLIGHT" in call.argv[2]:  # the engine's interpreter, as captured
+            return Reply(stdout=(ROOT / "tests" / "fixtures" / "preflight" / "cpu-reference.stdout").read_text())
+        return Reply()
 
     node = ScriptedTransport(handler, name="n1", events=events)
     stored: set[str] = set()

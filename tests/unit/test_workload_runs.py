@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 
 
+PREFLIGHT_CPU_REFERENCE = (ROOT / "tests" / "fixtures" / "preflight" / "cpu-reference.stdout").read_text()
+
 def context(cfg, gate_id, transports, tmp_path, http=None) -> GateContext:
     gate = next(g for g in cfg.suite.gates if g.id == gate_id)
     gate_dir = tmp_path / "gates" / gate_id
@@ -238,8 +240,8 @@ def test_g2_cold_procedure_runs_in_order(tmp_path):
             return Reply(stdout="/dev/vdb\n")
         if argv[:2] == ("cat", "/sys/class/block/vdb/stat"):
             return Reply(stdout=f"1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
-        if argv[0] == "/engine/bin/python":
-            return Reply(stdout="lmcache 0.5.6\ntorch 2.13.0\n")
+        if argv[0] == "/engine/bin/python":  # the engine pre-flight, as the real interpreter answered it
+            return Reply(stdout=PREFLIGHT_CPU_REFERENCE)
         return Reply(rc=127, stderr=f"{argv[0]}: not expected")
 
     node = ScriptedTransport(handler, name="n1", events=events)
@@ -294,7 +296,7 @@ def test_g2_engine_that_fell_back_is_invalid_quoting_its_log_and_is_not_read_bac
         if call.argv[0] == "find":
             return Reply(stdout="10000000\n10000000\n")
         if call.argv[0] == "/engine/bin/python":
-            return Reply(stdout="lmcache 0.5.6\n")
+            return Reply(stdout=PREFLIGHT_CPU_REFERENCE)
         return Reply()
 
     node = ScriptedTransport(handler, name="n1", events=events)
