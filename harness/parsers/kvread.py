@@ -192,25 +192,3 @@ def parse_read(text: str) -> ReadRun:
                    device_stat_after=_stat(d.get("device_stat_after")),
                    errors=tuple(str(e) for e in d.get("errors") or []), versions=dict(d.get("versions") or {}),
                    go_unix_s=_num(d, "go_unix_s"))
-
-
-@dataclass(frozen=True)
-class MountSource:
-    """The block device a directory is on, from ``findmnt -n -o SOURCE,MAJ:MIN --target DIR``."""
-
-    source: str
-    maj_min: str
-
-    @property
-    def stat_path(self) -> str | None:
-        """Its ``/sys/dev/block/MAJ:MIN/stat`` (None for a filesystem without one device, major 0)."""
-        return None if self.maj_min.startswith("0:") else f"/sys/dev/block/{self.maj_min}/stat"
-
-
-def parse_findmnt_source(text: str) -> MountSource | None:
-    """The first line of ``findmnt -n -o SOURCE,MAJ:MIN``; None when it names no MAJ:MIN."""
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and ":" in parts[-1] and all(x.isdigit() for x in parts[-1].split(":", 1)):
-            return MountSource(" ".join(parts[:-1]), parts[-1])
-    return None

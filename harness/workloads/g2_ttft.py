@@ -35,7 +35,7 @@ from ..engines.preflight import preflight_argv
 from ..engines.prompts import load_tokenizer, make_prompts, make_text_prompts
 from ..errors import WorkloadError
 from ..node import program_path
-from ..parsers.blockdev import parse_block_stat
+from ..parsers.pooldev import PoolDeviceStat, parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..parsers.engine_log import LogHits, count_log_hits, new_log_lines
 from ..parsers.prometheus import counter_delta
 from ..stats import percentile
@@ -136,7 +136,9 @@ class G2Evidence(Evidence):
     pool_after_populate: dict[str, Any] | None = None
     page_cache_dropped: bool | None = None
     page_cache_drop_error: str | None = None
-    pool_device: str | None = None
+    pool_device: str | None = None        # as findmnt names it (/dev/mapper/vg-kv, /dev/nvme0n1p1, ...)
+    pool_device_maj_min: str | None = None  # the block device counted: /sys/dev/block/MAJ:MIN/stat
+    pool_device_error: str | None = None    # why the pool's device could not be read, if it could not
     readback_hit_tokens: float | None = None
     readback_query_tokens: float | None = None
     readback_device_read_bytes: int | None = None
@@ -242,7 +244,8 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
                        f"{log.requests} requests), below {min_hit_rate}: TTFT was not measured on the tier")
     if invalid is None and device_reads:
         if device_read_bytes is None:
-            invalid = "bytes read from the pool's device could not be measured: the read-back is not proven cold"
+            why = f" ({ev.pool_device_error})" if ev.pool_device_error else ""
+            invalid = f"bytes read from the pool's device could not be measured{why}: the read-back is not proven cold"
         elif device_read_bytes <= 0:
             invalid = "no bytes were read from the pool's device during read-back: the KV came from a cache, not the tier"
         elif read_fraction is not None and read_fraction < min_read_fraction:
@@ -342,7 +345,8 @@ class G2Ttft(Workload):
             PlannedStep(node.name, f"stop the engine (kill its process group){check}"),
             PlannedStep(node.name, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV),
             PlannedStep(node.name, "start the engine again", tuple(argv)),
-            PlannedStep(node.name, "the pool's device", ("findmnt", "-n", "-o", "SOURCE", "--target", v["pool_dir"])),
+            PlannedStep(node.name, "the pool's block device and its read counters (before the read-back, again after)",
+                        pool_blockstat_argv(v["pool_dir"])),
             PlannedStep(node.name, f"read back: the same {n} prompts, TTFT each{warm}; hit counters and "
                         f"/sys/class/block/DEV/stat of the pool's device before and after{check}"),
         ]
@@ -379,7 +383,8 @@ class G2Ttft(Workload):
         ready = a.ready_timeout_s or prof.ready_timeout_s
         steps += [
             PlannedStep("(control host)", f"wait until {a.url}{prof.health_path} answers 200 again (at most {ready:.0f} s)"),
-            PlannedStep(pool_node, "the pool's device", ("findmnt", "-n", "-o", "SOURCE", "--target", p.pool_path)),
+            PlannedStep(pool_node, "the pool's block device and its read counters (before the read-back, again after)",
+                        pool_blockstat_argv(p.pool_path)),
             PlannedStep("(control host)", f"read back: the same {n} prompts, TTFT each{warm}; proofs: {proofs_text}"),
         ] + log
         return steps
@@ -454,7 +459,7 @@ class G2Ttft(Workload):
             ev.engine_reported_read_bytes = counter_delta(m0, m1, prof.hit_metrics.read_bytes)
             hit = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
             query = counter_delta(m0, m1, prof.hit_metrics.query_tokens)
-        read_bytes = None if s0 is None or s1 is None else s1.read_bytes - s0.read_bytes
+        read_bytes = read_bytes_between(s0, s1)
         result = evaluate_g2(recompute, readback, hit, query, read_bytes, p.min_hit_rate, expected_bytes, ev,
                              fallback=fallback, counters=counters, log=log if readback else None,
                              device_reads=prof.device_reads, min_read_fraction=p.min_read_fraction)
@@ -551,15 +556,13 @@ class G2Ttft(Workload):
                 if err:
                     return WorkloadResult(evidence=ev, error=err)
                 self._warm_up(ctx, p, prof, base_url, "readback", warm[1], ev)
-                dev = self._pool_device(ctx, transport, v["pool_dir"])
-                ev.pool_device = dev
-                s0 = self._block_stat(ctx, transport, dev)
+                s0 = self._pool_stat(ctx, transport, v["pool_dir"], ev)
                 m0 = eng.metrics() if counters else None
                 l0 = eng.log_text() if prof.hit_log else None
                 ctx.progress(f"{ctx.gate.id}: cold read-back phase, {len(prompts)} prompts")
                 readback = self._send(ctx, p, prof, base_url, prompts)
                 m1 = eng.metrics() if counters else None
-                s1 = self._block_stat(ctx, transport, dev)
+                s1 = self._pool_stat(ctx, transport, v["pool_dir"], ev)
                 log = self._log_proof(prof, l0, eng.log_text() if prof.hit_log else None, prompts)
                 self._save(gate_dir / "requests-readback.jsonl", readback)
                 eng.stop()
@@ -657,9 +660,7 @@ class G2Ttft(Workload):
                     return WorkloadResult(evidence=ev, error=f"after the cold procedure: {why}")
                 log_start = log_text()
                 self._warm_up(ctx, p, prof, url, "readback", warm[1], ev)
-                dev = self._pool_device(ctx, transport, p.pool_path)
-                ev.pool_device = dev
-                s0 = self._block_stat(ctx, transport, dev)
+                s0 = self._pool_stat(ctx, transport, p.pool_path, ev)
                 m_cold = self._optional_metrics(eng, counters)  # also the restart marker
                 ev.engine_restarted = restarted(m1, m_cold)
                 m0 = m_cold if counters else None
@@ -667,7 +668,7 @@ class G2Ttft(Workload):
                 ctx.progress(f"{ctx.gate.id}: cold read-back phase on the attached engine, {len(prompts)} prompts")
                 readback = self._send(ctx, p, prof, url, prompts)
                 m1 = eng.metrics() if counters else None
-                s1 = self._block_stat(ctx, transport, dev)
+                s1 = self._pool_stat(ctx, transport, p.pool_path, ev)
                 l1 = log_text()
                 log = self._log_proof(prof, l0, l1, prompts)
                 self._save(ctx.gate_dir / "requests-readback.jsonl", readback)
@@ -719,19 +720,14 @@ class G2Ttft(Workload):
     def _save(path: Path, records: list[RequestRecord]) -> None:
         path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
 
-    def _pool_device(self, ctx, transport, pool_dir: str) -> str | None:
-        res = ctx.steps.run(transport, "g2-pool-device", ["findmnt", "-n", "-o", "SOURCE", "--target", pool_dir],
-                            timeout_s=30)
-        src = res.stdout.strip().splitlines()[0] if res.ok and res.stdout.strip() else ""
-        if not src.startswith("/dev/"):
-            return None
-        return posixpath.basename(src.split("[")[0])
-
-    def _block_stat(self, ctx, transport, dev: str | None):
-        if dev is None:
-            return None
-        res = ctx.steps.run(transport, "g2-blockstat", ["cat", f"/sys/class/block/{dev}/stat"], timeout_s=30)
+    def _pool_stat(self, ctx, transport, pool_dir: str, ev: "G2Evidence") -> PoolDeviceStat | None:
+        """The pool's block device and its counters now (the one probe kv-read uses too); why not, in the
+        evidence."""
+        res = ctx.steps.run(transport, "g2-pool-blockstat", pool_blockstat_argv(pool_dir), timeout_s=30)
         try:
-            return parse_block_stat(res.stdout) if res.ok else None
-        except ValueError:
+            dev = parse_pool_blockstat(res.stdout)
+        except ValueError as exc:
+            ev.pool_device_error = f"{exc} ({res.summary()})" if not res.ok else str(exc)
             return None
+        ev.pool_device, ev.pool_device_maj_min = dev.source, dev.maj_min
+        return dev

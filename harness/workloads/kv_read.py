@@ -48,10 +48,10 @@ from ..errors import ConfigError, WorkloadError
 from ..execute.facts import NUMA_ARGV
 from ..execute.fanout import fan_out
 from ..node import program_path
-from ..parsers.blockdev import parse_block_stat
 from ..parsers.facts import parse_numa
 from ..parsers.fio import FioRun, parse_cpulist, parse_fio_json
-from ..parsers.kvread import ReadRun, parse_findmnt_source, parse_layout, parse_read
+from ..parsers.kvread import ReadRun, parse_layout, parse_read
+from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..paths import data_path
 from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
 from ..units import parse_size_bytes
@@ -268,16 +268,6 @@ def fio_job(streams: list[tuple[str, list[str], str | None]], fio: FioSettings) 
             lines += [f"cpus_allowed={cpus}", "cpus_allowed_policy=shared"]
         lines.append("")
     return "\n".join(lines)
-
-
-def blockstat_argv(pool_dir: str) -> tuple[str, ...]:
-    """The stat line of the block device holding ``pool_dir`` (resolved on the node by findmnt)."""
-    return ("sh", "-c", 'cat "/sys/dev/block/$(findmnt -n -o MAJ:MIN --target "$1" | tr -d " ")/stat"',
-            "kvgate-pool-blockstat", pool_dir)
-
-
-def findmnt_argv(pool_dir: str) -> tuple[str, ...]:
-    return ("findmnt", "-n", "-o", "SOURCE,MAJ:MIN", "--target", pool_dir)
 
 
 # ------------------------------------------------------------------------------------------- evidence
@@ -662,7 +652,7 @@ class KvRead(Workload):
             if self._pins(p, node):
                 out.append(PlannedStep(n, "CPU list of every NUMA node (readers pinned to their GPU's)", NUMA_ARGV))
             out.append(PlannedStep(n, "the pool's block device (its /sys/dev/block/MAJ:MIN/stat proves cold reads)",
-                                   findmnt_argv(s["pool"]),
+                                   pool_blockstat_argv(s["pool"]),
                                    files={s["lmcache_yaml"]: json.dumps(s["lmcache"], indent=1),
                                           s["program"]: "(harness/node/kv_reader.py)",
                                           s["spec"]: json.dumps(self._spec(ctx, node, s, None, "<device stat>"),
@@ -678,13 +668,13 @@ class KvRead(Workload):
                                    "memory; every chunk checked", self._argv(s, "read")))
             if p.drop_caches:
                 out.append(PlannedStep(n, "drop the page cache again before fio", DROP_CACHES_ARGV))
-            out.append(PlannedStep(n, "the pool device's read counters before fio", blockstat_argv(s["pool"])))
+            out.append(PlannedStep(n, "the pool device's read counters before fio", pool_blockstat_argv(s["pool"])))
             placeholder = [(label, [f"<{label}'s chunk files from the layout>"], None)
                            for label, _, _ in stream_labels(node)]
             out.append(PlannedStep(n, "fio: each stream's chunk files once, O_DIRECT (the same bytes)",
                                    ("fio", "--output-format=json", s["fio_job"]),
                                    files={s["fio_job"]: fio_job(placeholder, p.fio)}))
-            out.append(PlannedStep(n, "the pool device's read counters after fio", blockstat_argv(s["pool"])))
+            out.append(PlannedStep(n, "the pool device's read counters after fio", pool_blockstat_argv(s["pool"])))
         return out
 
     # ---- run
@@ -743,15 +733,15 @@ class KvRead(Workload):
             if r.ok:
                 cpulists = {k: v for k, v in parse_numa(r.stdout).items() if parse_cpulist(v)}
             rec.numa_cpulists = cpulists
-        r = steps.run(tr, "kv-pool-device", findmnt_argv(s["pool"]), timeout_s=30)
-        mount = parse_findmnt_source(r.stdout) if r.ok else None
-        if mount is not None:
-            rec.pool_device, rec.pool_device_maj_min = mount.source, mount.maj_min
+        r = steps.run(tr, "kv-pool-device", pool_blockstat_argv(s["pool"]), timeout_s=30)
+        dev = _pool_stat(r)
+        if dev is not None:
+            rec.pool_device, rec.pool_device_maj_min = dev.source, dev.maj_min
         issues = check_lmcache_config(s["lmcache"], s["profile"].lmcache.version)
         if issues:
             raise WorkloadError("LMCache config rejected: "
                                 + "; ".join(f"{'.'.join(map(str, k))}: {m}" for k, m in issues))
-        spec = self._spec(ctx, node, s, cpulists, mount.stat_path if mount else None)
+        spec = self._spec(ctx, node, s, cpulists, f"/sys/dev/block/{dev.maj_min}/stat" if dev else None)
         (nd / "spec.json").write_text(json.dumps(spec, indent=1))
         (nd / "lmcache.yaml").write_text(f"# written by kvgate for LMCache {s['profile'].lmcache.version}\n"
                                          + _yaml(s["lmcache"]))
@@ -805,14 +795,14 @@ class KvRead(Workload):
         if p.drop_caches:
             drop = drop_caches(ctx, tr, "fio-drop-caches", timeout_s=300)
             rec.fio_page_cache_dropped, rec.fio_drop_caches_error = drop.dropped, drop.error
-        b0 = steps.run(tr, "fio-blockstat-before", blockstat_argv(s["pool"]), timeout_s=30)
+        b0 = steps.run(tr, "fio-blockstat-before", pool_blockstat_argv(s["pool"]), timeout_s=30)
         ctx.progress(f"{ctx.gate.id} {node.name}: fio over the same chunk files")
         r = steps.run(tr, "fio", ("fio", "--output-format=json", s["fio_job"]),
                       timeout_s=max(600.0, sz.kv_bytes / 20e6))
-        b1 = steps.run(tr, "fio-blockstat-after", blockstat_argv(s["pool"]), timeout_s=30)
+        b1 = steps.run(tr, "fio-blockstat-after", pool_blockstat_argv(s["pool"]), timeout_s=30)
         (nd / "fio.json").write_text(r.stdout)
         (nd / "fio.stderr").write_text(r.stderr)
-        rec.fio_device_read_bytes = _stat_delta(b0, b1)
+        rec.fio_device_read_bytes = read_bytes_between(_pool_stat(b0), _pool_stat(b1))
         if not r.ok:
             raise WorkloadError(f"fio failed: {r.summary()}")
         fio = parse_fio_json(r.stdout)
@@ -825,13 +815,12 @@ class KvRead(Workload):
         acc["fio"] = fio_rows(node.name, fio, gpu_of)
 
 
-def _stat_delta(before, after) -> int | None:
+def _pool_stat(result):
+    """The pool device probe's reading, or None when it named no block device (recorded in its step)."""
     try:
-        if before.ok and after.ok:
-            return parse_block_stat(after.stdout).read_bytes - parse_block_stat(before.stdout).read_bytes
+        return parse_pool_blockstat(result.stdout)
     except ValueError:
-        pass
-    return None
+        return None
 
 
 def _torch_dtype(dtype: str) -> str:

@@ -220,10 +220,8 @@ def pool_node_handler(state: dict, engine: RunningEngine, restart_rc: int = 0, d
             return Reply()
         if argv[0] == "find":  # the pool grows by what the engine stored
             return Reply(stdout="".join(f"{64 * 2048}\n" for _ in range(state["old"] + len(engine.stored))))
-        if argv[0] == "findmnt":
-            return Reply(stdout="/dev/nvme1n1\n")
-        if argv[:2] == ("cat", "/sys/class/block/nvme1n1/stat"):
-            return Reply(stdout=f"1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
+        if "kvgate-pool-blockstat" in argv:  # the pool device probe: an NVMe namespace
+            return Reply(stdout=f"kvgate-pool-device 259:1 /dev/nvme1n1\n1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
         return Reply(rc=127, stderr=f"{argv[0]}: not expected")
     return handler
 
@@ -356,10 +354,8 @@ def test_a_launched_engine_whose_hits_are_proven_by_its_log_lines(tmp_path):
             return Reply(stdout="engine starting\n" if call.spawned else "")
         if call.argv[0] == "find":
             return Reply(stdout="10000000\n10000000\n")
-        if call.argv[0] == "findmnt":
-            return Reply(stdout="/dev/vdb\n")
-        if call.argv[0] == "cat":
-            return Reply(stdout=f"1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
+        if "kvgate-pool-blockstat" in call.argv:
+            return Reply(stdout=f"kvgate-pool-device 254:16 /dev/vdb\n1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
         if list(call.argv[1:2]) == ["-c"] and "KVGATE-PREFLIGHT" in call.argv[2]:  # the engine's interpreter, as captured
             return Reply(stdout=(ROOT / "tests" / "fixtures" / "preflight" / "cpu-reference.stdout").read_text())
         return Reply()

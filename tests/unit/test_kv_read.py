@@ -14,14 +14,14 @@ from harness.engines import arch_from_config, check_lmcache_config, load_profile
 from harness.errors import WorkloadError
 from harness.gates.verdict import Outcome, evaluate
 from harness.parsers.fio import parse_fio_json
-from harness.parsers.kvread import parse_findmnt_source, parse_layout, parse_read
+from harness.parsers.kvread import parse_layout, parse_read
 from harness.report.render import gate_charts
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.transport.steps import StepLog
 from harness.workloads import WORKLOADS
 from harness.workloads.base import DROP_CACHES_ARGV, GateContext
-from harness.workloads.kv_read import (FioSettings, KvNodeEvidence, KvReadEvidence, blockstat_argv, connector_rows,
+from harness.workloads.kv_read import (FioSettings, KvNodeEvidence, KvReadEvidence, connector_rows,
                                        evaluate_kv_read, fio_job, fio_rows, kv_shape, parallel_read_settings,
                                        reader_lmcache_config, record_checks, reevaluate_kv_read, sizing)
 
@@ -90,13 +90,6 @@ def test_reader_output_that_is_not_a_document_is_a_workload_error(text, msg):
 def test_a_reader_that_failed_as_a_whole_parses_as_its_error():
     run = parse_read('{"schema":"kvgate-kv-read/1","type":"read","error":"RuntimeError: no complete layout"}\n')
     assert run.error == "RuntimeError: no complete layout" and run.streams == ()
-
-
-def test_findmnt_source_gives_the_sysfs_stat_of_a_block_device_only():
-    m = parse_findmnt_source(fixture("findmnt-vda.txt"))
-    assert (m.source, m.maj_min, m.stat_path) == ("/dev/vda", "254:0", "/sys/dev/block/254:0/stat")
-    assert parse_findmnt_source("overlay 0:52\n").stat_path is None  # no single device behind it
-    assert parse_findmnt_source("findmnt: can't read /proc/mounts\n") is None
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -240,15 +233,16 @@ def test_no_fio_figure_is_an_error():
 
 def reader_node(read_json: str, drop_rc: int = 0, seen: dict | None = None) -> ScriptedTransport:
     """localhost as the captured run saw it: findmnt, the reader's layout and read, the device counters, fio."""
-    stats = fixture("blockstat-around-fio.txt").splitlines(keepends=True)
+    # the pool device probe's answers: findmnt's device (captured) with each captured stat line after it
+    mark = "kvgate-pool-device {1} {0}\n".format(*fixture("findmnt-vda.txt").split())
+    stats = [mark + line for line in fixture("blockstat-around-fio.txt").splitlines(keepends=True)]
+    stats.insert(0, stats[0])
     seen = {} if seen is None else seen
 
     def handler(call):
         argv = call.argv
         if argv == DROP_CACHES_ARGV:
             return Reply(rc=drop_rc, stderr="" if drop_rc == 0 else "sh: 1: cannot create: Permission denied\n")
-        if argv[0] == "findmnt":
-            return Reply(stdout=fixture("findmnt-vda.txt"))
         if len(argv) > 2 and argv[1].endswith("/kv_reader.py"):
             seen[argv[2]] = dict(call.env)
             return Reply(stdout=fixture("layout-fs-2streams.json" if argv[2] == "layout" else read_json))
@@ -281,7 +275,7 @@ def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_o
     assert node.commands == [s.argv for s in gate_plan(cfg, gate) if s.argv]
     # cold first: the page cache dropped after the layout and before the readers, and again before fio
     cmds = [c[2] if len(c) > 2 and c[1].endswith("kv_reader.py") else c[0] for c in node.commands]
-    assert cmds == ["mkdir", "findmnt", "layout", "sh", "read", "sh", "sh", "fio", "sh"]
+    assert cmds == ["mkdir", "sh", "layout", "sh", "read", "sh", "sh", "fio", "sh"]
     # one hash seed for the layout and every reader (LMCache's builtin chunk hash), no telemetry
     assert seen["layout"]["PYTHONHASHSEED"] == seen["read"]["PYTHONHASHSEED"] == "0"
     assert seen["read"]["LMCACHE_TRACK_USAGE"] == "false"
@@ -334,7 +328,8 @@ def test_run_whose_layout_fails_is_an_error_with_the_readers_words(tmp_path):
         if len(call.argv) > 2 and call.argv[1].endswith("/kv_reader.py"):
             return Reply(rc=3, stdout='{"schema":"kvgate-kv-read/1","type":"layout","error":"RuntimeError: '
                                       '/pool has 10 bytes free, the layout needs 536936448"}\n')
-        return Reply(stdout=fixture("findmnt-vda.txt") if call.argv[0] == "findmnt" else "")
+        return Reply(stdout="kvgate-pool-device 254:0 /dev/vda\n" + fixture("blockstat-around-fio.txt").splitlines()[0]
+                     if "kvgate-pool-blockstat" in call.argv else "")
     node = ScriptedTransport(handler, name="localhost")
     ctx = g1c_context(tmp_path, node)
     result = WORKLOADS["kv-read"]().run(ctx)
@@ -354,11 +349,6 @@ def test_reevaluation_from_the_raw_files_gives_the_same_result():
     clean = reevaluate_kv_read(first.evidence.as_dict(), {"localhost": (fixture("read-fs-2streams.json"),
                                                                         fixture("fio-2streams.json"))})
     assert clean.failed_check is None and clean.metrics != first.metrics
-
-
-def test_blockstat_argv_resolves_the_pools_device_on_the_node():
-    argv = blockstat_argv("/pool dir")
-    assert argv[:2] == ("sh", "-c") and argv[-1] == "/pool dir" and "findmnt -n -o MAJ:MIN" in argv[2]
 
 
 # -------------------------------------------------------------------------------------------------- report

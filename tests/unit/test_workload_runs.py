@@ -236,10 +236,8 @@ def test_g2_cold_procedure_runs_in_order(tmp_path):
             return Reply()
         if argv[0] == "find":  # the pool: what the re-compute phase stored
             return Reply(stdout="\n".join(["10000000"] * 2) + "\n")
-        if argv[0] == "findmnt":
-            return Reply(stdout="/dev/vdb\n")
-        if argv[:2] == ("cat", "/sys/class/block/vdb/stat"):
-            return Reply(stdout=f"1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
+        if "kvgate-pool-blockstat" in argv:  # the pool on an LVM volume: sysfs knows it as dm-3, 253:3
+            return Reply(stdout=f"kvgate-pool-device 253:3 /dev/mapper/vg0-kvpool\n1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
         if argv[0] == "/engine/bin/python":  # the engine pre-flight, as the real interpreter answered it
             return Reply(stdout=PREFLIGHT_CPU_REFERENCE)
         return Reply(rc=127, stderr=f"{argv[0]}: not expected")
@@ -263,9 +261,9 @@ def test_g2_cold_procedure_runs_in_order(tmp_path):
     kill1 = first(lambda e: e.kind == "kill", pool)
     drop = first(lambda e: e.argv == DROP_CACHES_ARGV, kill1)
     spawn2 = first(lambda e: e.kind == "spawn", drop)
-    stat0 = first(lambda e: e.argv[:1] == ("cat",), spawn2)
+    stat0 = first(lambda e: "kvgate-pool-blockstat" in e.argv, spawn2)
     req2 = first(lambda e: e.path == "/v1/completions", stat0)
-    stat1 = first(lambda e: e.argv[:1] == ("cat",), req2)
+    stat1 = first(lambda e: "kvgate-pool-blockstat" in e.argv, req2)
     kill2 = first(lambda e: e.kind == "kill", stat1)
     assert spawn1 < req1 < pool < kill1 < drop < spawn2 < stat0 < req2 < stat1 < kill2
     # no request reached the first engine after it was stopped, none the second before it was ready
@@ -279,7 +277,9 @@ def test_g2_cold_procedure_runs_in_order(tmp_path):
     assert ev.pool_after_populate["bytes"] >= ev.expected_kv_bytes
     assert ev.versions["lmcache"] == "0.5.6"
     summary = json.loads((ctx.gate_dir / "g2-summary.json").read_text())
-    assert summary["evidence"]["pool_device"] == "vdb"
+    # a device-mapper pool is counted by its MAJ:MIN (its name in /sys/class/block is dm-3, not vg0-kvpool)
+    assert summary["evidence"]["pool_device"] == "/dev/mapper/vg0-kvpool"
+    assert summary["evidence"]["pool_device_maj_min"] == "253:3"
     assert re.fullmatch(r"http://127\.0\.0\.1:18000", ev.base_url)
 
 

@@ -1,0 +1,70 @@
+"""The KV pool's block device and its I/O counters: one probe (a node command and its pure parser) that every
+workload proving cold reads uses (kv-read around fio, G2 around the read-back, launched or attached).
+
+The device is found by the MAJ:MIN of the filesystem holding the pool (``findmnt --target``), and its counters
+read from ``/sys/dev/block/MAJ:MIN/stat``: that names loop devices, whole disks, partitions, device-mapper
+volumes (LVM, dm-crypt, dm-multipath heads, whose ``SOURCE`` is ``/dev/mapper/NAME`` while sysfs calls them
+``dm-N``) and NVMe namespaces alike. A filesystem whose MAJ:MIN is anonymous (major 0: btrfs) is mapped to the
+block device its ``SOURCE`` names (``stat -L``, hex major/minor). Nothing behind the pool (tmpfs, overlay, a
+network filesystem) means no counters: the caller cannot prove a cold read, which it reports, never guesses.
+
+Not covered: a filesystem spanning several devices (only the one ``SOURCE`` names is counted: fewer bytes, an
+INVALID at worst, never a wrong PASS), and the native NVMe multipath head (``nvme0n1`` over ``nvme0c*n1``
+paths), which counts no I/O of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .blockdev import BlockStat, parse_block_stat
+
+MARK = "kvgate-pool-device"
+
+# $1: the pool directory. Prints "kvgate-pool-device MAJ:MIN SOURCE", then the device's stat line.
+_SCRIPT = (
+    'set -- $(findmnt -n -o MAJ:MIN,SOURCE --target "$1") && d=$1 && s=${2%%[*} && '
+    'case $d in 0:*) if [ -b "$s" ]; then d=$(printf "%d:%d" 0x$(stat -L -c %t "$s") 0x$(stat -L -c %T "$s")); fi;; esac; '
+    f'echo "{MARK} $d $s" && cat "/sys/dev/block/$d/stat"'
+)
+
+
+def pool_blockstat_argv(pool_dir: str) -> tuple[str, ...]:
+    """The node command: which block device holds ``pool_dir``, and its counters now (one command, so a
+    before/after pair reads the same device or says it did not)."""
+    return ("sh", "-c", _SCRIPT, "kvgate-pool-blockstat", pool_dir)
+
+
+@dataclass(frozen=True)
+class PoolDeviceStat:
+    """The pool's device (``maj_min`` of the block device counted, ``source`` as findmnt names it) and its
+    counters."""
+
+    maj_min: str
+    source: str
+    stat: BlockStat
+
+
+def parse_pool_blockstat(text: str) -> PoolDeviceStat:
+    """Pure: the probe's output. Raises ValueError when it names no device or no stat line follows."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        parts = line.split()
+        if parts[:1] == [MARK] and len(parts) >= 2:
+            mm = parts[1].split(":")
+            if len(mm) != 2 or not all(x.isdigit() for x in mm):
+                break
+            if mm[0] == "0":
+                raise ValueError(f"the pool is on {' '.join(parts[2:]) or 'a filesystem'} ({parts[1]}), which has no "
+                                 "block device of its own")
+            if i + 1 >= len(lines):
+                raise ValueError(f"no stat line for device {parts[1]}")
+            return PoolDeviceStat(parts[1], " ".join(parts[2:]), parse_block_stat(lines[i + 1]))
+    raise ValueError(f"the pool's block device could not be found: {text.strip()[:200]!r}")
+
+
+def read_bytes_between(before: PoolDeviceStat | None, after: PoolDeviceStat | None) -> int | None:
+    """Pure: bytes the pool's device read between two probes; None unless both name the same device."""
+    if before is None or after is None or before.maj_min != after.maj_min:
+        return None
+    return after.stat.read_bytes - before.stat.read_bytes
