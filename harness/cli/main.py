@@ -1,7 +1,7 @@
 """The kvgate command line: one parser, one module per command group, one exit-code map.
 
 Command groups: ``suite`` (validate, plan, run), ``report`` (keygen, verify, report, compare), ``evidence``
-(cosign, library build|check), ``cost``, ``loopback``, ``rig``. Every subcommand returns a status from
+(cosign, library build|check), ``cost``, ``loopback``, ``rig``, ``trace`` (synth, stats). Every subcommand returns a status from
 :mod:`harness.cli.exits` or raises; ``main`` maps what it raised with :func:`harness.cli.exits.exit_for_error`,
 so a HarnessError exits 3 whichever subcommand raised it, a configuration or bundle error 2.
 """
@@ -13,10 +13,10 @@ import sys
 
 from .. import __version__
 from ..errors import ConfigError
-from . import cost, evidence, loopback, report, rig, suite
+from . import cost, evidence, loopback, report, rig, suite, trace
 from .exits import exit_for_error
 
-COMMAND_GROUPS = (suite, report, evidence, cost, loopback, rig)
+COMMAND_GROUPS = (suite, report, evidence, cost, loopback, rig, trace)
 
 
 def build_parser() -> argparse.ArgumentParser:
