@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..units import unit_info
+from ..units import Threshold, unit_info
 from ..workloads.base import WorkloadResult
 
 
@@ -63,7 +64,8 @@ def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
 
     Order: a failed check (``result.failed_check``: the system under test proved wrong, e.g. data read back
     differs) -> FAIL, whatever else; error -> ERROR; missing evidence -> INVALID; informational -> INFO;
-    pass holds -> PASS; stop-loss holds -> STOP; otherwise FAIL.
+    pass holds -> PASS; stop-loss holds -> STOP; otherwise FAIL. A metric measured over trials with a
+    confidence interval (:func:`interval_of`) is judged on the interval (:func:`judge_interval`).
     """
     common = dict(
         gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
@@ -90,6 +92,10 @@ def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
         return Verdict(actual=actual, outcome=Outcome.INFO,
                        reason=f"informational: {actual:.4g} {metric_unit} {'meets' if ok else 'misses'} {gate.pass_}",
                        **common)
+    ci = interval_of(result.metrics, gate.metric)
+    if ci is not None:
+        outcome, reason = judge_interval(gate.pass_, gate.stop_loss, actual, ci, metric_unit, factor)
+        return Verdict(actual=actual, outcome=outcome, reason=reason, **common)
     if gate.pass_.holds(base):
         return Verdict(actual=actual, outcome=Outcome.PASS,
                        reason=f"{actual:.4g} {metric_unit} meets pass {gate.pass_}", **common)
@@ -99,6 +105,47 @@ def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
                        **common)
     return Verdict(actual=actual, outcome=Outcome.FAIL,
                    reason=f"{actual:.4g} {metric_unit} misses pass {gate.pass_}", **common)
+
+
+def interval_of(metrics: dict[str, float], metric: str) -> tuple[float, float, int] | None:
+    """A metric's confidence interval, when the workload measured it over trials: ``METRIC_ci_low``,
+    ``METRIC_ci_high`` and ``METRIC_ci_trials`` beside ``METRIC`` (its median) in the result's metrics."""
+    lo, hi, n = (metrics.get(f"{metric}_ci_{k}") for k in ("low", "high", "trials"))
+    if lo is None or hi is None:
+        return None
+    return float(lo), float(hi), int(n or 0)
+
+
+def trials_to_separate(trials: int, point: float, low: float, high: float, threshold: float) -> int | None:
+    """About how many trials would put the interval on one side of ``threshold``: the half-width shrinks as
+    1/sqrt(trials), and must become smaller than the median's distance from the threshold. None when the
+    median sits on the threshold (no number of trials separates them)."""
+    distance = abs(point - threshold)
+    if distance == 0 or trials < 1:
+        return None
+    half = max(point - low, high - point)
+    return max(trials, math.ceil(trials * (half / distance) ** 2))
+
+
+def judge_interval(pass_: Threshold, stop_loss: Threshold | None, point: float, ci: tuple[float, float, int],
+                   unit: str, factor: float = 1.0) -> tuple[Outcome, str]:
+    """Pure: a threshold judged on a confidence interval. PASS only when the whole interval clears ``pass``,
+    STOP only when the whole interval lies past ``stop_loss``; an interval across either threshold is an
+    inconclusive FAIL, saying about how many trials would separate them; otherwise FAIL."""
+    low, high, trials = ci
+    lo_b, hi_b = low * factor, high * factor
+    shown = f"median {point:.4g} {unit} (95 % CI {low:.4g}-{high:.4g}, {trials} trials)"
+    if pass_.holds(lo_b) and pass_.holds(hi_b):
+        return Outcome.PASS, f"{shown}: the whole interval meets pass {pass_}"
+    if stop_loss is not None and stop_loss.holds(lo_b) and stop_loss.holds(hi_b):
+        return Outcome.STOP, f"{shown}: the whole interval hits stop-loss {stop_loss}: acceptance stops"
+    for thr, what in ((pass_, "pass"), (stop_loss, "stop-loss")):
+        if thr is not None and thr.holds(lo_b) != thr.holds(hi_b):
+            need = trials_to_separate(trials, point * factor, lo_b, hi_b, thr.quantity.base)
+            more = (f"; about {need} trials would separate them" if need is not None
+                    else "; the median sits on the threshold: more trials would not separate them")
+            return Outcome.FAIL, f"inconclusive: {shown} straddles {what} {thr}{more}"
+    return Outcome.FAIL, f"{shown}: the whole interval misses pass {pass_}"
 
 
 def skipped(gate, reason: str, metric_unit: str) -> Verdict:

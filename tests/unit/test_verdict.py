@@ -80,3 +80,36 @@ def test_invalid_without_the_gate_metric_is_invalid_not_an_error():
                                 "pass": ">= 2 x"})
     v = evaluate(gate, WorkloadResult(metrics={"ttft_recompute_p50_s": 1.0}, invalid_reason="engine fell back"), "x")
     assert v.outcome is Outcome.INVALID and v.reason == "engine fell back"
+
+
+def ci(median, low, high, trials=3):
+    return WorkloadResult({"per_gpu_read_gb_s": median, "per_gpu_read_gb_s_ci_low": low,
+                           "per_gpu_read_gb_s_ci_high": high, "per_gpu_read_gb_s_ci_trials": trials})
+
+
+@pytest.mark.parametrize("median,low,high,outcome,inconclusive", [
+    (5.5, 5.1, 5.9, Outcome.PASS, False),      # the whole interval clears pass
+    (5.5, 4.8, 5.9, Outcome.FAIL, True),       # a median that passes is not enough: the interval straddles pass
+    (4.5, 4.0, 4.9, Outcome.FAIL, False),      # between the thresholds throughout: a plain FAIL
+    (2.5, 2.0, 2.9, Outcome.STOP, False),      # the whole interval past stop-loss
+    (2.9, 2.5, 3.3, Outcome.FAIL, True),       # straddles stop-loss: acceptance does not stop on a maybe
+])
+def test_a_metric_measured_over_trials_is_judged_on_its_interval(median, low, high, outcome, inconclusive):
+    v = evaluate(gate(), ci(median, low, high), "GB/s")
+    assert v.outcome is outcome
+    assert v.reason.startswith("inconclusive: ") is inconclusive
+    assert "95 % CI" in v.reason and "3 trials" in v.reason
+
+
+def test_an_inconclusive_verdict_says_how_many_trials_would_separate_them():
+    v = evaluate(gate(), ci(5.5, 4.5, 6.5), "GB/s")  # half-width 1.0, 0.5 from pass: 4x the trials
+    assert v.reason.endswith("straddles pass >= 5 GB/s; about 12 trials would separate them")
+    v = evaluate(gate(), ci(5.0 - 1e-12, 4.5, 5.5), "GB/s")
+    assert "about" in v.reason
+    v = evaluate(gate(), ci(5.0, 4.5, 5.5), "GB/s")  # on the threshold: passes on the point, not on the interval
+    assert v.outcome is Outcome.FAIL and "more trials would not separate them" in v.reason
+
+
+def test_interval_thresholds_convert_units_like_single_values():
+    assert evaluate(gate(), ci(5500, 5100, 5900), "MB/s").outcome is Outcome.PASS
+    assert evaluate(gate(), ci(5500, 4900, 5900), "MB/s").outcome is Outcome.FAIL
