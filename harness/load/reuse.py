@@ -50,46 +50,64 @@ def _hit_tokens(req, found_blocks: int, block_tokens: int, engine_block: int) ->
     return max(0, tokens // engine_block * engine_block)
 
 
-def _simulate(trace: Trace, capacity_blocks: float, policy: str, engine_block: int) -> int:
-    """Hit tokens of the whole trace through one cache (pure)."""
-    bt = trace.block_tokens
-    hits = 0
-    if policy == "ideal":
-        # next use of every access, for Belady's rule
+def _prefix_found(hash_ids: tuple[int, ...], held) -> int:
+    """How many of a request's leading blocks the cache holds (a block counts only after all before it)."""
+    found = 0
+    while found < len(hash_ids) and hash_ids[found] in held:
+        found += 1
+    return found
+
+
+class _Lru:
+    """Evicts the least recently used block."""
+
+    def __init__(self, trace: Trace):
+        self.held: OrderedDict[int, None] = OrderedDict()
+
+    def store(self, h: int, pos: int) -> None:
+        self.held[h] = None
+        self.held.move_to_end(h)
+
+    def evict(self) -> None:
+        self.held.popitem(last=False)
+
+
+class _Ideal:
+    """Evicts the block whose next use is farthest in the future (Belady)."""
+
+    def __init__(self, trace: Trace):
         seq = [h for r in trace.requests for h in r.hash_ids]
-        nxt = [INF] * len(seq)
+        self.next_use = [INF] * len(seq)
         last: dict[int, int] = {}
         for i in range(len(seq) - 1, -1, -1):
-            nxt[i] = last.get(seq[i], INF)
+            self.next_use[i] = last.get(seq[i], INF)
             last[seq[i]] = i
-        held: dict[int, float] = {}
-        heap: list[tuple[float, int]] = []
-        pos = 0
-        for r in trace.requests:
-            found = 0
-            while found < len(r.hash_ids) and r.hash_ids[found] in held:
-                found += 1
-            hits += _hit_tokens(r, found, bt, engine_block)
-            for h in r.hash_ids:
-                held[h] = nxt[pos]
-                heapq.heappush(heap, (-nxt[pos], h))
-                pos += 1
-            while len(held) > capacity_blocks:
-                neg, h = heapq.heappop(heap)
-                if held.get(h) == -neg:       # not a stale entry
-                    del held[h]
-        return hits
-    lru: OrderedDict[int, None] = OrderedDict()
+        self.held: dict[int, float] = {}
+        self.heap: list[tuple[float, int]] = []
+
+    def store(self, h: int, pos: int) -> None:
+        self.held[h] = self.next_use[pos]
+        heapq.heappush(self.heap, (-self.next_use[pos], h))
+
+    def evict(self) -> None:
+        while True:
+            neg, h = heapq.heappop(self.heap)
+            if self.held.get(h) == -neg:  # not a stale entry
+                del self.held[h]
+                return
+
+
+def _simulate(trace: Trace, capacity_blocks: float, policy: str, engine_block: int) -> int:
+    """Hit tokens of the whole trace through one cache (pure)."""
+    cache = (_Ideal if policy == "ideal" else _Lru)(trace)
+    hits, pos = 0, 0
     for r in trace.requests:
-        found = 0
-        while found < len(r.hash_ids) and r.hash_ids[found] in lru:
-            found += 1
-        hits += _hit_tokens(r, found, bt, engine_block)
+        hits += _hit_tokens(r, _prefix_found(r.hash_ids, cache.held), trace.block_tokens, engine_block)
         for h in r.hash_ids:
-            lru[h] = None
-            lru.move_to_end(h)
-        while len(lru) > capacity_blocks:
-            lru.popitem(last=False)
+            cache.store(h, pos)
+            pos += 1
+        while len(cache.held) > capacity_blocks:
+            cache.evict()
     return hits
 
 
