@@ -732,6 +732,7 @@ class IntegrityResult:
     device: str
     backing_device: str
     write_guard: WriteDecision | None = None  # the guard's decision on the backing, when a write was wanted
+    device_write_guard: WriteDecision | None = None  # and on the namespace (the same storage, another path)
 
     @property
     def ok(self) -> bool:
@@ -749,7 +750,8 @@ class IntegrityResult:
         return {"ok": self.ok, "device": self.device, "backing_device": self.backing_device,
                 "mismatched_bytes": self.mismatched_bytes, "checked_bytes": self.checked_bytes,
                 "checks": [dict(c.__dict__, ok=c.ok) for c in self.checks],
-                "write_guard": self.write_guard.as_dict() if self.write_guard else None}
+                "write_guard": self.write_guard.as_dict() if self.write_guard else None,
+                "device_write_guard": self.device_write_guard.as_dict() if self.device_write_guard else None}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -1006,20 +1008,24 @@ class Loopback:
 
     # -- integrity
     def check_integrity(self, st: LoopbackState | None = None, length_bytes: int = INTEGRITY_LEN_BYTES,
-                        seed: str = "kvgate", device: str | None = None) -> IntegrityResult:
+                        seed: str = "kvgate", device: str | None = None,
+                        device_decision: WriteDecision | None = None) -> IntegrityResult:
         """Read a known pattern back through NVMe-oF and compare with the backing store.
 
         ``device``: the namespace device to go through instead of this loopback's own connection (the one a
-        ``kind: nvmeof`` target of the node found by NQN; its writes passed the write guard already).
+        ``kind: nvmeof`` target of the node found by NQN), with the write guard's decision on it
+        (``device_decision``).
 
-        A null_blk backing kvgate made, and backings the write guard (harness.writeguard) allows get a
-        pattern written on the backing and read through /dev/nvmeXnY, then one written through
-        /dev/nvmeXnY and read on the backing: a brd RAM disk holding no filesystem or partition table, a
-        backing file kvgate created, a block device marked allow_destructive whose serial matches. A block
-        device without allow_destructive, a file kvgate did not create, a brd disk holding data are only
-        read on both paths and compared. A block device marked allow_destructive that the guard refuses
-        is not touched: the check fails with the guard's reason. Data travels over the transport only
-        for the 1 MiB regions compared here.
+        Every write asks the write guard (harness.writeguard) first, whatever made the device: the backing
+        (a null_blk or brd device kvgate made and recorded, a backing file kvgate created, a block device or
+        a brd RAM disk kvgate did not load marked allow_destructive) and then the namespace that reaches the
+        same storage (``same_storage_as``: refused when it is mounted or read-only). Allowed on both: a
+        pattern written on the backing and read through /dev/nvmeXnY, then one written through /dev/nvmeXnY
+        and read on the backing. A device that holds a filesystem, a partition table or a signature, or is
+        mounted (a namespace carrying kv-read's ext4, say), a device kvgate did not make and is not offered
+        (allow_destructive), a file kvgate did not create are only read on both paths and compared. A
+        block device marked allow_destructive that the guard refuses is not touched: the check fails with
+        the guard's reason. Data travels over the transport only for the 1 MiB regions compared here.
         """
         st = st or self.probe()
         spec = self.spec
@@ -1030,22 +1036,26 @@ class Loopback:
                                                    error="loopback not up (no device)"),), dev or "", bdev or "")
         chunk = INTEGRITY_CHUNK
         count = length_bytes // chunk
-        decision = None
-        if spec.backing == "null_blk":
-            writable = True  # kvgate made it (configfs item kvgate-<name>)
-        elif spec.backing == "block" and not spec.allow_destructive:
-            writable = False  # the user's device, not offered for writing: read-only compare
-        else:
+        decision = ns_decision = None
+        node = getattr(self.transport, "name", "")
+        # a RAM device kvgate did not make (or no longer has on record) is the node's: like a block device
+        made = {"null_blk": f"nullb:{spec.nullb_name}", "brd": "brd"}.get(spec.backing)
+        offered = spec.allow_destructive or (made is not None and _made(st, made)) or spec.backing == "file"
+        if offered:
             decision = check_write(self.run, bdev, expect="file" if spec.backing == "file" else "block",
                                    purpose=f"integrity pattern on the backing of loopback target {spec.name}",
-                                   node=getattr(self.transport, "name", ""),
-                                   allow_destructive=spec.allow_destructive, serial=spec.serial)
-            writable = decision.allowed
-            if not writable:
-                self.progress(decision.refusal())
-            if not writable and spec.backing == "block":
+                                   node=node, allow_destructive=spec.allow_destructive, serial=spec.serial)
+            if decision.allowed:
+                ns_decision = device_decision or check_write(
+                    self.run, dev, expect="block", node=node, same_storage_as=decision,
+                    purpose=f"integrity pattern through the namespace of loopback target {spec.name}")
+        writable = bool(decision and decision.allowed and ns_decision and ns_decision.allowed)
+        refused = next((x for x in (decision, ns_decision) if x is not None and not x.allowed), None)
+        if refused is not None:
+            self.progress(refused.refusal())
+            if spec.backing == "block":
                 return IntegrityResult((IntegrityCheck("backing->nvme", 0, 0, 0, "", "",
-                                                       error=decision.refusal()),), dev, bdev, decision)
+                                                       error=refused.refusal()),), dev, bdev, decision, ns_decision)
         direct_backing = spec.backing != "file"  # nvmet file backing uses the page cache (buffered_io=1)
         tmp = f"/tmp/kvgate-integrity-{spec.name}"
         checks: list[IntegrityCheck] = []
@@ -1053,16 +1063,16 @@ class Loopback:
         with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
             local = Path(local_s)
             if writable:
-                plan = (("backing->nvme", bdev, dev, direct_backing, True, length_bytes),
-                        ("nvme->backing", dev, bdev, True, direct_backing, 2 * length_bytes))
-                for direction, wdev, rdev, wdirect, rdirect, offset in plan:
+                plan = (("backing->nvme", bdev, dev, direct_backing, True, length_bytes, decision),
+                        ("nvme->backing", dev, bdev, True, direct_backing, 2 * length_bytes, ns_decision))
+                for direction, wdev, rdev, wdirect, rdirect, offset, allowed_by in plan:
                     data = pattern_bytes(f"{seed}:{spec.nqn}:{direction}", length_bytes)
                     checks.append(io.write_read(direction, data, wdev, rdev, wdirect, rdirect, offset, count,
-                                                tmp, local))
+                                                tmp, local, allowed_by))
             else:
                 checks.append(io.compare_read(bdev, dev, length_bytes, count, tmp, local))
             self.run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback", f"{tmp}.backing"), 30)
-        return IntegrityResult(tuple(checks), dev, bdev, decision)
+        return IntegrityResult(tuple(checks), dev, bdev, decision, ns_decision)
 
 
 class PatternIO:
@@ -1083,8 +1093,16 @@ class PatternIO:
             argv.append("conv=fsync,notrunc")
         return self.run(name, argv, 120)
 
-    def write_read(self, direction, data, wdev, rdev, wdirect, rdirect, offset, count, tmp, local):
+    def write_read(self, direction, data, wdev, rdev, wdirect, rdirect, offset, count, tmp, local,
+                   allowed_by: WriteDecision | None):
+        """Write ``data`` on ``wdev`` and read it back on ``rdev``; only with the write guard's decision allowing
+        exactly ``wdev`` (``allowed_by``): without one nothing is written and the check fails."""
         expected = hashlib.sha256(data).hexdigest()
+        if allowed_by is None or not allowed_by.allowed or allowed_by.path != wdev:
+            why = allowed_by.refusal() if allowed_by is not None and not allowed_by.allowed else \
+                f"no write guard decision allows writing to {wdev}"
+            return IntegrityCheck(direction, offset, len(data), len(data), expected, "",
+                                  error=f"{why}; nothing was written")
         (local / "pattern").write_bytes(data)
         try:
             self.transport.put(str(local / "pattern"), f"{tmp}.pattern")
@@ -1136,7 +1154,8 @@ def roundtrip_integrity(transport: Any, run: Runner, device: str, length_bytes: 
     io = PatternIO(transport, run)
     with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
         data = pattern_bytes(f"{seed}:{device}:roundtrip", length_bytes)
-        check = io.write_read("nvme->nvme", data, device, device, True, True, length_bytes, count, tmp, Path(local_s))
+        check = io.write_read("nvme->nvme", data, device, device, True, True, length_bytes, count, tmp, Path(local_s),
+                              decision)
         run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback"), 30)
     return IntegrityResult((check,), device, "", decision)
 

@@ -154,3 +154,18 @@ def test_up_records_what_it_made_and_only_that():
     act = L.state_write_action(L.LoopbackRecord(BOOT, {"link:/x'; reboot; '": "$(reboot)"}))
     assert act.argv[:2] == ("sh", "-c") and act.argv[3:5] == ("kvgate-loopback-state", L.STATE_DIR)
     assert json.loads(act.argv[5])["created"] == {"link:/x'; reboot; '": "$(reboot)"}
+
+
+def test_the_pattern_writer_writes_only_the_path_a_guard_decision_allowed(tmp_path):
+    from harness.writeguard import WriteDecision
+
+    node = Node("fresh")
+    io = L.PatternIO(None, node.run)
+    data = L.pattern_bytes("s", 65536)
+    ok = WriteDecision("/dev/other", "test", "block", True, "blank")
+    no = WriteDecision("/dev/nvme0n1", "test", "block", False, "/dev/nvme0n1 is mounted at /mnt/kvgate-kv")
+    for decision in (None, ok, no):  # none, one for another path, a refusal
+        check = io.write_read("nvme->backing", data, "/dev/nvme0n1", "/dev/kvgate-kv0", True, True, 65536, 1,
+                              "/tmp/x", tmp_path, decision)
+        assert not check.ok and check.error.endswith("nothing was written")
+    assert node.ran == []
