@@ -238,6 +238,7 @@ class LoopbackState:
     rdma_links: list[RdmaLink] = field(default_factory=list)
     mounts: dict[str, tuple[str, str]] = field(default_factory=dict)  # mount point -> (source, fs type)
     record: LoopbackRecord = field(default_factory=LoopbackRecord)  # what kvgate made (the node's state)
+    record_stale: bool = False  # the node's record names objects of this spec that are gone (pruned here)
 
 
 def probe_commands(spec: LoopbackSpec) -> dict[str, tuple[str, ...]]:
@@ -820,7 +821,9 @@ class Loopback:
                 raise LoopbackError(f"probe {name} did not answer: {res.summary()}")
             outputs[name] = (res.rc, res.stdout)
         st = parse_state(outputs)
+        on_node = st.record
         st.record = pruned(self.spec, st)
+        st.record_stale = st.record.created != on_node.created
         return st
 
     def status(self) -> dict[str, Any]:
@@ -836,7 +839,7 @@ class Loopback:
         written to the node's loopback state after them, whatever failed."""
         ok = True
         record = LoopbackRecord(st.record.boot_id, dict(st.record.created)) if st is not None else None
-        changed = False
+        changed = bool(st is not None and st.record_stale and actions)
         try:
             for act in actions:
                 res = self.run(act.name, act.argv, 120)
@@ -856,7 +859,7 @@ class Loopback:
             return ok
         finally:
             if changed:
-                st.record = record  # later actions planned from st see what these made
+                st.record, st.record_stale = record, False  # later actions planned from st see what these made
                 self._save(record, records)
 
     def _save(self, record: LoopbackRecord, records: list[ActionRecord]) -> None:
@@ -999,9 +1002,8 @@ class Loopback:
                           if nqn != self.spec.nqn)
         leftover = sorted(i for i, there in ids.items() if _made(st, i) and there(st)
                           and not (i == f"nvmet-host:{self.spec.host_nqn}" and shared_host))
-        pruned_record = pruned(self.spec, st)
-        if pruned_record.created != st.record.created:
-            self._save(pruned_record, records)
+        if st.record_stale:  # recorded objects that went away without kvgate: forgotten on the node too
+            self._save(st.record, records)
         left_alone = sorted(i for i, there in ids.items() if not _made(st, i) and there(st))
         err = f"left behind: {', '.join(leftover)}" if leftover else None
         return LoopbackResult(summary, records, error=err, left_alone=left_alone)

@@ -169,3 +169,13 @@ def test_the_pattern_writer_writes_only_the_path_a_guard_decision_allowed(tmp_pa
                               "/tmp/x", tmp_path, decision)
         assert not check.ok and check.error.endswith("nothing was written")
     assert node.ran == []
+
+
+def test_down_forgets_on_the_node_what_went_away_without_kvgate():
+    # kvgate's null_blk device was removed by hand; its record stays until a down (or up) prunes it
+    node = Node("down", state=saved_state(L.LoopbackRecord(BOOT, {f"nullb:{SPEC.nullb_name}": "", "x:y": "z"})))
+    res = L.Loopback(None, SPEC, run=node.run).down()
+    assert res.ok and [n for n, _ in node.ran] == ["state-write"]
+    assert json.loads(node.ran[0][1][-1])["created"] == {"x:y": "z"}
+    node = Node("down", state=saved_state(L.LoopbackRecord(BOOT, {"x:y": "z"})))
+    assert L.Loopback(None, SPEC, run=node.run).down().actions == [] and node.ran == []
