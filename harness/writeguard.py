@@ -112,7 +112,14 @@ def decide_block(device: BlockDevice | None, probe: dict[str, str], blkid_rc: in
     if device is not None and blkid_rc not in (0, 2):
         # 2: no signature found; anything else (8: ambivalent result, 4: usage, ...) cannot be trusted
         return False, f"blkid -p could not tell what {device.path} holds (exit {blkid_rc})"
+    if device is not None and blkid_rc == 0 and not _named_signature(probe):
+        return False, f"blkid -p found a signature on {device.path} but its answer named none (output lost?)"
     return write_allowed(device, probe, allow_destructive, serial)
+
+
+def _named_signature(probe: dict[str, str]) -> bool:
+    """blkid exits 0 only when it found something: a filesystem, partition table or other signature it names."""
+    return any(probe.get(k) for k in ("TYPE", "PTTYPE", "PART_ENTRY_SCHEME", "USAGE"))
 
 
 def _mounted_at(device: BlockDevice) -> str | None:
@@ -128,6 +135,8 @@ def decide_same_storage(device: BlockDevice | None, probe: dict[str, str], blkid
         return False, "device not found in lsblk output"
     if blkid_rc not in (0, 2):
         return False, f"blkid -p could not tell what {device.path} holds (exit {blkid_rc})"
+    if blkid_rc == 0 and not _named_signature(probe):
+        return False, f"blkid -p found a signature on {device.path} but its answer named none (output lost?)"
     if not same.allowed:
         return False, f"{device.path} reaches the storage of {same.path}, which the guard refused: {same.reason}"
     if device.ro:

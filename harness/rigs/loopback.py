@@ -796,6 +796,17 @@ class LoopbackResult:
                 "left_alone": list(self.left_alone)}
 
 
+def _failed(records: list[ActionRecord]) -> ActionRecord:
+    """The action that failed last (the state write that follows a failure is not it, unless it failed)."""
+    return next((r for r in reversed(records) if not r.ok), records[-1])
+
+
+# Probes whose command prints something whenever it exits 0 (cat, find, grep with a match, readlink, stat, nvme-cli
+# and rdma JSON, the state probe's boot id): an empty answer with exit 0 is output lost on the way, not "absent".
+_MAY_BE_EMPTY = frozenset({"block-devices"})
+PROBE_ATTEMPTS = 3
+
+
 class Loopback:
     """Drives one loopback target on one node through a Transport.
 
@@ -815,10 +826,16 @@ class Loopback:
     def probe(self) -> LoopbackState:
         outputs = {}
         for name, argv in probe_commands(self.spec).items():
-            res = self.run(f"probe-{name}", argv, 120)
-            if res.timed_out or res.error:
-                # Not "absent": a probe that did not answer (a loaded node) must not become a plan.
-                raise LoopbackError(f"probe {name} did not answer: {res.summary()}")
+            for _ in range(PROBE_ATTEMPTS):
+                res = self.run(f"probe-{name}", argv, 120)
+                if res.timed_out or res.error:
+                    # Not "absent": a probe that did not answer (a loaded node) must not become a plan.
+                    raise LoopbackError(f"probe {name} did not answer: {res.summary()}")
+                if res.rc != 0 or name in _MAY_BE_EMPTY or res.stdout.strip():
+                    break
+            else:  # exit 0 and nothing printed, every time: the answer was lost, it does not mean "absent"
+                raise LoopbackError(f"probe {name} exited 0 with no output {PROBE_ATTEMPTS} times (output lost on "
+                                    "the way?); nothing was planned from it")
             outputs[name] = (res.rc, res.stdout)
         st = parse_state(outputs)
         on_node = st.record
@@ -879,7 +896,7 @@ class Loopback:
         try:
             if not self._execute(plan_backing(self.spec, st), records, stop_on_error=True, st=st):
                 return LoopbackResult(summarize(self.spec, self.probe()), records,
-                                      error=f"backing setup failed at {records[-1].name}: {records[-1].stderr}")
+                                      error=f"backing setup failed at {_failed(records).name}: {_failed(records).stderr}")
             st = self.probe()
             # a RAM-backed device the kernel was just asked for: wait for it rather than race it (seen once
             # under a loaded TCG guest: the null_blk device was not listed by the probe right after power=1)
@@ -890,7 +907,7 @@ class Loopback:
                 st = self.probe()
             if not self._execute(plan_target(self.spec, st), records, stop_on_error=True, st=st):
                 return LoopbackResult(summarize(self.spec, self.probe()), records,
-                                      error=f"target setup failed at {records[-1].name}: {records[-1].stderr}")
+                                      error=f"target setup failed at {_failed(records).name}: {_failed(records).stderr}")
         except LoopbackError as exc:
             return LoopbackResult(summarize(self.spec, self.probe()), records, error=str(exc))
         deadline = self.clock() + wait_s
@@ -953,7 +970,9 @@ class Loopback:
         if res.timed_out or res.error or res.rc not in (0, 2):  # 2: no signature found
             return None, f"blkid -p {dev} did not answer: {res.summary()}", None
         probe = parse_blkid_export(res.stdout) if res.rc == 0 else {}
-        found = probe.get("TYPE")
+        if res.rc == 0 and not (probe.get("TYPE") or probe.get("PTTYPE")):  # found something, said nothing
+            return None, f"blkid -p {dev} found a signature but did not say which: {res.summary()}", None
+        found = None if res.rc == 2 else (probe.get("TYPE") or f"partition table {probe.get('PTTYPE')}")
         fs_id = f"filesystem:{spec.nqn}:{spec.nsid}"
         integrity, decision = None, None
         if found is None:
@@ -973,9 +992,10 @@ class Loopback:
                                    "-U", fs_uuid, "-E", "lazy_itable_init=0,lazy_journal_init=0", dev),
                           f"the write guard allowed it: {decision.reason}", creates=fs_id, detail=fs_uuid)
             if not self._execute([mkfs], records, stop_on_error=True, st=st):
-                return integrity, f"mke2fs on {dev} failed: {records[-1].stderr}", decision
+                return integrity, f"mke2fs on {dev} failed: {_failed(records).stderr}", decision
         elif found != spec.filesystem:
-            return None, (f"{dev} holds a {found} filesystem, not {spec.filesystem}: not formatted over "
+            what = f"a {found} filesystem" if probe.get("TYPE") else f"a {probe.get('PTTYPE')} partition table"
+            return None, (f"{dev} holds {what}, not {spec.filesystem}: not formatted over "
                           "(kvgate loopback down, then up, starts from a blank namespace)"), None
         elif not probe.get("UUID") or st.record.created.get(fs_id) != probe.get("UUID"):
             return None, (f"{dev} holds a {found} filesystem (UUID {probe.get('UUID')}) that kvgate did not make: "
@@ -985,7 +1005,7 @@ class Loopback:
                 Action("mount", ("mount", "-t", spec.filesystem, dev, spec.mount_path), creates=f"mount:{spec.mount_path}",
                        detail=dev)]
         if not self._execute(acts, records, stop_on_error=True, st=st):
-            return integrity, f"{records[-1].name} failed: {records[-1].stderr}", decision
+            return integrity, f"{_failed(records).name} failed: {_failed(records).stderr}", decision
         return integrity, None, decision
 
     def down(self) -> LoopbackResult:

@@ -179,3 +179,47 @@ def test_down_forgets_on_the_node_what_went_away_without_kvgate():
     assert json.loads(node.ran[0][1][-1])["created"] == {"x:y": "z"}
     node = Node("down", state=saved_state(L.LoopbackRecord(BOOT, {"x:y": "z"})))
     assert L.Loopback(None, SPEC, run=node.run).down().actions == [] and node.ran == []
+
+
+def test_a_probe_that_exits_0_with_no_output_is_asked_again_and_never_read_as_absent():
+    """Seen in the qemu guest under load: readlink and stat exited 0 with their output lost on the way. Read as
+    "absent", kvgate's own link was forgotten and left behind by down; now the probe is asked again, and a
+    probe that keeps losing its answer stops the operation instead of planning from nothing."""
+    made = {i: "" for i, there in L.record_ids(SPEC).items() if there(L.parse_state(outputs("up-null_blk")))}
+    made["link:/dev/kvgate/kv0"] = "/dev/nvme0n1"
+
+    class Lossy(Node):
+        def __init__(self, losses: int):
+            super().__init__("up-null_blk", state=saved_state(L.LoopbackRecord(BOOT, made)),
+                             **{"link-kind": (0, "symbolic link\n")})
+            self.losses = losses
+
+        def run(self, name, argv, timeout_s):
+            if name in ("probe-link", "probe-link-kind") and self.losses:
+                self.losses -= 1
+                return CommandResult(tuple(argv), 0, "", "", 0.01)
+            return super().run(name, argv, timeout_s)
+
+    node = Lossy(losses=2)
+    acts = L.plan_down(SPEC, L.Loopback(None, SPEC, run=node.run).probe())
+    assert names(acts)[0] == "link-remove"
+    node = Lossy(losses=10)
+    with pytest.raises(L.LoopbackError, match="probe link exited 0 with no output 3 times"):
+        L.Loopback(None, SPEC, run=node.run).probe()
+    assert node.ran == []
+
+
+def test_the_error_of_a_failed_up_names_the_failed_action_not_the_state_write_after_it():
+    class Failing(Node):
+        def run(self, name, argv, timeout_s):
+            if name == "ns-enable":
+                self.ran.append((name, tuple(argv)))
+                return CommandResult(tuple(argv), 1, "", "No such device", 0.01)
+            return super().run(name, argv, timeout_s)
+
+    node = Failing("down")
+    node.outs["nullb-attrs"] = outputs("up-null_blk")["nullb-attrs"]
+    node.outs["block-devices"] = (0, "kvgate-kv0\n")
+    res = L.Loopback(None, SPEC, run=node.run, sleep=lambda s: None).up(verify=False)
+    assert res.error == "target setup failed at ns-enable: No such device"
+    assert [n for n, _ in node.ran][-1] == "state-write"  # what was made before is recorded all the same
