@@ -182,7 +182,7 @@ class WriteDecision:
 
 def probe_path(run: Runner, path: str) -> tuple[PathFacts | None, str]:
     """(facts, error text)."""
-    r = run("guard-stat", path_probe_argv(path), PROBE_TIMEOUT_S)
+    r = _ask(run, "guard-stat", path_probe_argv(path), lambda x: not x.ok or parse_path_probe(x.stdout) is not None)
     facts = parse_path_probe(r.stdout) if r.ok else None
     return facts, "" if facts else (r.summary() if not r.ok else f"unexpected output {r.stdout[:200]!r}")
 
@@ -220,7 +220,7 @@ def check_write(run: Runner, path: str, *, expect: Expect, purpose: str, node: s
     if facts.kind != "block":
         what = "does not exist" if facts.kind == "missing" else "is not a block device"
         return WriteDecision(allowed=False, reason=f"{path} {what}", evidence=ev, **d)
-    r = run("guard-lsblk", LSBLK_ARGV + (path,), PROBE_TIMEOUT_S)
+    r = _ask(run, "guard-lsblk", LSBLK_ARGV + (path,), lambda x: not x.ok or _json_object(x.stdout))
     ev["lsblk_rc"] = r.rc
     devices = []
     if r.ok:
@@ -235,7 +235,8 @@ def check_write(run: Runner, path: str, *, expect: Expect, purpose: str, node: s
         why = ev.get("lsblk_error") or (r.summary() if not r.ok else f"lsblk listed {len(devices)} devices")
         return WriteDecision(allowed=False, reason=f"cannot inspect {path} with lsblk: {why}", evidence=ev, **d)
     ev["lsblk"] = _device_dict(device)
-    b = run("guard-blkid", blkid_argv(path), PROBE_TIMEOUT_S)
+    b = _ask(run, "guard-blkid", blkid_argv(path),
+             lambda x: x.rc != 0 or _named_signature(parse_blkid_export(x.stdout)))
     probe = parse_blkid_export(b.stdout) if b.rc == 0 else {}
     ev.update(blkid_rc=b.rc, blkid=probe)
     identity: dict[str, str] = {}
@@ -251,6 +252,27 @@ def check_write(run: Runner, path: str, *, expect: Expect, purpose: str, node: s
     else:
         ok, why = decide_block(device, probe, b.rc, allow_destructive, serial)
     return WriteDecision(allowed=ok, reason=why, device_serial=dev_serial, serial_source=source, evidence=ev, **d)
+
+
+PROBE_ATTEMPTS = 3
+
+
+def _ask(run: Runner, name: str, argv: Sequence[str], answered: Callable[[Any], bool]) -> Any:
+    """Run a probe; an answer that cannot be what the command prints (exit 0 with its output cut short or lost
+    on the way, as seen over SSH to a loaded guest) is asked again, up to PROBE_ATTEMPTS times. What still does
+    not answer is decided on as it is: the rules above refuse it."""
+    for _ in range(PROBE_ATTEMPTS):
+        r = run(name, argv, PROBE_TIMEOUT_S)
+        if r.timed_out or r.error or answered(r):
+            return r
+    return r
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _device_dict(dev: BlockDevice) -> dict[str, Any]:

@@ -36,3 +36,24 @@ def test_the_namespace_over_judged_storage_is_refused_mounted_read_only_or_holdi
     refused = replace(_allowed(), allowed=False, reason="holds filesystem ext4")
     ok, why = decide_same_storage(BLANK, {}, 2, refused)
     assert not ok and "which the guard refused" in why
+
+
+def test_a_guard_probe_whose_output_was_cut_short_is_asked_again():
+    from harness.transport.base import CommandResult
+    from harness.writeguard import check_write
+
+    lsblk = ('{"blockdevices": [{"name": "nvme0n1", "path": "/dev/nvme0n1", "type": "disk", "size": 268435456, '
+             '"ro": false, "mountpoint": null, "fstype": null, "pttype": null, "serial": "abc"}]}')
+    answers = {"guard-stat": ["block\nforeign\n", "block\nforeign\n268435456\n"],  # the size line lost once
+               "guard-lsblk": ["", lsblk], "guard-blkid": [(0, ""), (0, "TYPE=ext4\n")]}
+    asked = []
+
+    def run(name, argv, timeout_s):
+        asked.append(name)
+        a = answers[name].pop(0) if len(answers[name]) > 1 else answers[name][0]
+        rc, out = a if isinstance(a, tuple) else (0, a)
+        return CommandResult(tuple(argv), rc, out, "", 0.01)
+
+    d = check_write(run, "/dev/nvme0n1", expect="block", purpose="test")
+    assert asked == ["guard-stat", "guard-stat", "guard-lsblk", "guard-lsblk", "guard-blkid", "guard-blkid"]
+    assert not d.allowed and "holds filesystem ext4" in d.reason  # the lost blkid answer was not read as blank
