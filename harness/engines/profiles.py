@@ -31,6 +31,48 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class JsonArg(_Strict):
+    """A structured argv value (``{json: ...}`` in a profile): the JSON is data whose string leaves are
+    templates, filled one by one and serialized with ``json.dumps``, so a filled value (a pool directory with a
+    ``"`` in it) stays one string of the engine's configuration and never becomes configuration of its own."""
+
+    json_: Any = Field(alias="json")
+
+    def render(self, values: dict[str, Any], where: str) -> str:
+        def fill(v: Any, at: str) -> Any:
+            if isinstance(v, str):
+                return render_template(v, values, at)
+            if isinstance(v, dict):
+                return {k: fill(x, f"{at}.{k}") for k, x in v.items()}
+            if isinstance(v, list):
+                return [fill(x, f"{at}[{i}]") for i, x in enumerate(v)]
+            return v
+        return json.dumps(fill(self.json_, where), separators=(",", ":"))
+
+
+def _placeholder_in_json_text(template: str) -> str | None:
+    """Why a text template may not be filled: a placeholder inside text that is JSON (starts with an escaped
+    ``{{`` or ``[``, or quotes around it), where a value with a quote would inject keys; None when fine."""
+    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None and f != ""]
+    if not fields:
+        return None
+    literal = "".join(text for text, _, _, _ in string.Formatter().parse(template))
+    if template.lstrip().startswith(("{{", "[")) or '"' in literal:
+        return (f"placeholder inside JSON text ({{{fields[0]}}} in {template!r}): a value with a quote would "
+                "inject into it; write the value as data, {json: ...}")
+    return None
+
+
+def _text_template(v: str) -> str:
+    why = _placeholder_in_json_text(v)
+    if why:
+        raise ValueError(why)
+    return v
+
+
+TextTemplate = Annotated[str, AfterValidator(_text_template)]
+
+
 class HitMetrics(_Strict):
     """Prometheus counters whose deltas over the read-back phase give the hit rate and bytes read."""
 
@@ -88,48 +130,6 @@ class ApiSettings(_Strict):
     @property
     def request_path(self) -> str:
         return self.path or ("/v1/chat/completions" if self.kind == "chat" else "/v1/completions")
-
-
-class JsonArg(_Strict):
-    """A structured argv value (``{json: ...}`` in a profile): the JSON is data whose string leaves are
-    templates, filled one by one and serialized with ``json.dumps``, so a filled value (a pool directory with a
-    ``"`` in it) stays one string of the engine's configuration and never becomes configuration of its own."""
-
-    json_: Any = Field(alias="json")
-
-    def render(self, values: dict[str, Any], where: str) -> str:
-        def fill(v: Any, at: str) -> Any:
-            if isinstance(v, str):
-                return render_template(v, values, at)
-            if isinstance(v, dict):
-                return {k: fill(x, f"{at}.{k}") for k, x in v.items()}
-            if isinstance(v, list):
-                return [fill(x, f"{at}[{i}]") for i, x in enumerate(v)]
-            return v
-        return json.dumps(fill(self.json_, where), separators=(",", ":"))
-
-
-def _placeholder_in_json_text(template: str) -> str | None:
-    """Why a text template may not be filled: a placeholder inside text that is JSON (starts with an escaped
-    ``{{`` or ``[``, or quotes around it), where a value with a quote would inject keys; None when fine."""
-    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None and f != ""]
-    if not fields:
-        return None
-    literal = "".join(text for text, _, _, _ in string.Formatter().parse(template))
-    if template.lstrip().startswith(("{{", "[")) or '"' in literal:
-        return (f"placeholder inside JSON text ({{{fields[0]}}} in {template!r}): a value with a quote would "
-                "inject into it; write the value as data, {json: ...}")
-    return None
-
-
-def _text_template(v: str) -> str:
-    why = _placeholder_in_json_text(v)
-    if why:
-        raise ValueError(why)
-    return v
-
-
-TextTemplate = Annotated[str, AfterValidator(_text_template)]
 
 
 class EngineProfile(_Strict):
