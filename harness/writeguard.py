@@ -16,6 +16,12 @@ reports (``/sys/class/block/loopN/loop/backing_file``), so ``serial: loop:/var/t
 loop device over that file (whatever loopN it got), and a loop device over another file does not match.
 A device with no serial at all can never be written once it holds data.
 
+A second path to storage the guard already judged (``same_storage_as``: the NVMe-oF namespace that serves a
+loopback's backing device, the same bytes) is written only when that decision allowed it and this path is not
+read-only or mounted (itself or anything on it): the namespace can be mounted while its backing device shows no
+mount at all. What it holds is what the backing holds, judged there (with the target's serial, which names the
+backing device, not the namespace).
+
 The facts are read on the node through its transport (``run(name, argv, timeout_s) -> CommandResult``, the
 same runner seam as the loopback, so every probe lands in the step log) and parsed by the pure functions
 here; the decision is returned as data (``WriteDecision.as_dict()``) for the run directory and evidence.
@@ -28,7 +34,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
-from .parsers.blockdev import LSBLK_ARGV, BlockDevice, blkid_argv, parse_blkid_export, parse_lsblk, write_allowed
+from .parsers.blockdev import (LSBLK_ARGV, BlockDevice, blkid_argv, holdings, parse_blkid_export, parse_lsblk,
+                               write_allowed)
 
 CREATED_SUFFIX = ".kvgate-created"  # marks a file kvgate created (and may therefore write and delete)
 PROBE_TIMEOUT_S = 30.0
@@ -105,7 +112,44 @@ def decide_block(device: BlockDevice | None, probe: dict[str, str], blkid_rc: in
     if device is not None and blkid_rc not in (0, 2):
         # 2: no signature found; anything else (8: ambivalent result, 4: usage, ...) cannot be trusted
         return False, f"blkid -p could not tell what {device.path} holds (exit {blkid_rc})"
+    if device is not None and blkid_rc == 0 and not _named_signature(probe):
+        return False, f"blkid -p found a signature on {device.path} but its answer named none (output lost?)"
     return write_allowed(device, probe, allow_destructive, serial)
+
+
+def _named_signature(probe: dict[str, str]) -> bool:
+    """blkid exits 0 only when it found something: a filesystem, partition table or other signature it names."""
+    return any(probe.get(k) for k in ("TYPE", "PTTYPE", "PART_ENTRY_SCHEME", "USAGE"))
+
+
+def _mounted_at(device: BlockDevice) -> str | None:
+    if device.mountpoint:
+        return f"{device.path} is mounted at {device.mountpoint}"
+    return next((hit for hit in map(_mounted_at, device.children) if hit), None)
+
+
+def decide_same_storage(device: BlockDevice | None, probe: dict[str, str], blkid_rc: int | None,
+                        same: "WriteDecision") -> tuple[bool, str]:
+    """Pure: a second path to the storage ``same`` judged (a namespace over a loopback's backing device)."""
+    if device is None:
+        return False, "device not found in lsblk output"
+    if blkid_rc not in (0, 2):
+        return False, f"blkid -p could not tell what {device.path} holds (exit {blkid_rc})"
+    if blkid_rc == 0 and not _named_signature(probe):
+        return False, f"blkid -p found a signature on {device.path} but its answer named none (output lost?)"
+    if not same.allowed:
+        return False, f"{device.path} reaches the storage of {same.path}, which the guard refused: {same.reason}"
+    if device.ro:
+        return False, f"{device.path} is read-only"
+    mounted = _mounted_at(device)
+    if mounted:
+        return False, f"{mounted}; kvgate never writes to a mounted device"
+    held = holdings(device, probe)
+    if held and not same.allow_destructive:
+        return False, (f"{device.path} holds {', '.join(held)} although {same.path}, the same storage, was judged "
+                       "blank; nothing is written")
+    return True, (f"{device.path} reaches the storage of {same.path}, which the guard allowed ({same.reason}); "
+                  "it is neither read-only nor mounted")
 
 
 @dataclass(frozen=True)
@@ -138,15 +182,19 @@ class WriteDecision:
 
 def probe_path(run: Runner, path: str) -> tuple[PathFacts | None, str]:
     """(facts, error text)."""
-    r = run("guard-stat", path_probe_argv(path), PROBE_TIMEOUT_S)
+    r = _ask(run, "guard-stat", path_probe_argv(path), lambda x: not x.ok or parse_path_probe(x.stdout) is not None)
     facts = parse_path_probe(r.stdout) if r.ok else None
     return facts, "" if facts else (r.summary() if not r.ok else f"unexpected output {r.stdout[:200]!r}")
 
 
 def check_write(run: Runner, path: str, *, expect: Expect, purpose: str, node: str = "",
                 allow_destructive: bool = False, serial: str | None = None,
-                facts: PathFacts | None = None) -> WriteDecision:
-    """Run the probes on the node and decide. Never raises for what the node says: a failed probe refuses."""
+                facts: PathFacts | None = None, same_storage_as: WriteDecision | None = None) -> WriteDecision:
+    """Run the probes on the node and decide. Never raises for what the node says: a failed probe refuses.
+    ``same_storage_as``: the decision on the device whose storage ``path`` reaches (block only; see above)."""
+    if same_storage_as is not None:
+        allow_destructive = same_storage_as.allowed and same_storage_as.allow_destructive
+        serial = None
     d = dict(path=path, purpose=purpose, expect=expect, node=node, allow_destructive=allow_destructive,
              target_serial=serial)
     if facts is None:
@@ -172,7 +220,7 @@ def check_write(run: Runner, path: str, *, expect: Expect, purpose: str, node: s
     if facts.kind != "block":
         what = "does not exist" if facts.kind == "missing" else "is not a block device"
         return WriteDecision(allowed=False, reason=f"{path} {what}", evidence=ev, **d)
-    r = run("guard-lsblk", LSBLK_ARGV + (path,), PROBE_TIMEOUT_S)
+    r = _ask(run, "guard-lsblk", LSBLK_ARGV + (path,), lambda x: not x.ok or _json_object(x.stdout))
     ev["lsblk_rc"] = r.rc
     devices = []
     if r.ok:
@@ -187,7 +235,8 @@ def check_write(run: Runner, path: str, *, expect: Expect, purpose: str, node: s
         why = ev.get("lsblk_error") or (r.summary() if not r.ok else f"lsblk listed {len(devices)} devices")
         return WriteDecision(allowed=False, reason=f"cannot inspect {path} with lsblk: {why}", evidence=ev, **d)
     ev["lsblk"] = _device_dict(device)
-    b = run("guard-blkid", blkid_argv(path), PROBE_TIMEOUT_S)
+    b = _ask(run, "guard-blkid", blkid_argv(path),
+             lambda x: x.rc != 0 or _named_signature(parse_blkid_export(x.stdout)))
     probe = parse_blkid_export(b.stdout) if b.rc == 0 else {}
     ev.update(blkid_rc=b.rc, blkid=probe)
     identity: dict[str, str] = {}
@@ -197,8 +246,33 @@ def check_write(run: Runner, path: str, *, expect: Expect, purpose: str, node: s
         ev["identity"] = identity
     dev_serial, source = device_serial(device, identity)
     device = replace(device, serial=dev_serial)
-    ok, why = decide_block(device, probe, b.rc, allow_destructive, serial)
+    if same_storage_as is not None:
+        ev["same_storage_as"] = same_storage_as.path
+        ok, why = decide_same_storage(device, probe, b.rc, same_storage_as)
+    else:
+        ok, why = decide_block(device, probe, b.rc, allow_destructive, serial)
     return WriteDecision(allowed=ok, reason=why, device_serial=dev_serial, serial_source=source, evidence=ev, **d)
+
+
+PROBE_ATTEMPTS = 3
+
+
+def _ask(run: Runner, name: str, argv: Sequence[str], answered: Callable[[Any], bool]) -> Any:
+    """Run a probe; an answer that cannot be what the command prints (exit 0 with its output cut short or lost
+    on the way, as seen over SSH to a loaded guest) is asked again, up to PROBE_ATTEMPTS times. What still does
+    not answer is decided on as it is: the rules above refuse it."""
+    for _ in range(PROBE_ATTEMPTS):
+        r = run(name, argv, PROBE_TIMEOUT_S)
+        if r.timed_out or r.error or answered(r):
+            return r
+    return r
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _device_dict(dev: BlockDevice) -> dict[str, Any]:

@@ -12,8 +12,13 @@ host side is that target's (``kvgate run`` connects it with ``connect: managed``
 A node whose ``labels`` hold ``kvgate-guest: <state-dir or "default">`` is the guest: its address,
 port, key and known_hosts come from the guest's state file, since the forwarded port can change.
 
-Exit codes (harness.cli.exits): 0 done; 2 a configuration error; 3 the guest or the loopback could not be
-brought up or torn down (the result is printed first).
+``up`` replaces nothing kvgate did not make: a target ``path`` holding a file, a directory or a link kvgate did
+not record is refused before anything is done, in one line naming the inventory's FILE:LINE of ``path``.
+``down`` undoes only what ``up`` recorded on the node (/run/kvgate/loopback/state.json): a brd RAM disk,
+configfs items, a link or a mount that were there before are left alone (listed as such).
+
+Exit codes (harness.cli.exits): 0 done; 2 a configuration error, or a refusal of what the inventory asks; 3 the
+guest or the loopback could not be brought up or torn down (the result is printed first).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 
 from ..config import load_inventory
+from ..config.yamlload import load_yaml
 from ..errors import ConfigError, ConfigIssue
 from ..paths import given_or_shipped
 from ..rigs.guest import (GuestError, build_guest, check_engine_python, default_state_dir, guest_running,
@@ -130,19 +136,31 @@ def pick_target(inventory, node_name: str | None, target_name: str | None):
     return cands[0]
 
 
+def path_where(inventory_path, inventory, node, target) -> str | None:
+    """``FILE:LINE: nodes[i].targets[j].path`` of a target's ``path`` in the inventory, for refusals."""
+    if not target.path:
+        return None
+    _, index = load_yaml(inventory_path)
+    i = next(k for k, n in enumerate(inventory.nodes) if n is node)
+    j = next(k for k, t in enumerate(node.targets) if t is target)
+    issue = index.issue(("nodes", i, "targets", j, "path"), "")
+    return f"{issue.file}:{issue.line}: {issue.path}" if issue.line else f"{issue.file}: {issue.path}"
+
+
 def _provision(args) -> int:
-    inv = load_inventory(given_or_shipped(args.inventory, "inventory"))
+    inv_path = given_or_shipped(args.inventory, "inventory")
+    inv = load_inventory(inv_path)
     pairs = pick_targets(inv, args.node, args.target)
     if args.loopback_op == "down":
         pairs = pairs[::-1]  # an RDMA device shared by two targets goes with the last
     steps_dir = args.steps_dir or Path("runs") / "loopback" / f"{args.loopback_op}-{time.strftime('%Y%m%d-%H%M%S')}"
     steps = StepLog(steps_dir)
     print(f"steps: {steps.root}", file=sys.stderr)
-    results, all_ok = [], True
+    results, all_ok, refused = [], True, None
     opened: dict[str, object] = {}
     try:
         for node, target in pairs:
-            spec = LoopbackSpec.from_target(target, node.name, node)
+            spec = LoopbackSpec.from_target(target, node.name, node, where=path_where(inv_path, inv, node, target))
             tr = opened.get(node.name) or opened.setdefault(node.name, open_node_transport(node, args.state_dir))
             lb = Loopback(tr, spec, run=lambda name, argv, timeout_s, tr=tr: steps.run(tr, name, argv,
                                                                                      timeout_s=timeout_s),
@@ -157,6 +175,9 @@ def _provision(args) -> int:
                 data, ok = res.as_dict(), res.ok
             results.append(data)
             all_ok = all_ok and ok
+            if isinstance(data, dict) and data.get("refused"):
+                refused = data["error"]  # bad input: one line, nothing was done for this target
+                break
             if not args.json:
                 print(_human(args.loopback_op, data), flush=True)
             if not ok and args.loopback_op == "up":
@@ -170,6 +191,9 @@ def _provision(args) -> int:
         args.out.write_text(json.dumps(data, indent=2, default=str))
     if args.json:
         print(json.dumps(data, indent=2, default=str))
+    if refused:
+        print(f"kvgate loopback {args.loopback_op}: {refused}", file=sys.stderr)
+        return EXIT_INPUT
     return EXIT_OK if all_ok else EXIT_INFRA
 
 
@@ -186,6 +210,8 @@ def _human(op: str, data: dict) -> str:
         m = fs.get("mounted")
         lines.append(f"  filesystem {fs['type']} at {fs['mount_path']}: "
                      + (f"mounted ({m['source']}, {m['type']})" if m else "not mounted"))
+    if data.get("left_alone"):
+        lines.append("  left alone (not made by kvgate): " + ", ".join(data["left_alone"]))
     missing = [k for k, v in summary["layers"].items() if not v]
     if summary["state"] == "partial":
         lines.append("  missing: " + ", ".join(missing))

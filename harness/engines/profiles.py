@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config.yamlload import load_yaml, validate
 from ..errors import ConfigError, ConfigIssue
@@ -28,6 +29,48 @@ from .lmcache import LMCacheSettings, check_lmcache_config, lmcache_config, rend
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JsonArg(_Strict):
+    """A structured argv value (``{json: ...}`` in a profile): the JSON is data whose string leaves are
+    templates, filled one by one and serialized with ``json.dumps``, so a filled value (a pool directory with a
+    ``"`` in it) stays one string of the engine's configuration and never becomes configuration of its own."""
+
+    json_: Any = Field(alias="json")
+
+    def render(self, values: dict[str, Any], where: str) -> str:
+        def fill(v: Any, at: str) -> Any:
+            if isinstance(v, str):
+                return render_template(v, values, at)
+            if isinstance(v, dict):
+                return {k: fill(x, f"{at}.{k}") for k, x in v.items()}
+            if isinstance(v, list):
+                return [fill(x, f"{at}[{i}]") for i, x in enumerate(v)]
+            return v
+        return json.dumps(fill(self.json_, where), separators=(",", ":"))
+
+
+def _placeholder_in_json_text(template: str) -> str | None:
+    """Why a text template may not be filled: a placeholder inside text that is JSON (starts with an escaped
+    ``{{`` or ``[``, or quotes around it), where a value with a quote would inject keys; None when fine."""
+    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None and f != ""]
+    if not fields:
+        return None
+    literal = "".join(text for text, _, _, _ in string.Formatter().parse(template))
+    if template.lstrip().startswith(("{{", "[")) or '"' in literal:
+        return (f"placeholder inside JSON text ({{{fields[0]}}} in {template!r}): a value with a quote would "
+                "inject into it; write the value as data, {json: ...}")
+    return None
+
+
+def _text_template(v: str) -> str:
+    why = _placeholder_in_json_text(v)
+    if why:
+        raise ValueError(why)
+    return v
+
+
+TextTemplate = Annotated[str, AfterValidator(_text_template)]
 
 
 class HitMetrics(_Strict):
@@ -112,8 +155,9 @@ class EngineProfile(_Strict):
     engine: Literal["vllm", "dynamo-vllm", "sglang", "cpu-reference", "openai"]
     engine_version: str | None = None
     # The launch command; empty: kvgate never launches this engine, a gate attaches to it (G2 ``attach:``)
-    argv: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    # an element is a template string, or ``{json: ...}``: a structured value built as data (JsonArg)
+    argv: list[TextTemplate | JsonArg] = Field(default_factory=list)
+    env: dict[str, TextTemplate] = Field(default_factory=dict)
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     ready_timeout_s: float = Field(default=600.0, gt=0)
@@ -174,7 +218,8 @@ class EngineProfile(_Strict):
 
     def render_argv(self, values: dict[str, Any]) -> list[str]:
         """The launch argv with ``{placeholders}`` filled; a missing value is an error, not ''."""
-        return [render_template(a, values, f"{self.name}: argv") for a in self.argv]
+        return [a.render(values, f"{self.name}: argv[{i}]") if isinstance(a, JsonArg)
+                else render_template(a, values, f"{self.name}: argv") for i, a in enumerate(self.argv)]
 
     def render_env(self, values: dict[str, Any]) -> dict[str, str]:
         return {k: render_template(v, values, f"{self.name}: env.{k}") for k, v in self.env.items()}

@@ -24,7 +24,7 @@ from ..parsers.fio import parse_fio_json
 from ..safeio import MAX_JSON_BYTES, InputFileError, check_keys, json_type, key_line, parse_json, read_text
 from ..workloads import WORKLOADS
 from ..workloads.base import RecordedEvidence, WorkloadResult
-from ..workloads.fio_read import cold_invalid_reason, read_metrics
+from ..workloads.fio_read import reevaluate_fio_read
 from ..workloads.kv_read import reevaluate_kv_read
 from .verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 
@@ -198,21 +198,21 @@ def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reev
 
 @rederiver("fio-read")
 def _fio_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
-    """G1 from the raw fio JSON of every node; cold proof from the recorded drop-caches steps. The metrics and
-    the cold rule are the workload's own pure functions."""
+    """G1 from the raw fio JSON of every node; cold proof from the recorded drop-caches steps and, for a
+    buffered read, each stream's bytes against its region. The metrics and the cold rules are the workload's
+    own pure functions (harness.workloads.fio_read.reevaluate_fio_read)."""
     ev = result.get("evidence") or {}
     nodes = sorted((ev.get("nodes") or {}).keys()) or sorted(p.parent.name for p in gate_dir.glob("*/fio.json"))
-    per_node: dict[str, list[float]] = {}
+    runs = {}
     for node in nodes:
         raw = read_text(gate_dir / node / "fio.json", max_bytes=MAX_JSON_BYTES, what="fio output",
                         follow_symlinks=False, display_name=f"gates/{gate_dir.name}/{node}/fio.json")
         run = parse_fio_json(raw)
         if not run.groups:
             raise HarnessError(f"{gate_dir.name}/{node}/fio.json: fio reported no jobs")
-        per_node[node] = [g.read_gb_s for g in run.groups]
-    if not per_node:
+        runs[node] = run
+    if not runs:
         raise HarnessError(f"{gate_dir.name}: no fio.json under the gate directory")
-    metrics = read_metrics(per_node)
     # Cold proof: page cache dropped on every node, or O_DIRECT on. A node counts as dropped only when the
     # evidence says so AND the step log holds a drop-caches step on that node that exited 0.
     steps_dir = Path(ctx["bundle_dir"]) / "steps"
@@ -220,7 +220,8 @@ def _fio_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str
     for node in nodes:
         logged = any(rc.read_text().strip() == "0" for rc in steps_dir.glob(f"*-{node}-drop-caches/rc"))
         dropped[node] = logged and bool((ev.get("nodes") or {}).get(node, {}).get("page_cache_dropped"))
-    return metrics, cold_invalid_reason(dropped, getattr(params, "direct", ev.get("direct", True)))
+    # and for a buffered read, no stream read more than its region (the workload's own rule, from the raw figures)
+    return reevaluate_fio_read(runs, ev, dropped, params)
 
 
 @rederiver("kv-read")

@@ -17,6 +17,14 @@ so ``up`` twice is a no-op the second time and ``down`` after a half-done ``up``
 only what exists, in reverse order. Each phase re-probes because later objects depend on
 earlier ones (the backing device name, the /dev/nvmeXnY the kernel picks).
 
+kvgate undoes only what it did: every object ``up`` creates (a configfs item, the brd module it loaded, the
+soft-RoCE device, the connect, the link at ``target.path``, the filesystem and its mount) is recorded in the
+node's loopback state (``/run/kvgate/loopback/state.json``: tmpfs, so it goes with the kernel objects at a
+reboot, and stamped with the boot id), and ``down`` undoes exactly what is recorded and still there. A brd RAM
+disk, a configfs item, a link or a mount that was there before is left alone. ``up`` replaces nothing it did
+not make: a ``target.path`` holding a file, a directory or a link kvgate did not record is refused before
+anything is done, naming the inventory line of ``path``.
+
 Runner seam: every command goes through ``run(name, argv, timeout_s) -> CommandResult`` so the
 CLI and workloads can route it through the step log (``harness.transport.steps``) (argv/stdout/stderr/rc on disk).
 """
@@ -24,6 +32,7 @@ CLI and workloads can route it through the step log (``harness.transport.steps``
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import re
 import tempfile
@@ -47,6 +56,9 @@ INTEGRITY_LEN_BYTES = 1024 * 1024
 TARGET_MODULES = {"tcp": ("nvmet", "nvmet-tcp", "nvme-tcp"), "rdma": ("rdma_rxe", "nvmet", "nvmet-rdma", "nvme-rdma")}
 MKE2FS = "/usr/sbin/mke2fs"
 RDMA_LINK_PREFIX = "kvgate-"  # soft-RoCE devices kvgate added (and so may delete): kvgate-<nic>
+STATE_DIR = "/run/kvgate/loopback"  # what up did, on the node (tmpfs: gone with the kernel objects at a reboot)
+STATE_FILE = f"{STATE_DIR}/state.json"
+STATE_FORMAT = 1
 
 
 class LoopbackError(HarnessError):
@@ -78,6 +90,7 @@ class LoopbackSpec:
     connect_host: bool = True  # False: target side only (a kind nvmeof target of the node connects)
     filesystem: str | None = None  # ext4: kvgate makes it on the namespace (write guard) and mounts it
     mount_path: str | None = None
+    path_where: str | None = None  # FILE:LINE of target.path in the inventory, for a refusal naming it
 
     def __post_init__(self):
         if self.transport not in TARGET_MODULES:
@@ -133,9 +146,11 @@ class LoopbackSpec:
         return f"{RDMA_LINK_PREFIX}{self.soft_roce_netdev}"
 
     @classmethod
-    def from_target(cls, target: Any, node_name: str, node: Any = None) -> "LoopbackSpec":
+    def from_target(cls, target: Any, node_name: str, node: Any = None, where: str | None = None
+                    ) -> "LoopbackSpec":
         """From an inventory ``Target`` of kind ``nvmeof-loopback``. With its ``node``: a ``kind: nvmeof`` target
-        of the node naming the same NQN makes this the target side only, allowing that target's host NQN."""
+        of the node naming the same NQN makes this the target side only, allowing that target's host NQN.
+        ``where``: FILE:LINE of the target's ``path`` in the inventory (refusals name it)."""
         if getattr(target, "kind", None) != "nvmeof-loopback":
             raise LoopbackError(f"target {target.name} on node {node_name} has kind {target.kind!r}, "
                                 "expected nvmeof-loopback")
@@ -150,11 +165,59 @@ class LoopbackSpec:
             link_path=target.path, allow_destructive=bool(target.allow_destructive),
             serial=getattr(target, "serial", None), soft_roce_netdev=getattr(target, "soft_roce_netdev", None),
             connect_host=not served, filesystem=getattr(target, "filesystem", None),
-            mount_path=getattr(target, "mount_path", None),
+            mount_path=getattr(target, "mount_path", None), path_where=where,
         )
 
 
 # ----------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class LoopbackRecord:
+    """What kvgate's loopback made on a node (the node's loopback state): object id -> detail.
+
+    Ids: ``brd`` (kvgate loaded the module), ``nullb:NAME``, ``file:PATH``, ``rdma-link:NAME``,
+    ``nvmet-host:HOSTNQN``, ``nvmet-subsystem:NQN``, ``nvmet-allowed-host:NQN:HOSTNQN``,
+    ``nvmet-namespace:NQN:NSID``, ``nvmet-port:ID``, ``nvmet-port-link:ID:NQN``, ``connect:NQN``,
+    ``link:PATH`` (detail: the device it points to), ``filesystem:NQN:NSID`` (detail: its UUID), ``mount:PATH``
+    (detail: the device mounted). ``boot_id`` is the kernel's boot the record belongs to."""
+
+    boot_id: str | None = None
+    created: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": STATE_FORMAT, "boot_id": self.boot_id, "created": self.created},
+                          sort_keys=True, separators=(",", ":"))
+
+
+def state_probe_argv() -> tuple[str, ...]:
+    """The kernel's boot id, then the node's loopback state (nothing when there is none)."""
+    return ("sh", "-c", 'cat /proc/sys/kernel/random/boot_id; cat -- "$1" 2>/dev/null; true',
+            "kvgate-loopback-state", STATE_FILE)
+
+
+def state_write_action(record: LoopbackRecord) -> "Action":
+    """Write the record atomically (temporary file, then rename); the JSON is an argument, never shell text."""
+    return Action("state-write", ("sh", "-c", 'mkdir -p -- "$1" && printf "%s" "$2" > "$1/state.json.tmp" && '
+                                              'mv -f -- "$1/state.json.tmp" "$1/state.json"',
+                                  "kvgate-loopback-state", STATE_DIR, record.to_json()),
+                  "what kvgate made, so that down undoes exactly that")
+
+
+def parse_record(text: str) -> LoopbackRecord:
+    """Pure: the state probe's output. A record of another boot, or one that does not parse, names nothing:
+    kvgate then owns nothing it did not make in this boot (down leaves it, up replaces none of it)."""
+    boot, _, rest = text.partition("\n")
+    boot = boot.strip() or None
+    try:
+        d = json.loads(rest) if rest.strip() else {}
+    except (ValueError, RecursionError):
+        d = {}
+    if not isinstance(d, dict) or d.get("boot_id") != boot or d.get("format") != STATE_FORMAT:
+        return LoopbackRecord(boot_id=boot)
+    created = d.get("created")
+    ok = isinstance(created, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in created.items())
+    return LoopbackRecord(boot_id=boot, created=dict(created) if ok else {})
 
 
 @dataclass
@@ -171,8 +234,11 @@ class LoopbackState:
     subsystems: list[P.NvmeSubsystem] = field(default_factory=list)
     namespaces: list[P.NvmeNamespace] = field(default_factory=list)
     link_target: str | None = None
+    link_kind: str = "missing"  # what target.path is: missing, link, file, directory or other
     rdma_links: list[RdmaLink] = field(default_factory=list)
     mounts: dict[str, tuple[str, str]] = field(default_factory=dict)  # mount point -> (source, fs type)
+    record: LoopbackRecord = field(default_factory=LoopbackRecord)  # what kvgate made (the node's state)
+    record_stale: bool = False  # the node's record names objects of this spec that are gone (pruned here)
 
 
 def probe_commands(spec: LoopbackSpec) -> dict[str, tuple[str, ...]]:
@@ -196,6 +262,8 @@ def probe_commands(spec: LoopbackSpec) -> dict[str, tuple[str, ...]]:
         cmds["file-marker"] = ("stat", "-c", "%s", spec.backing_path + CREATED_SUFFIX)
     if spec.link_path:
         cmds["link"] = ("readlink", spec.link_path)
+        cmds["link-kind"] = ("stat", "-c", "%F", "--", spec.link_path)  # the path itself, not what it points to
+    cmds["state"] = state_probe_argv()
     return cmds
 
 
@@ -227,8 +295,26 @@ def parse_state(outputs: dict[str, tuple[int | None, str]]) -> LoopbackState:
         raise
     link = out("link").strip()
     st.link_target = link or None
+    st.link_kind = parse_link_kind(outputs.get("link-kind"), st.link_target)
     st.rdma_links = parse_rdma_links(out("rdma-links"))
+    st.record = parse_record(out("state"))
     return st
+
+
+def parse_link_kind(probe: tuple[int | None, str] | None, link_target: str | None) -> str:
+    """Pure: ``stat -c %F`` of target.path: missing, link, file, directory or other (a device, a socket ...).
+    Without the probe's output (captures from before it existed), a path readlink resolved is a link."""
+    if probe is None:
+        return "link" if link_target else "missing"
+    rc, text = probe
+    if rc != 0:
+        return "missing"
+    kind = text.strip()
+    if kind == "symbolic link":
+        return "link"
+    if kind in ("regular file", "regular empty file"):
+        return "file"
+    return "directory" if kind == "directory" else "other"
 
 
 def parse_mounts(text: str) -> dict[str, tuple[str, str]]:
@@ -330,11 +416,57 @@ def summarize(spec: LoopbackSpec, st: LoopbackState) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Action:
-    """One provisioning command: a step name, its argv, and why it is needed."""
+    """One provisioning command: a step name, its argv, and why it is needed; ``creates`` the record id of the
+    object it makes (with ``detail``), ``removes`` the ids of those it undoes (LoopbackRecord)."""
 
     name: str
     argv: tuple[str, ...]
     why: str = ""
+    creates: str | None = None
+    detail: str = ""
+    removes: tuple[str, ...] = ()
+
+
+def record_ids(spec: LoopbackSpec) -> dict[str, Callable[[LoopbackState], bool]]:
+    """The record ids a spec's objects have, each with whether the object is there now (in a probed state)."""
+    nv = lambda st: st.nvmet  # noqa: E731
+    sub = lambda st: nv(st).subsystems.get(spec.nqn)  # noqa: E731
+    ids: dict[str, Callable[[LoopbackState], bool]] = {
+        f"nvmet-host:{spec.host_nqn}": lambda st: spec.host_nqn in nv(st).hosts,
+        f"nvmet-subsystem:{spec.nqn}": lambda st: sub(st) is not None,
+        f"nvmet-allowed-host:{spec.nqn}:{spec.host_nqn}":
+            lambda st: bool(sub(st) and spec.host_nqn in sub(st).allowed_hosts),
+        f"nvmet-namespace:{spec.nqn}:{spec.nsid}": lambda st: bool(sub(st) and spec.nsid in sub(st).namespaces),
+        f"nvmet-port:{spec.port_id}": lambda st: spec.port_id in nv(st).ports,
+        f"nvmet-port-link:{spec.port_id}:{spec.nqn}":
+            lambda st: bool(nv(st).ports.get(spec.port_id) and spec.nqn in nv(st).ports[spec.port_id].subsystems),
+        f"connect:{spec.nqn}": lambda st: P.find_subsystem(st.subsystems, spec.nqn) is not None,
+    }
+    if spec.backing == "null_blk":
+        ids[f"nullb:{spec.nullb_name}"] = lambda st: spec.nullb_name in st.nullb
+    if spec.backing == "brd":
+        ids["brd"] = lambda st: st.brd_rd_size_kib is not None
+    if spec.backing == "file":
+        ids[f"file:{spec.backing_path}"] = lambda st: st.file_size_bytes is not None
+    if spec.transport == "rdma":
+        ids[f"rdma-link:{spec.rdma_link_name}"] = lambda st: any(
+            link.device == spec.rdma_link_name for link in st.rdma_links)
+    if spec.link_path:
+        ids[f"link:{spec.link_path}"] = lambda st: st.link_kind == "link"
+    if spec.mount_path:
+        ids[f"mount:{spec.mount_path}"] = lambda st: mounted_filesystem(spec, st) is not None
+    return ids
+
+
+def pruned(spec: LoopbackSpec, st: LoopbackState) -> LoopbackRecord:
+    """Pure: the record without this spec's objects that are gone (removed by hand, say): a later object of the
+    same name, made by someone else, is then not taken for kvgate's."""
+    gone = {i for i, there in record_ids(spec).items() if i in st.record.created and not there(st)}
+    return LoopbackRecord(st.record.boot_id, {k: v for k, v in st.record.created.items() if k not in gone})
+
+
+def _made(st: LoopbackState, rid: str) -> bool:
+    return rid in st.record.created
 
 
 def write_attr(name: str, path: str, value: str, why: str = "") -> Action:
@@ -353,14 +485,15 @@ def plan_backing(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
     if spec.transport == "rdma" and rdma_link(spec, st) is None:
         acts.append(Action("rdma-link-add", ("rdma", "link", "add", spec.rdma_link_name, "type", "rxe", "netdev",
                                              spec.soft_roce_netdev),
-                           f"soft-RoCE on {spec.soft_roce_netdev}: the nvmet RDMA port listens on its address"))
+                           f"soft-RoCE on {spec.soft_roce_netdev}: the nvmet RDMA port listens on its address",
+                           creates=f"rdma-link:{spec.rdma_link_name}"))
     if spec.backing == "null_blk":
         acts.append(Action("modprobe-null_blk", ("modprobe", "null_blk", "nr_devices=0"),
                            "no default nullb0; devices are made in configfs"))
         nb = st.nullb.get(spec.nullb_name)
         d = f"{P.NULLB_ROOT}/{spec.nullb_name}"
         if nb is None:
-            acts.append(Action("nullb-mkdir", ("mkdir", d)))
+            acts.append(Action("nullb-mkdir", ("mkdir", d), creates=f"nullb:{spec.nullb_name}"))
         if nb is None or not nb.powered:
             acts += [
                 write_attr("nullb-size", f"{d}/size", str(spec.size_bytes // (1024 * 1024)), "MiB"),
@@ -369,13 +502,15 @@ def plan_backing(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
                 write_attr("nullb-power", f"{d}/power", "1"),
             ]
     elif spec.backing == "brd":
-        if "ram0" not in st.block_devices:
+        if "ram0" not in st.block_devices and st.brd_rd_size_kib is None:
             acts.append(Action("modprobe-brd", ("modprobe", "brd", "rd_nr=1",
-                                                f"rd_size={spec.size_bytes // 1024}", "max_part=0")))
+                                                f"rd_size={spec.size_bytes // 1024}", "max_part=0"),
+                               "no brd loaded: kvgate loads it (and down unloads it)", creates="brd"))
     elif spec.backing == "file":
         if st.file_size_bytes is None:
             acts.append(Action("file-mkdir", ("mkdir", "-p", posixpath.dirname(spec.backing_path) or "/")))
-            acts.append(Action("file-create", ("truncate", "-s", str(spec.size_bytes), spec.backing_path)))
+            acts.append(Action("file-create", ("truncate", "-s", str(spec.size_bytes), spec.backing_path),
+                               creates=f"file:{spec.backing_path}"))
             acts.append(Action("file-mark-created", ("touch", spec.backing_path + CREATED_SUFFIX),
                                "down deletes only files kvgate created"))
     return acts
@@ -392,19 +527,20 @@ def plan_target(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
     acts: list[Action] = []
     nv = st.nvmet
     if spec.host_nqn not in nv.hosts:
-        acts.append(Action("host-mkdir", ("mkdir", spec.host_dir)))
+        acts.append(Action("host-mkdir", ("mkdir", spec.host_dir), creates=f"nvmet-host:{spec.host_nqn}"))
     sub = nv.subsystems.get(spec.nqn)
     if sub is None:
-        acts.append(Action("subsys-mkdir", ("mkdir", spec.subsys_dir)))
+        acts.append(Action("subsys-mkdir", ("mkdir", spec.subsys_dir), creates=f"nvmet-subsystem:{spec.nqn}"))
     if sub is None or sub.allow_any_host is not False:
         acts.append(write_attr("subsys-allow_any_host", f"{spec.subsys_dir}/attr_allow_any_host", "0",
                                "only the named host may connect"))
     if sub is None or spec.host_nqn not in sub.allowed_hosts:
         acts.append(Action("subsys-allow-host",
-                           ("ln", "-s", spec.host_dir, f"{spec.subsys_dir}/allowed_hosts/{spec.host_nqn}")))
+                           ("ln", "-s", spec.host_dir, f"{spec.subsys_dir}/allowed_hosts/{spec.host_nqn}"),
+                           creates=f"nvmet-allowed-host:{spec.nqn}:{spec.host_nqn}"))
     ns = sub.namespaces.get(spec.nsid) if sub else None
     if ns is None:
-        acts.append(Action("ns-mkdir", ("mkdir", spec.ns_dir)))
+        acts.append(Action("ns-mkdir", ("mkdir", spec.ns_dir), creates=f"nvmet-namespace:{spec.nqn}:{spec.nsid}"))
     if ns is not None and ns.enabled:
         if ns.device_path != dev:
             raise LoopbackError(f"target {spec.name}: namespace {spec.nsid} of {spec.nqn} already serves "
@@ -420,7 +556,7 @@ def plan_target(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
     want = {"trtype": spec.transport, "adrfam": "ipv6" if ":" in spec.traddr else "ipv4",
             "traddr": spec.traddr, "trsvcid": spec.trsvcid}
     if port is None:
-        acts.append(Action("port-mkdir", ("mkdir", spec.port_dir)))
+        acts.append(Action("port-mkdir", ("mkdir", spec.port_dir), creates=f"nvmet-port:{spec.port_id}"))
     if port is None or any(getattr(port, k) != v for k, v in want.items()):
         if port is not None and port.subsystems - {spec.nqn}:
             raise LoopbackError(f"target {spec.name}: nvmet port {spec.port_id} serves "
@@ -432,69 +568,125 @@ def plan_target(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
         for key in ("trtype", "adrfam", "traddr", "trsvcid"):
             acts.append(write_attr(f"port-{key}", f"{spec.port_dir}/addr_{key}", want[key]))
     if port is None or spec.nqn not in port.subsystems:
-        acts.append(Action("port-link", ("ln", "-s", spec.subsys_dir, f"{spec.port_dir}/subsystems/{spec.nqn}")))
+        acts.append(Action("port-link", ("ln", "-s", spec.subsys_dir, f"{spec.port_dir}/subsystems/{spec.nqn}"),
+                           creates=f"nvmet-port-link:{spec.port_id}:{spec.nqn}"))
     conn = P.find_subsystem(st.subsystems, spec.nqn)
     if conn is None and spec.connect_host:
         acts.append(Action("nvme-connect", (
             "nvme", "connect", "-t", spec.transport, "-a", spec.traddr, "-s", spec.trsvcid, "-n", spec.nqn,
-            "--hostnqn", spec.host_nqn, "--hostid", spec.host_id)))
+            "--hostnqn", spec.host_nqn, "--hostid", spec.host_id), creates=f"connect:{spec.nqn}"))
     return acts
 
 
-def plan_link(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
-    """The stable symlink (target.path) to the /dev/nvmeXnY the kernel picked."""
+def link_refusal(spec: LoopbackSpec, st: LoopbackState) -> str | None:
+    """Pure: why ``up`` may not put its link at target.path, or None. kvgate replaces only its own link (one it
+    recorded, pointing where it recorded); a regular file, a directory, anything else, or a link kvgate did not
+    make is refused, with the inventory line of ``path``. A link that already points to the device needs no
+    write and is left as it is."""
+    if not spec.link_path or not spec.connect_host or st.link_kind == "missing":
+        return None
     dev = nvme_device(spec, st)
-    if not spec.link_path or dev is None or st.link_target == dev:
+    if st.link_kind == "link":
+        mine = st.record.created.get(f"link:{spec.link_path}")
+        if (mine is not None and st.link_target == mine) or (dev is not None and st.link_target == dev):
+            return None
+        what = f"a link to {st.link_target}"
+    else:
+        what = {"file": "a regular file", "directory": "a directory"}.get(st.link_kind, "something other than a link")
+    where = spec.path_where or f"target {spec.name}: path"
+    return (f"{where}: {spec.link_path} holds {what} that kvgate did not make; kvgate replaces only its own link "
+            "(remove it, or name another path)")
+
+
+def plan_link(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
+    """The stable symlink (target.path) to the /dev/nvmeXnY the kernel picked: made where nothing is, or
+    kvgate's own link re-pointed; anything else raises LoopbackError (link_refusal)."""
+    dev = nvme_device(spec, st)
+    if not spec.link_path or dev is None or (st.link_kind == "link" and st.link_target == dev):
         return []
-    return [Action("link-mkdir", ("mkdir", "-p", posixpath.dirname(spec.link_path))),
-            Action("link-device", ("ln", "-sfn", dev, spec.link_path))]
+    why = link_refusal(spec, st)
+    if why:
+        raise LoopbackError(why)
+    rid = f"link:{spec.link_path}"
+    if st.link_kind == "missing":
+        # ln -s without -f: a path that appeared since the probe is not replaced
+        return [Action("link-mkdir", ("mkdir", "-p", posixpath.dirname(spec.link_path))),
+                Action("link-device", ("ln", "-s", dev, spec.link_path), "nothing at path", creates=rid, detail=dev)]
+    return [Action("link-device", ("ln", "-sfn", dev, spec.link_path),
+                   f"kvgate's own link (to {st.link_target}) re-pointed", creates=rid, detail=dev)]
 
 
 def plan_down(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
-    """Reverse order of up, only for what exists: disconnect, port, namespace, subsystem, host, backing."""
+    """Reverse order of up, only for what kvgate made (its record, LoopbackRecord) and what exists: unmount,
+    link, disconnect, port, namespace, subsystem, host, backing. What was there before ``up`` (a brd RAM disk,
+    configfs items, a link, a mount) is left alone; a kvgate subsystem takes its namespaces, allowed hosts,
+    port links and connected host with it."""
     acts: list[Action] = []
-    if mounted_filesystem(spec, st) is not None:
-        acts.append(Action("umount", ("umount", spec.mount_path), "the filesystem kvgate mounted on the namespace"))
-    if spec.link_path and st.link_target is not None:
-        acts.append(Action("link-remove", ("rm", "-f", spec.link_path)))
-    if P.find_subsystem(st.subsystems, spec.nqn) is not None:
-        acts.append(Action("nvme-disconnect", ("nvme", "disconnect", "-n", spec.nqn)))
+    made = lambda rid: _made(st, rid)  # noqa: E731
+    m = mounted_filesystem(spec, st)
+    rid = f"mount:{spec.mount_path}"
+    if m is not None and made(rid) and st.record.created[rid] == m[0]:
+        acts.append(Action("umount", ("umount", spec.mount_path), "the filesystem kvgate mounted on the namespace",
+                           removes=(rid,)))
+    rid = f"link:{spec.link_path}"
+    if spec.link_path and st.link_kind == "link" and made(rid) and st.link_target == st.record.created[rid]:
+        acts.append(Action("link-remove", ("rm", "-f", spec.link_path), removes=(rid,)))
+    ours = made(f"nvmet-subsystem:{spec.nqn}")
+    if P.find_subsystem(st.subsystems, spec.nqn) is not None and (ours or made(f"connect:{spec.nqn}")):
+        acts.append(Action("nvme-disconnect", ("nvme", "disconnect", "-n", spec.nqn), removes=(f"connect:{spec.nqn}",)))
     nv = st.nvmet
     for pid, port in sorted(nv.ports.items()):
-        if spec.nqn in port.subsystems:
-            acts.append(Action(f"port{pid}-unlink", ("rm", f"{P.NVMET_ROOT}/ports/{pid}/subsystems/{spec.nqn}")))
+        link_id = f"nvmet-port-link:{pid}:{spec.nqn}"
+        if spec.nqn in port.subsystems and (ours or made(link_id)):
+            acts.append(Action(f"port{pid}-unlink", ("rm", f"{P.NVMET_ROOT}/ports/{pid}/subsystems/{spec.nqn}"),
+                               removes=(link_id,)))
     port = nv.ports.get(spec.port_id)
-    if port is not None and not (port.subsystems - {spec.nqn}) and port.traddr in (spec.traddr, None):
-        acts.append(Action("port-rmdir", ("rmdir", spec.port_dir)))
+    port_id = f"nvmet-port:{spec.port_id}"
+    if port is not None and made(port_id) and not (port.subsystems - {spec.nqn}) and \
+            port.traddr in (spec.traddr, None):
+        acts.append(Action("port-rmdir", ("rmdir", spec.port_dir), removes=(port_id,)))
     sub = nv.subsystems.get(spec.nqn)
     if sub is not None:
         for nsid, ns in sorted(sub.namespaces.items()):
+            ns_id = f"nvmet-namespace:{spec.nqn}:{nsid}"
+            if not (ours or made(ns_id)):
+                continue
             d = f"{spec.subsys_dir}/namespaces/{nsid}"
             if ns.enabled is not False:
                 acts.append(write_attr(f"ns{nsid}-disable", f"{d}/enable", "0"))
-            acts.append(Action(f"ns{nsid}-rmdir", ("rmdir", d)))
+            acts.append(Action(f"ns{nsid}-rmdir", ("rmdir", d), removes=(ns_id,)))
         for host in sorted(sub.allowed_hosts):
-            acts.append(Action("subsys-disallow-host", ("rm", f"{spec.subsys_dir}/allowed_hosts/{host}")))
-        acts.append(Action("subsys-rmdir", ("rmdir", spec.subsys_dir)))
+            ah_id = f"nvmet-allowed-host:{spec.nqn}:{host}"
+            if ours or made(ah_id):
+                acts.append(Action("subsys-disallow-host", ("rm", f"{spec.subsys_dir}/allowed_hosts/{host}"),
+                                   removes=(ah_id,)))
+        if ours:
+            acts.append(Action("subsys-rmdir", ("rmdir", spec.subsys_dir), removes=(f"nvmet-subsystem:{spec.nqn}",)))
     others = [s for n, s in nv.subsystems.items() if n != spec.nqn and spec.host_nqn in s.allowed_hosts]
-    if spec.host_nqn in nv.hosts and not others:
-        acts.append(Action("host-rmdir", ("rmdir", spec.host_dir)))
-    if spec.backing == "null_blk" and spec.nullb_name in st.nullb:
+    host_id = f"nvmet-host:{spec.host_nqn}"
+    if spec.host_nqn in nv.hosts and made(host_id) and not others:
+        acts.append(Action("host-rmdir", ("rmdir", spec.host_dir), removes=(host_id,)))
+    nb_id = f"nullb:{spec.nullb_name}"
+    if spec.backing == "null_blk" and spec.nullb_name in st.nullb and made(nb_id):
         d = f"{P.NULLB_ROOT}/{spec.nullb_name}"
         if st.nullb[spec.nullb_name].powered:
             acts.append(write_attr("nullb-power-off", f"{d}/power", "0"))
-        acts.append(Action("nullb-rmdir", ("rmdir", d)))
-    if spec.backing == "file" and st.file_created_by_kvgate:
-        acts.append(Action("file-remove", ("rm", "-f", spec.backing_path, spec.backing_path + CREATED_SUFFIX)))
-    if spec.backing == "brd" and "ram0" in st.block_devices:
-        acts.append(Action("rmmod-brd", ("rmmod", "brd"), "the RAM disk and its memory"))
+        acts.append(Action("nullb-rmdir", ("rmdir", d), removes=(nb_id,)))
+    file_id = f"file:{spec.backing_path}"
+    if spec.backing == "file" and st.file_created_by_kvgate and made(file_id):
+        acts.append(Action("file-remove", ("rm", "-f", spec.backing_path, spec.backing_path + CREATED_SUFFIX),
+                           removes=(file_id,)))
+    if spec.backing == "brd" and "ram0" in st.block_devices and made("brd"):
+        acts.append(Action("rmmod-brd", ("rmmod", "brd"), "the RAM disk kvgate loaded, and its memory",
+                           removes=("brd",)))
     link = rdma_link(spec, st) if spec.transport == "rdma" else None
     # the RDMA device goes with the last RDMA port: none other, and this one removed above (no other subsystem)
     other_rdma_ports = [pid for pid, p in nv.ports.items() if p.trtype == "rdma" and
                         (pid != spec.port_id or p.subsystems - {spec.nqn})]
-    if link is not None and link.device == spec.rdma_link_name and not other_rdma_ports:
+    rdma_id = f"rdma-link:{spec.rdma_link_name}"
+    if link is not None and link.device == spec.rdma_link_name and made(rdma_id) and not other_rdma_ports:
         acts.append(Action("rdma-link-delete", ("rdma", "link", "delete", link.device),
-                           "the soft-RoCE device kvgate added (no other RDMA port needs it)"))
+                           "the soft-RoCE device kvgate added (no other RDMA port needs it)", removes=(rdma_id,)))
     return acts
 
 
@@ -541,6 +733,7 @@ class IntegrityResult:
     device: str
     backing_device: str
     write_guard: WriteDecision | None = None  # the guard's decision on the backing, when a write was wanted
+    device_write_guard: WriteDecision | None = None  # and on the namespace (the same storage, another path)
 
     @property
     def ok(self) -> bool:
@@ -558,7 +751,8 @@ class IntegrityResult:
         return {"ok": self.ok, "device": self.device, "backing_device": self.backing_device,
                 "mismatched_bytes": self.mismatched_bytes, "checked_bytes": self.checked_bytes,
                 "checks": [dict(c.__dict__, ok=c.ok) for c in self.checks],
-                "write_guard": self.write_guard.as_dict() if self.write_guard else None}
+                "write_guard": self.write_guard.as_dict() if self.write_guard else None,
+                "device_write_guard": self.device_write_guard.as_dict() if self.device_write_guard else None}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -586,6 +780,8 @@ class LoopbackResult:
     integrity: IntegrityResult | None = None
     error: str | None = None
     write_guard: WriteDecision | None = None  # the decision before a filesystem was made on the namespace
+    refused: bool = False  # the error is a refusal of what the inventory asks (bad input), nothing was done
+    left_alone: list[str] = field(default_factory=list)  # down: objects there that kvgate did not make
 
     @property
     def ok(self) -> bool:
@@ -593,10 +789,22 @@ class LoopbackResult:
             self.integrity is None or self.integrity.ok)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "error": self.error, "summary": self.summary,
+        return {"ok": self.ok, "error": self.error, "refused": self.refused, "summary": self.summary,
                 "actions": [dict(a.__dict__, argv=list(a.argv)) for a in self.actions],
                 "integrity": self.integrity.as_dict() if self.integrity else None,
-                "write_guard": self.write_guard.as_dict() if self.write_guard else None}
+                "write_guard": self.write_guard.as_dict() if self.write_guard else None,
+                "left_alone": list(self.left_alone)}
+
+
+def _failed(records: list[ActionRecord]) -> ActionRecord:
+    """The action that failed last (the state write that follows a failure is not it, unless it failed)."""
+    return next((r for r in reversed(records) if not r.ok), records[-1])
+
+
+# Probes whose command prints something whenever it exits 0 (cat, find, grep with a match, readlink, stat, nvme-cli
+# and rdma JSON, the state probe's boot id): an empty answer with exit 0 is output lost on the way, not "absent".
+_MAY_BE_EMPTY = frozenset({"block-devices"})
+PROBE_ATTEMPTS = 3
 
 
 class Loopback:
@@ -618,12 +826,22 @@ class Loopback:
     def probe(self) -> LoopbackState:
         outputs = {}
         for name, argv in probe_commands(self.spec).items():
-            res = self.run(f"probe-{name}", argv, 120)
-            if res.timed_out or res.error:
-                # Not "absent": a probe that did not answer (a loaded node) must not become a plan.
-                raise LoopbackError(f"probe {name} did not answer: {res.summary()}")
+            for _ in range(PROBE_ATTEMPTS):
+                res = self.run(f"probe-{name}", argv, 120)
+                if res.timed_out or res.error:
+                    # Not "absent": a probe that did not answer (a loaded node) must not become a plan.
+                    raise LoopbackError(f"probe {name} did not answer: {res.summary()}")
+                if res.rc != 0 or name in _MAY_BE_EMPTY or res.stdout.strip():
+                    break
+            else:  # exit 0 and nothing printed, every time: the answer was lost, it does not mean "absent"
+                raise LoopbackError(f"probe {name} exited 0 with no output {PROBE_ATTEMPTS} times (output lost on "
+                                    "the way?); nothing was planned from it")
             outputs[name] = (res.rc, res.stdout)
-        return parse_state(outputs)
+        st = parse_state(outputs)
+        on_node = st.record
+        st.record = pruned(self.spec, st)
+        st.record_stale = st.record.created != on_node.created
+        return st
 
     def status(self) -> dict[str, Any]:
         return summarize(self.spec, self.probe())
@@ -632,27 +850,53 @@ class Loopback:
         return nvme_device(self.spec, self.probe())
 
     # -- writing
-    def _execute(self, actions: list[Action], records: list[ActionRecord], stop_on_error: bool) -> bool:
+    def _execute(self, actions: list[Action], records: list[ActionRecord], stop_on_error: bool,
+                 st: LoopbackState | None = None) -> bool:
+        """Run the actions in order; with ``st`` (the state they were planned from), what they made or undid is
+        written to the node's loopback state after them, whatever failed."""
         ok = True
-        for act in actions:
-            res = self.run(act.name, act.argv, 120)
-            rec = ActionRecord.of(act, res)
-            records.append(rec)
-            if not rec.ok:
-                ok = False
-                self.progress(f"{act.name} failed (rc={rec.rc}): {rec.stderr}")
-                if stop_on_error:
-                    return False
-        return ok
+        record = LoopbackRecord(st.record.boot_id, dict(st.record.created)) if st is not None else None
+        changed = bool(st is not None and st.record_stale and actions)
+        try:
+            for act in actions:
+                res = self.run(act.name, act.argv, 120)
+                rec = ActionRecord.of(act, res)
+                records.append(rec)
+                if rec.ok and record is not None and (act.creates or act.removes):
+                    if act.creates:
+                        record.created[act.creates] = act.detail
+                    for rid in act.removes:
+                        record.created.pop(rid, None)
+                    changed = True
+                if not rec.ok:
+                    ok = False
+                    self.progress(f"{act.name} failed (rc={rec.rc}): {rec.stderr}")
+                    if stop_on_error:
+                        return False
+            return ok
+        finally:
+            if changed:
+                st.record, st.record_stale = record, False  # later actions planned from st see what these made
+                self._save(record, records)
+
+    def _save(self, record: LoopbackRecord, records: list[ActionRecord]) -> None:
+        act = state_write_action(record)
+        res = self.run(act.name, act.argv, 60)
+        records.append(ActionRecord.of(act, res))
+        if not res.ok:
+            self.progress(f"could not write the loopback state {STATE_FILE}: {res.summary()}")
 
     def up(self, verify: bool = True, wait_s: float = 30.0) -> LoopbackResult:
         """Provision (idempotent), wait for the namespace device, optionally check data integrity."""
         records: list[ActionRecord] = []
         st = self.probe()
+        refusal = link_refusal(self.spec, st)
+        if refusal:  # before anything is done: what sits at target.path is not kvgate's
+            return LoopbackResult(summarize(self.spec, st), records, error=refusal, refused=True)
         try:
-            if not self._execute(plan_backing(self.spec, st), records, stop_on_error=True):
+            if not self._execute(plan_backing(self.spec, st), records, stop_on_error=True, st=st):
                 return LoopbackResult(summarize(self.spec, self.probe()), records,
-                                      error=f"backing setup failed at {records[-1].name}: {records[-1].stderr}")
+                                      error=f"backing setup failed at {_failed(records).name}: {_failed(records).stderr}")
             st = self.probe()
             # a RAM-backed device the kernel was just asked for: wait for it rather than race it (seen once
             # under a loaded TCG guest: the null_blk device was not listed by the probe right after power=1)
@@ -661,9 +905,9 @@ class Loopback:
                    and self.clock() < deadline):
                 self.sleep(0.5)
                 st = self.probe()
-            if not self._execute(plan_target(self.spec, st), records, stop_on_error=True):
+            if not self._execute(plan_target(self.spec, st), records, stop_on_error=True, st=st):
                 return LoopbackResult(summarize(self.spec, self.probe()), records,
-                                      error=f"target setup failed at {records[-1].name}: {records[-1].stderr}")
+                                      error=f"target setup failed at {_failed(records).name}: {_failed(records).stderr}")
         except LoopbackError as exc:
             return LoopbackResult(summarize(self.spec, self.probe()), records, error=str(exc))
         deadline = self.clock() + wait_s
@@ -676,7 +920,10 @@ class Loopback:
             return LoopbackResult(summarize(self.spec, st), records,
                                   error=f"no /dev/nvme*n{self.spec.nsid} for {self.spec.nqn} after {wait_s:.0f} s")
         if self.spec.connect_host:
-            self._execute(plan_link(self.spec, st), records, stop_on_error=False)
+            try:
+                self._execute(plan_link(self.spec, st), records, stop_on_error=False, st=st)
+            except LoopbackError as exc:  # something appeared at target.path since the first probe
+                return LoopbackResult(summarize(self.spec, st), records, error=str(exc), refused=True)
         # Every layer must be there before `up` says so: on a loaded node the controller can still be
         # connecting (or resetting) when the device node appears.
         deadline = self.clock() + wait_s
@@ -707,11 +954,12 @@ class Loopback:
         """The spec's filesystem on the connected namespace, mounted at its mount_path: (integrity, error, the
         write guard's decision when one was asked for).
 
-        Mounted already: nothing to do. Holding the spec's filesystem (an earlier ``up``): mounted as it is, and
-        the data-integrity check, which writes patterns on the device, is skipped. Blank: the integrity check,
-        then the write guard on the namespace (mounted, holding a filesystem or partition table, or another
-        serial than the target's: refused), then ``mke2fs -t ext4`` and the mount. Another filesystem: an error,
-        nothing written."""
+        Mounted already: nothing to do. Holding the filesystem an earlier ``up`` made (its UUID in kvgate's record):
+        mounted as it is, and the data-integrity check, which writes patterns on the device, is skipped. Blank:
+        the integrity check, then the write guard on the namespace (mounted, holding a filesystem or partition
+        table, or another serial than the target's: refused), then ``mke2fs -t ext4 -U <uuid>`` (the UUID
+        recorded) and the mount (recorded). A filesystem kvgate did not make, of any type: an error, nothing
+        written or mounted."""
         spec = self.spec
         dev = nvme_device(spec, st)
         assert dev is not None and spec.filesystem and spec.mount_path
@@ -721,7 +969,11 @@ class Loopback:
         res = self.run("fs-blkid", ("blkid", "-p", "-o", "export", dev), 60)
         if res.timed_out or res.error or res.rc not in (0, 2):  # 2: no signature found
             return None, f"blkid -p {dev} did not answer: {res.summary()}", None
-        found = parse_blkid_export(res.stdout).get("TYPE") if res.rc == 0 else None
+        probe = parse_blkid_export(res.stdout) if res.rc == 0 else {}
+        if res.rc == 0 and not (probe.get("TYPE") or probe.get("PTTYPE")):  # found something, said nothing
+            return None, f"blkid -p {dev} found a signature but did not say which: {res.summary()}", None
+        found = None if res.rc == 2 else (probe.get("TYPE") or f"partition table {probe.get('PTTYPE')}")
+        fs_id = f"filesystem:{spec.nqn}:{spec.nsid}"
         integrity, decision = None, None
         if found is None:
             if verify:
@@ -735,50 +987,67 @@ class Loopback:
             if not decision.allowed:
                 return integrity, decision.refusal(), decision
             # e2fsprogs' mke2fs by its path: a busybox shell prefers its own mke2fs applet (no -t, no ext4)
+            fs_uuid = str(uuid.uuid4())  # kvgate's own filesystem is known by the UUID it gave it
             mkfs = Action("mkfs", (MKE2FS, "-q", "-F", "-t", spec.filesystem, "-L", f"kvgate-{spec.name}"[:16],
-                                   "-E", "lazy_itable_init=0,lazy_journal_init=0", dev),
-                          f"the write guard allowed it: {decision.reason}")
-            if not self._execute([mkfs], records, stop_on_error=True):
-                return integrity, f"mke2fs on {dev} failed: {records[-1].stderr}", decision
+                                   "-U", fs_uuid, "-E", "lazy_itable_init=0,lazy_journal_init=0", dev),
+                          f"the write guard allowed it: {decision.reason}", creates=fs_id, detail=fs_uuid)
+            if not self._execute([mkfs], records, stop_on_error=True, st=st):
+                return integrity, f"mke2fs on {dev} failed: {_failed(records).stderr}", decision
         elif found != spec.filesystem:
-            return None, (f"{dev} holds a {found} filesystem, not {spec.filesystem}: not formatted over "
+            what = f"a {found} filesystem" if probe.get("TYPE") else f"a {probe.get('PTTYPE')} partition table"
+            return None, (f"{dev} holds {what}, not {spec.filesystem}: not formatted over "
                           "(kvgate loopback down, then up, starts from a blank namespace)"), None
+        elif not probe.get("UUID") or st.record.created.get(fs_id) != probe.get("UUID"):
+            return None, (f"{dev} holds a {found} filesystem (UUID {probe.get('UUID')}) that kvgate did not make: "
+                          f"not mounted at {spec.mount_path} (kvgate loopback down, then up, starts from a blank "
+                          "namespace)"), None
         acts = [Action("mount-dir", ("mkdir", "-p", spec.mount_path)),
-                Action("mount", ("mount", "-t", spec.filesystem, dev, spec.mount_path))]
-        if not self._execute(acts, records, stop_on_error=True):
-            return integrity, f"{records[-1].name} failed: {records[-1].stderr}", decision
+                Action("mount", ("mount", "-t", spec.filesystem, dev, spec.mount_path), creates=f"mount:{spec.mount_path}",
+                       detail=dev)]
+        if not self._execute(acts, records, stop_on_error=True, st=st):
+            return integrity, f"{_failed(records).name} failed: {_failed(records).stderr}", decision
         return integrity, None, decision
 
     def down(self) -> LoopbackResult:
-        """Tear down what exists, in reverse order; keeps going past a failure and reports it."""
+        """Undo what kvgate made (its record) and what exists, in reverse order; keeps going past a failure and
+        reports it. What kvgate did not make is left alone and listed (``left_alone``)."""
         records: list[ActionRecord] = []
         st = self.probe()
-        self._execute(plan_down(self.spec, st), records, stop_on_error=False)
+        self._execute(plan_down(self.spec, st), records, stop_on_error=False, st=st)
         st = self.probe()
         summary = summarize(self.spec, st)
+        ids = record_ids(self.spec)
         # the host entry stays while another subsystem still allows it (two loopback targets share a host NQN)
         shared_host = any(self.spec.host_nqn in sub.allowed_hosts for nqn, sub in st.nvmet.subsystems.items()
                           if nqn != self.spec.nqn)
-        leftover = [k for k in summary["owned_layers"] if summary["layers"][k] and not (k == "host" and shared_host)]
+        leftover = sorted(i for i, there in ids.items() if _made(st, i) and there(st)
+                          and not (i == f"nvmet-host:{self.spec.host_nqn}" and shared_host))
+        if st.record_stale:  # recorded objects that went away without kvgate: forgotten on the node too
+            self._save(st.record, records)
+        left_alone = sorted(i for i, there in ids.items() if not _made(st, i) and there(st))
         err = f"left behind: {', '.join(leftover)}" if leftover else None
-        return LoopbackResult(summary, records, error=err)
+        return LoopbackResult(summary, records, error=err, left_alone=left_alone)
 
     # -- integrity
     def check_integrity(self, st: LoopbackState | None = None, length_bytes: int = INTEGRITY_LEN_BYTES,
-                        seed: str = "kvgate", device: str | None = None) -> IntegrityResult:
+                        seed: str = "kvgate", device: str | None = None,
+                        device_decision: WriteDecision | None = None) -> IntegrityResult:
         """Read a known pattern back through NVMe-oF and compare with the backing store.
 
         ``device``: the namespace device to go through instead of this loopback's own connection (the one a
-        ``kind: nvmeof`` target of the node found by NQN; its writes passed the write guard already).
+        ``kind: nvmeof`` target of the node found by NQN), with the write guard's decision on it
+        (``device_decision``).
 
-        A null_blk backing kvgate made, and backings the write guard (harness.writeguard) allows get a
-        pattern written on the backing and read through /dev/nvmeXnY, then one written through
-        /dev/nvmeXnY and read on the backing: a brd RAM disk holding no filesystem or partition table, a
-        backing file kvgate created, a block device marked allow_destructive whose serial matches. A block
-        device without allow_destructive, a file kvgate did not create, a brd disk holding data are only
-        read on both paths and compared. A block device marked allow_destructive that the guard refuses
-        is not touched: the check fails with the guard's reason. Data travels over the transport only
-        for the 1 MiB regions compared here.
+        Every write asks the write guard (harness.writeguard) first, whatever made the device: the backing
+        (a null_blk or brd device kvgate made and recorded, a backing file kvgate created, a block device or
+        a brd RAM disk kvgate did not load marked allow_destructive) and then the namespace that reaches the
+        same storage (``same_storage_as``: refused when it is mounted or read-only). Allowed on both: a
+        pattern written on the backing and read through /dev/nvmeXnY, then one written through /dev/nvmeXnY
+        and read on the backing. A device that holds a filesystem, a partition table or a signature, or is
+        mounted (a namespace carrying kv-read's ext4, say), a device kvgate did not make and is not offered
+        (allow_destructive), a file kvgate did not create are only read on both paths and compared. A
+        block device marked allow_destructive that the guard refuses is not touched: the check fails with
+        the guard's reason. Data travels over the transport only for the 1 MiB regions compared here.
         """
         st = st or self.probe()
         spec = self.spec
@@ -789,22 +1058,26 @@ class Loopback:
                                                    error="loopback not up (no device)"),), dev or "", bdev or "")
         chunk = INTEGRITY_CHUNK
         count = length_bytes // chunk
-        decision = None
-        if spec.backing == "null_blk":
-            writable = True  # kvgate made it (configfs item kvgate-<name>)
-        elif spec.backing == "block" and not spec.allow_destructive:
-            writable = False  # the user's device, not offered for writing: read-only compare
-        else:
+        decision = ns_decision = None
+        node = getattr(self.transport, "name", "")
+        # a RAM device kvgate did not make (or no longer has on record) is the node's: like a block device
+        made = {"null_blk": f"nullb:{spec.nullb_name}", "brd": "brd"}.get(spec.backing)
+        offered = spec.allow_destructive or (made is not None and _made(st, made)) or spec.backing == "file"
+        if offered:
             decision = check_write(self.run, bdev, expect="file" if spec.backing == "file" else "block",
                                    purpose=f"integrity pattern on the backing of loopback target {spec.name}",
-                                   node=getattr(self.transport, "name", ""),
-                                   allow_destructive=spec.allow_destructive, serial=spec.serial)
-            writable = decision.allowed
-            if not writable:
-                self.progress(decision.refusal())
-            if not writable and spec.backing == "block":
+                                   node=node, allow_destructive=spec.allow_destructive, serial=spec.serial)
+            if decision.allowed:
+                ns_decision = device_decision or check_write(
+                    self.run, dev, expect="block", node=node, same_storage_as=decision,
+                    purpose=f"integrity pattern through the namespace of loopback target {spec.name}")
+        writable = bool(decision and decision.allowed and ns_decision and ns_decision.allowed)
+        refused = next((x for x in (decision, ns_decision) if x is not None and not x.allowed), None)
+        if refused is not None:
+            self.progress(refused.refusal())
+            if spec.backing == "block":
                 return IntegrityResult((IntegrityCheck("backing->nvme", 0, 0, 0, "", "",
-                                                       error=decision.refusal()),), dev, bdev, decision)
+                                                       error=refused.refusal()),), dev, bdev, decision, ns_decision)
         direct_backing = spec.backing != "file"  # nvmet file backing uses the page cache (buffered_io=1)
         tmp = f"/tmp/kvgate-integrity-{spec.name}"
         checks: list[IntegrityCheck] = []
@@ -812,16 +1085,16 @@ class Loopback:
         with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
             local = Path(local_s)
             if writable:
-                plan = (("backing->nvme", bdev, dev, direct_backing, True, length_bytes),
-                        ("nvme->backing", dev, bdev, True, direct_backing, 2 * length_bytes))
-                for direction, wdev, rdev, wdirect, rdirect, offset in plan:
+                plan = (("backing->nvme", bdev, dev, direct_backing, True, length_bytes, decision),
+                        ("nvme->backing", dev, bdev, True, direct_backing, 2 * length_bytes, ns_decision))
+                for direction, wdev, rdev, wdirect, rdirect, offset, allowed_by in plan:
                     data = pattern_bytes(f"{seed}:{spec.nqn}:{direction}", length_bytes)
                     checks.append(io.write_read(direction, data, wdev, rdev, wdirect, rdirect, offset, count,
-                                                tmp, local))
+                                                tmp, local, allowed_by))
             else:
                 checks.append(io.compare_read(bdev, dev, length_bytes, count, tmp, local))
             self.run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback", f"{tmp}.backing"), 30)
-        return IntegrityResult(tuple(checks), dev, bdev, decision)
+        return IntegrityResult(tuple(checks), dev, bdev, decision, ns_decision)
 
 
 class PatternIO:
@@ -842,8 +1115,16 @@ class PatternIO:
             argv.append("conv=fsync,notrunc")
         return self.run(name, argv, 120)
 
-    def write_read(self, direction, data, wdev, rdev, wdirect, rdirect, offset, count, tmp, local):
+    def write_read(self, direction, data, wdev, rdev, wdirect, rdirect, offset, count, tmp, local,
+                   allowed_by: WriteDecision | None):
+        """Write ``data`` on ``wdev`` and read it back on ``rdev``; only with the write guard's decision allowing
+        exactly ``wdev`` (``allowed_by``): without one nothing is written and the check fails."""
         expected = hashlib.sha256(data).hexdigest()
+        if allowed_by is None or not allowed_by.allowed or allowed_by.path != wdev:
+            why = allowed_by.refusal() if allowed_by is not None and not allowed_by.allowed else \
+                f"no write guard decision allows writing to {wdev}"
+            return IntegrityCheck(direction, offset, len(data), len(data), expected, "",
+                                  error=f"{why}; nothing was written")
         (local / "pattern").write_bytes(data)
         try:
             self.transport.put(str(local / "pattern"), f"{tmp}.pattern")
@@ -895,7 +1176,8 @@ def roundtrip_integrity(transport: Any, run: Runner, device: str, length_bytes: 
     io = PatternIO(transport, run)
     with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
         data = pattern_bytes(f"{seed}:{device}:roundtrip", length_bytes)
-        check = io.write_read("nvme->nvme", data, device, device, True, True, length_bytes, count, tmp, Path(local_s))
+        check = io.write_read("nvme->nvme", data, device, device, True, True, length_bytes, count, tmp, Path(local_s),
+                              decision)
         run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback"), 30)
     return IntegrityResult((check,), device, "", decision)
 

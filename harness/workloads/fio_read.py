@@ -3,6 +3,13 @@
 Per node, one fio reporting group per GPU (or per declared read stream) reads a disjoint region of the
 target with O_DIRECT, pinned to the CPUs of the GPU's NUMA node when known. The page cache is dropped
 first where permitted, and whether it was is recorded.
+
+A buffered read (``direct: false``) is cold only while every byte it reads comes off the device once: a time
+based job whose region is smaller than (ramp + runtime) x bandwidth wraps around and re-reads its region from
+the page cache. So a buffered job is written without ``time_based`` (fio stops at the end of each region, the
+ramp counted in), the evidence records every stream's bytes read against its region's size
+(``FioNodeEvidence.stream_reads``), and the evaluator (:func:`evaluate_fio_read`, reused by
+``gates/reevaluate.py``) makes a buffered run that read more than its region INVALID.
 """
 
 from __future__ import annotations
@@ -83,6 +90,8 @@ class FioNodeEvidence(Evidence):
     numa_cpulists: dict[int, str] | None = None
     page_cache_dropped: bool = False
     drop_caches_error: str | None = None
+    stream_region_bytes: dict[str, int] | None = None  # each stream's (reporting group's) region, as fio was told
+    stream_reads: list[dict[str, Any]] | None = None  # bytes read against the region, per stream (stream_reads())
     write_guard: dict[str, Any] | None = None  # the guard's decision when the file had to be (re)filled
     nvmeof: dict[str, Any] | None = None  # kind nvmeof: the namespace found by NQN, its paths, the RDMA device
     fio_version: str | None = None
@@ -100,6 +109,8 @@ class FioReadEvidence(Evidence, StreamsEvidence):
     numjobs: int
     runtime_s: float
     ramp_s: float
+    # the job ran for runtime_s whatever it had read (None: recorded before kvgate said; such jobs were)
+    time_based: bool | None = None
     nodes: dict[str, FioNodeEvidence] = {}
     node_errors: dict[str, str] = {}
 
@@ -129,8 +140,84 @@ def cold_invalid_reason(dropped: dict[str, bool], direct: bool) -> str | None:
     return None
 
 
+def stream_regions(region_total_bytes: int, labels: list[str], bs_bytes: int, numjobs: int) -> dict[str, int]:
+    """Pure: each stream's region as the job gave it (``split_regions``, in stream order)."""
+    regions = split_regions(region_total_bytes, len(labels), bs_bytes * numjobs)
+    return {label: size for label, (_, size) in zip(labels, regions)}
+
+
+def stream_reads(reads: list[tuple[str, int, float]], regions: dict[str, int] | None, *, time_based: bool,
+                 ramp_s: float, numjobs: int) -> list[dict[str, Any]]:
+    """Pure: per stream (label, bytes read after the ramp, bandwidth in bytes/s), the bytes it read against its
+    region's size, and whether it can have read any byte twice (``wrapped``; None when the region is unknown).
+
+    fio reports the bytes read after the ramp only. A job that is not time based stops at the end of its region,
+    the ramp counted in, so it cannot read more than the region. A time based job reads for ramp + runtime: the
+    ramp's bytes are estimated at the measured bandwidth, and as fio sums a stream's ``numjobs`` clones (each
+    reading its own slice of the region), no byte was read twice only while the whole stream's bytes fit in one
+    clone's slice."""
+    out = []
+    for label, read_bytes, bw_bytes_s in reads:
+        region = (regions or {}).get(label)
+        ramp_est = int(round(ramp_s * bw_bytes_s)) if time_based else 0
+        row: dict[str, Any] = {"label": label, "read_bytes": int(read_bytes), "region_bytes": region,
+                               "time_based": time_based, "ramp_bytes_estimate": ramp_est if time_based else None}
+        if not isinstance(region, int) or region <= 0:
+            row["wrapped"] = None
+        elif time_based:
+            row["wrapped"] = read_bytes + ramp_est > region // max(numjobs, 1)
+        else:
+            row["wrapped"] = read_bytes > region
+        out.append(row)
+    return out
+
+
+def reread_invalid_reason(rows: dict[str, list[dict[str, Any]]], direct: bool) -> str | None:
+    """Pure: a buffered (``direct`` off) read is INVALID when a stream read more bytes than its region holds
+    (the rest came from the page cache, re-read) or when its region is not known; ``rows``: node -> the rows of
+    :func:`stream_reads`."""
+    if direct:
+        return None
+    bad = []
+    for node in sorted(rows):
+        for r in rows[node]:
+            if r["wrapped"] is None:
+                bad.append(f"{node} {r['label']}: region size not recorded, {r['read_bytes']} bytes read")
+            elif r["wrapped"]:
+                ramp = f" + ~{r['ramp_bytes_estimate']} estimated during the ramp" if r["ramp_bytes_estimate"] else ""
+                bad.append(f"{node} {r['label']}: read {r['read_bytes']} bytes{ramp} from a region of "
+                           f"{r['region_bytes']} bytes")
+    if not bad:
+        return None
+    return ("not cold: a buffered read (O_DIRECT off) read more than its region, so it re-read the region from "
+            "the page cache: " + "; ".join(bad))
+
+
+def _rows_from_evidence(ev: FioReadEvidence) -> dict[str, list[dict[str, Any]]]:
+    time_based = True if ev.time_based is None else ev.time_based
+    reads: dict[str, list[tuple[str, int, float]]] = {n: [] for n in ev.nodes}
+    for s in ev.streams:
+        reads.setdefault(s.node, []).append((s.label, s.read_bytes or 0, s.read_gb_s * 1e9))
+    rows = {}
+    for node, rs in reads.items():
+        rec = ev.nodes.get(node)
+        regions = rec.stream_region_bytes if rec else None
+        if regions is None and rec is not None and rec.region_total_bytes:
+            regions = _derived_regions(rec.region_total_bytes, [r[0] for r in rs], ev.bs_bytes, ev.numjobs)
+        rows[node] = stream_reads(rs, regions, time_based=time_based, ramp_s=ev.ramp_s, numjobs=ev.numjobs)
+    return rows
+
+
+def _derived_regions(total: int, labels: list[str], bs_bytes: int, numjobs: int) -> dict[str, int] | None:
+    try:
+        return stream_regions(total, labels, bs_bytes, numjobs)
+    except WorkloadError:
+        return None
+
+
 def evaluate_fio_read(ev: FioReadEvidence) -> WorkloadResult:
-    """Pure: G1's metrics and validity from the evidence of every node."""
+    """Pure: G1's metrics and validity from the evidence of every node: cold when O_DIRECT was on or the page
+    cache was dropped on every node, and, for a buffered read, no stream read more than its region."""
     per_node: dict[str, list[float]] = {n: [] for n in ev.nodes}
     for s in ev.streams:
         per_node.setdefault(s.node, []).append(s.read_gb_s)
@@ -138,8 +225,42 @@ def evaluate_fio_read(ev: FioReadEvidence) -> WorkloadResult:
     if ev.node_errors:
         first = sorted(ev.node_errors.items())[0]
         return WorkloadResult(metrics, ev, error=f"node {first[0]}: {first[1]}")
-    invalid = cold_invalid_reason({n: r.page_cache_dropped for n, r in ev.nodes.items()}, ev.direct)
+    reasons = [cold_invalid_reason({n: r.page_cache_dropped for n, r in ev.nodes.items()}, ev.direct),
+               reread_invalid_reason(_rows_from_evidence(ev), ev.direct)]
+    invalid = "; ".join(r for r in reasons if r) or None
     return WorkloadResult(metrics, ev, invalid_reason=invalid)
+
+
+def reevaluate_fio_read(runs: dict[str, FioRun], ev: dict[str, Any], dropped: dict[str, bool], params: Any
+                        ) -> tuple[dict[str, float], str | None]:
+    """Pure: G1's metrics and validity again, from every node's raw fio output (``runs``), the recorded evidence
+    (``ev``, result.json's, as a dict), whether each node's page cache was proven dropped and the gate's params:
+    the same rules as :func:`evaluate_fio_read`."""
+    metrics = read_metrics({n: [g.read_gb_s for g in r.groups] for n, r in runs.items()})
+    direct = bool(getattr(params, "direct", ev.get("direct", True)))
+    time_based = ev.get("time_based")
+    time_based = True if time_based is None else bool(time_based)
+    ramp_s = float(getattr(params, "ramp_s", ev.get("ramp_s") or 0.0))
+    numjobs = int(getattr(params, "numjobs", ev.get("numjobs") or 1))
+    bs_bytes = int(getattr(params, "bs_bytes", ev.get("bs_bytes") or 1))
+    rows = {}
+    for node, run in runs.items():
+        rec = (ev.get("nodes") or {}).get(node)
+        rec = rec if isinstance(rec, dict) else {}
+        regions = rec.get("stream_region_bytes")
+        if not (isinstance(regions, dict) and all(isinstance(v, int) for v in regions.values())):
+            total = rec.get("region_total_bytes")
+            regions = _derived_regions(total, [g.label for g in run.groups], bs_bytes, numjobs) \
+                if isinstance(total, int) and total > 0 else None
+        rows[node] = stream_reads([(g.label, g.read_bytes, g.read_bw_bytes_s) for g in run.groups], regions,
+                                  time_based=time_based, ramp_s=ramp_s, numjobs=numjobs)
+    reasons = [cold_invalid_reason(dropped, direct), reread_invalid_reason(rows, direct)]
+    return metrics, "; ".join(r for r in reasons if r) or None
+
+
+def _time_based(p: FioReadParams) -> bool:
+    """Only an O_DIRECT read runs for its whole runtime: re-reading its region reads the device again."""
+    return p.direct
 
 
 def _job_path(node, gate_id: str) -> str:
@@ -176,8 +297,10 @@ class FioRead(Workload):
 
     def _job(self, p: FioReadParams, node, path: str, total: int, cpulists) -> str:
         streams = streams_for(node, total, p.bs_bytes, p.numjobs, cpulists, p.pin_numa)
+        # buffered: not time based, so fio stops at the end of each region and never re-reads it from the cache
         return job_file(path, streams, rw=p.rw, bs_bytes=p.bs_bytes, ioengine=p.ioengine, iodepth=p.iodepth,
-                        numjobs=p.numjobs, runtime_s=p.runtime_s, ramp_s=p.ramp_s, direct=p.direct)
+                        numjobs=p.numjobs, runtime_s=p.runtime_s, ramp_s=p.ramp_s, direct=p.direct,
+                        time_based=_time_based(p))
 
     @staticmethod
     def _pins(p: FioReadParams, node) -> bool:
@@ -230,8 +353,8 @@ class FioRead(Workload):
         nodes = {n: rec for n, (rec, _) in group.succeeded.items()}
         streams = [s for _, rows in group.succeeded.values() for s in rows]
         ev = FioReadEvidence(ioengine=p.ioengine, direct=p.direct, rw=p.rw, bs_bytes=p.bs_bytes, iodepth=p.iodepth,
-                             numjobs=p.numjobs, runtime_s=p.runtime_s, ramp_s=p.ramp_s, nodes=nodes, streams=streams,
-                             node_errors=group.failed)
+                             numjobs=p.numjobs, runtime_s=p.runtime_s, ramp_s=p.ramp_s, time_based=_time_based(p),
+                             nodes=nodes, streams=streams, node_errors=group.failed)
         (ctx.gate_dir / "streams.json").write_text(json.dumps([s.model_dump(mode="json") for s in streams], indent=1))
         return evaluate_fio_read(ev)
 
@@ -300,6 +423,11 @@ class FioRead(Workload):
             raise WorkloadError("fio reported no jobs")
         rows = stream_rows(node.name, run, {f"gpu{g.index}": g.index for g in node.gpus})
         rec.node_read_gb_s = sum(g.read_gb_s for g in run.groups)
+        rec.stream_region_bytes = {s.label: s.size_bytes // p.numjobs * p.numjobs
+                                   for s in streams_for(node, total, p.bs_bytes, p.numjobs, cpulists, p.pin_numa)}
+        rec.stream_reads = stream_reads([(g.label, g.read_bytes, g.read_bw_bytes_s) for g in run.groups],
+                                        rec.stream_region_bytes, time_based=_time_based(p), ramp_s=p.ramp_s,
+                                        numjobs=p.numjobs)
         return rec, rows
 
     def _ensure_file(self, ctx, tr, path: str, size_bytes: int, rec: FioNodeEvidence) -> bool:

@@ -2,8 +2,10 @@
 
 A ``kind: nvmeof-loopback`` target: per node, a known pattern is written on the backing device and read
 back through the NVMe-oF namespace, and another written through the namespace and read on the backing
-device (a user's block device not marked ``allow_destructive`` is only read on both paths and compared;
-every write to a backing kvgate did not make asks the write guard first, harness.writeguard).
+device. Every one of those writes asks the write guard first (harness.writeguard), whatever made the device:
+the backing, then the namespace reaching the same storage; a device that is mounted (a namespace carrying
+kv-read's ext4), holds a filesystem, partition table or signature, or that kvgate did not make and the target
+does not offer (``allow_destructive``) is only read on both paths and compared.
 
 A ``kind: nvmeof`` target (an array's namespace, found by NQN and checked: harness.execute.nvmeof): the
 namespace is not kvgate's, so the write guard decides first (a namespace holding a filesystem or partition
@@ -89,11 +91,13 @@ class NvmeIntegrity(Workload):
             writes = "write pattern on backing, read via NVMe/TCP; write via NVMe/TCP, read on backing"
             if spec.backing == "block" and not spec.allow_destructive:
                 mode = "read-only compare"
-            elif spec.backing == "null_blk":
-                mode = writes
             else:
-                mode = (f"{writes}, if the write guard allows it (lsblk, blkid -p and the serial of the backing "
-                        f"on the node; refused: {'the check fails' if spec.backing == 'block' else 'read-only compare'})")
+                offered = ("" if spec.backing in ("block", "file") or spec.allow_destructive else
+                           f"the {spec.backing} device kvgate made (its loopback state on the node; another: "
+                           "read-only compare), and ")
+                mode = (f"{writes}, if {offered}the write guard allows it on the backing (lsblk, blkid -p and "
+                        "its serial on the node) and on the namespace (not mounted, not read-only); refused: "
+                        f"{'the check fails' if spec.backing == 'block' else 'read-only compare'}")
             out.append(PlannedStep(name, f"integrity ({mode}) of {ctx.params.length_bytes} bytes per "
                                          f"direction on {spec.nqn} (dd with O_DIRECT, compared here)"))
         return out
@@ -188,7 +192,7 @@ def _run_nvmeof(ctx: GateContext, name: str, node, t, tr) -> tuple[dict[str, Any
         if backing_device(spec, st) is None:
             raise WorkloadError(f"the loopback {loop.name} serving {t.nqn} has no backing device (run "
                                 "'kvgate loopback up')")
-        res = lb.check_integrity(st, length_bytes=ctx.params.length_bytes, device=dev)
+        res = lb.check_integrity(st, length_bytes=ctx.params.length_bytes, device=dev, device_decision=decision)
     else:
         res = roundtrip_integrity(tr, run, dev, ctx.params.length_bytes, label=t.name, decision=decision)
     d = {**res.as_dict(), "nvmeof": nvmeof, "namespace_write_guard": decision.as_dict()}

@@ -1,5 +1,6 @@
 """Provisioning order, idempotency and teardown, planned from real probe outputs."""
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,6 +29,20 @@ def state(scenario: str, drop: tuple[str, ...] = ()) -> L.LoopbackState:
 
 def names(actions):
     return [a.name for a in actions]
+
+
+def kvgates(st: L.LoopbackState, spec: L.LoopbackSpec = SPEC) -> L.LoopbackState:
+    """The state as kvgate's own ``up`` left it: every object of the spec that is there is in its record."""
+    created = {}
+    for rid, there in L.record_ids(spec).items():
+        if there(st):
+            detail = ""
+            if rid.startswith("link:"):
+                detail = st.link_target or ""
+            elif rid.startswith("mount:"):
+                detail = L.mounted_filesystem(spec, st)[0]
+            created[rid] = detail
+    return replace(st, record=L.LoopbackRecord("boot-1", created))
 
 
 def test_fresh_node_plans_modules_then_backing():
@@ -63,7 +78,7 @@ def test_up_twice_plans_nothing_new():
 
 
 def test_down_reverses_up():
-    acts = L.plan_down(SPEC, state("up-null_blk"))
+    acts = L.plan_down(SPEC, kvgates(state("up-null_blk")))
     assert names(acts) == ["link-remove", "nvme-disconnect", "port4420-unlink", "port-rmdir", "ns1-disable",
                            "ns1-rmdir", "subsys-disallow-host", "subsys-rmdir", "host-rmdir", "nullb-power-off",
                            "nullb-rmdir"]
@@ -80,7 +95,7 @@ def test_down_after_half_done_up_removes_only_what_exists():
     st = state("up-null_blk", drop=("list-subsys", "list-namespaces", "link"))
     st.nvmet.ports.clear()
     assert L.summarize(SPEC, st)["state"] == "partial"
-    assert names(L.plan_down(SPEC, st)) == ["ns1-disable", "ns1-rmdir", "subsys-disallow-host", "subsys-rmdir",
+    assert names(L.plan_down(SPEC, kvgates(st))) == ["ns1-disable", "ns1-rmdir", "subsys-disallow-host", "subsys-rmdir",
                                             "host-rmdir", "nullb-power-off", "nullb-rmdir"]
 
 
@@ -110,18 +125,18 @@ def test_port_used_by_another_subsystem_with_other_address_is_an_error():
 def test_shared_port_is_kept_on_down():
     st = state("up-null_blk")
     st.nvmet.ports["4420"].subsystems.add("nqn.2024-01.io.example:other")
-    assert "port-rmdir" not in names(L.plan_down(SPEC, st))
+    assert "port-rmdir" not in names(L.plan_down(SPEC, kvgates(st)))
 
 
 def test_brd_and_file_backings():
     brd = replace(SPEC, backing="brd")
     st = state("up-brd")
     assert L.backing_device(brd, st) == "/dev/ram0" and L.plan_target(brd, st) == []
-    assert names(L.plan_down(brd, st))[-1] == "rmmod-brd"
+    assert names(L.plan_down(brd, kvgates(st, brd)))[-1] == "rmmod-brd"
     f = replace(SPEC, backing="file", backing_path="/tmp/kv0.img")
     st = state("up-file")
     assert L.backing_device(f, st) == "/tmp/kv0.img" and st.file_created_by_kvgate
-    assert names(L.plan_down(f, st))[-1] == "file-remove"
+    assert names(L.plan_down(f, kvgates(st, f)))[-1] == "file-remove"
     fresh = L.plan_backing(f, state("fresh"))
     assert names(fresh)[-3:] == ["file-mkdir", "file-create", "file-mark-created"]
 
@@ -213,7 +228,7 @@ def test_rdma_status_layers_and_the_rdma_device():
 
 
 def test_rdma_down_deletes_only_kvgates_soft_roce_device_and_only_when_no_rdma_port_needs_it():
-    st = with_links(state("down"), "none")
+    st = kvgates(with_links(state("down"), "none"), RDMA)
     assert names(L.plan_down(RDMA, st))[-1] == "rdma-link-delete"
     st.nvmet.ports["4422"] = L.P.PortState("4422", trtype="rdma", traddr="10.0.2.15", trsvcid="4422",
                                             subsystems={"nqn.2024-01.io.kvgate:other"})
@@ -250,7 +265,7 @@ def test_mounts_parse_with_octal_escapes_and_the_last_mount_on_a_point_wins():
 
 
 def test_down_unmounts_the_filesystem_before_it_disconnects():
-    st = with_mount(state("up-null_blk"), "/dev/nvme0n1")
+    st = kvgates(with_mount(state("up-null_blk"), "/dev/nvme0n1"), FS_SPEC)
     acts = L.plan_down(FS_SPEC, st)
     assert names(acts)[:3] == ["umount", "link-remove", "nvme-disconnect"]
     assert acts[0].argv == ("umount", "/mnt/kvgate-kv")
@@ -293,8 +308,12 @@ def test_a_blank_namespace_passes_the_write_guard_then_gets_ext4_and_is_mounted(
     error, records, decision = _fs(node, state("up-null_blk"))
     assert error is None, error
     assert decision.allowed and decision.path == "/dev/nvme0n1"  # asked before anything was written
-    assert [r.name for r in records] == ["mkfs", "mount-dir", "mount"]
+    assert [r.name for r in records] == ["mkfs", "state-write", "mount-dir", "mount", "state-write"]
+    records = [r for r in records if r.name != "state-write"]
     assert records[0].argv[0] == "/usr/sbin/mke2fs" and records[0].argv[-1] == "/dev/nvme0n1"
+    fs_uuid = records[0].argv[records[0].argv.index("-U") + 1]
+    saved = json.loads(node.ran[-1][-1])  # what kvgate made is recorded on the node: its filesystem, its mount
+    assert saved["created"] == {f"filesystem:{NQN}:1": fs_uuid, "mount:/mnt/kvgate-kv": "/dev/nvme0n1"}
     assert "-t" in records[0].argv and "ext4" in records[0].argv
     assert records[2].argv == ("mount", "-t", "ext4", "/dev/nvme0n1", "/mnt/kvgate-kv")
 
@@ -307,10 +326,17 @@ def test_a_namespace_holding_another_filesystem_is_not_formatted_over():
 
 
 def test_ext4_from_an_earlier_up_is_mounted_as_it_is_and_a_mounted_one_is_left_alone():
-    node = Node({("blkid",): (0, "TYPE=ext4\n")})
-    error, records, _ = _fs(node, state("up-null_blk"), verify=True)  # no integrity patterns over the filesystem
-    assert error is None and [r.name for r in records] == ["mount-dir", "mount"]
+    node = Node({("blkid",): (0, "TYPE=ext4\nUUID=0b5e-kvgate\n")})
+    st = replace(state("up-null_blk"), record=L.LoopbackRecord("boot-1", {f"filesystem:{NQN}:1": "0b5e-kvgate"}))
+    error, records, _ = _fs(node, st, verify=True)  # no integrity patterns over the filesystem
+    assert error is None and [r.name for r in records] == ["mount-dir", "mount", "state-write"]
     assert not any("dd" in a[0] for a in node.ran)
+    # an ext4 kvgate did not make (no record of it, or another UUID) is neither mounted nor written
+    for record in (L.LoopbackRecord("boot-1", {}), L.LoopbackRecord("boot-1", {f"filesystem:{NQN}:1": "other"})):
+        node = Node({("blkid",): (0, "TYPE=ext4\nUUID=0b5e-kvgate\n")})
+        error, records, _ = _fs(node, replace(state("up-null_blk"), record=record), verify=True)
+        assert "that kvgate did not make: not mounted" in error and records == []
+        assert [a[0] for a in node.ran] == ["blkid"]
     node = Node({})
     error, records, _ = _fs(node, with_mount(state("up-null_blk"), "/dev/nvme0n1"))
     assert error is None and records == [] and node.ran == []

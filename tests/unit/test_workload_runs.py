@@ -111,28 +111,56 @@ def test_fio_read_refuses_a_short_file_it_did_not_create(tmp_path):
 # ------------------------------------------------------------------------------------------ nvme-integrity
 
 
-def loopback_node(corrupt_reads: bool = False) -> ScriptedTransport:
+def loopback_node(corrupt_reads: bool = False, inventory: str = "loopback.yaml", target: str = "kv0",
+                  holds: dict[str, str] | None = None, mounted: dict[str, str] | None = None,
+                  made: tuple[str, ...] | None = None) -> ScriptedTransport:
     """A guest whose loopback is up (probe outputs captured from the real guest) and whose null_blk device
-    serves both paths: dd through the backing device and through /dev/nvmeXnY reach the same bytes."""
+    serves both paths: dd through the backing device and through /dev/nvmeXnY reach the same bytes.
+
+    The write guard's probes are answered too: ``holds`` device -> the filesystem blkid finds on it, ``mounted``
+    device -> where lsblk shows it mounted; ``made``: the record ids kvgate's loopback state on the node holds
+    (default: the null_blk device, which kvgate's ``up`` made)."""
     # L1 on the loopback target itself (gates/loopback.yaml reads through its kind: nvmeof targets instead)
     gates = Path(tempfile.mkdtemp(prefix="kvgate-test-")) / "l1.yaml"
     gates.write_text(yaml.safe_dump({"suite": {"name": "loopback-kv0", "version": 1}, "gates": [{
         "id": "L1", "title": "integrity", "workload": "nvme-integrity", "metric": "mismatched_bytes",
-        "pass": "<= 0 B", "stop_loss": "> 0 B", "params": {"target": "kv0", "length_bytes": 1 << 20}}]}))
-    cfg = load_config(ROOT / "inventory" / "loopback.yaml", gates, WORKLOADS)
-    spec = L.LoopbackSpec.from_target(cfg.inventory.node("guest").target("kv0"), "guest")
-    outs = {p.stem: (int((p.with_suffix(".rc")).read_text()), p.read_text())
+        "pass": "<= 0 B", "stop_loss": "> 0 B", "params": {"target": target, "length_bytes": 1 << 20}}]}))
+    cfg = load_config(ROOT / "inventory" / inventory, gates, WORKLOADS)
+    spec = L.LoopbackSpec.from_target(cfg.inventory.node("guest").target(target), "guest")
+    # the captured guest ran kv0: the same kernel objects under this target's names
+    outs = {p.stem: (int((p.with_suffix(".rc")).read_text()),
+                     p.read_text().replace("loopback-kv0", f"loopback-{target}").replace("kvgate-kv0", f"kvgate-{target}"))
             for p in (FIX / "nvme" / "up-null_blk").glob("*.out")}
+    for dev, point in (mounted or {}).items():
+        outs["mounts"] = (0, outs["mounts"][1] + f"{dev} {point} ext4 rw,relatime 0 0\n")
+    boot = "b00t-1d"
+    record = L.LoopbackRecord(boot, {rid: "" for rid in (made if made is not None else (f"nullb:{spec.nullb_name}",))})
+    outs["state"] = (0, f"{boot}\n{record.to_json()}")
     st = L.parse_state(outs)
     devices = {L.backing_device(spec, st), L.nvme_device(spec, st)}
     probes = {argv: name for name, argv in L.probe_commands(spec).items()}
     disk = bytearray(8 << 20)
     node = ScriptedTransport(name="guest")
 
+    def lsblk(path):
+        return json.dumps({"blockdevices": [{"name": path.rsplit("/", 1)[-1], "path": path, "type": "disk",
+                                             "size": 268435456, "ro": False, "fstype": None, "pttype": None,
+                                             "serial": None, "model": None,
+                                             "mountpoint": (mounted or {}).get(path)}]})
+
     def handler(call):
         if call.argv in probes:
             rc, out = outs.get(probes[call.argv], (1, ""))
             return Reply(rc=rc, stdout=out)
+        if call.argv[:1] == ("sh",) and call.argv[3:4] == ("kvgate-path-probe",):
+            return Reply(stdout="block\nforeign\n268435456\n")
+        if call.argv[:1] == ("sh",) and call.argv[3:4] == ("kvgate-identity",):
+            return Reply()
+        if call.argv[0] == "lsblk":
+            return Reply(stdout=lsblk(call.argv[-1]))
+        if call.argv[0] == "blkid":
+            fs = (holds or {}).get(call.argv[-1])
+            return Reply(stdout=f"TYPE={fs}\nUUID=1b2c\n") if fs else Reply(rc=2)
         if call.argv[0] == "dd":
             a = dict(x.split("=", 1) for x in call.argv[1:])
             bs, count = int(a["bs"]), int(a["count"])
@@ -155,6 +183,12 @@ def loopback_node(corrupt_reads: bool = False) -> ScriptedTransport:
     return cfg, node
 
 
+def dd_writes(node: ScriptedTransport) -> list[str]:
+    """The devices dd wrote to on the node (a write is a dd whose output is not a /tmp file)."""
+    return [dict(x.split("=", 1) for x in c[1:])["of"] for c in node.commands
+            if c[0] == "dd" and not dict(x.split("=", 1) for x in c[1:])["of"].startswith("/tmp/")]
+
+
 def test_nvme_integrity_writes_on_one_path_and_reads_back_on_the_other(tmp_path):
     cfg, node = loopback_node()
     ctx = context(cfg, "L1", {"guest": node}, tmp_path)
@@ -167,7 +201,38 @@ def test_nvme_integrity_writes_on_one_path_and_reads_back_on_the_other(tmp_path)
     dds = [c for c in node.commands if c[0] == "dd"]
     assert [("oflag=direct" in d, "iflag=direct" in d) for d in dds] == [(True, False), (False, True)] * 2
     assert evaluate(ctx.gate, result, "B").outcome is Outcome.PASS
-    assert json.loads((ctx.gate_dir / "guest-integrity.json").read_text())["mismatched_bytes"] == 0
+    saved = json.loads((ctx.gate_dir / "guest-integrity.json").read_text())
+    assert saved["mismatched_bytes"] == 0
+    # both writes asked the write guard first: on the backing, then on the namespace reaching it
+    assert saved["write_guard"]["allowed"] and saved["write_guard"]["path"] == "/dev/kvgate-kv0"
+    assert saved["device_write_guard"]["allowed"] and saved["device_write_guard"]["path"] == "/dev/nvme0n1"
+    assert dd_writes(node) == ["/dev/kvgate-kv0", "/dev/nvme0n1"]
+
+
+@pytest.mark.parametrize("case", ["mounted ext4", "mounted namespace", "not kvgate's"])
+def test_nvme_integrity_never_writes_into_kv_reads_mounted_pool_or_a_device_kvgate_did_not_make(tmp_path, case):
+    """inventory/loopback-kv-read.yaml after `loopback up`: kv2's namespace carries the mounted ext4 with the KV
+    pool. The integrity gate asks the write guard, which refuses, and only reads both paths and compares."""
+    ns, backing = "/dev/nvme0n1", "/dev/kvgate-kv2"
+    kw = {"mounted ext4": dict(holds={ns: "ext4", backing: "ext4"}, mounted={ns: "/mnt/kvgate-kv"}),
+          # the backing looks blank to blkid, yet the namespace is mounted: the namespace's own check refuses
+          "mounted namespace": dict(mounted={ns: "/mnt/kvgate-kv"}),
+          # a null_blk device by kvgate's name that kvgate's state does not record: the node's, not offered
+          "not kvgate's": dict(made=())}[case]
+    cfg, node = loopback_node(inventory="loopback-kv-read.yaml", target="kv2", **kw)
+    ctx = context(cfg, "L1", {"guest": node}, tmp_path)
+    result = WORKLOADS["nvme-integrity"]().run(ctx)
+    assert dd_writes(node) == []  # not a byte written on either path
+    saved = json.loads((ctx.gate_dir / "guest-integrity.json").read_text())
+    assert [c["direction"] for c in saved["checks"]] == ["compare"] and saved["ok"], saved
+    if case == "mounted ext4":
+        assert not saved["write_guard"]["allowed"] and "filesystem ext4" in saved["write_guard"]["reason"]
+    elif case == "mounted namespace":
+        assert saved["write_guard"]["allowed"] and not saved["device_write_guard"]["allowed"]
+        assert "/dev/nvme0n1 is mounted at /mnt/kvgate-kv" in saved["device_write_guard"]["reason"]
+    else:
+        assert saved["write_guard"] is None and not any(c[0] == "lsblk" for c in node.commands)
+    assert result.error is None and evaluate(ctx.gate, result, "B").outcome is Outcome.PASS
 
 
 def test_nvme_integrity_counts_every_differing_byte_and_stops_the_suite(tmp_path):
