@@ -99,6 +99,19 @@ def _stop_gate(scoped: dict[str, ScopedTransport], reason: str) -> dict[str, Any
     return {n: (o.value if o.ok else f"stop failed: {o.error}") for n, o in group.items()}
 
 
+def gate_context(gate, params, nodes: dict[str, Any], scoped: dict[str, ScopedTransport], steps: StepLog,
+                 gate_dir: Path, progress: Callable[[str], None], nvmeof=None, http=None,
+                 clock: Clock | None = None) -> GateContext:
+    """A gate's context as a run makes it: its cancellation (the deadline ``timeout_s`` from now on ``clock``,
+    what its waits and requests check) guards its directory and its steps once the gate ended."""
+    clock = clock or Clock()
+    cancel = Cancellation(clock, timeout_s=gate.timeout_s, what=f"gate {gate.id}")
+    guard_directory(gate_dir, cancel)
+    return GateContext(gate=gate, params=params, nodes=nodes, transports=scoped,
+                       steps=steps.guarded(cancel.guard_write), gate_dir=gate_dir, progress=progress,
+                       http=http, nvmeof=nvmeof, clock=clock, cancel=cancel)
+
+
 def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransport],
                       progress: Callable[[str], None], still_running: list[str] | None = None) -> WorkloadResult:
     """Run one gate's workload, bounded by the gate's ``timeout_s``, and end the gate.
@@ -235,14 +248,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
             else:
                 scoped = {n: ScopedTransport(opened[n]) for n in nodes}
                 views.extend(scoped.values())
-                # The gate's cancellation: its deadline, what its waits and requests check, and the guard on its
-                # directory and its steps once it ended.
-                clock = Clock()
-                cancel = Cancellation(clock, timeout_s=gate.timeout_s, what=f"gate {gate.id}")
-                guard_directory(gate_dir, cancel)
-                ctx = GateContext(gate=gate, params=config.params[gate.id], nodes=nodes,
-                                  transports=scoped, steps=steps.guarded(cancel.guard_write), gate_dir=gate_dir,
-                                  progress=progress, nvmeof=managed, clock=clock, cancel=cancel)
+                ctx = gate_context(gate, config.params[gate.id], nodes, scoped, steps, gate_dir, progress, managed)
                 try:
                     result = run_gate_workload(wl_cls(), ctx, scoped, progress, still_running)
                 except KeyboardInterrupt as exc:
