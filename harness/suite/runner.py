@@ -48,6 +48,8 @@ class RunOutcome:
     bundle: BundleInfo | None = None
     interrupted: bool = False
     messages: list[str] = field(default_factory=list)
+    # what stopped the run: a KeyboardInterrupt (Ctrl-C) or the CLI's subclass for SIGTERM / SIGHUP (``signum``)
+    interrupt: KeyboardInterrupt | None = None
     unstopped: list[str] = field(default_factory=list)  # gates whose workload did not stop: no bundle
 
 
@@ -151,8 +153,8 @@ def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransp
     try:
         worker.join(gate.timeout_s)
     except KeyboardInterrupt as exc:
-        ctx.cancel.cancel(f"interrupted ({exc or 'Ctrl-C'})")
-        _stop_gate(scoped, f"gate {gate.id} interrupted by the operator")
+        ctx.cancel.cancel(f"interrupted ({_stopped_by(exc)})")
+        _stop_gate(scoped, f"gate {gate.id} interrupted ({_stopped_by(exc)})")
         join(STOP_GRACE_S)
         raise
     if not worker.is_alive() and not box.get("cut_short"):
@@ -195,6 +197,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     node_errors: dict[str, str] = {}
     verdicts: list[Verdict] = []
     interrupted = False
+    interrupt: KeyboardInterrupt | None = None
     still_running: list[str] = []  # gates whose workload did not return after they were stopped
     suite = config.suite
     # connect: managed NVMe-oF targets: connected before the facts (the snapshot shows them), disconnected in
@@ -252,7 +255,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 try:
                     result = run_gate_workload(wl_cls(), ctx, scoped, progress, still_running)
                 except KeyboardInterrupt as exc:
-                    interrupted = True
+                    interrupted, interrupt = True, exc
                     result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
             verdict = evaluate(gate, result, unit)
             _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
@@ -269,7 +272,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
             elif verdict.outcome is Outcome.STOP:
                 stop_at = gate.id
     except KeyboardInterrupt as exc:
-        interrupted = True
+        interrupted, interrupt = True, exc
         progress(f"stopping the run: {_stopped_by(exc)}")
     finally:
         for view in views:
@@ -300,9 +303,10 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 "node_errors": node_errors},
     }
     _write_json(run_dir / "verdicts.json", summary)
-    outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted)
+    outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted, interrupt=interrupt)
     if interrupted:
-        outcome.messages.append(f"interrupted: partial results kept in {run_dir}; no bundle was written")
+        outcome.messages.append(f"interrupted ({_stopped_by(interrupt) if interrupt else 'Ctrl-C'}): partial results "
+                                f"kept in {run_dir}; no bundle was written")
         return outcome
     if still_running:
         outcome.unstopped = list(still_running)

@@ -25,6 +25,7 @@ from harness.suite.runner import run_suite
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
 from facts_double import answer_facts, is_facts_call
+from signals import ctrl_c_raises
 
 ROOT = Path(__file__).resolve().parents[2]
 FX = ROOT / "tests" / "fixtures" / "nvmeof"
@@ -261,8 +262,9 @@ def test_ctrl_c_during_a_managed_run_disconnects_what_kvgate_connected(tmp_path)
         while time.monotonic() < deadline and not sent(fab, "fio --output-format=json"):
             time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGINT)
-    threading.Thread(target=interrupt, daemon=True).start()
-    out = run(cfg, tmp_path, fab)
+    with ctrl_c_raises():  # whatever SIGINT was when the suite started (nohup, a background job)
+        threading.Thread(target=interrupt, daemon=True).start()
+        out = run(cfg, tmp_path, fab)
     assert out.interrupted and out.bundle is None
     kill = next(i for i, e in enumerate(fab.node.events) if e.kind == "kill")
     disc = next(i for i, e in enumerate(fab.node.events) if e.argv[:2] == ("nvme", "disconnect"))
