@@ -122,3 +122,47 @@ def test_writes_into_a_gate_after_it_ended_are_refused_and_recorded(tmp_path):
     # the run's own log is not the gate's: a step of the run outside any gate still lands
     steps.run(ScriptedTransport(lambda call: Reply(), name="n1"), "after", ["true"])
     assert [d.name.split("-", 1)[1] for d in (run_dir / "steps").iterdir()] == ["n1-after"]
+
+
+def test_a_workload_that_does_not_stop_ends_the_run_without_a_bundle(tmp_path, monkeypatch):
+    """A workload stuck where no cancellation reaches it: no later gate runs beside it, and no bundle is written
+    around a thread that may still write into the run."""
+    import yaml
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from harness.config import load_config
+    from harness.suite import runner
+    from harness.workloads import WORKLOADS
+    from harness.workloads.base import Workload
+
+    release = threading.Event()
+
+    class Unstoppable(Workload):
+        name = "test-unstoppable"
+        METRICS = {"x_s": "s"}
+
+        def plan(self, ctx):
+            return []
+
+        def run(self, ctx):
+            release.wait(60)  # deaf to its gate's cancellation
+            return WorkloadResult({"x_s": 1.0})
+
+    monkeypatch.setitem(WORKLOADS, "test-unstoppable", Unstoppable)
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.2)
+    gates = [{"id": g, "title": g, "workload": "test-unstoppable", "metric": "x_s", "pass": ">= 0 s",
+              "timeout_s": 0.3} for g in ("U1", "U2")]
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump({"suite": {"name": "u", "version": 1}, "gates": gates}))
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local", "work_dir": "/w"}]}))
+    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    try:
+        out = runner.run_suite(cfg, tmp_path / "out", Ed25519PrivateKey.generate(),
+                               transports={"n1": ScriptedTransport(lambda call: Reply(), name="n1")},
+                               progress=lambda m: None, make_tar=False)
+    finally:
+        release.set()
+    assert [v.outcome.value for v in out.verdicts] == ["ERROR", "SKIPPED"], [v.reason for v in out.verdicts]
+    assert "did not return within 0.2 s" in out.verdicts[0].reason
+    assert "U1 (its workload did not stop)" in out.verdicts[1].reason
+    assert out.bundle is None and out.unstopped == ["U1"] and any("no bundle was written" in m for m in out.messages)
+    assert not [d for d in (tmp_path / "out").iterdir() if d.name.startswith("KVG-")]
