@@ -6,6 +6,9 @@ inherited as ignored, and kvgate honours an inherited SIG_IGN, as Python does fo
   back to their defaults in the child, as a user's shell starts a foreground command.
 - ``ctrl_c_raises()``: for a test that interrupts its own process (``os.kill(os.getpid(), SIGINT)``,
   ``_thread.interrupt_main()``): SIGINT raises KeyboardInterrupt while the block runs, whatever it was before.
+- ``signal_raises(sig)``: for a test that sends its own process SIGINT, SIGTERM or SIGHUP: while the block runs,
+  the signal raises what the kvgate CLI makes of it (KeyboardInterrupt; ``Stopped`` for SIGTERM and SIGHUP, from
+  the CLI's own handlers), whatever it was before.
 - ``processes_tagged(tag)``: PIDs of this user's processes whose environment holds ``tag`` (a value unique to
   the test, put in the environment of the command the test starts, so it reaches everything that command
   starts): never a match on process names machine-wide.
@@ -34,6 +37,24 @@ def ctrl_c_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def signal_raises(sig: int) -> Iterator[None]:
+    if sig == signal.SIGINT:
+        with ctrl_c_raises():
+            yield
+        return
+    from harness.cli.main import install_stop_handlers, restore_handlers
+
+    saved = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGHUP)}
+    installed = install_stop_handlers()
+    try:
+        yield
+    finally:
+        restore_handlers(installed)
+        for s, h in saved.items():
+            signal.signal(s, h)
 
 
 def processes_tagged(tag: str) -> list[int]:
