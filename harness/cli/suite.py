@@ -13,7 +13,7 @@ from ..rigs.guest import open_guest_transports
 from ..suite.plan import plan_text
 from ..suite.runner import run_suite
 from ..workloads import WORKLOADS
-from .exits import EXIT_FOR_OUTCOME, EXIT_INTERRUPTED, EXIT_OK
+from .exits import EXIT_FOR_OUTCOME, EXIT_INTERRUPTED, EXIT_OK, exit_for_interrupt
 
 DEFAULT_INVENTORY = "inventory/localhost.yaml"
 DEFAULT_GATES = "gates/local.yaml"
@@ -76,7 +76,9 @@ def cmd_run(args) -> int:
         if signing.pub_path is not None:
             print(f"verify with: kvgate verify {outcome.bundle.tar_path or outcome.bundle.path} "
                   f"--pubkey {signing.pub_path}")
-    return EXIT_INTERRUPTED if outcome.interrupted else EXIT_FOR_OUTCOME[outcome.overall]
+    if outcome.interrupted:
+        return exit_for_interrupt(outcome.interrupt) if outcome.interrupt is not None else EXIT_INTERRUPTED
+    return EXIT_FOR_OUTCOME[outcome.overall]
 
 
 def register(sub) -> None:

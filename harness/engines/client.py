@@ -12,6 +12,10 @@ Timing model (one request):
 A failed request (connection error, HTTP error, malformed or empty stream) is a record whose ``error``
 says what happened; nothing here raises for a request that went wrong. The clock is injectable so the
 arithmetic can be tested with a scripted clock.
+
+Stopping: ``stop`` (anything with ``is_set()``: a ``threading.Event``, a gate's Cancellation) is watched while
+requests run. Once it is set no request is sent any more and those in flight are dropped (their connections
+closed); each becomes a record whose ``error`` starts with ``cancelled``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import httpx
 
@@ -28,6 +32,18 @@ from ..parsers.sse import DONE, chunk_text, is_token_chunk, sse_data
 from ..stats import percentile
 
 Clock = Callable[[], float]
+
+# How often a running batch of requests looks at its stop flag: the longest a request goes on after the stop.
+STOP_POLL_S = 0.02
+
+
+class StopFlag(Protocol):
+    """What ``run_requests`` watches: set means send nothing more and drop what is in flight."""
+
+    def is_set(self) -> bool: ...
+
+
+CANCELLED = "cancelled: the gate was stopped before this request completed"
 
 
 @dataclass(frozen=True)
@@ -165,25 +181,47 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
         return rec(f"{type(exc).__name__}: {exc}", clock())
 
 
+def _cancelled_record(req: CompletionRequest, queue_s: float) -> RequestRecord:
+    return RequestRecord(request_id=req.request_id, prompt_tokens=req.prompt_tokens, queue_s=queue_s, ttft_s=None,
+                         itl_s=(), latency_s=None, e2e_s=None, output_chunks=0, output_text="", http_status=None,
+                         error=CANCELLED)
+
+
 async def run_requests(base_url: str, requests: Sequence[CompletionRequest], model: str, concurrency: int = 1,
                        clock: Clock = time.perf_counter, transport: httpx.AsyncBaseTransport | None = None,
                        timeout_s: float | None = 600.0, path: str = "/v1/completions",
-                       api: ApiShape | None = None) -> list[RequestRecord]:
-    """Send all requests with at most ``concurrency`` in flight; records come back in request order."""
+                       api: ApiShape | None = None, stop: StopFlag | None = None) -> list[RequestRecord]:
+    """Send all requests with at most ``concurrency`` in flight; records come back in request order. Once
+    ``stop`` is set, nothing more is sent and requests in flight are dropped (records with ``error`` CANCELLED)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     sem = asyncio.Semaphore(concurrency)
     url = base_url.rstrip("/") + path
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    stopped = stop is not None and stop.is_set()
     async with httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout_s) as client:
         async def one(req: CompletionRequest, t_submit: float) -> RequestRecord:
             async with sem:
                 queue_s = clock() - t_submit
+                if stop is not None and stop.is_set():  # a slot freed after the stop: not sent
+                    return _cancelled_record(req, queue_s)
                 return await stream_completion(client, url, req, model, clock=clock, queue_s=queue_s,
                                                timeout_s=timeout_s, api=api)
         # Every request is submitted now; a request's wait for a free slot is its queue_s.
         t_submit = clock()
-        return list(await asyncio.gather(*(one(r, t_submit) for r in requests)))
+        if stopped:
+            return [_cancelled_record(r, 0.0) for r in requests]
+        tasks = [asyncio.ensure_future(one(r, t_submit)) for r in requests]
+        if stop is not None:
+            pending = set(tasks)
+            while pending and not stop.is_set():
+                _done, pending = await asyncio.wait(pending, timeout=STOP_POLL_S)
+            for t in pending:  # the stop came: drop what is in flight (the client's exit closes its connections)
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        else:
+            await asyncio.gather(*tasks)
+        return [_cancelled_record(r, 0.0) if t.cancelled() else t.result() for r, t in zip(requests, tasks)]
 
 
 def run_requests_sync(base_url: str, requests: Sequence[CompletionRequest], model: str, concurrency: int = 1,

@@ -1,9 +1,11 @@
 """Clock alignment of nodes: each node's clock offset from ours, estimated NTP-style from round trips of
 ``date +%s.%N`` through its transport (over one open session per node where the transport allows it), and
-the offset actually applied when aligning its times."""
+the offset actually applied when aligning its times; and the clock a gate's waits run on (:class:`Clock`, with
+:class:`ScriptedClock` for tests)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -171,3 +173,46 @@ def measure_clock_offsets(transports: Mapping[str, Transport], samples: int = 5,
         for session in opened.succeeded.values():
             if session is not None:
                 session.close()
+
+
+# ------------------------------------------------------------------------------------ a gate's clock
+
+
+class Clock:
+    """The time a gate's waits and polls run on (``GateContext.clock``): monotonic seconds, and a wait that
+    ends early when an event is set (a gate's cancellation), so no wait outlives the gate it belongs to.
+    Tests hand in a :class:`ScriptedClock` to run those waits without sleeping."""
+
+    def now(self) -> float:
+        """Monotonic seconds (only differences mean anything)."""
+        return time.monotonic()
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Wait up to ``seconds`` (at most) for ``event``; True when it is set."""
+        return event.wait(max(0.0, seconds))
+
+
+class ScriptedClock(Clock):
+    """A clock for tests: ``now`` starts at ``start`` and moves only when a wait passes (the whole wait at once)
+    or the test calls :meth:`advance`; every wait is recorded in ``waits``. ``on_wait(clock, seconds)`` runs
+    before a wait passes, so a test can act at a chosen point of a polling loop (set an event, move time)."""
+
+    def __init__(self, start: float = 1000.0,
+                 on_wait: Callable[["ScriptedClock", float], None] | None = None):
+        self.t = float(start)
+        self.waits: list[float] = []
+        self.on_wait = on_wait
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        self.waits.append(seconds)
+        if self.on_wait is not None:
+            self.on_wait(self, seconds)
+        if not event.is_set():
+            self.t += max(0.0, seconds)
+        return event.is_set()

@@ -20,6 +20,9 @@ from typing import Any, Callable
 from .. import __version__
 from ..config import Config
 from ..errors import HarnessError
+from ..execute.cancel import Cancellation, GateEnded, guard_directory
+from ..execute.cancel import write_text as write_gate_file
+from ..execute.clock import Clock
 from ..execute.facts import collect_node_facts
 from ..execute.fanout import fan_out
 from ..execute.nvmeof import ManagedTargets, managed_targets
@@ -45,6 +48,9 @@ class RunOutcome:
     bundle: BundleInfo | None = None
     interrupted: bool = False
     messages: list[str] = field(default_factory=list)
+    # what stopped the run: a KeyboardInterrupt (Ctrl-C) or the CLI's subclass for SIGTERM / SIGHUP (``signum``)
+    interrupt: KeyboardInterrupt | None = None
+    unstopped: list[str] = field(default_factory=list)  # gates whose workload did not stop: no bundle
 
 
 def _progress_printer(stream=sys.stderr) -> Callable[[str], None]:
@@ -53,6 +59,11 @@ def _progress_printer(stream=sys.stderr) -> Callable[[str], None]:
     def progress(msg: str) -> None:
         print(f"[{time.monotonic() - t0:7.1f}s] {msg}", file=stream, flush=True)
     return progress
+
+
+def _stopped_by(exc: KeyboardInterrupt) -> str:
+    """What stopped the run, in words: the signal the CLI turned into a KeyboardInterrupt (its text), or Ctrl-C."""
+    return str(exc) or "Ctrl-C"
 
 
 def new_run_dir(out_dir: Path) -> Path:
@@ -74,12 +85,14 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 class GateTimeoutEvidence(Evidence):
-    """A gate stopped at its ``timeout_s``: what was stopped on each node, and what the workload saw after."""
+    """A gate stopped at its ``timeout_s``: what was stopped on each node, what the workload saw after, and every
+    write into the gate's directory (or a step of it) that was refused because it came after the gate's end."""
 
     timeout_s: float
     stopped_process_groups: dict[str, Any] = {}
     workload_returned_after_stop: bool = False
     after_stop: dict[str, Any] | None = None
+    refused_writes: list[dict[str, Any]] = []
 
 
 def _stop_gate(scoped: dict[str, ScopedTransport], reason: str) -> dict[str, Any]:
@@ -88,16 +101,33 @@ def _stop_gate(scoped: dict[str, ScopedTransport], reason: str) -> dict[str, Any
     return {n: (o.value if o.ok else f"stop failed: {o.error}") for n, o in group.items()}
 
 
-def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransport],
-                      progress: Callable[[str], None]) -> WorkloadResult:
-    """Run one gate's workload, bounded by the gate's ``timeout_s``.
+def gate_context(gate, params, nodes: dict[str, Any], scoped: dict[str, ScopedTransport], steps: StepLog,
+                 gate_dir: Path, progress: Callable[[str], None], nvmeof=None, http=None,
+                 clock: Clock | None = None) -> GateContext:
+    """A gate's context as a run makes it: its cancellation (the deadline ``timeout_s`` from now on ``clock``,
+    what its waits and requests check) guards its directory and its steps once the gate ended."""
+    clock = clock or Clock()
+    cancel = Cancellation(clock, timeout_s=gate.timeout_s, what=f"gate {gate.id}")
+    guard_directory(gate_dir, cancel)
+    return GateContext(gate=gate, params=params, nodes=nodes, transports=scoped,
+                       steps=steps.guarded(cancel.guard_write), gate_dir=gate_dir, progress=progress,
+                       http=http, nvmeof=nvmeof, clock=clock, cancel=cancel)
 
-    The workload runs in a worker thread; past the timeout (or on Ctrl-C) the process group of every
-    command it still runs is killed on every node (local and SSH) and its views start nothing more.
+
+def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransport],
+                      progress: Callable[[str], None], still_running: list[str] | None = None) -> WorkloadResult:
+    """Run one gate's workload, bounded by the gate's ``timeout_s``, and end the gate.
+
+    The workload runs in a worker thread. Past the timeout (or on Ctrl-C, SIGTERM, SIGHUP) the gate's
+    cancellation (``ctx.cancel``) is set first, so its waits, polls and HTTP requests end and it writes nothing
+    more into its gate (refused writes are recorded); then the process group of every command it still runs is
+    killed on every node (local and SSH) and its views start nothing more; then the worker is joined. A gate
+    whose workload does not return within STOP_GRACE_S after that is named in ``still_running``: the run does
+    not start another gate beside it. Whatever happened, the gate has ended for writes when this returns.
     A timed-out gate is ERROR "timed out after N s"; a bug in a workload is ERROR with the trace on disk.
     """
     gate = ctx.gate
-    box: dict[str, WorkloadResult] = {}
+    box: dict[str, Any] = {}
 
     def work() -> None:
         try:
@@ -105,26 +135,39 @@ def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransp
         except HarnessError as exc:
             box["result"] = WorkloadResult(error=str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug in a workload is an ERROR verdict, with the trace on disk
-            (ctx.gate_dir / "traceback.txt").write_text(traceback.format_exc())
+            try:
+                write_gate_file(ctx.gate_dir / "traceback.txt", traceback.format_exc())
+            except GateEnded:  # recorded by the gate's token; the error below still says what happened
+                pass
             box["result"] = WorkloadResult(error=f"internal error: {type(exc).__name__}: {exc}")
+        box["cut_short"] = ctx.cancel.is_set()  # it returned because its gate was stopped (deadline reached)
+
+    def join(grace_s: float) -> bool:
+        worker.join(grace_s)
+        if worker.is_alive() and still_running is not None:
+            still_running.append(gate.id)
+        return not worker.is_alive()
 
     worker = threading.Thread(target=work, name=f"gate-{gate.id}", daemon=True)
     worker.start()
     try:
         worker.join(gate.timeout_s)
-    except KeyboardInterrupt:
-        _stop_gate(scoped, f"gate {gate.id} interrupted by the operator")
-        worker.join(STOP_GRACE_S)
+    except KeyboardInterrupt as exc:
+        ctx.cancel.cancel(f"interrupted ({_stopped_by(exc)})")
+        _stop_gate(scoped, f"gate {gate.id} interrupted ({_stopped_by(exc)})")
+        join(STOP_GRACE_S)
         raise
-    if not worker.is_alive():
+    if not worker.is_alive() and not box.get("cut_short"):
+        ctx.cancel.cancel("the gate ended")  # a thread the workload left behind writes nothing more here
         return box.get("result") or WorkloadResult(error="internal error: the workload ended without a result")
     reason = f"timed out after {gate.timeout_s:g} s"
-    progress(f"{gate.id}: {reason}; stopping its commands on {', '.join(scoped)}")
+    ctx.cancel.cancel(f"gate {gate.id} {reason}")
+    progress(f"{gate.id}: {reason}; stopping its requests and its commands on {', '.join(scoped)}")
     stopped = _stop_gate(scoped, f"gate {gate.id} {reason}")
-    worker.join(STOP_GRACE_S)
-    returned = not worker.is_alive()
+    returned = join(STOP_GRACE_S)
     evidence = GateTimeoutEvidence(timeout_s=gate.timeout_s, stopped_process_groups=stopped,
-                                   workload_returned_after_stop=returned)
+                                   workload_returned_after_stop=returned,
+                                   refused_writes=list(ctx.cancel.refused_writes))
     late = box.get("result")
     if late is not None:  # what the workload saw once its commands were killed; its metrics do not count
         evidence.after_stop = {"error": late.error, "evidence": late.evidence_dict()}
@@ -154,6 +197,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     node_errors: dict[str, str] = {}
     verdicts: list[Verdict] = []
     interrupted = False
+    interrupt: KeyboardInterrupt | None = None
+    still_running: list[str] = []  # gates whose workload did not return after they were stopped
     suite = config.suite
     # connect: managed NVMe-oF targets: connected before the facts (the snapshot shows them), disconnected in
     # `finally` whatever happened (a failed gate, Ctrl-C)
@@ -206,14 +251,12 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
             else:
                 scoped = {n: ScopedTransport(opened[n]) for n in nodes}
                 views.extend(scoped.values())
-                ctx = GateContext(gate=gate, params=config.params[gate.id], nodes=nodes,
-                                  transports=scoped, steps=steps, gate_dir=gate_dir, progress=progress,
-                                  nvmeof=managed)
+                ctx = gate_context(gate, config.params[gate.id], nodes, scoped, steps, gate_dir, progress, managed)
                 try:
-                    result = run_gate_workload(wl_cls(), ctx, scoped, progress)
-                except KeyboardInterrupt:
-                    interrupted = True
-                    result = WorkloadResult(error="interrupted by the operator (Ctrl-C)")
+                    result = run_gate_workload(wl_cls(), ctx, scoped, progress, still_running)
+                except KeyboardInterrupt as exc:
+                    interrupted, interrupt = True, exc
+                    result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
             verdict = evaluate(gate, result, unit)
             _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
                                                    "finished_unix_s": time.time()})
@@ -222,10 +265,15 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
             progress(f"{gate.id}: {verdict.outcome.value}: {verdict.reason}")
             if interrupted:
                 stop_at = f"{gate.id} (interrupted)"
+            elif still_running:
+                # Its workload may still send requests to a shared engine or run on its nodes: no gate runs
+                # beside it, and no bundle is written around it.
+                stop_at = f"{gate.id} (its workload did not stop)"
             elif verdict.outcome is Outcome.STOP:
                 stop_at = gate.id
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as exc:
+        interrupted, interrupt = True, exc
+        progress(f"stopping the run: {_stopped_by(exc)}")
     finally:
         for view in views:
             try:
@@ -255,9 +303,15 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 "node_errors": node_errors},
     }
     _write_json(run_dir / "verdicts.json", summary)
-    outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted)
+    outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted, interrupt=interrupt)
     if interrupted:
-        outcome.messages.append(f"interrupted: partial results kept in {run_dir}; no bundle was written")
+        outcome.messages.append(f"interrupted ({_stopped_by(interrupt) if interrupt else 'Ctrl-C'}): partial results "
+                                f"kept in {run_dir}; no bundle was written")
+        return outcome
+    if still_running:
+        outcome.unstopped = list(still_running)
+        outcome.messages.append(f"the workload of {', '.join(still_running)} did not stop within {STOP_GRACE_S:g} s "
+                                f"after its gate ended: partial results kept in {run_dir}; no bundle was written")
         return outcome
     predicate = {
         "kvgate": {"version": __version__, "commit": git_commit()},

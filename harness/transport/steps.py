@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import re
 import threading
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .base import CommandResult, Transport
 
@@ -15,20 +17,29 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class StepLog:
-    """Numbered step directories under ``run_dir/steps``; thread-safe numbering."""
+    """Numbered step directories under ``run_dir/steps``; thread-safe numbering. ``guarded(check)`` is a view
+    (one gate's) that calls ``check(path)`` before each directory or file it writes: once its gate ended the
+    check raises, so a step of a gate never lands in the run after the gate's end."""
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
         self.root = self.run_dir / "steps"
         self.root.mkdir(parents=True, exist_ok=True)
-        self._n = 0
+        self._numbers = itertools.count(1)  # shared with every guarded view: one numbering per run
         self._lock = threading.Lock()
+        self._check: Callable[[Path], None] = lambda _path: None
+
+    def guarded(self, check: Callable[[Path], None]) -> "StepLog":
+        """This log, numbering shared, with ``check(path)`` called before every write (it raises to refuse)."""
+        view = copy.copy(self)
+        view._check = check
+        return view
 
     def new_dir(self, node: str, name: str) -> Path:
         with self._lock:
-            self._n += 1
-            n = self._n
+            n = next(self._numbers)
         d = self.root / f"{n:03d}-{_SAFE.sub('_', node)}-{_SAFE.sub('_', name)}"
+        self._check(d)
         d.mkdir(parents=True, exist_ok=True)
         return d
 
@@ -39,9 +50,11 @@ class StepLog:
     def run_in(self, d: Path, transport: Transport, argv: Sequence[str], timeout_s: float | None = None,
                env: Mapping[str, str] | None = None, stdin: bytes | str | None = None) -> CommandResult:
         """``run`` into a step directory made beforehand with ``new_dir`` (for steps that refer to it)."""
+        self._check(d)
         _write_argv(d, transport.name, argv, env, timeout_s)
         _write_status(d, {"status": "running", "started_unix_s": time.time()})
         result = transport.run(argv, timeout_s=timeout_s, env=env, stdin=stdin)
+        self._check(d)  # a command its gate's end stopped: the step stays "running", its output is not kept
         record(d, result)
         return result
 
@@ -50,6 +63,7 @@ class StepLog:
         """Record a command that already ran as a step (e.g. the last look of a polling loop); ``part_of``
         names the step whose command ran it (one section of a composite command)."""
         d = self.new_dir(node, name)
+        self._check(d)
         _write_argv(d, node, result.argv, None, timeout_s, part_of)
         record(d, result)
         return d

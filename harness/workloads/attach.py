@@ -13,8 +13,7 @@ nodes through ``ctx.steps``, the seams tests use.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -94,22 +93,25 @@ class AttachedEngine:
     """An engine someone else runs, at ``base_url``: its health, metrics and (through a command) its log;
     made cold by the operator's commands. The same calls G2 makes on an engine it launched."""
 
-    def __init__(self, ctx: GateContext, profile: EngineProfile, attach: AttachParams,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, ctx: GateContext, profile: EngineProfile, attach: AttachParams):
         self.ctx, self.profile, self.attach = ctx, profile, attach
         self.base_url = attach.url
         self.metrics_url = attach.metrics_url or attach.url + profile.metrics_path
-        self.sleep, self.clock = sleep, clock
         self.cold_steps: list[dict[str, Any]] = []
         self._logs = 0
 
     def _get(self, url: str, timeout_s: float) -> httpx.Response:
-        with httpx.Client(transport=self.ctx.http, timeout=timeout_s) as client:
+        """One GET, not sent once the gate is cancelled and bounded by the gate's deadline (Cancelled)."""
+        cancel = self.ctx.cancel
+        cancel.check()
+        with httpx.Client(transport=self.ctx.http, timeout=cancel.bound_timeout_s(timeout_s)) as client:
             return client.get(url)
 
     def wait_ready(self, timeout_s: float) -> tuple[bool, str]:
-        """Poll the health endpoint until it answers 200 (the last failure is the reason when it never does)."""
-        deadline = self.clock() + timeout_s
+        """Poll the health endpoint until it answers 200 (the last failure is the reason when it never does),
+        on the gate's clock; the gate's cancellation ends the wait (Cancelled)."""
+        clock = self.ctx.clock
+        deadline = clock.now() + timeout_s
         why = "no answer"
         while True:
             try:
@@ -119,10 +121,10 @@ class AttachedEngine:
                 why = f"HTTP {r.status_code}"
             except httpx.HTTPError as exc:
                 why = f"{type(exc).__name__}: {exc}"
-            if self.clock() >= deadline:
+            if clock.now() >= deadline:
                 return False, (f"the engine at {self.base_url}{self.profile.health_path} did not answer 200 "
                                f"within {timeout_s:.0f} s: {why}")
-            self.sleep(1.0)
+            self.ctx.cancel.sleep(1.0)
 
     def metrics(self) -> list[Sample]:
         r = self._get(self.metrics_url, 30.0)
@@ -135,6 +137,7 @@ class AttachedEngine:
         if cmd is None:
             return None
         self._logs += 1
+        self.ctx.cancel.check()
         res = self.ctx.steps.run(self.ctx.transports[cmd.node], f"g2-attach-log-{self._logs}",
                                  ["sh", "-c", cmd.run], timeout_s=cmd.timeout_s)
         return res.stdout if res.ok else None
@@ -149,6 +152,7 @@ class AttachedEngine:
         """Run the operator's restart commands in order, each a logged step; the first that fails (or times
         out) ends the procedure: its output is the error. None when every command succeeded."""
         for i, cmd in enumerate(self.attach.restart):
+            self.ctx.cancel.check()
             self.ctx.progress(f"{self.ctx.gate.id}: cold procedure on {cmd.node}: {cmd.run}")
             res = self.ctx.steps.run(self.ctx.transports[cmd.node], f"g2-attach-restart-{i}", ["sh", "-c", cmd.run],
                                      timeout_s=cmd.timeout_s)

@@ -23,6 +23,9 @@ from typing import Any, Callable, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import WorkloadError
+from ..execute.cancel import Cancellation, check_write
+from ..execute.cancel import write_text as write_gate_file
+from ..execute.clock import Clock
 from ..execute.nvmeof import NvmeofError, NvmeofHost, NvmeofSpec
 
 WORKLOADS: dict[str, type["Workload"]] = {}
@@ -55,8 +58,11 @@ class PlannedStep:
 class GateContext:
     """What a workload's plan and run see: the gate, its validated params, its nodes and their transports,
     the step log, its directory in the run, a progress callback, the HTTP seam to engines (``http``:
-    an httpx transport such as ``httpx.MockTransport`` in tests; None is the network), and the run's
-    ``connect: managed`` NVMe-oF connections (``nvmeof``: harness.execute.nvmeof.ManagedTargets, or None)."""
+    an httpx transport such as ``httpx.MockTransport`` in tests; None is the network), the run's
+    ``connect: managed`` NVMe-oF connections (``nvmeof``: harness.execute.nvmeof.ManagedTargets, or None), the
+    clock every wait and poll runs on (``clock``; a ScriptedClock in tests) and the gate's cancellation
+    (``cancel``: harness.execute.cancel.Cancellation, made on ``clock`` when not given): every wait, poll and
+    request loop checks it, and once it is set nothing more is written into ``gate_dir``."""
 
     gate: Any
     params: Any
@@ -67,6 +73,12 @@ class GateContext:
     progress: Callable[[str], None] = lambda msg: None
     http: Any = None
     nvmeof: Any = None
+    clock: Clock = field(default_factory=Clock)
+    cancel: Cancellation | None = None
+
+    def __post_init__(self) -> None:
+        if self.cancel is None:
+            self.cancel = Cancellation(self.clock, what=f"gate {getattr(self.gate, 'id', '?')}")
 
 
 # ------------------------------------------------------------------------------------------- evidence
@@ -205,7 +217,7 @@ def drop_caches(ctx: GateContext, transport: Any, step: str = "drop-caches", tim
 
 def write_summary(gate_dir: Path, name: str, result: WorkloadResult) -> None:
     """The gate's summary beside its raw files (``gate_dir/name``): metrics, evidence, invalid_reason, error."""
-    (gate_dir / name).write_text(json.dumps(result.as_dict(), indent=1, default=str))
+    write_gate_file(gate_dir / name, json.dumps(result.as_dict(), indent=1, default=str))
 
 
 def nvmeof_device(ctx: GateContext, node: Any, target: Any, transport: Any) -> tuple[str, dict[str, Any]]:
@@ -223,14 +235,15 @@ def nvmeof_device(ctx: GateContext, node: Any, target: Any, transport: Any) -> t
     except NvmeofError as exc:
         raise WorkloadError(f"target {target.name}: {exc}") from None
     ndir = ctx.gate_dir / node.name
+    check_write(ndir)
     ndir.mkdir(parents=True, exist_ok=True)
     for name, (rc, out) in st.raw.items():
-        (ndir / (f"nvme-{name}.json" if name.startswith("list") else f"nvmeof-{name}.txt")).write_text(out)
+        write_gate_file(ndir / (f"nvme-{name}.json" if name.startswith("list") else f"nvmeof-{name}.txt"), out)
     record = res.as_dict()
     if rec is not None:
         record["managed"] = {"connected_by_kvgate": rec.issued, "controllers": rec.controllers,
                              "connect_s": rec.connect_s}
-    (ndir / "nvmeof-resolution.json").write_text(json.dumps(record, indent=1, default=str))
+    write_gate_file(ndir / "nvmeof-resolution.json", json.dumps(record, indent=1, default=str))
     if not res.ok:
         raise WorkloadError(f"target {target.name}: {res.error}")
     return res.device, record

@@ -19,9 +19,8 @@ import hashlib
 import json
 import posixpath
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -158,17 +157,17 @@ class EngineProcess:
     """One engine instance on a node: spawned in its own process group, waited for, stopped as a group."""
 
     def __init__(self, ctx: GateContext, transport: Any, profile: EngineProfile, argv: list[str],
-                 env: dict[str, str], base_url: str, log_path: str, local_log: Path,
-                 sleep: Callable[[float], None] = time.sleep):
+                 env: dict[str, str], base_url: str, log_path: str, local_log: Path):
         self.ctx, self.transport, self.profile = ctx, transport, profile
         self.argv, self.env, self.base_url = argv, env, base_url
         self.log_path, self.local_log = log_path, local_log
-        self.sleep = sleep
         self.proc = None
         self._stopped = False
 
     def _get(self, path: str, timeout_s: float) -> httpx.Response:
-        with httpx.Client(transport=self.ctx.http, timeout=timeout_s) as client:
+        # not sent once the gate is cancelled; bounded by the gate's deadline
+        self.ctx.cancel.check()
+        with httpx.Client(transport=self.ctx.http, timeout=self.ctx.cancel.bound_timeout_s(timeout_s)) as client:
             return client.get(self.base_url + path)
 
     def start(self) -> None:
@@ -181,8 +180,9 @@ class EngineProcess:
 
     def wait_ready(self, timeout_s: float) -> tuple[bool, str]:
         """Poll the health endpoint until it answers 200; an engine that exits meanwhile ends the wait at once."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        clock = self.ctx.clock
+        deadline = clock.now() + timeout_s
+        while clock.now() < deadline:
             rc = self.proc.poll()
             if rc is not None:
                 return False, f"engine exited with rc {rc} before it was ready"
@@ -191,7 +191,7 @@ class EngineProcess:
                     return True, "ready"
             except httpx.HTTPError:
                 pass
-            self.sleep(0.5)
+            self.ctx.cancel.sleep(0.5)  # the gate's end ends the wait (Cancelled)
         return False, f"engine not ready after {timeout_s:.0f} s"
 
     def metrics(self) -> list[Sample]:
@@ -309,14 +309,15 @@ def pool_contents(ctx: GateContext, transport: Any, pool_dir: str, expected_byte
     renames it ``NAME.data`` when complete, so a half-written chunk is never taken for a stored one. The
     last look is kept as a logged step."""
     argv = pool_files_argv(pool_dir, pattern)
-    deadline = time.monotonic() + timeout_s
+    deadline = ctx.clock.now() + timeout_s
     while True:
+        ctx.cancel.check()
         r = transport.run(argv, timeout_s=60)
         sizes = [int(x) for x in r.stdout.split() if x.isdigit()] if r.ok else []
         info = {"node": transport.name, "dir": pool_dir, "bytes": sum(sizes), "files": len(sizes),
                 "expected_kv_bytes": expected_bytes, "error": None if r.ok else r.summary()}
-        if info["bytes"] >= expected_bytes or time.monotonic() >= deadline:
+        if info["bytes"] >= expected_bytes or ctx.clock.now() >= deadline:
             break
-        time.sleep(0.5)
+        ctx.cancel.sleep(0.5)  # the gate's end ends the wait (Cancelled)
     ctx.steps.keep(transport.name, step, r)
     return info

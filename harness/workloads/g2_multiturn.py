@@ -37,8 +37,10 @@ from ..engines import DEFAULT_CPU_REF_MODEL, LMCacheSettings, check_lmcache_conf
 from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
 from ..engines.preflight import preflight_argv
 from ..errors import WorkloadError
+from ..execute.cancel import Cancellation
 from ..parsers.prometheus import Sample, counter_delta
-from .base import Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload, write_summary
+from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
+                   write_gate_file, write_summary)
 from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_preflight, engine_values,
                      fallback_reason, model_config_issues, node_engine_python, profile_issues, stage_engine_files,
                      start_engine)
@@ -268,7 +270,7 @@ class G2MultiTurn(Workload):
                 if err:
                     return WorkloadResult(evidence=ev, error=err)
             ctx.progress(f"{ctx.gate.id}: {len(order)} requests on each instance, interleaved")
-            phases = self._interleaved(engines, p, order, ctx.http)
+            phases = self._interleaved(engines, p, order, ctx.http, ctx.cancel)
         except (httpx.HTTPError, WorkloadError, OSError) as exc:
             tails = "\n".join(f"--- {n}:\n{e.log_tail()}" for n, e in engines.items())
             return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{tails}")
@@ -276,9 +278,7 @@ class G2MultiTurn(Workload):
             for eng in engines.values():
                 eng.stop()
         for name, ph in phases.items():
-            with (gate_dir / f"requests-{name}.jsonl").open("w") as f:
-                for r in ph["records"]:
-                    f.write(json.dumps(r) + "\n")
+            write_gate_file(gate_dir / f"requests-{name}.jsonl", "".join(json.dumps(r) + "\n" for r in ph["records"]))
 
         result = evaluate_multiturn(phases, p.min_tier_hit_rate, p.max_memory_reuse, ev)
         for name, eng in engines.items():  # an engine that fell back silently: the tier was not used
@@ -290,18 +290,23 @@ class G2MultiTurn(Workload):
         return result
 
     @staticmethod
-    def _interleaved(engines: dict[str, EngineProcess], p: MultiTurnParams, order, http=None) -> dict[str, dict[str, Any]]:
+    def _interleaved(engines: dict[str, EngineProcess], p: MultiTurnParams, order, http=None,
+                     cancel: Cancellation | None = None) -> dict[str, dict[str, Any]]:
         """Each request to every instance in turn, one at a time; counters around each request (their
-        reads are outside the measured time)."""
+        reads are outside the measured time). The gate's cancellation ends the loop (Cancelled)."""
+        cancel = cancel or Cancellation()
         phases = {n: {"wall_s": 0.0, "tokens": 0, "sessions": p.sessions, "records": []} for n in engines}
         for turn, session, ids in order:
             for name, eng in engines.items():
+                cancel.check()
                 ph = phases[name]
                 before = eng.metrics()
                 req = CompletionRequest(f"t{turn}-s{session}", ids, max_tokens=p.max_tokens, prompt_tokens=len(ids))
                 t0 = time.perf_counter()
                 rec: RequestRecord = run_requests_sync(eng.base_url, [req], p.served_model_name, concurrency=1,
-                                                       timeout_s=p.request_timeout_s, transport=http)[0]
+                                                       timeout_s=cancel.bound_timeout_s(p.request_timeout_s),
+                                                       transport=http, stop=cancel)[0]
+                cancel.check()
                 ph["wall_s"] += time.perf_counter() - t0
                 after = eng.metrics()
                 prior = len(ids) - p.reply_tokens - p.user_tokens if turn > 0 else 0

@@ -40,7 +40,7 @@ from ..parsers.engine_log import LogHits, count_log_hits, new_log_lines
 from ..parsers.prometheus import counter_delta
 from ..stats import percentile
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
-                   drop_caches, register_workload, write_summary)
+                   drop_caches, register_workload, write_gate_file, write_summary)
 from .attach import AttachedEngine, AttachParams, attach_issues, restarted
 from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_preflight, engine_python,
                      engine_values,
@@ -426,9 +426,14 @@ class G2Ttft(Workload):
 
     def _send(self, ctx: GateContext, p: G2Params, prof: EngineProfile, base_url: str, requests: list,
               concurrency: int | None = None) -> list[RequestRecord]:
-        return run_requests_sync(base_url, requests, p.served_model_name, concurrency=concurrency or p.concurrency,
-                                 timeout_s=p.request_timeout_s, transport=ctx.http, path=prof.api.request_path,
-                                 api=prof.api.shape())
+        """Send a phase's requests; the gate's cancellation drops them (nothing is sent after the gate's end, no
+        request outlives its deadline) and then raises Cancelled, so no later phase starts."""
+        ctx.cancel.check()
+        records = run_requests_sync(base_url, requests, p.served_model_name, concurrency=concurrency or p.concurrency,
+                                    timeout_s=ctx.cancel.bound_timeout_s(p.request_timeout_s), transport=ctx.http,
+                                    path=prof.api.request_path, api=prof.api.shape(), stop=ctx.cancel)
+        ctx.cancel.check()
+        return records
 
     def _warm_up(self, ctx: GateContext, p: G2Params, prof: EngineProfile, base_url: str, label: str, request,
                  ev: G2Evidence) -> None:
@@ -718,7 +723,7 @@ class G2Ttft(Workload):
 
     @staticmethod
     def _save(path: Path, records: list[RequestRecord]) -> None:
-        path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
+        write_gate_file(path, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
 
     def _pool_stat(self, ctx, transport, pool_dir: str, ev: "G2Evidence") -> PoolDeviceStat | None:
         """The pool's block device and its counters now (the one probe kv-read uses too); why not, in the

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from polling import wait_no_process
+from signals import default_signals
 import yaml
 
 from kvgate_cli import kvgate
@@ -128,7 +129,8 @@ def test_ctrl_c_stops_remote_fio_keeps_partial_results_and_writes_no_bundle(tmp_
     e = dict(os.environ, KVGATE_HOME=str(tmp_path / "home"))
     p = subprocess.Popen([sys.executable, "-m", "harness", "run", "-i", str(inv), "-g", str(gates), "--out", str(out),
                           "--known-hosts", str(sshd.known_hosts)], cwd=ROOT, env=e, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_signals)  # Ctrl-C works whatever SIGINT was for the suite
     job = str(tmp_path / "work")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -16,6 +16,7 @@ from harness.execute.fanout import FailurePolicy, LaunchSpec, SynchronizedLaunch
 from harness.parsers.g3series import parse_reader_output, start_skew_s
 from harness.node import program_path
 from harness.transport import LocalTransport
+from signals import ctrl_c_raises
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +76,8 @@ def test_ctrl_c_stops_every_process_group_and_keeps_partial_output(tmp_path):
     nodes = ["a", "b"]
     tr = {n: LocalTransport(n) for n in nodes}
     launch = SynchronizedLaunch(tr, specs_for(tmp_path, pool, nodes), {n: 0.0 for n in nodes})
-    with pytest.raises(KeyboardInterrupt):
+    # ctrl_c_raises: interrupt_main does nothing where SIGINT is ignored (nohup, a background job)
+    with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
         with launch:
             launch.arm(timeout_s=30)
             launch.release(lead_s=0.2)

@@ -29,6 +29,7 @@ from harness.rigs import guest as G
 from harness.rigs.loopback import Loopback, LoopbackSpec
 from harness.suite.runner import run_suite
 from harness.workloads import WORKLOADS
+from signals import default_signals
 
 # hang guards sized for a TCG guest on a loaded 2-core host (the module's guest boots in its first test)
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -170,7 +171,8 @@ def test_ctrl_c_during_a_managed_run_disconnects_what_kvgate_connected(clean, tm
     env = dict(os.environ, KVGATE_HOME=str(tmp_path / "home"))
     p = subprocess.Popen([sys.executable, "-m", "harness", "run", "-i", str(g.inv_path), "-g", str(_long_g1(tmp_path)),
                           "--out", str(tmp_path / "out")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_signals)  # Ctrl-C works whatever SIGINT was for the suite
     try:
         deadline = time.monotonic() + 900  # connect, facts and the gate's checks first: slow on a loaded host
         while time.monotonic() < deadline and p.poll() is None:

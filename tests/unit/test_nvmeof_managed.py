@@ -25,6 +25,7 @@ from harness.suite.runner import run_suite
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
 from facts_double import answer_facts, is_facts_call
+from signals import signal_raises
 
 ROOT = Path(__file__).resolve().parents[2]
 FX = ROOT / "tests" / "fixtures" / "nvmeof"
@@ -252,7 +253,9 @@ def test_a_failed_gate_still_disconnects(tmp_path):
     assert sent(fab, "nvme disconnect") == [("nvme", "disconnect", "-d", "nvme0")]
 
 
-def test_ctrl_c_during_a_managed_run_disconnects_what_kvgate_connected(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_ctrl_c_during_a_managed_run_disconnects_what_kvgate_connected(tmp_path, sig):
+    """Ctrl-C, and the signals that get its handling (a scheduler's SIGTERM, a hang-up)."""
     cfg = suite(tmp_path, RDMA_TARGET, [G1])
     fab = Fabric(hang=("fio --output-format=json",))
 
@@ -260,10 +263,12 @@ def test_ctrl_c_during_a_managed_run_disconnects_what_kvgate_connected(tmp_path)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not sent(fab, "fio --output-format=json"):
             time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGINT)
-    threading.Thread(target=interrupt, daemon=True).start()
-    out = run(cfg, tmp_path, fab)
+        os.kill(os.getpid(), sig)
+    with signal_raises(sig):  # whatever the signal was when the suite started (nohup, a background job)
+        threading.Thread(target=interrupt, daemon=True).start()
+        out = run(cfg, tmp_path, fab)
     assert out.interrupted and out.bundle is None
+    assert getattr(out.interrupt, "signum", signal.SIGINT) == sig
     kill = next(i for i, e in enumerate(fab.node.events) if e.kind == "kill")
     disc = next(i for i, e in enumerate(fab.node.events) if e.argv[:2] == ("nvme", "disconnect"))
     assert kill < disc and fab.node.events[disc].argv == ("nvme", "disconnect", "-d", "nvme0")
