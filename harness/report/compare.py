@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from .predicate import check_predicate
+
 HIGHER = ("_gb_s", "_gb_s_mean", "_gb_s_min", "_ratio", "speedup", "iops", "_per_s", "throughput")
 LOWER = ("_s", "_ms", "_us", "_skew_s", "latency")
 
@@ -33,10 +35,14 @@ def direction(metric: str, verdict: dict[str, Any]) -> str | None:
     return None
 
 
-def compare_predicates(a: dict[str, Any], b: dict[str, Any]) -> pd.DataFrame:
-    """One row per (gate, metric) present in both runs, in gate order of run A."""
-    va = {v["gate_id"]: v for v in a.get("verdicts", [])}
-    vb = {v["gate_id"]: v for v in b.get("verdicts", [])}
+def compare_predicates(a: dict[str, Any], b: dict[str, Any],
+                       names: tuple[str, str] = ("bundle A", "bundle B")) -> pd.DataFrame:
+    """One row per (gate, metric) present in both runs, in gate order of run A. Each predicate is checked
+    first (harness.report.predicate; InputFileError naming ``names[i]``)."""
+    check_predicate(a, names[0])
+    check_predicate(b, names[1])
+    va = {v["gate_id"]: v for v in a.get("verdicts") or []}
+    vb = {v["gate_id"]: v for v in b.get("verdicts") or []}
     rows = []
     for gid, x in va.items():
         y = vb.get(gid)
@@ -65,8 +71,8 @@ def compare_predicates(a: dict[str, Any], b: dict[str, Any]) -> pd.DataFrame:
 
 
 def outcome_changes(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str, str]]:
-    va = {v["gate_id"]: v["outcome"] for v in a.get("verdicts", [])}
-    vb = {v["gate_id"]: v["outcome"] for v in b.get("verdicts", [])}
+    va = {v["gate_id"]: v["outcome"] for v in a.get("verdicts") or []}
+    vb = {v["gate_id"]: v["outcome"] for v in b.get("verdicts") or []}
     return [(g, va.get(g, "—"), vb.get(g, "—")) for g in list(va) + [g for g in vb if g not in va]]
 
 
