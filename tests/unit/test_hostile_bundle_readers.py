@@ -218,3 +218,17 @@ def test_library_build_lists_a_misshapen_bundle_as_failed_and_goes_on(tmp_path, 
     assert lib[lst.report_id]["status"] == "failed" and "predicate.verdicts[0].gate_id" in lib[lst.report_id]["reason"]
     assert not (tmp_path / "site" / "bundles" / num.report_id).exists()  # only verified bundles are unpacked
     assert (tmp_path / "site" / "bundles" / good.report_id / "verdicts.json").is_file()
+
+
+def test_compare_markdown_escapes_metric_names_and_notes():
+    import copy
+    from harness.report.compare import compare_predicates, outcome_changes, render_markdown
+    _, a = fixed_run_pred()
+    a["verdicts"][0]["metrics"]["x | <script>alert(1)</script> [l](javascript:alert(1))"] = 1.0
+    b = copy.deepcopy(a)
+    frame = compare_predicates(a, b)
+    md = render_markdown("KVG-a", "KVG-b", frame, outcome_changes(a, b), ["KVG-x`<img src=x>` is NOT verified\n# h"])
+    assert not re.search(r"(?<!\\)(<script|<img|\]\(javascript)", md), md
+    row = next(line for line in md.splitlines() if "alert" in line and line.startswith("|"))
+    assert _cells(row) == 7
+    assert "\n# h" not in md
