@@ -13,13 +13,15 @@ from typing import Callable
 
 from harness.cli.main import main
 from harness.report.bundle import BundleInfo, load_private_key, write_bundle
+from harness.report.render import render_bundle_reports
 from report_fixture import fixed_run, g1_only
 
 
 def sign_run(tmp: Path, key_path: Path, *, run_edit: Callable[[Path], None] | None = None,
              pred_edit: Callable[[dict], None] | None = None, g1: bool = True, name: str = "b",
-             created_utc: str = "2026-01-02T00:00:00Z", make_tar: bool = False) -> BundleInfo:
-    """The fixed run (only its G1 gate, which this kvgate re-evaluates, when ``g1``), edited, signed."""
+             created_utc: str = "2026-01-02T00:00:00Z", make_tar: bool = False, render: bool = False) -> BundleInfo:
+    """The fixed run (only its G1 gate, which this kvgate re-evaluates, when ``g1``), edited, signed; with
+    ``render``, with the reports rendered into it as a run writes them."""
     work = Path(tmp) / name
     work.mkdir(parents=True)
     run, pred = fixed_run(work)
@@ -30,7 +32,8 @@ def sign_run(tmp: Path, key_path: Path, *, run_edit: Callable[[Path], None] | No
     if pred_edit:
         pred_edit(pred)
     return write_bundle(run, work / "out", load_private_key(key_path), pred, make_tar=make_tar,
-                        clock=lambda: time.strptime(created_utc, "%Y-%m-%dT%H:%M:%SZ"))
+                        clock=lambda: time.strptime(created_utc, "%Y-%m-%dT%H:%M:%SZ"),
+                        render=(lambda rid, d: render_bundle_reports(rid, d, pred)) if render else None)
 
 
 @dataclass
