@@ -24,6 +24,7 @@ from ..report.charts import compare_svg
 from ..report.compare import compare_predicates, outcome_changes, render_html, render_markdown
 from ..report.cosign import SignersResult, signer_view, verify_signers
 from ..report.keyring import ROLES, keyring_from_pubkeys, load_keyring
+from ..report.predicate import check_predicate
 from ..report.render import to_csv_bytes, write_reports
 from ..safeio import InputFileError, decode_utf8, parse_json
 from .exits import EXIT_NO, EXIT_OK
@@ -123,6 +124,7 @@ def cmd_report(args) -> int:
             print("nothing was re-rendered: the bundle's signatures do not stand")
             return EXIT_NO
         pred = signers.statement["predicate"]
+        check_predicate(pred, f"{args.bundle}: {ENVELOPE} payload")  # the shape the readers below take (exit 2)
         rid = signers.report_id
         who = f"key {res.signer}" if res is not None else ", ".join(c.who for c in signers.accepted)
         print(f"OK {rid}: signature and every file verified ({who}, {how})")
@@ -196,7 +198,7 @@ def cmd_compare(args) -> int:
         print(str(exc))
         return EXIT_NO
     notes = [n for n in (na, nb) if n]
-    frame = compare_predicates(pa, pb)
+    frame = compare_predicates(pa, pb, (f"{args.bundle_a}: {ENVELOPE} payload", f"{args.bundle_b}: {ENVELOPE} payload"))
     changes = outcome_changes(pa, pb)
     for n in notes:
         print(f"WARNING: {n}", file=sys.stderr)

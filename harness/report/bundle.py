@@ -33,7 +33,7 @@ from ..errors import BundleError
 from ..safeio import (MAX_JSON_BYTES, MAX_KEY_BYTES, InputFileError, check_keys, decode_utf8, json_type, parse_json,
                       read_bytes)
 from .dsse import (PAYLOAD_TYPE, STATEMENT_KEYS, STATEMENT_TYPE, check_signing_records, decode_signatures,
-                   is_record_path, key_fingerprint, pae, read_envelope_file)
+                   is_record_path, key_fingerprint, pae, read_envelope_file, write_signing_record)
 from .dsse import canonical as _canonical
 
 PREDICATE_TYPE = "https://kvgate.dev/acceptance-report/v1"
@@ -194,6 +194,7 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
             "signatures": [{"keyid": key_fingerprint(pub), "sig": base64.b64encode(sig).decode()}],
         }
         (tmp / ENVELOPE).write_text(json.dumps(envelope, indent=1) + "\n")
+        write_signing_record(tmp, private_key, payload, report_id, pred["created_utc"])  # dates this signature
         final = out_dir / report_id
         if final.exists():
             raise BundleError(f"{final} already exists")

@@ -14,6 +14,9 @@ from typing import Any
 
 import pandas as pd
 
+from .predicate import check_predicate
+from .render import md_escape as _md
+
 HIGHER = ("_gb_s", "_gb_s_mean", "_gb_s_min", "_ratio", "speedup", "iops", "_per_s", "throughput")
 LOWER = ("_s", "_ms", "_us", "_skew_s", "latency")
 
@@ -33,10 +36,14 @@ def direction(metric: str, verdict: dict[str, Any]) -> str | None:
     return None
 
 
-def compare_predicates(a: dict[str, Any], b: dict[str, Any]) -> pd.DataFrame:
-    """One row per (gate, metric) present in both runs, in gate order of run A."""
-    va = {v["gate_id"]: v for v in a.get("verdicts", [])}
-    vb = {v["gate_id"]: v for v in b.get("verdicts", [])}
+def compare_predicates(a: dict[str, Any], b: dict[str, Any],
+                       names: tuple[str, str] = ("bundle A", "bundle B")) -> pd.DataFrame:
+    """One row per (gate, metric) present in both runs, in gate order of run A. Each predicate is checked
+    first (harness.report.predicate; InputFileError naming ``names[i]``)."""
+    check_predicate(a, names[0])
+    check_predicate(b, names[1])
+    va = {v["gate_id"]: v for v in a.get("verdicts") or []}
+    vb = {v["gate_id"]: v for v in b.get("verdicts") or []}
     rows = []
     for gid, x in va.items():
         y = vb.get(gid)
@@ -65,8 +72,8 @@ def compare_predicates(a: dict[str, Any], b: dict[str, Any]) -> pd.DataFrame:
 
 
 def outcome_changes(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str, str]]:
-    va = {v["gate_id"]: v["outcome"] for v in a.get("verdicts", [])}
-    vb = {v["gate_id"]: v["outcome"] for v in b.get("verdicts", [])}
+    va = {v["gate_id"]: v["outcome"] for v in a.get("verdicts") or []}
+    vb = {v["gate_id"]: v["outcome"] for v in b.get("verdicts") or []}
     return [(g, va.get(g, "—"), vb.get(g, "—")) for g in list(va) + [g for g in vb if g not in va]]
 
 
@@ -75,17 +82,18 @@ def _n(x: float) -> str:
 
 
 def render_markdown(id_a: str, id_b: str, frame: pd.DataFrame, changes, notes: list[str]) -> str:
-    out = [f"# kvgate comparison {id_a} → {id_b}", ""]
-    out += [f"> {n}" for n in notes] + ([""] if notes else [])
+    # every text from a bundle (IDs, gate and metric names, outcomes, notes) escaped: harness.report.render.md_escape
+    out = [f"# kvgate comparison {_md(id_a)} → {_md(id_b)}", ""]
+    out += [f"> {_md(n)}" for n in notes] + ([""] if notes else [])
     out += ["| Gate | Outcome A | Outcome B |", "|---|---|---|"]
-    out += [f"| {g} | {oa} | {ob} |" for g, oa, ob in changes] + [""]
+    out += [f"| {_md(g)} | {_md(oa)} | {_md(ob)} |" for g, oa, ob in changes] + [""]
     if frame.empty:
         out.append("The two runs share no metric.")
     else:
         out += ["| Gate | Metric | A | B | Δ | Δ % | Change |", "|---|---|---|---|---|---|---|"]
         for r in frame.itertuples():
-            name = f"**{r.metric}**" if r.judged else r.metric
-            out.append(f"| {r.gate} | {name} | {_n(r.a)} | {_n(r.b)} | {_n(r.delta)} | {r.delta_pct:+.2f}% | {r.change} |")
+            name = f"**{_md(r.metric)}**" if r.judged else _md(r.metric)
+            out.append(f"| {_md(r.gate)} | {name} | {_n(r.a)} | {_n(r.b)} | {_n(r.delta)} | {r.delta_pct:+.2f}% | {r.change} |")
         out += ["", "![change from A to B](compare.svg)", "",
                 "Bold: the metric the gate judges. Δ = B − A. Table: `compare.csv`."]
     return "\n".join(out) + "\n"

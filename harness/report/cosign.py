@@ -103,7 +103,7 @@ class SignatureCheck:
     name: str | None = None
     role: str | None = None
     signed_utc: str | None = None
-    time_source: str | None = None     # "statement" (created_utc, original signer) or "signing record"
+    time_source: str | None = None     # "signing record", the only source of a signing time
     reason: str = ""
 
     @property
@@ -175,9 +175,6 @@ def judge_signatures(payload_type: str, payload: bytes, sigs: list[tuple[str, by
                      records: dict[str, SigningRecord], trusted: list[KeyEntry]) -> list[SignatureCheck]:
     """Pure: each signature -> SignatureCheck (see its status values)."""
     by_fp = {e.fingerprint: e for e in trusted}
-    key_info = predicate.get("signing_key")
-    original = key_info.get("fingerprint") if isinstance(key_info, dict) else None
-    created = predicate.get("created_utc")
     out: list[SignatureCheck] = []
     seen: set[str] = set()
     for hint, sig in sigs:
@@ -204,9 +201,9 @@ def judge_signatures(payload_type: str, payload: bytes, sigs: list[tuple[str, by
             out.append(SignatureCheck(fp, "invalid", name, role, reason="a second signature by the same key"))
             continue
         seen.add(fp)
-        if fp == original and created:
-            when, source = created, "statement"
-        elif fp in records:
+        # Only the signature's own signed record dates it: the statement's created_utc is whatever its author
+        # wrote, so it dates no signature, not even one by the key the predicate names as signing_key.
+        if fp in records:
             when, source = records[fp].signed_utc, "signing record"
         else:
             when, source = None, None
@@ -314,9 +311,8 @@ def _sign_dir(d: Path, key: Ed25519PrivateKey, now: datetime, trusted: list[KeyE
     if not res.ok:
         raise VerificationError(f"{d.name}: not cosigned: the bundle does not verify: {res.error}")
     rid, pred = res.report_id, res.statement["predicate"]
-    key_info = pred.get("signing_key")
-    if already and (rec_path.is_file() or (isinstance(key_info, dict) and key_info.get("fingerprint") == fp)):
-        return rid, None
+    if already and rec_path.is_file():
+        return rid, None  # a signature without its record (an older bundle, another DSSE tool) gets one below
     signed = fmt_utc(now)
     created = pred.get("created_utc")
     if created and signed < created:

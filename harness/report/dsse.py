@@ -12,8 +12,10 @@ payload is an in-toto Statement v1
     predicate:     {report_id, signed_utc, keyid, public_key (PEM)}
 
 signed by the same key. The time is therefore signed by the key it dates, and bound to exactly one
-statement. The signing time of the bundle's original signature is the statement's own ``created_utc``
-(the original signer is the predicate's ``signing_key.fingerprint``), which that signature covers.
+statement. The bundle's original signature has one too (:func:`write_signing_record`, called by
+``write_bundle``; its time is the statement's ``created_utc``). A signature is dated only by its own record,
+never by the statement's ``created_utc``: that field is chosen by whoever wrote the statement, and naming a
+key as ``signing_key`` proves nothing about when that key signed.
 
 What a signed time does not prove: that the key holder's clock was right. A holder of a stolen key can
 write any time, including one before the revocation; only a third party's timestamp (RFC 3161, a
@@ -170,6 +172,18 @@ def make_signing_record(private_key: Ed25519PrivateKey, payload: bytes, report_i
                 "signatures": [{"keyid": key_fingerprint(pub),
                                 "sig": base64.b64encode(private_key.sign(pae(PAYLOAD_TYPE, body))).decode()}]}
     return (json.dumps(envelope, indent=1) + "\n").encode()
+
+
+def write_signing_record(bundle_dir: str | Path, private_key: Ed25519PrivateKey, payload: bytes, report_id: str,
+                         signed_utc: str) -> str:
+    """Write ``private_key``'s signing record of ``payload`` into ``bundle_dir`` (``signatures/<hex>.dsse.json``,
+    replacing one there); return its bundle-relative path. ``write_bundle`` calls this for the original
+    signature, so every signature kvgate makes is dated by its own signed record."""
+    rel = record_name(private_key.public_key())
+    path = Path(bundle_dir) / rel
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(make_signing_record(private_key, payload, report_id, signed_utc))
+    return rel
 
 
 def read_signing_record(rel: str, text: str, payload: bytes, report_id: str) -> SigningRecord:

@@ -15,9 +15,9 @@
         revoked: 2026-06-01T12:00:00Z   # optional; signatures made at or after this instant are refused
         revocation_reason: laptop lost  # optional, shown with the refusal
 
-Times without a zone are UTC. A signature's time is the signed time kvgate can prove for it (see
-harness.report.dsse: the statement's created_utc for the original signer, the signing record for a
-co-signer); a signature with no provable time is refused for a key that is revoked or has validity dates.
+Times without a zone are UTC. A signature's time is the time in its own signing record (see
+harness.report.dsse; never the statement's created_utc, which the statement's author writes); a signature
+with no record is refused for a key that is revoked or has validity dates.
 The keyring is read with the hardened YAML loader (harness.config.yamlload) and every key file with the
 hardened reader (harness.safeio: a regular file, at most 64 KiB). Every error is reported as
 FILE:LINE: path: message, all at once.

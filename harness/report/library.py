@@ -51,6 +51,7 @@ from .bundle import ENVELOPE, extract_archive, read_envelope, sha256_file, tar_b
 from .cosign import TAR_SUFFIX, SignersResult, verify_signers
 from .keyring import KeyEntry, Keyring, load_keyring
 from .library_charts import trend_charts
+from .predicate import check_predicate
 from .render import fmt_value
 
 FORMAT = "kvgate-library/v1"
@@ -228,6 +229,11 @@ def entry_for(rid: str, d: Path, res: SignersResult, content_sha256: str) -> dic
     """The index row of one bundle (JSON data). Nothing from a bundle that failed verification but its ID
     and the reason: unverified figures are not shown."""
     base = {"report_id": rid, "content_sha256": content_sha256, "archive": f"{BUNDLES}/{rid}{TAR_SUFFIX}"}
+    if res.ok:
+        try:  # verified, but a predicate of a shape this kvgate cannot read is listed as failed, with why
+            check_predicate(res.statement["predicate"], f"{ENVELOPE} payload")
+        except InputFileError as exc:
+            res = SignersResult(False, res.report_id, res.statement, str(exc), res.signatures)
     if not res.ok:
         return base | {"status": "failed", "reason": res.error, "signers": [c.as_dict() for c in res.signatures]}
     pred = res.statement["predicate"]
@@ -368,8 +374,12 @@ def build_library(dirs: list[str | Path], site: str | Path, trusted: list[KeyEnt
         entries, sources = [], {}
         for rid, cs in copies.items():
             first = next((c for c in cs if c.archive is None), cs[0])
-            res = verify_signers(first.dir, trusted=trusted)
-            entries.append(entry_for(rid, first.dir, res, first.content_sha256))
+            try:  # one bundle that cannot be read is listed as failed; the build goes on with the others
+                entry = entry_for(rid, first.dir, verify_signers(first.dir, trusted=trusted), first.content_sha256)
+            except (BundleError, InputFileError, OSError) as exc:
+                entry = entry_for(rid, first.dir, SignersResult(False, None, None, " ".join(str(exc).split())),
+                                  first.content_sha256)
+            entries.append(entry)
             sources[rid] = [str(c.source) for c in cs]
             archive = next((c.archive for c in cs if c.archive is not None), None)
             if archive is None:
@@ -377,7 +387,7 @@ def build_library(dirs: list[str | Path], site: str | Path, trusted: list[KeyEnt
                 tar_bundle(tree, out / f"{rid}{TAR_SUFFIX}")
             else:
                 shutil.copyfile(archive, out / f"{rid}{TAR_SUFFIX}")
-            if res.ok:
+            if entry["status"] == "verified":
                 shutil.copytree(first.dir, out / rid, symlinks=True)
         shutil.rmtree(work)
         link_citations(entries)
@@ -509,7 +519,7 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
                 continue
             res = verify_signers(d, trusted=trusted)
             entry = entry_for(rid, d, res, tree_digest(d))
-            if res.ok:
+            if entry["status"] == "verified":
                 unpacked = site / BUNDLES / rid
                 if unpacked.is_dir() and tree_digest(unpacked) != entry["content_sha256"]:
                     problems.append(f"{BUNDLES}/{rid}/: differs from {BUNDLES}/{rid}{TAR_SUFFIX} "

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .charts import PASS_COLOR, STOP_COLOR, _gid, _plt, svg_text
+from .predicate import finite
 from .render import threshold_in
 
 OUTCOME_COLORS = {"PASS": PASS_COLOR, "INFO": PASS_COLOR, "FAIL": "#ef6c00", "STOP": STOP_COLOR,
@@ -30,7 +31,7 @@ def trend_points(entries: list[dict[str, Any]]) -> dict[tuple[str, str], list[di
         if e.get("kind") != "acceptance" or e["status"] != "verified" or not e.get("created_utc"):
             continue
         for g in e.get("gates", []):
-            if isinstance(g.get("actual"), (int, float)):
+            if finite(g.get("actual")):  # a checked predicate (harness.report.predicate); NaN cannot be drawn
                 out.setdefault((e["suite"]["name"] or "", g["gate_id"]), []).append(
                     g | {"report_id": e["report_id"], "created_utc": e["created_utc"]})
     for pts in out.values():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,12 @@ from pydantic import ValidationError
 
 from ..parsers.rdma import rdma_devices
 from ..paths import data_path
-from ..safeio import MAX_JSON_BYTES, InputFileError, load_json, read_bytes
+from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_bytes
 from ..units import UnitError, parse_quantity, parse_threshold
 from ..workloads.base import ChartInputs
 from . import charts as rc
 from .junit import verdicts_to_junit
+from .predicate import check_predicate, finite
 
 TABLES_DIR = "tables"
 CHARTS_DIR = "charts"
@@ -94,31 +96,35 @@ def validity(verdict: dict[str, Any]) -> list[dict[str, Any]]:
     Read in this order: an explicit ``validity`` mapping; flat ``<name>_proven`` / ``<name>_detail`` keys;
     the fio-read shape (O_DIRECT and per-node ``page_cache_dropped``); per-node ``direct_used``.
     """
-    ev = verdict.get("evidence") or {}
+    # Evidence is signed data of any shape (harness.report.predicate checks only that it is an object): every
+    # leaf read here is type-checked, so an odd value reads as "unknown", never as a crash.
+    ev = verdict.get("evidence") if isinstance(verdict.get("evidence"), dict) else {}
     out: list[dict[str, Any]] = []
     explicit = ev.get("validity")
     if isinstance(explicit, dict):
         for name in sorted(explicit):
             item = explicit[name]
             if isinstance(item, dict):
-                out.append({"name": name, "proven": item.get("proven"), "detail": str(item.get("detail", ""))})
+                out.append({"name": name, "proven": _proven(item.get("proven")), "detail": str(item.get("detail", ""))})
             else:
                 out.append({"name": name, "proven": bool(item), "detail": ""})
         return out
     for key in sorted(k for k in ev if k.endswith("_proven")):
         name = key[: -len("_proven")]
-        out.append({"name": name, "proven": ev[key], "detail": str(ev.get(f"{name}_detail", ""))})
+        out.append({"name": name, "proven": _proven(ev[key]), "detail": str(ev.get(f"{name}_detail", ""))})
     if out:
         return out
     if "readback_hit_tokens" in ev or "readback_device_read_bytes" in ev:
         # G2 (g2-ttft): hits from the engine's counters, cold from bytes read off the pool's device.
         hit, query = ev.get("readback_hit_tokens"), ev.get("readback_query_tokens")
+        hit, query = (hit if finite(hit) else None), (query if finite(query) else None)
         if hit is None or not query:
             out.append({"name": "hits", "proven": False, "detail": "the engine exposed no hit counters"})
         else:
             out.append({"name": "hits", "proven": hit > 0,
                         "detail": f"{hit:.0f} of {query:.0f} read-back tokens hit the tier ({hit / query:.1%})"})
         rb = ev.get("readback_device_read_bytes")
+        rb = rb if finite(rb) else None
         drop = ev.get("page_cache_dropped")
         tail = "" if drop is None else f"; page cache dropped: {'yes' if drop else 'no'}"
         if rb is None:
@@ -147,6 +153,10 @@ def validity(verdict: dict[str, Any]) -> list[dict[str, Any]]:
                 detail += "; not on " + ", ".join(other)
             out.append({"name": "cold", "proven": not other, "detail": detail})
     return out
+
+
+def _proven(v: Any) -> bool | None:
+    return v if isinstance(v, bool) else None
 
 
 def validity_text(items: list[dict[str, Any]]) -> str:
@@ -190,7 +200,12 @@ REQUEST_FILES = {"recompute": "requests-recompute.jsonl", "readback": "requests-
 
 
 def request_records(gate_dir: Path | None) -> dict[str, list[dict[str, Any]]]:
-    """Per-request records of a TTFT gate (``requests-<phase>.jsonl``, one JSON object per line), by phase."""
+    """Per-request records of a TTFT gate (``requests-<phase>.jsonl``, one JSON object per line), by phase.
+
+    A file past the JSON size cap, or not a regular file, draws no chart (it does not hang the report). Every
+    line of a file read is a JSON object parsed strictly (harness.safeio: nesting limit, no duplicate keys);
+    anything else is an InputFileError naming the file and the line (exit 2), not a chart drawn from part
+    of the data."""
     out: dict[str, list[dict[str, Any]]] = {}
     if gate_dir is None:
         return out
@@ -198,18 +213,23 @@ def request_records(gate_dir: Path | None) -> dict[str, list[dict[str, Any]]]:
         p = gate_dir / name
         if not p.is_file():
             continue
-        try:  # capped like every JSON file of a bundle: a huge or odd file draws no chart, it does not hang
-            text = read_bytes(p, max_bytes=MAX_JSON_BYTES, what="request log").decode(errors="replace")
+        rel = f"gates/{gate_dir.name}/{name}"
+        try:
+            data = read_bytes(p, max_bytes=MAX_JSON_BYTES, what="request log", follow_symlinks=False,
+                              display_name=rel)
         except InputFileError:
             continue
         recs = []
-        for line in text.splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
+        for n, line in enumerate(decode_utf8(data, rel).splitlines(), 1):
+            if not line.strip():
                 continue
-            if isinstance(rec, dict):
-                recs.append(rec)
+            try:
+                rec = parse_json(line, rel)
+            except InputFileError as exc:
+                raise InputFileError(rel, n, exc.message) from None
+            if not isinstance(rec, dict):
+                raise InputFileError(rel, n, f"expected a JSON object per line, got {type(rec).__name__}")
+            recs.append(rec)
         out[phase] = recs
     return out
 
@@ -217,10 +237,15 @@ def request_records(gate_dir: Path | None) -> dict[str, list[dict[str, Any]]]:
 def chart_inputs(verdict: dict[str, Any]) -> ChartInputs:
     """The fields of a gate's evidence the report draws, read through the model the workloads write them with
     (harness.workloads.base.ChartInputs). Evidence of another shape (a bundle of another kvgate) draws nothing."""
+    ev = verdict.get("evidence")
     try:
-        return ChartInputs.model_validate(verdict.get("evidence") or {})
+        ci = ChartInputs.model_validate(ev if isinstance(ev, dict) else {})
     except ValidationError:
         return ChartInputs()
+    numbers = [s.read_gb_s for s in ci.streams] + [s.fio_read_gb_s for s in ci.streams if s.fio_read_gb_s is not None]
+    numbers += [x for pts in ci.series.values() for pt in pts for x in pt] + (ci.ttft_recompute_s or [])
+    numbers += (ci.ttft_readback_s or []) + ([ci.nic_line_rate_gb_s] if ci.nic_line_rate_gb_s is not None else [])
+    return ci if all(math.isfinite(x) for x in numbers) else ChartInputs()  # NaN or infinity cannot be drawn
 
 
 def ttft_lists(verdict: dict[str, Any], gate_dir: Path | None) -> tuple[list[float] | None, list[float] | None]:
@@ -233,7 +258,7 @@ def ttft_lists(verdict: dict[str, Any], gate_dir: Path | None) -> tuple[list[flo
     recs = request_records(gate_dir)
     if not recs:
         return None, None
-    pick = lambda rs: [float(r["ttft_s"]) for r in rs if r.get("error") is None and r.get("ttft_s") is not None]  # noqa: E731
+    pick = lambda rs: [float(r["ttft_s"]) for r in rs if r.get("error") is None and finite(r.get("ttft_s"))]  # noqa: E731
     return (pick(recs["recompute"]) if "recompute" in recs else None,
             pick(recs["readback"]) if "readback" in recs else None)
 
@@ -364,19 +389,22 @@ def node_provenance(bundle_dir: Path) -> list[dict[str, Any]]:
     for d in sorted(p for p in nodes_dir.iterdir() if p.is_dir()):
         snap = _read_json(d / "snapshot.json") or {}
         prov = _read_json(d / "provenance.json") or {}
-        versions = dict(prov.get("versions") or {})
-        if snap.get("fio_version") and not versions.get("fio"):
+        # node files are signed data of any shape: each field is taken only with the type the templates use
+        versions = {k: v for k, v in _dict(prov.get("versions")).items() if isinstance(v, (str, type(None)))}
+        if isinstance(snap.get("fio_version"), str) and snap["fio_version"] and not versions.get("fio"):
             versions["fio"] = snap["fio_version"]
+        text = lambda k: snap.get(k) if isinstance(snap.get(k), (str, int, float)) else None  # noqa: E731
+        mem = snap.get("mem_total_bytes")
         out.append({
-            "name": d.name, "kernel": snap.get("kernel"), "os": snap.get("os"), "cpu_model": snap.get("cpu_model"),
-            "logical_cpus": snap.get("logical_cpus"), "mem_total_bytes": snap.get("mem_total_bytes"),
-            "nics": prov.get("nics") or snap.get("nics") or [], "gpus": prov.get("gpus") or [],
-            "nvme_controllers": prov.get("nvme_controllers") or [],
-            "nvme_subsystems": prov.get("nvme_subsystems") or [], "versions": versions,
+            "name": d.name, "kernel": text("kernel"), "os": text("os"), "cpu_model": text("cpu_model"),
+            "logical_cpus": text("logical_cpus"), "mem_total_bytes": mem if finite(mem) else None,
+            "nics": _dicts(prov.get("nics")) or _dicts(snap.get("nics")), "gpus": _dicts(prov.get("gpus")),
+            "nvme_controllers": _dicts(prov.get("nvme_controllers")),
+            "nvme_subsystems": _dicts(prov.get("nvme_subsystems")), "versions": versions,
             "nvme_fabric_controllers": _dicts(snap.get("nvme_fabric_controllers")),
             "rdma_devices": rdma_devices(_dicts(snap.get("rdma_links")), _dicts(snap.get("rdma_devices"))),
             "nvmeof_managed": _read_json_list(d / "nvmeof-managed.json"),
-            "errors": {**(snap.get("errors") or {}), **(prov.get("errors") or {})},
+            "errors": {**_dict(snap.get("errors")), **_dict(prov.get("errors"))},
             "collected": bool(prov),
         })
     return out
@@ -392,6 +420,10 @@ def _read_json_list(path: Path) -> list[dict[str, Any]]:
 
 def _dicts(value: Any) -> list[dict[str, Any]]:
     return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def nvmeof_rows(verdict: dict[str, Any]) -> list[dict[str, Any]]:
@@ -412,7 +444,7 @@ def nvmeof_rows(verdict: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"node": node, "target": nv.get("target"), "nqn": nv.get("nqn"), "device": nv.get("device"),
                     "transport": nv.get("transport"), "multipath": nv.get("multipath"), "paths": paths or None,
                     "rdma": rdma or None,
-                    "managed": bool((nv.get("managed") or {}).get("connected_by_kvgate"))})
+                    "managed": isinstance(nv.get("managed"), dict) and bool(nv["managed"].get("connected_by_kvgate"))})
     return out
 
 
@@ -442,7 +474,8 @@ class Rendered:
 def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Rendered:
     """Collect the view (for the templates), the tables and the charts of one bundle (pure: reads only)."""
     bundle_dir = Path(bundle_dir)
-    verdicts = [dict(v) for v in predicate.get("verdicts", [])]
+    check_predicate(predicate, "the predicate to render")  # readers check it first, naming the bundle
+    verdicts = [dict(v) for v in predicate.get("verdicts") or []]
     tables: dict[str, pd.DataFrame] = {f"{TABLES_DIR}/verdicts.csv": verdicts_frame(verdicts)}
     charts: dict[str, str] = {}
     gates = []
@@ -470,8 +503,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             "nvmeof": nvmeof_rows(v),
             "duration_s": (finished - started) if isinstance(started, (int, float)) and
             isinstance(finished, (int, float)) else None,
-            "streams": (v.get("evidence") or {}).get("streams") if isinstance(
-                (v.get("evidence") or {}).get("streams"), list) else [],
+            "streams": [s.model_dump() for s in chart_inputs(v).streams],
         })
     view = {
         "report_id": report_id, "suite": predicate.get("suite") or {}, "overall": predicate.get("overall"),
@@ -486,12 +518,58 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
     return Rendered(view, tables, charts)
 
 
+class MdText(str):
+    """Markdown that the template made itself (already escaped): :func:`md_escape` leaves it as is."""
+
+
+# What opens a code span, ends a table cell, starts raw HTML or an autolink (``<`` before a tag or scheme
+# character; ``< 0.2 GB/s`` stays as is), or makes a link or image (``[``, ``]``), and the escape itself.
+_MD_INLINE = re.compile(r"([\\`|\[\]]|<(?=[A-Za-z/!?]))")
+_MD_LINE_START = re.compile(r"^(\s*)([#>=+*-]|\d+[.)](?=\s|$))")
+
+
+def md_escape(value: Any) -> Any:
+    """Text quoted into Markdown, inert: one line (CR/LF as spaces), and a backslash before every character
+    that could open a code span, end a table cell, start raw HTML or an autolink, or make a link
+    (`` ` | < [ ] \\ ``). Ordinary text (figures, thresholds, names) comes out unchanged, so a re-render of
+    an honest bundle stays byte-identical. Numbers and :class:`MdText` pass as they are."""
+    if isinstance(value, (MdText, int, float)) or value is None:
+        return value
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        text = " ".join(text.splitlines())
+    return MdText(_MD_INLINE.sub(r"\\\1", text))
+
+
+def md_line(value: Any) -> Any:
+    """:func:`md_escape` for text that starts a line: a heading, quote, list or rule marker at its start is
+    escaped too."""
+    text = md_escape(value)
+    if not isinstance(text, str):
+        return text
+    def esc(m: re.Match) -> str:  # "1." -> "1\\.", "#" -> "\\#"
+        mark = m.group(2)
+        return m.group(1) + (mark[:-1] + "\\" + mark[-1] if mark[0].isdigit() else "\\" + mark)
+    return MdText(_MD_LINE_START.sub(esc, text))
+
+
+def _md_finalize(value: Any) -> Any:
+    """Every ``{{ … }}`` of a Markdown template goes through :func:`md_escape` (as autoescape does for HTML)."""
+    if isinstance(value, jinja2.Undefined):
+        return value
+    return md_escape(value)
+
+
 def _env(autoescape: bool) -> jinja2.Environment:
+    # HTML: jinja's autoescape (on for report.html.j2; tests/unit/test_report_render.py checks it stays on).
+    # Markdown: every interpolation escaped by _md_finalize.
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(data_path("reports"))),
                              undefined=jinja2.ChainableUndefined, keep_trailing_newline=True,
-                             autoescape=autoescape, trim_blocks=True, lstrip_blocks=True)
+                             autoescape=autoescape, trim_blocks=True, lstrip_blocks=True,
+                             **({} if autoescape else {"finalize": _md_finalize}))
     env.globals.update(fmt=fmt_value, fmt_bytes=fmt_bytes)
-    env.filters["mdcell"] = lambda s: str(s if s is not None else "—").replace("|", "\\|").replace("\n", " ")
+    env.filters["mdcell"] = lambda s: MdText("—") if s is None else md_escape(s)
+    env.filters["mdline"] = md_line
     return env
 
 

@@ -94,6 +94,7 @@ def test_signed_but_wrong_verdict_is_reported_as_different(runs):
         (run / f).unlink(missing_ok=True)
     shutil.rmtree(run / "charts", ignore_errors=True)
     shutil.rmtree(run / "tables", ignore_errors=True)
+    shutil.rmtree(run / "signatures", ignore_errors=True)  # the signing records of the old statement
     pred = {k: v for k, v in pred.items() if k not in ("report_id", "rendered_files", "created_utc")}
     pred["verdicts"][0]["actual"] *= 10
     key = load_private_key(home / "dev-signing.key")

@@ -26,6 +26,7 @@ from securesystemslib.signer import SSlibKey
 from evidence_fixture import acceptance_bundle, created_of
 from harness.report.bundle import ENVELOPE, generate_keypair, key_fingerprint, load_private_key, load_public_key
 from harness.report.cosign import cosign_bundle
+from harness.report.dsse import record_name
 
 pytestmark = pytest.mark.integration
 
@@ -61,14 +62,17 @@ def test_securesystemslib_verifies_both_signatures(cosigned):
         tampered.verify(both, threshold=1)
 
 
-def test_securesystemslib_verifies_the_signing_record(cosigned):
+def test_securesystemslib_verifies_the_signing_records(cosigned):
+    """One record per signature, the original one's included, each signed by its own key only."""
     _, info, keys = cosigned
-    (rec,) = (info.path / "signatures").iterdir()
-    env = Envelope.from_dict(json.loads(rec.read_text()))
-    assert list(env.verify([sslib_key(keys["customer"][1])], threshold=1)) == [
-        key_fingerprint(load_public_key(keys["customer"][1]))]
-    with pytest.raises(VerificationError):
-        env.verify([sslib_key(keys["vendor"][1])], threshold=1)
+    assert len(list((info.path / "signatures").iterdir())) == 2
+    for who, other in (("vendor", "customer"), ("customer", "vendor")):
+        rec = info.path / record_name(load_public_key(keys[who][1]))
+        env = Envelope.from_dict(json.loads(rec.read_text()))
+        assert list(env.verify([sslib_key(keys[who][1])], threshold=1)) == [
+            key_fingerprint(load_public_key(keys[who][1]))]
+        with pytest.raises(VerificationError):
+            env.verify([sslib_key(keys[other][1])], threshold=1)
 
 
 def openssl_verify(tmp, pub, message: bytes, sig: bytes) -> subprocess.CompletedProcess:
@@ -115,13 +119,13 @@ def test_the_statement_and_records_are_in_toto_statements_v1(cosigned):
     assert sorted(s.name for s in st.pb.subject) == files
     assert all(set(s.digest) == {"sha256"} and len(s.digest["sha256"]) == 64 for s in st.pb.subject)
     assert st.pb.predicate["report_id"] == info.report_id
-    (rec,) = (info.path / "signatures").iterdir()
-    rst = intoto_validate(base64.b64decode(json.loads(rec.read_text())["payload"]))
-    assert rst.pb.predicate_type == "https://kvgate.dev/signing-record/v1"
     import hashlib
 
-    assert [(s.name, dict(s.digest)) for s in rst.pb.subject] == [
-        (info.report_id, {"sha256": hashlib.sha256(payload).hexdigest()})]
+    for rec in sorted((info.path / "signatures").iterdir()):
+        rst = intoto_validate(base64.b64decode(json.loads(rec.read_text())["payload"]))
+        assert rst.pb.predicate_type == "https://kvgate.dev/signing-record/v1"
+        assert [(s.name, dict(s.digest)) for s in rst.pb.subject] == [
+            (info.report_id, {"sha256": hashlib.sha256(payload).hexdigest()})]
     # the check can fail: an unknown top-level field, a missing predicateType, a subject without digest
     doc = json.loads(payload)
     for broken in ({**doc, "extra": 1}, {k: v for k, v in doc.items() if k != "predicateType"},

@@ -58,6 +58,7 @@ def test_cosign_keeps_statement_and_subjects_and_updates_both_twins(signed, keys
                    for p in signed.path.rglob("*") if p.is_file() and p.name != ENVELOPE}
     rec = record_name(cust.public_key())
     assert set(files_after) - set(files_before) == {rec}
+    assert record_name(load_private_key(keys["vendor"][0]).public_key()) in files_before  # the original's record
     assert all(files_after[k] == v for k, v in files_before.items())
     env = json.loads((signed.path / ENVELOPE).read_text())
     assert [s["keyid"] for s in env["signatures"]] == [key_fingerprint(load_private_key(keys["vendor"][0]).public_key()),
@@ -72,7 +73,7 @@ def test_cosign_keeps_statement_and_subjects_and_updates_both_twins(signed, keys
                            require_keys=[entry("V", keys["vendor"][1]), entry("C", keys["customer"][1])])
         assert r.ok, r.error
         assert [(c.name, c.status, c.signed_utc, c.time_source) for c in r.signatures] == [
-            ("V", "accepted", CREATED, "statement"), ("C", "accepted", fmt_utc(at), "signing record")]
+            ("V", "accepted", CREATED, "signing record"), ("C", "accepted", fmt_utc(at), "signing record")]
     assert not [p for p in signed.path.parent.iterdir() if p.name.startswith(".")]
 
 
@@ -119,7 +120,8 @@ def test_a_tampered_bundle_is_not_cosigned(signed, keys):
     env = (signed.path / ENVELOPE).read_bytes()
     with pytest.raises(BundleError, match="not cosigned: .*verdicts.json: sha256 does not match"):
         cosign_bundle(signed.path, load_private_key(keys["customer"][0]), now=AT)
-    assert (signed.path / ENVELOPE).read_bytes() == env and not (signed.path / "signatures").exists()
+    assert (signed.path / ENVELOPE).read_bytes() == env
+    assert not (signed.path / record_name(load_private_key(keys["customer"][0]).public_key())).exists()
 
 
 def test_cosign_checks_the_given_signer_first(signed, keys):
@@ -197,10 +199,46 @@ def test_revocation_and_validity_judge_the_signed_time(signed, keys):
     assert c.status == "refused" and "before the key's validity" in c.reason
     r, c = judge(valid_until=created + timedelta(days=9))
     assert c.status == "refused" and "after the key expired" in c.reason
-    # the original signer's time is the statement's created_utc
+    # the original signer's time is its own signing record, written with the bundle
     r = verify_signers(signed.path, trusted=[entry("Acme", keys["vendor"][1], "vendor",
                                                   revoked=created - timedelta(seconds=1))])
-    assert not r.ok and r.signatures[0].status == "refused" and r.signatures[0].time_source == "statement"
+    assert not r.ok and r.signatures[0].status == "refused" and r.signatures[0].time_source == "signing record"
+
+
+def test_a_revoked_key_named_as_signing_key_gets_no_date_from_created_utc(tmp_path, keys):
+    """The attacker holds a key revoked on 2026-06-01 and signs a statement whose created_utc (which the
+    statement's author writes) says 2026-03-01, naming that key as signing_key, with no signing record (as
+    another DSSE tool, or kvgate before records, writes it). The statement's claim dates nothing: refused."""
+    forged = acceptance_bundle(tmp_path, tmp_path / "runs", keys["lab"][0], CREATED, make_tar=False)
+    shutil.rmtree(forged.path / "signatures")  # the signature alone, no record of when it was made
+    lab = entry("Lab", keys["lab"][1], "lab", revoked=datetime(2026, 6, 1, tzinfo=timezone.utc),
+                revocation_reason="key stolen")
+    assert statement(forged.path)[0]["predicate"]["signing_key"]["fingerprint"] == lab.fingerprint
+    r = verify_signers(forged.path, trusted=[lab])
+    assert not r.ok
+    c = r.signatures[0]
+    assert (c.status, c.signed_utc, c.time_source) == ("refused", None, None)
+    assert c.reason == "no signed signing time, and the key is revoked since 2026-06-01T00:00:00Z (key stolen)"
+    assert "signing time not recorded" in c.line()
+    # a key with validity dates is refused the same way; a key without dates or revocation stands (undated)
+    r = verify_signers(forged.path, trusted=[entry("Lab", keys["lab"][1], "lab",
+                                                   valid_until=datetime(2027, 1, 1, tzinfo=timezone.utc))])
+    assert not r.ok and "no signed signing time" in r.signatures[0].reason
+    r = verify_signers(forged.path, trusted=[entry("Lab", keys["lab"][1], "lab")])
+    assert r.ok and r.signatures[0].signed_utc is None
+
+
+def test_cosign_by_the_original_signer_adds_its_missing_record(tmp_path, keys):
+    """A bundle whose original signature has no record (written before records existed): cosigning it with
+    that same key adds the record (dated now) instead of answering "already signed"."""
+    old = acceptance_bundle(tmp_path, tmp_path / "runs", keys["vendor"][0], CREATED, make_tar=False)
+    shutil.rmtree(old.path / "signatures")
+    _, payload = statement(old.path)
+    res = cosign_bundle(old.path, load_private_key(keys["vendor"][0]), now=AT)
+    assert res.action == "signed" and res.signed_utc == fmt_utc(AT)
+    assert statement(old.path)[1] == payload and len(json.loads((old.path / ENVELOPE).read_text())["signatures"]) == 1
+    r = verify_signers(old.path, trusted=[entry("V", keys["vendor"][1], revoked=AT + timedelta(days=1))])
+    assert r.ok and (r.signatures[0].signed_utc, r.signatures[0].time_source) == (fmt_utc(AT), "signing record")
 
 
 def test_a_signature_without_a_signed_time_is_refused_for_a_revoked_key(signed, keys):
@@ -235,6 +273,11 @@ def test_unknown_and_invalid_signatures(signed, keys):
     raw[0] ^= 1
     env["signatures"][0]["sig"] = base64.b64encode(bytes(raw)).decode()
     (signed.path / ENVELOPE).write_text(json.dumps(env))
+    r = verify_signers(signed.path, trusted=[vendor])
+    vendor_rec = record_name(load_private_key(keys["vendor"][0]).public_key())
+    assert not r.ok and r.error.startswith(f"{vendor_rec}: signing record of key {vendor.fingerprint}, which has no "
+                                           "signature in the envelope")
+    (signed.path / vendor_rec).unlink()  # as a bundle without the original's record: the signature is judged
     r = verify_signers(signed.path, trusted=[vendor])
     assert not r.ok and r.signatures[0].status == "invalid"
     assert r.error.startswith("signature by Acme (vendor)") and "does not verify" in r.error

@@ -212,7 +212,7 @@ def test_a_bundle_signed_by_a_stranger_is_listed_as_failed(lib, tmp_path):
     res = build_library([other.path], tmp_path / "site", lib["trusted"])
     (e,) = res.entries
     assert e["status"] == "failed" and e["reason"] == "no signature by a key you trust"
-    assert [s["status"] for s in e["signers"]] == ["unchecked"]
+    assert [s["status"] for s in e["signers"]] == ["untrusted"]  # valid, its key known from its signing record
 
 
 def test_pubkeys_without_roles_are_trusted_too(lib, tmp_path):

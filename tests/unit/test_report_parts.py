@@ -156,7 +156,26 @@ def test_request_logs_that_are_not_regular_files_draw_nothing_and_do_not_hang(tm
     """A FIFO named like a request log would block a plain read forever; the report skips it."""
     import os
     from harness.report.render import request_records
-    (tmp_path / "requests-recompute.jsonl").write_text('{"ttft_s": 1.0}\nnot json\n')
+    (tmp_path / "requests-recompute.jsonl").write_text('{"ttft_s": 1.0}\n\n')
     os.mkfifo(tmp_path / "requests-readback.jsonl")
     recs = request_records(tmp_path)
     assert recs == {"recompute": [{"ttft_s": 1.0}]}
+
+
+@pytest.mark.parametrize("line, why", [
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than 64 levels"),  # a RecursionError in json.loads before
+    ('{"ttft_s": 1.0, "ttft_s": 2.0}', "duplicate key"),
+    ("not json", "invalid JSON"),
+    ("[1, 2]", "expected a JSON object per line"),
+])
+def test_a_request_log_line_that_is_not_a_json_object_is_one_line_naming_file_and_line(tmp_path, line, why):
+    from harness.report.render import request_records
+    from harness.safeio import InputFileError
+    gate = tmp_path / "G2"
+    gate.mkdir()
+    (gate / "requests-readback.jsonl").write_text('{"ttft_s": 1.0}\n' + line + "\n")
+    with pytest.raises(InputFileError) as e:
+        request_records(gate)
+    msg = str(e.value)
+    assert msg.startswith("gates/G2/requests-readback.jsonl:2: ") and why in msg and "\n" not in msg
+    assert len(msg) < 300
