@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-MARK = "[redacted]"
+# What a secret becomes: plain letters, so a redacted URL still parses (``http://REDACTED@host``: a bundle's
+# config is validated again when it is re-evaluated) and Markdown and HTML show it as it is.
+MARK = "REDACTED"
 MIN_SCRUB_CHARS = 6
 
 # Environment variable names: the patterns anywhere in the name (PGPASSWORD, HF_TOKEN, AWS_SECRET_ACCESS_KEY).
@@ -71,8 +73,8 @@ class SecretRegistry:
 
     def add_value(self, value: str | None) -> None:
         """A secret value: every writer replaces it (and its encoded forms) with :data:`MARK`."""
-        if not value or len(value) < MIN_SCRUB_CHARS or value == MARK:
-            return
+        if not value or len(value) < MIN_SCRUB_CHARS or MARK in value:
+            return  # short values would match everywhere; a redacted text is not a secret
         with self._lock:
             if value in self._values:
                 return
@@ -137,7 +139,7 @@ def register_url(text: str | None) -> None:
 
 
 def redact_url(url: str) -> str:
-    """The URL with its userinfo replaced by :data:`MARK` (``http://[redacted]@host:8000``)."""
+    """The URL with its userinfo replaced by :data:`MARK` (``http://REDACTED@host:8000``)."""
     try:
         u = urlsplit(url)
     except ValueError:
@@ -151,23 +153,24 @@ def redact_text(text: str) -> str:
     """``text`` with every registered secret value and every URL's userinfo replaced by :data:`MARK`."""
     if not text:
         return text
+    # userinfo first, whole: a password replaced on its own would leave user:REDACTED@, needlessly
+    text = _USERINFO_RE.sub(lambda m: m.group("scheme") + MARK + "@", text)
     for form in SECRETS.forms:
         s = form.decode()
         if s in text:
             text = text.replace(s, MARK)
-    return _USERINFO_RE.sub(lambda m: m.group("scheme") + MARK + "@" if m.group("userinfo") != MARK else m.group(0),
-                            text)
+    return text
 
 
 def redact_bytes(data: bytes) -> bytes:
     """:func:`redact_text` for bytes (logs, raw output): registered values and URL userinfo."""
     if not data:
         return data
+    data = _USERINFO_RE_B.sub(lambda m: m.group("scheme") + MARK.encode() + b"@", data)
     for form in SECRETS.forms:
         if form in data:
             data = data.replace(form, MARK.encode())
-    return _USERINFO_RE_B.sub(lambda m: m.group("scheme") + MARK.encode() + b"@"
-                              if m.group("userinfo") != MARK.encode() else m.group(0), data)
+    return data
 
 
 def redact_env(env: Mapping[str, Any] | None) -> dict[str, str]:

@@ -26,7 +26,7 @@ from ..execute.fanout import fan_out
 from ..execute.nvmeof import ManagedTargets, managed_targets
 from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 from ..paths import git_commit
-from ..redact import redact_obj, redact_text, scrub_tree
+from ..redact import redact_line, redact_obj, redact_text, scrub_tree
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
 from ..report.render import render_bundle_reports
 from ..transport import ScopedTransport, Transport, open_transport
@@ -146,7 +146,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     shown = progress or _progress_printer()
 
     def progress(msg: str) -> None:  # a CI log keeps what kvgate prints: no secret in it either
-        shown(redact_text(msg))
+        shown(redact_line(msg))
     run_dir = new_run_dir(Path(out_dir))
     started = time.time()
     progress(f"run directory {run_dir}")

@@ -21,7 +21,7 @@ import httpx
 from pydantic import Field, field_validator
 
 from ..engines import EngineProfile
-from ..redact import redact_url, register_url
+from ..redact import redact_line, redact_url, register_url
 from ..parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
 from ..parsers.prometheus import Sample, parse_prometheus
 from .base import GateContext, StrictModel
@@ -36,6 +36,12 @@ class NodeCommand(StrictModel):
     node: str
     run: str = Field(min_length=1)
     timeout_s: float = Field(default=900.0, gt=0)
+
+    @field_validator("run")
+    @classmethod
+    def _secrets(cls, v: str) -> str:
+        redact_line(v)  # an Authorization header, TOKEN=..., user:password@ in it: redacted wherever kvgate writes
+        return v
 
 
 class AttachParams(StrictModel):
