@@ -15,9 +15,9 @@ the inventory, an attach URL, the environment of any command a transport starts)
 :func:`redact_env` and :func:`redact_argv` for what a command was run with, :func:`redact_text` /
 :func:`redact_bytes` for output (every registered value, in its raw, JSON-escaped and percent-encoded forms,
 is replaced by :data:`MARK`, as is URL userinfo), and :func:`scrub_tree` over a whole run directory before it
-becomes a bundle, as the last line of defence. A value shorter than :data:`MIN_SCRUB_CHARS` is redacted where
-its name says it is secret (environment, options) but not searched for in output: replacing every ``abc`` in
-every file would destroy the evidence.
+becomes a bundle, as the last line of defence. A value shorter than :data:`MIN_SCRUB_CHARS`, or one of digits
+only, is redacted where its name says it is secret (environment, options) but not searched for in output:
+replacing every ``abc`` or ``12345678`` in every file would destroy the evidence.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 # What a secret becomes: plain letters, so a redacted URL still parses (``http://REDACTED@host``: a bundle's
 # config is validated again when it is re-evaluated) and Markdown and HTML show it as it is.
 MARK = "REDACTED"
-MIN_SCRUB_CHARS = 6
+MIN_SCRUB_CHARS = 8
 
 # Environment variable names: the patterns anywhere in the name (PGPASSWORD, HF_TOKEN, AWS_SECRET_ACCESS_KEY).
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|PASSWORD|PASSWD|SECRET|CREDENTIAL|AUTH", re.IGNORECASE)
@@ -55,6 +55,7 @@ _HEADER_RE = re.compile(r"(?P<name>\b(?:Proxy-)?Authorization|\bX-Api-Key|\bApi-
 # an option's ``--chunk-tokens=256`` stay as they are
 _ASSIGN_RE = re.compile(r"(?<![\w.$-])(?P<name>[A-Z_][A-Z0-9_]*)=(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\";|&]+)")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NUMBER_RE = re.compile(r"[0-9.,:+-]+")
 
 
 class SecretRegistry:
@@ -73,8 +74,8 @@ class SecretRegistry:
 
     def add_value(self, value: str | None) -> None:
         """A secret value: every writer replaces it (and its encoded forms) with :data:`MARK`."""
-        if not value or len(value) < MIN_SCRUB_CHARS or MARK in value:
-            return  # short values would match everywhere; a redacted text is not a secret
+        if not value or len(value) < MIN_SCRUB_CHARS or MARK in value or _NUMBER_RE.fullmatch(value):
+            return  # short values and numbers would match measurements; a redacted text is not a secret
         with self._lock:
             if value in self._values:
                 return

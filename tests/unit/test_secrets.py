@@ -263,3 +263,37 @@ def test_an_ssh_identity_file_others_can_read_is_refused_before_connecting(tmp_p
     with pytest.raises(TransportError) as e:
         SSHTransport("127.0.0.1", 1, "u", str(ident), known_hosts_path=str(tmp_path / "kh"), connect_timeout_s=1)
     assert f"chmod 600 {ident}" in str(e.value) and "cannot connect" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------- the redaction itself
+
+
+def test_a_known_value_is_found_in_its_json_and_url_encoded_forms(tmp_path):
+    from harness.redact import add_secret_value, scrub_tree
+    value = 'kv"pa\\ss wörd/' + secrets.token_hex(6)
+    add_secret_value(value)
+    run = tmp_path / "run"
+    run.mkdir()
+    from urllib.parse import quote
+    (run / "a.json").write_text(json.dumps({"msg": f"x {value} y"}))
+    (run / "b.json").write_text(json.dumps({"msg": f"x {value} y"}, ensure_ascii=False))
+    (run / "c.log").write_text(f"GET /v1?key={quote(value, safe='')}\n")
+    (run / "d.bin").write_bytes(b"\x00\xff" + value.encode() + b"\x00")
+    outside = tmp_path / "outside.txt"
+    outside.write_text(value)
+    (run / "link").symlink_to(outside)  # a link is not followed: what it points at is not kvgate's
+    changed = scrub_tree(run)
+    assert sorted(changed) == ["a.json", "b.json", "c.log", "d.bin"]
+    assert json.loads((run / "a.json").read_text()) == {"msg": "x REDACTED y"}  # still valid JSON
+    assert json.loads((run / "b.json").read_text()) == {"msg": "x REDACTED y"}
+    assert files_with(run, value, quote(value, safe="")) == [] and outside.read_text() == value
+
+
+def test_redaction_keeps_measurements_and_is_idempotent():
+    from harness.redact import MARK, add_secret_value, redact_text
+    add_secret_value("12345678")  # digits only: would match byte counts
+    add_secret_value("short")     # under 8 characters: would match words
+    text = "read 123456789 bytes in short time from http://u:p4ss@h:80/x"
+    once = redact_text(text)
+    assert once == f"read 123456789 bytes in short time from http://{MARK}@h:80/x"
+    assert redact_text(once) == once
