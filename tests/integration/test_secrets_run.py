@@ -119,6 +119,7 @@ def test_no_secret_reaches_any_file_of_the_run_or_the_bundle(tmp_path):
     (tmp_path / "cfg" / "secret-engine.yaml").write_text(yaml.safe_dump(prof))
     suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
     g2 = suite["gates"][0]
+    g2.pop("stop_loss")  # the fake engines' timings decide nothing here: the attached gate must run after it
     g2["params"].update(engine=str(tmp_path / "cfg" / "secret-engine.yaml"), python="/engine/bin/python",
                         port=launched.port, populate_timeout_s=1)
     g2a = {"id": "G2a", "title": "attached", "workload": "g2-ttft", "metric": "readback_speedup_p50",
@@ -172,9 +173,8 @@ def test_no_secret_reaches_any_file_of_the_run_or_the_bundle(tmp_path):
         attached.stop()
 
     # the run really went through both engines and kept its evidence ...
-    assert [v.outcome for v in out.verdicts] != [Outcome.ERROR, Outcome.ERROR]
     for v in out.verdicts:
-        assert v.outcome is not Outcome.ERROR, (v.gate_id, v.reason)
+        assert v.outcome in (Outcome.PASS, Outcome.FAIL), (v.gate_id, v.outcome, v.reason)
     assert out.bundle is not None and verify_bundle(out.bundle.path, pub).ok
     # ... and the secrets reached what needed them: the engine's environment, the attached engine's auth
     assert spawned_env and all(e["HF_TOKEN"] == token and e["VENDOR_LICENSE"] == licence for e in spawned_env)
