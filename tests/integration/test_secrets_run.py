@@ -28,6 +28,7 @@ from harness.workloads.base import DROP_CACHES_ARGV
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
+PREFLIGHT_CPU_REFERENCE = (ROOT / "tests" / "fixtures" / "preflight" / "cpu-reference.stdout").read_text()
 MODEL = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 2048, "torch_dtype": "bfloat16"}
 
@@ -154,12 +155,10 @@ def test_no_secret_reaches_any_file_of_the_run_or_the_bundle(tmp_path):
         if argv[0] == "find":
             n = len(launched.stored) + len(attached.stored) + 1
             return Reply(stdout="".join(f"{10_000_000}\n" for _ in range(n)))
-        if argv[0] == "findmnt":
-            return Reply(stdout="/dev/vdb\n")
-        if argv[:2] == ("cat", "/sys/class/block/vdb/stat"):
-            return Reply(stdout=f"1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
-        if argv[0] == "/engine/bin/python":
-            return Reply(stdout="lmcache 0.5.6\ntorch 2.13.0\n")
+        if "kvgate-pool-blockstat" in argv:  # the pool device probe: device and its counters
+            return Reply(stdout=f"kvgate-pool-device 252:16 /dev/vdb\n1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
+        if argv[0] == "/engine/bin/python":  # the engine pre-flight, as the real interpreter answered it
+            return Reply(stdout=PREFLIGHT_CPU_REFERENCE)
         return Reply()  # facts, mkdir, drop caches: nothing to say
 
     node = ScriptedTransport(handler, name="n1")
