@@ -8,6 +8,7 @@ from pathlib import Path
 from ..config import Config, load_config
 from ..errors import ConfigError, ConfigIssue
 from ..paths import given_or_shipped
+from ..redact import redact_text
 from ..report.signing import resolve_signing_key
 from ..rigs.guest import open_guest_transports
 from ..suite.plan import plan_text
@@ -40,7 +41,8 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    print(plan_text(load(args)), end="")
+    cfg = load(args)  # loading registers the configuration's secrets (profiles, inventory, attach URLs)
+    print(redact_text(plan_text(cfg)), end="")
     return EXIT_OK
 
 

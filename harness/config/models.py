@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..redact import add_secret_names, env_name_ok
 from ..units import Threshold, UnitError, parse_quantity, parse_size_bytes, parse_threshold
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -317,8 +318,32 @@ class Node(Strict):
         return len(self.gpus) if self.gpus else (self.read_streams or 1)
 
 
+def check_secret_env(names: list[str]) -> list[str]:
+    """``secret_env``: environment variable names whose values are secrets, on top of the default patterns
+    (names containing TOKEN, KEY, PASSWORD, PASSWD, SECRET, CREDENTIAL, AUTH); each must be a variable name,
+    listed once. The names are marked secret for the whole run (harness.redact), so their values never
+    reach a file, a plan or a command line."""
+    bad = [n for n in names if not env_name_ok(n)]
+    if bad:
+        raise ValueError(f"invalid environment variable name(s) {', '.join(map(repr, bad))} "
+                         "(expected letters, digits and _, not starting with a digit)")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"listed twice: {', '.join(dup)}")
+    add_secret_names(names)
+    return names
+
+
 class Inventory(Strict):
     nodes: list[Node] = Field(min_length=1)
+    # Environment variables whose values are secret wherever kvgate passes them (engine profiles' env, any
+    # command's), on top of the default name patterns: redacted in everything kvgate writes.
+    secret_env: list[str] = Field(default_factory=list)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, v: list[str]) -> list[str]:
+        return check_secret_env(v)
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

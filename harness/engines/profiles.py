@@ -15,11 +15,13 @@ import string
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ..config.models import check_secret_env
 from ..config.yamlload import load_yaml, validate
 from ..errors import ConfigError, ConfigIssue
 from ..paths import data_path
+from ..redact import add_secret_value, is_secret_name, redact_argv, redact_env
 from .client import ApiShape
 from .lmcache import LMCacheSettings, check_lmcache_config, lmcache_config, render_template
 
@@ -158,6 +160,10 @@ class EngineProfile(_Strict):
     # an element is a template string, or ``{json: ...}``: a structured value built as data (JsonArg)
     argv: list[TextTemplate | JsonArg] = Field(default_factory=list)
     env: dict[str, TextTemplate] = Field(default_factory=dict)
+    # Names in env whose values are secrets, on top of the default patterns (TOKEN, KEY, PASSWORD, SECRET ...):
+    # passed to the node through the transport's environment (never its command line) and redacted in
+    # everything kvgate writes (harness.redact)
+    secret_env: list[str] = Field(default_factory=list)
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     ready_timeout_s: float = Field(default=600.0, gt=0)
@@ -204,6 +210,22 @@ class EngineProfile(_Strict):
             raise ValueError(f"pool_files {v!r}: a file-name pattern such as '*.data' (no '/')")
         return v
 
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        env = info.data.get("env") or {}  # declared before secret_env, so validated by now
+        unknown = [n for n in v if n not in env]
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)} not in env (env has: {', '.join(env) or 'nothing'})")
+        return check_secret_env(v)
+
+    @model_validator(mode="after")
+    def _secrets(self) -> "EngineProfile":
+        for k, v in self.env.items():
+            if is_secret_name(k) and "{" not in v:  # a literal secret: known to every writer from now on
+                add_secret_value(v)
+        return self
+
     @model_validator(mode="after")
     def _provable(self) -> "EngineProfile":
         if self.hit_metrics is None and self.hit_log is None and not self.device_reads:
@@ -222,7 +244,10 @@ class EngineProfile(_Strict):
                 else render_template(a, values, f"{self.name}: argv") for i, a in enumerate(self.argv)]
 
     def render_env(self, values: dict[str, Any]) -> dict[str, str]:
-        return {k: render_template(v, values, f"{self.name}: env.{k}") for k, v in self.env.items()}
+        """The environment with ``{placeholders}`` filled; its secret values are registered for redaction."""
+        env = {k: render_template(v, values, f"{self.name}: env.{k}") for k, v in self.env.items()}
+        redact_env(env)  # registers the secret values (the result, redacted, is not what the engine gets)
+        return env
 
 
 class _SamplePaths(dict):
@@ -298,6 +323,6 @@ def vllm_serve_argv(model: str, host: str, port: int, *, kv_connector: str | Non
 
 
 def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
-    """A copy-pasteable command line for logs and plans."""
-    pre = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-    return (pre + " " if pre else "") + shlex.join(argv)
+    """A copy-pasteable command line for logs and plans, secrets redacted (harness.redact)."""
+    pre = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(env).items())
+    return (pre + " " if pre else "") + shlex.join(redact_argv(argv))

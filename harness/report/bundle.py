@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import stat
 import tarfile
@@ -66,12 +67,22 @@ def _read_key(path: str | Path) -> bytes:
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+    """The Ed25519 signing key at ``path``. As ssh does with its keys, a key file that group or others may
+    read or write is refused (anyone who could read it could sign as its owner), naming the chmod to run."""
+    data = _read_key(path)  # a regular file within the size limit, or BundleError naming it
     try:
-        key = serialization.load_pem_private_key(_read_key(path), password=None)
+        key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise BundleError(f"{path}: not a readable unencrypted PEM private key: {exc}") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise BundleError(f"{path}: expected an Ed25519 key")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise BundleError(f"{path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise BundleError(f"{path}: private key is accessible by group or others (mode {stat.S_IMODE(mode):04o}); "
+                          f"a signing key must be private to its owner: run chmod 600 {shlex.quote(str(path))}")
     return key
 
 

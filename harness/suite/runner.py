@@ -7,6 +7,7 @@ SKIPPED; a run with any gate not PASS never ends PASS.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -28,6 +29,7 @@ from ..execute.fanout import fan_out
 from ..execute.nvmeof import ManagedTargets, managed_targets
 from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 from ..paths import git_commit
+from ..redact import redact_line, redact_obj, redact_text, scrub_tree
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
 from ..report.render import render_bundle_reports
 from ..transport import ScopedTransport, Transport, open_transport
@@ -81,7 +83,8 @@ def new_run_dir(out_dir: Path) -> Path:
 
 def _write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+    # secrets (harness.redact) never reach the run directory's JSON
+    path.write_text(redact_text(json.dumps(obj, indent=1, sort_keys=True, default=str)) + "\n")
 
 
 class GateTimeoutEvidence(Evidence):
@@ -183,7 +186,10 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
               progress: Callable[[str], None] | None = None,
               transports: dict[str, Transport] | None = None, make_tar: bool = True) -> RunOutcome:
     """Run every gate of the suite and write the bundle under ``out_dir``."""
-    progress = progress or _progress_printer()
+    shown = progress or _progress_printer()
+
+    def progress(msg: str) -> None:  # a CI log keeps what kvgate prints: no secret in it either
+        shown(redact_line(msg))
     run_dir = new_run_dir(Path(out_dir))
     started = time.time()
     progress(f"run directory {run_dir}")
@@ -258,6 +264,9 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                     interrupted, interrupt = True, exc
                     result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
             verdict = evaluate(gate, result, unit)
+            # the verdict goes into verdicts.json and the signed predicate: its texts and evidence redacted
+            verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason),
+                                          evidence=redact_obj(verdict.evidence))
             _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
                                                    "finished_unix_s": time.time()})
             _write_json(gate_dir / "verdict.json", verdict.to_dict())
@@ -289,6 +298,9 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 tr.close()
             except Exception:  # noqa: BLE001
                 pass
+        # The last line of defence: every secret value known by now (some were learnt after the files that
+        # hold them were written) is redacted in every file of the run directory, bundle or not.
+        scrub_tree(run_dir)
     done_ids = {v.gate_id for v in verdicts}
     for gate in suite.gates:
         if gate.id not in done_ids:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..errors import TransportError
+from ..redact import redact_argv, redact_text, register_env
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -48,12 +49,14 @@ class CommandResult:
         return self.rc == 0 and not self.timed_out and self.error is None
 
     def summary(self) -> str:
+        """One line for errors and evidence: the command (secrets redacted) and how it ended."""
+        cmd = shlex.join(redact_argv(self.argv))
         if self.error:
-            return f"{shlex.join(self.argv)}: {self.error}"
+            return f"{cmd}: {redact_text(self.error)}"
         if self.timed_out:
-            return f"{shlex.join(self.argv)}: timed out after {self.duration_s:.1f} s"
-        tail = (self.stderr.strip().splitlines() or [""])[-1][:300]
-        return f"{shlex.join(self.argv)}: exit {self.rc}" + (f": {tail}" if tail else "")
+            return f"{cmd}: timed out after {self.duration_s:.1f} s"
+        tail = redact_text((self.stderr.strip().splitlines() or [""])[-1][:300])
+        return f"{cmd}: exit {self.rc}" + (f": {tail}" if tail else "")
 
 
 class Process(abc.ABC):
@@ -116,6 +119,8 @@ def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
     for k in env:
         if not ENV_NAME_RE.match(k):
             raise TransportError(f"invalid environment variable name {k!r}")
+    # Every command's environment passes here: its secret values are known to every writer from now on.
+    register_env(env)
     return env
 
 
@@ -256,7 +261,7 @@ class ScopedTransport(Transport):
     def _start(self, argv, env, stdin, log_path):
         # Start and track under the lock cancel() takes, so no command slips between the check and abort().
         with self._active_lock:
-            self._refuse(shlex.join(argv))
+            self._refuse(shlex.join(redact_argv(argv)))
             proc = self.inner._start(argv, env, stdin, log_path)
             self._active_procs.add(proc)
         return proc

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+from ..redact import scrub_file
 from .base import Process, Transport
 
 
@@ -146,3 +147,4 @@ class ScriptedTransport(Transport):
             raise FileNotFoundError(f"{self.name}: no file {remote_path}") from None
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
         Path(local_path).write_bytes(data)
+        scrub_file(local_path)  # as the real backends do: the copy is kvgate's record

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ..errors import TransportError
+from ..redact import scrub_file
 from .base import KEEP_STDIN_OPEN, Process, Transport
 
 
@@ -132,8 +133,10 @@ class LocalTransport(Transport):
         shutil.copyfile(local_path, remote_path)
 
     def get(self, remote_path, local_path):
+        """Copy a file; known secret values in the copy are redacted (the copy is kvgate's record)."""
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(remote_path, local_path)
+        scrub_file(local_path)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

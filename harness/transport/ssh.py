@@ -8,12 +8,14 @@ import os
 import select
 import shlex
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..errors import HostKeyError, TransportError
+from ..redact import scrub_file
 from .base import KEEP_STDIN_OPEN, Process, Transport
 
 # The remote wrapper: report the shell's pid and process group on stderr's first line, then exec the
@@ -23,18 +25,40 @@ _WRAP = ('read -r _ _ _ _ g _ < /proc/$$/stat 2>/dev/null || g=$$; '
          'printf "' + _PGID_PREFIX + '%s %s\\n" "$$" "$g" >&2; ')
 
 
+# The environment never goes on the command line (other users of the node read it in ps, and audit logs keep
+# it): the wrapper reads NAME=VALUE lines from the command's stdin up to an empty line and exports each, then
+# the command gets the rest of stdin. sh's read takes one byte at a time from a pipe, so nothing after the
+# empty line is consumed. (sshd's AcceptEnv is off by default, so the channel's own env requests are no way.)
+_ENV_FROM_STDIN = 'while IFS= read -r _kvgate_kv && [ -n "$_kvgate_kv" ]; do export "$_kvgate_kv"; done; ' \
+                  'unset _kvgate_kv; '
+
+
 def remote_command(argv: Sequence[str], env: Mapping[str, str], log_path: str | None) -> str:
-    """The one shell string sent to sshd: pid report, optional log redirect, env, argv quoted once."""
+    """The one shell string sent to sshd: pid report, the environment read from stdin (:func:`env_block`),
+    optional log redirect, argv quoted once. No value of ``env`` is in it."""
     cmd = _WRAP
+    if env:
+        cmd += _ENV_FROM_STDIN
     if log_path is not None:
         cmd += f"exec >>{shlex.quote(log_path)} 2>&1 </dev/null; "
-    prefix = ["env"] + [f"{k}={v}" for k, v in env.items()] if env else []
-    cmd += "exec " + shlex.join(prefix + list(argv))
+    cmd += "exec " + shlex.join(list(argv))
     return cmd
 
 
+def env_block(env: Mapping[str, str]) -> bytes:
+    """What goes first on the command's stdin for :func:`remote_command`: one NAME=VALUE line per variable and
+    an empty line. A value with a newline or NUL cannot be one line (nor an environment value): refused."""
+    if not env:
+        return b""
+    for k, v in env.items():
+        if "\n" in v or "\x00" in v or "\r" in v:
+            raise TransportError(f"environment variable {k}: a value with a newline, carriage return or NUL "
+                                 "cannot be passed to an SSH node")
+    return "".join(f"{k}={v}\n" for k, v in env.items()).encode() + b"\n"
+
+
 class _SSHProcess(Process):
-    def __init__(self, transport: "SSHTransport", channel, stdin: bytes | None):
+    def __init__(self, transport: "SSHTransport", channel, stdin: bytes | None, preamble: bytes = b""):
         self.t = transport
         self.ch = channel
         self._out: list[bytes] = []
@@ -48,9 +72,10 @@ class _SSHProcess(Process):
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
         if stdin is KEEP_STDIN_OPEN:
-            pass  # a session: send() writes, close_stdin() ends it
-        elif stdin is not None:
-            threading.Thread(target=self._feed, args=(stdin,), daemon=True).start()
+            if preamble:  # the environment first; then send() writes, close_stdin() ends it
+                self.send(preamble)
+        elif stdin is not None or preamble:
+            threading.Thread(target=self._feed, args=(preamble + (stdin or b""),), daemon=True).start()
         else:
             try:
                 channel.shutdown_write()
@@ -194,6 +219,19 @@ class _SSHProcess(Process):
         return b"".join(self._out), b"".join(self._err_chunks)
 
 
+def check_identity_file(path: str, node: str) -> None:
+    """Refuse a private key file that group or others may read or write, as ssh does ("UNPROTECTED PRIVATE
+    KEY FILE"), with the chmod to run. A missing file is left to the connection to report."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+        raise TransportError(f"{node}: identity file {path} is accessible by group or others (mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}); ssh refuses such a key, and so does kvgate: "
+                             f"run chmod 600 {shlex.quote(path)}")
+
+
 def host_key_fingerprint(key) -> str:
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
@@ -222,6 +260,8 @@ class SSHTransport(Transport):
         self.port = int(port or resolved.get("port", 22))
         self.user = user or resolved.get("user") or os.environ.get("USER") or "root"
         keys = [os.path.expanduser(identity_file)] if identity_file else [os.path.expanduser(p) for p in resolved.get("identityfile", [])]
+        for key_file in keys:
+            check_identity_file(key_file, self.name)
         proxy_jump = proxy_jump or resolved.get("proxyjump")
         if proxy_jump and proxy_jump.lower() == "none":
             proxy_jump = None
@@ -308,9 +348,10 @@ class SSHTransport(Transport):
         return rc
 
     def _start(self, argv, env, stdin, log_path):
+        preamble = env_block(env)  # before a channel is opened: a refused value opens nothing
         ch = self._channel()
         ch.exec_command(remote_command(argv, env, log_path))
-        return _SSHProcess(self, ch, stdin)
+        return _SSHProcess(self, ch, stdin, preamble)
 
     def _sftp_client(self):
         if self._sftp is None:
@@ -327,11 +368,13 @@ class SSHTransport(Transport):
             raise TransportError(f"{self.name}: put {local_path} -> {remote_path}: {exc}") from None
 
     def get(self, remote_path, local_path):
+        """Copy a node's file here; known secret values in it are redacted (the copy is kvgate's record)."""
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
         try:
             self._sftp_client().get(remote_path, str(local_path))
         except OSError as exc:
             raise TransportError(f"{self.name}: get {remote_path}: {exc}") from None
+        scrub_file(local_path)
 
     def forward_port(self, remote_host: str, remote_port: int) -> tuple[str, int]:
         """Listen on 127.0.0.1:<free port> here and carry each connection over this SSH connection

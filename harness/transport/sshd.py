@@ -36,6 +36,7 @@ class PrivateSshd:
     user: str = ""
     proc: subprocess.Popen | None = None
     netns: str | None = None  # run inside `ip netns exec NAME` when set
+    extra_config: str = ""  # more sshd_config lines (a test's ForceCommand, say)
 
     def __post_init__(self):
         self.workdir = Path(self.workdir)
@@ -83,6 +84,7 @@ class PrivateSshd:
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
             "PermitRootLogin yes\nStrictModes no\nUsePAM no\nSubsystem sftp internal-sftp\n"
             "LogLevel ERROR\nMaxStartups 100:30:200\nMaxSessions 100\nClientAliveInterval 15\n"
+            + self.extra_config
         )
         return cfg
 

@@ -1,4 +1,8 @@
-"""Every command a run executes leaves argv, stdout, stderr, rc and status on disk, even on failure."""
+"""Every command a run executes leaves argv, stdout, stderr, rc and status on disk, even on failure.
+
+These are the writers of step records, so secrets are redacted here (harness.redact): the values of secret
+environment variables and options in ``argv.json``, and every known secret value and URL userinfo in
+``stdout``, ``stderr`` and the status. The command itself gets the real values."""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from .base import CommandResult, Transport
+from ..redact import redact_argv, redact_env, redact_text
+from .base import CommandResult, Process, Transport
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -58,6 +63,16 @@ class StepLog:
         record(d, result)
         return result
 
+    def spawn(self, transport: Transport, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              log_path: str | None = None) -> tuple[Process, Path]:
+        """Start a long-lived command (``Transport.spawn``) as a step: its argv, environment (secrets redacted)
+        and log path on disk before it starts, its pid after. Returns the process and the step directory."""
+        d = self.new_dir(transport.name, name)
+        _write_argv(d, transport.name, argv, env, None, log_path=log_path)
+        proc = transport.spawn(argv, env=env, log_path=log_path)
+        _write_status(d, {"status": "spawned", "pid": proc.pid})
+        return proc, d
+
     def keep(self, node: str, name: str, result: CommandResult, timeout_s: float | None = None,
              part_of: str | None = None) -> Path:
         """Record a command that already ran as a step (e.g. the last look of a polling loop); ``part_of``
@@ -70,8 +85,10 @@ class StepLog:
 
 
 def _write_argv(d: Path, node: str, argv: Sequence[str], env: Mapping[str, str] | None, timeout_s: float | None,
-                part_of: str | None = None) -> None:
-    rec = {"node": node, "argv": [str(a) for a in argv], "env": dict(env or {}), "timeout_s": timeout_s}
+                part_of: str | None = None, log_path: str | None = None) -> None:
+    rec = {"node": node, "argv": redact_argv(argv), "env": redact_env(env), "timeout_s": timeout_s}
+    if log_path is not None:
+        rec = {"node": node, "argv": rec["argv"], "env": rec["env"], "log_path": log_path}
     if part_of is not None:
         rec["part_of"] = part_of
     (d / "argv.json").write_text(json.dumps(rec, indent=1))
@@ -82,9 +99,10 @@ def _write_status(d: Path, status: dict) -> None:
 
 
 def record(d: Path, result: CommandResult) -> None:
-    (d / "stdout").write_text(result.stdout)
-    (d / "stderr").write_text(result.stderr)
+    (d / "stdout").write_text(redact_text(result.stdout))
+    (d / "stderr").write_text(redact_text(result.stderr))
     (d / "rc").write_text("" if result.rc is None else f"{result.rc}\n")
     status = "ok" if result.ok else ("timeout" if result.timed_out else ("error" if result.error else "failed"))
-    _write_status(d, {"status": status, "rc": result.rc, "timed_out": result.timed_out, "error": result.error,
+    _write_status(d, {"status": status, "rc": result.rc, "timed_out": result.timed_out,
+                      "error": redact_text(result.error) if result.error else result.error,
                       "duration_s": round(result.duration_s, 6)})

@@ -20,6 +20,7 @@ import httpx
 from pydantic import Field, field_validator
 
 from ..engines import EngineProfile
+from ..redact import redact_line, redact_url, register_url
 from ..parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
 from ..parsers.prometheus import Sample, parse_prometheus
 from .base import GateContext, StrictModel
@@ -34,6 +35,12 @@ class NodeCommand(StrictModel):
     node: str
     run: str = Field(min_length=1)
     timeout_s: float = Field(default=900.0, gt=0)
+
+    @field_validator("run")
+    @classmethod
+    def _secrets(cls, v: str) -> str:
+        redact_line(v)  # an Authorization header, TOKEN=..., user:password@ in it: redacted wherever kvgate writes
+        return v
 
 
 class AttachParams(StrictModel):
@@ -50,9 +57,10 @@ class AttachParams(StrictModel):
     def _url(cls, v: str | None) -> str | None:
         if v is None:
             return v
+        register_url(v)  # user:password@ is a secret: redacted wherever kvgate writes (harness.redact)
         u = urlsplit(v)
         if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"{v!r} is not an http(s) URL with a host (e.g. http://10.0.0.5:8000)")
+            raise ValueError(f"{redact_url(v)!r} is not an http(s) URL with a host (e.g. http://10.0.0.5:8000)")
         return v.rstrip("/")
 
     def named_nodes(self) -> list[tuple[tuple, str]]:
@@ -122,8 +130,8 @@ class AttachedEngine:
             except httpx.HTTPError as exc:
                 why = f"{type(exc).__name__}: {exc}"
             if clock.now() >= deadline:
-                return False, (f"the engine at {self.base_url}{self.profile.health_path} did not answer 200 "
-                               f"within {timeout_s:.0f} s: {why}")
+                return False, (f"the engine at {redact_url(self.base_url)}{self.profile.health_path} did not "
+                               f"answer 200 within {timeout_s:.0f} s: {why}")
             self.ctx.cancel.sleep(1.0)
 
     def metrics(self) -> list[Sample]:

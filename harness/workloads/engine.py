@@ -172,11 +172,9 @@ class EngineProcess:
 
     def start(self) -> None:
         """Spawn the engine in its own process group, its output to its log on the node (a logged step)."""
-        d = self.ctx.steps.new_dir(self.transport.name, f"spawn-{self.profile.name}")
-        (d / "argv.json").write_text(json.dumps({"node": self.transport.name, "argv": self.argv, "env": self.env,
-                                                 "log_path": self.log_path}, indent=1))
-        self.proc = self.transport.spawn(self.argv, env=self.env, log_path=self.log_path)
-        (d / "status.json").write_text(json.dumps({"status": "spawned", "pid": self.proc.pid}))
+        # through the step log, the one writer of step records: the environment's secrets are redacted there
+        self.proc, _ = self.ctx.steps.spawn(self.transport, f"spawn-{self.profile.name}", self.argv, env=self.env,
+                                            log_path=self.log_path)
 
     def wait_ready(self, timeout_s: float) -> tuple[bool, str]:
         """Poll the health endpoint until it answers 200; an engine that exits meanwhile ends the wait at once."""
