@@ -149,6 +149,21 @@ class Preflight(_Strict):
         return v
 
 
+class Capabilities(_Strict):
+    """What an engine can do that a workload relies on, declared by its profile (workloads never look at an
+    engine's name)."""
+
+    token_ids_only: bool = False        # takes prompts as token-id lists only (no tokenizer): G2 sends ids
+    kv_dtype: Literal["float32", "float16", "bfloat16", "fp8"] | None = None  # KV kept in this dtype, whatever
+                                        # the model config says (KV bytes per token are computed with it)
+    builds_model: bool = False          # builds its model from the config kvgate stages ({model_config}; kvgate's
+                                        # default config when the gate gives none): no model files needed
+    engine_cache_flag: str | None = None  # argv flag taking a token count: caps its engine-memory KV (g2-multiturn)
+    no_tier_flag: str | None = None     # argv flag: the same engine without the KV tier (g2-multiturn)
+    level_counters: str | None = None   # prefix of its per-level token counters (prompt, prefill, gpu hit, gpu
+                                        # evicted, external hit, ...: g2-multiturn's accounting)
+
+
 class EngineProfile(_Strict):
     name: str
     description: str
@@ -192,6 +207,7 @@ class EngineProfile(_Strict):
     # Checked with the engine's interpreter before a launch: a node that cannot run the engine fails at once
     # with one line naming the engine_python to set, not 60 lines into the engine's log.
     preflight: Preflight | None = None
+    capabilities: Capabilities = Field(default_factory=Capabilities)
 
     @field_validator("fallback_patterns")
     @classmethod

@@ -21,9 +21,9 @@ from pydantic import Field, field_validator
 
 from ..engines import EngineProfile
 from ..redact import redact_line, redact_url, register_url
-from ..parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
 from ..parsers.prometheus import Sample, parse_prometheus
 from .base import GateContext, StrictModel
+from .engine import LogMark
 
 # prometheus_client's process collector: a new value means a new engine process
 START_TIME_METRIC = "process_start_time_seconds"
@@ -99,14 +99,43 @@ def attach_issues(attach: AttachParams | None, profile: EngineProfile | None, no
 
 class AttachedEngine:
     """An engine someone else runs, at ``base_url``: its health, metrics and (through a command) its log;
-    made cold by the operator's commands. The same calls G2 makes on an engine it launched."""
+    made cold by the operator's commands. An :class:`~harness.workloads.engine.EngineHandle`, as a launched
+    engine is: the same phases run on both."""
 
-    def __init__(self, ctx: GateContext, profile: EngineProfile, attach: AttachParams):
-        self.ctx, self.profile, self.attach = ctx, profile, attach
+    persistent = True  # it and its pool were there before the run and stay after it
+
+    def __init__(self, ctx: GateContext, profile: EngineProfile, attach: AttachParams, pool_node: str | None = None):
+        self.ctx, self.profile, self.attach, self.pool_node = ctx, profile, attach, pool_node
         self.base_url = attach.url
         self.metrics_url = attach.metrics_url or attach.url + profile.metrics_path
         self.cold_steps: list[dict[str, Any]] = []
         self._logs = 0
+
+    def drop_nodes(self) -> list[str]:
+        return list(self.attach.drop_caches_on or ([self.pool_node] if self.pool_node else []))
+
+    def open(self) -> str | None:
+        ok, why = self.wait_ready(self.attach.connect_timeout_s)
+        return None if ok else f"attach: {why}"
+
+    def log_mark(self) -> LogMark:
+        return LogMark(0, self.log_text())
+
+    start_mark = log_mark  # its log holds earlier lines: only what it gains from now counts
+
+    def forget(self) -> str | None:
+        err = self.make_cold()
+        return None if err is None else f"cold procedure: {err}"
+
+    def resume(self) -> str | None:
+        ok, why = self.wait_ready(self.attach.ready_timeout_s or self.profile.ready_timeout_s)
+        return None if ok else f"after the cold procedure: {why}"
+
+    def error_context(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        """Nothing to stop: the engine is the operator's."""
 
     def _get(self, url: str, timeout_s: float) -> httpx.Response:
         """One GET, not sent once the gate is cancelled and bounded by the gate's deadline (Cancelled)."""
@@ -149,12 +178,6 @@ class AttachedEngine:
         res = self.ctx.steps.run(self.ctx.transports[cmd.node], f"g2-attach-log-{self._logs}",
                                  ["sh", "-c", cmd.run], timeout_s=cmd.timeout_s)
         return res.stdout if res.ok else None
-
-    def fallbacks(self, before: str | None, after: str | None) -> list[LogMatch]:
-        """Fall-back lines among those the log gained between two reads of it (none when either read failed)."""
-        if before is None or after is None:
-            return []
-        return scan_fallbacks("\n".join(new_log_lines(before, after)[0]), self.profile.fallback_patterns)
 
     def make_cold(self) -> str | None:
         """Run the operator's restart commands in order, each a logged step; the first that fails (or times

@@ -19,8 +19,9 @@ import hashlib
 import json
 import posixpath
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -28,7 +29,7 @@ from ..engines import ArchError, EngineProfile, LMCacheSettings, arch_from_confi
 from ..engines.preflight import parse_preflight, preflight_argv, preflight_hint, preflight_problem
 from ..engines.profiles import program_file
 from ..errors import ConfigError
-from ..parsers.engine_log import LogMatch, scan_fallbacks
+from ..parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
 from ..parsers.prometheus import Sample, parse_prometheus
 from ..transport.local import free_port
 from .base import GateContext
@@ -37,19 +38,16 @@ from .base import GateContext
 FREE_PORT_CODE = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
 
 
-def profile_issues(engine: str, nodes: dict[str, Any], workload: str, node_count: int = 1,
-                   engines: tuple[str, ...] | None = None) -> tuple[EngineProfile | None, list[tuple[tuple, str]]]:
+def profile_issues(engine: str, nodes: dict[str, Any], workload: str,
+                   node_count: int = 1) -> tuple[EngineProfile | None, list[tuple[tuple, str]]]:
     """The engine profile a gate names and the validation issues of an engine workload: the profile loads
-    (and its LMCache block checks), it is one of ``engines`` (profile ``engine`` kinds) when given, and the
-    gate has ``node_count`` nodes."""
+    (and its LMCache block checks) and the gate has ``node_count`` nodes. What the workload needs of the
+    engine is checked against the profile's declared capabilities, by the workload."""
     try:
         prof = load_profile(engine)
     except ConfigError as exc:
         return None, [(("engine",), str(exc.issues[0]))]
     issues: list[tuple[tuple, str]] = []
-    if engines is not None and prof.engine not in engines:
-        issues.append((("engine",), f"{workload} runs on {', '.join(engines)} engines; profile {prof.name!r} is "
-                       f"a {prof.engine} engine"))
     if len(nodes) != node_count:
         what = "one node" if node_count == 1 else f"{node_count} nodes"
         issues.append((("nodes",), f"{workload} runs on exactly {what}, got {len(nodes)}"))
@@ -235,6 +233,107 @@ class EngineProcess:
             return "\n".join(self.local_log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return "(no engine log)"
+
+
+@dataclass(frozen=True)
+class LogMark:
+    """Where an engine's log stood: which of the handle's processes wrote it, and its text then (None when the
+    log could not be read)."""
+
+    process: int
+    text: str | None
+
+
+def fallbacks_between(start: LogMark, end: LogMark, patterns: list[str] | tuple[str, ...] = ()) -> list[LogMatch]:
+    """Pure: the fall-back lines an engine's log gained from ``start`` to ``end``: every line of ``end`` when a
+    new process wrote it (a fresh process's start-up lines count), none when either read failed."""
+    if end.text is None:
+        return []
+    if start.process != end.process:
+        before = ""
+    elif start.text is None:
+        return []
+    else:
+        before = start.text
+    return scan_fallbacks("\n".join(new_log_lines(before, end.text)[0]), list(patterns))
+
+
+class EngineHandle(Protocol):
+    """An engine a workload measures, whoever runs it: the primitives every engine workload's phases use.
+    Implemented by :class:`LaunchedEngine` (kvgate starts and stops it) and ``attach.AttachedEngine`` (someone
+    else runs it; kvgate gets its URL and the operator's restart commands)."""
+
+    base_url: str
+    persistent: bool           # the engine and its pool outlive the run: prompts need a per-run nonce and the
+                               # pool's size before the run is recorded
+    cold_steps: list[dict[str, Any]]
+
+    def drop_nodes(self) -> list[str]: ...                  # nodes whose page cache the cold procedure drops
+    def open(self) -> str | None: ...                      # ready to serve, or why not (one line)
+    def metrics(self) -> list[Sample]: ...                 # its Prometheus samples (raises when unreadable)
+    def log_mark(self) -> LogMark: ...                     # its log now (fallbacks_between two marks)
+    def start_mark(self) -> LogMark: ...                   # from where a just (re)started engine's fall-backs
+                                                           # count: a fresh process's whole log, else now
+    def forget(self) -> str | None: ...                    # lose every cached KV: stop / the operator's restart
+    def resume(self) -> str | None: ...                    # serve again after forget, or why not
+    def error_context(self) -> str: ...                    # what to quote beside an error (a log's tail)
+    def close(self) -> None: ...
+
+
+class LaunchedEngine:
+    """An engine kvgate runs: each ``open``/``resume`` spawns a fresh process (its own log, ``engine-LABEL.log``
+    on the node and in the gate directory), ``forget`` stops it (its whole process group), ``close`` stops
+    whatever still runs."""
+
+    persistent = False
+
+    def __init__(self, ctx: GateContext, transport: Any, profile: EngineProfile, argv: list[str],
+                 env: dict[str, str], base_url: str, run_dir: str, labels: tuple[str, ...], drop_on: list[str]):
+        self.ctx, self.transport, self.profile = ctx, transport, profile
+        self.argv, self.env, self.base_url, self.run_dir = argv, env, base_url, run_dir
+        self.labels, self._drop_on = labels, drop_on
+        self.processes: list[EngineProcess] = []
+        self.cold_steps: list[dict[str, Any]] = []
+
+    def drop_nodes(self) -> list[str]:
+        return list(self._drop_on)
+
+    def _start(self) -> str | None:
+        label = self.labels[min(len(self.processes), len(self.labels) - 1)]
+        eng = EngineProcess(self.ctx, self.transport, self.profile, self.argv, self.env, self.base_url,
+                            posixpath.join(self.run_dir, f"engine-{label}.log"), self.ctx.gate_dir / f"engine-{label}.log")
+        self.processes.append(eng)
+        return start_engine(eng, label)
+
+    def open(self) -> str | None:
+        return self._start()
+
+    resume = open
+
+    @property
+    def current(self) -> EngineProcess:
+        return self.processes[-1]
+
+    def metrics(self) -> list[Sample]:
+        return self.current.metrics()
+
+    def log_mark(self) -> LogMark:
+        return LogMark(len(self.processes), self.current.log_text() if self.processes else "")
+
+    def start_mark(self) -> LogMark:
+        return LogMark(len(self.processes), "")  # a fresh process: its start-up lines count too
+
+    def forget(self) -> str | None:
+        if self.processes:
+            self.current.stop()
+        return None
+
+    def error_context(self) -> str:
+        return self.current.log_tail() if self.processes else ""
+
+    def close(self) -> None:
+        for eng in self.processes:
+            eng.stop()
 
 
 def engine_preflight(ctx: GateContext, transport: Any, node_name: str, prof: EngineProfile, python: str,

@@ -45,8 +45,8 @@ from .engine import (EngineProcess, client_base_url, engine_node, engine_port, e
                      fallback_reason, model_config_issues, node_engine_python, profile_issues, stage_engine_files,
                      start_engine)
 
-SUPPORTED_ENGINES = ("cpu-reference",)
-COUNTER_PREFIX = "kvgate_cpu_ref_"
+# what the profile must declare (capabilities): the two switches the comparison needs and the level counters
+NEEDS = ("engine_cache_flag", "no_tier_flag", "level_counters")
 COUNTERS = ("prompt_tokens_total", "prefill_tokens_total", "gpu_hit_tokens_total", "gpu_evicted_tokens_total",
             "external_hit_tokens_total", "external_read_bytes_total", "generation_tokens_total")
 
@@ -114,9 +114,10 @@ def request_order(prompts: list[list[list[int]]]) -> list[tuple[int, int, list[i
 
 
 def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: float, max_memory_reuse: float,
-                       evidence: MultiTurnEvidence | None = None) -> WorkloadResult:
+                       evidence: MultiTurnEvidence | None = None, fallback: str | None = None) -> WorkloadResult:
     """Pure. ``phases['no_tier'|'tier']`` = {wall_s, tokens, records: [{turn, prior_tokens, delta: {...}, ok,
-    output_text}]}. Metrics, validity and the evidence summary (added to a copy of ``evidence``)."""
+    output_text}]}; ``fallback``: an instance's log said the tier silently did nothing (the first such reason).
+    Metrics, validity and the evidence summary (added to a copy of ``evidence``)."""
     metrics: dict[str, float] = {}
     ev: dict[str, Any] = {}
     failed = []
@@ -147,7 +148,7 @@ def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: flo
     b = [r.get("output_text") for r in phases.get("tier", {}).get("records", [])]
     ev["outputs_matching"] = sum(x == y for x, y in zip(a, b))
     error = f"{len(failed)} requests failed; first: {failed[0]}" if failed else None
-    invalid = None
+    invalid = fallback  # the engine's own word that the tier did nothing outranks every figure
     for name in ("no_tier", "tier"):
         reuse = ev.get(name, {}).get("memory_reuse")
         if reuse is not None and reuse > max_memory_reuse:
@@ -165,11 +166,11 @@ def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: flo
                           invalid_reason=invalid, error=error)
 
 
-def _delta(before: list[Sample], after: list[Sample]) -> dict[str, float]:
-    """How much each of the engine's counters grew around one request."""
+def _delta(before: list[Sample], after: list[Sample], prefix: str) -> dict[str, float]:
+    """How much each of the engine's level counters (``prefix`` + name) grew around one request."""
     out = {}
     for c in COUNTERS:
-        d = counter_delta(before, after, [COUNTER_PREFIX + c])
+        d = counter_delta(before, after, [prefix + c])
         if d is not None:
             out[c] = d
     return out
@@ -184,10 +185,15 @@ class G2MultiTurn(Workload):
                "no_tier_sessions_per_s": "/s", "tier_hit_rate": "ratio"}
 
     def validate_against(self, params, nodes):
-        prof, issues = profile_issues(params.engine, nodes, "g2-multiturn", engines=SUPPORTED_ENGINES)
-        issues = model_config_issues(params.model_config_inline, "model_config_inline", "float32") + issues
-        if prof is not None and prof.engine in SUPPORTED_ENGINES and prof.lmcache is not None \
-                and params.lmcache_overrides:
+        prof, issues = profile_issues(params.engine, nodes, "g2-multiturn")
+        missing = [n for n in NEEDS if prof is not None and not getattr(prof.capabilities, n)]
+        if missing:
+            issues.append((("engine",), f"g2-multiturn needs an engine whose profile declares capabilities "
+                           f"{', '.join(missing)} (a cap on engine-memory KV, a switch for the tier, per-level "
+                           f"counters); profile {prof.name!r} does not"))
+        kv_dtype = prof.capabilities.kv_dtype if prof is not None else None
+        issues = model_config_issues(params.model_config_inline, "model_config_inline", kv_dtype) + issues
+        if prof is not None and not missing and prof.lmcache is not None and params.lmcache_overrides:
             cfg = {**prof.lmcache.config, **params.lmcache_overrides}
             for path, msg in check_lmcache_config(cfg, prof.lmcache.version):
                 if path and path[0] in params.lmcache_overrides:
@@ -195,7 +201,8 @@ class G2MultiTurn(Workload):
         return issues
 
     def _argv(self, prof, v, p: MultiTurnParams, tier: bool) -> list[str]:
-        return prof.render_argv(v) + ["--gpu-cache-tokens", str(p.gpu_cache_tokens)] + ([] if tier else ["--no-kv-tier"])
+        cap = prof.capabilities
+        return prof.render_argv(v) + [cap.engine_cache_flag, str(p.gpu_cache_tokens)] + ([] if tier else [cap.no_tier_flag])
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: MultiTurnParams = ctx.params
@@ -244,7 +251,7 @@ class G2MultiTurn(Workload):
         order = request_order(prompts)
         ev = MultiTurnEvidence(engine_profile=prof.name, base_urls=urls, pool_dir=v["pool_dir"], sessions=p.sessions,
                                turns=p.turns, gpu_cache_tokens=p.gpu_cache_tokens,
-                               kv_bytes_per_token=kv_bytes_per_token(model_cfg, "float32"),
+                               kv_bytes_per_token=kv_bytes_per_token(model_cfg, prof.capabilities.kv_dtype),
                                context_tokens_per_session_last_turn=len(prompts[-1][0]))
         ev.versions = versions
         settings = None
@@ -270,7 +277,7 @@ class G2MultiTurn(Workload):
                 if err:
                     return WorkloadResult(evidence=ev, error=err)
             ctx.progress(f"{ctx.gate.id}: {len(order)} requests on each instance, interleaved")
-            phases = self._interleaved(engines, p, order, ctx.http, ctx.cancel)
+            phases = self._interleaved(engines, p, order, prof.capabilities.level_counters, ctx.http, ctx.cancel)
         except (httpx.HTTPError, WorkloadError, OSError) as exc:
             tails = "\n".join(f"--- {n}:\n{e.log_tail()}" for n, e in engines.items())
             return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{tails}")
@@ -280,17 +287,15 @@ class G2MultiTurn(Workload):
         for name, ph in phases.items():
             write_gate_file(gate_dir / f"requests-{name}.jsonl", "".join(json.dumps(r) + "\n" for r in ph["records"]))
 
-        result = evaluate_multiturn(phases, p.min_tier_hit_rate, p.max_memory_reuse, ev)
-        for name, eng in engines.items():  # an engine that fell back silently: the tier was not used
-            fell_back = fallback_reason(eng.fallbacks(), f"{name} instance's")
-            if fell_back:
-                result.invalid_reason = fell_back
-                break
+        # an engine that fell back silently: the tier was not used (the first instance's reason)
+        fallback = next((r for r in (fallback_reason(e.fallbacks(), f"{n} instance's") for n, e in engines.items())
+                         if r), None)
+        result = evaluate_multiturn(phases, p.min_tier_hit_rate, p.max_memory_reuse, ev, fallback=fallback)
         write_summary(gate_dir, "g2-multiturn-summary.json", result)
         return result
 
     @staticmethod
-    def _interleaved(engines: dict[str, EngineProcess], p: MultiTurnParams, order, http=None,
+    def _interleaved(engines: dict[str, EngineProcess], p: MultiTurnParams, order, level_counters: str, http=None,
                      cancel: Cancellation | None = None) -> dict[str, dict[str, Any]]:
         """Each request to every instance in turn, one at a time; counters around each request (their
         reads are outside the measured time). The gate's cancellation ends the loop (Cancelled)."""
@@ -314,5 +319,5 @@ class G2MultiTurn(Workload):
                 ph["records"].append({"turn": turn, "session": session, "prompt_tokens": len(ids),
                                       "prior_tokens": prior, "ok": rec.ok, "error": rec.error, "ttft_s": rec.ttft_s,
                                       "latency_s": rec.latency_s, "output_text": rec.output_text,
-                                      "delta": _delta(before, after)})
+                                      "delta": _delta(before, after, level_counters)})
         return phases

@@ -42,10 +42,10 @@ from ..stats import percentile
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
                    drop_caches, register_workload, write_gate_file, write_summary)
 from .attach import AttachedEngine, AttachParams, attach_issues, restarted
-from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_preflight, engine_python,
-                     engine_values,
-                     fallback_reason, model_config_issues, pool_contents, pool_files_argv, profile_issues,
-                     random_model_dir, stage_engine_files, start_engine, stored_kv_tokens)
+from .engine import (EngineHandle, LaunchedEngine, client_base_url, engine_node, engine_port, engine_preflight,
+                     engine_python, engine_values, fallback_reason, fallbacks_between, model_config_issues,
+                     pool_contents, pool_files_argv, profile_issues, random_model_dir, stage_engine_files,
+                     stored_kv_tokens)
 
 
 # Warm-up prompts are drawn from seeds this far from the gate's, so they are never among its prompts.
@@ -163,6 +163,20 @@ def _stats(xs: list[float], prefix: str) -> dict[str, float]:
         return {}
     return {f"{prefix}_p50_s": percentile(xs, 50), f"{prefix}_p90_s": percentile(xs, 90),
             f"{prefix}_p99_s": percentile(xs, 99)}
+
+
+@dataclass(frozen=True)
+class G2Setup:
+    """What the phases need, however the engine is run: its handle, the evidence so far, the prompts (and the two
+    warm-up prompts), the KV they should store, and where the pool is (its node's transport and directory)."""
+
+    engine: EngineHandle
+    ev: "G2Evidence"
+    prompts: list
+    warm: list
+    expected_bytes: int
+    pool_transport: Any
+    pool_dir: str
 
 
 @dataclass(frozen=True)
@@ -293,10 +307,10 @@ class G2Ttft(Workload):
         else:
             issues += [((name,), "only with attach: (a launched engine's pool is kvgate's own pool_dir)")
                        for name in ("pool_path", "pool_node") if getattr(params, name) is not None]
-        if prof is not None and prof.engine != "cpu-reference" and (
+        if prof is not None and not prof.capabilities.builds_model and (
                 params.model_config_inline is None and params.model_config_path is None):
             issues.insert(0, (("model_config",), "needs the model's config.json (for KV bytes per token and vocab size)"))
-        kv_dtype = "float32" if prof is not None and prof.engine == "cpu-reference" else None
+        kv_dtype = prof.capabilities.kv_dtype if prof is not None else None
         return model_config_issues(params.model_config_inline, "model_config_inline", kv_dtype) + issues
 
     def _model_config(self, p: G2Params) -> dict[str, Any]:
@@ -393,24 +407,26 @@ class G2Ttft(Workload):
 
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: G2Params = ctx.params
-        if p.attach is not None:
-            return self._run_attached(ctx, p, load_profile(p.engine))
-        return self._run_launched(ctx, p)
+        prof = load_profile(p.engine)
+        setup = (self._setup_attached if p.attach is not None else self._setup_launched)(ctx, p, prof)
+        if isinstance(setup, WorkloadResult):
+            return setup
+        return self._phases(ctx, p, prof, setup)
 
     # ---------------------------------------------------------------------------- shared by both modes
 
     def _kv_shape(self, p: G2Params, prof: EngineProfile) -> tuple[dict[str, Any], int, int]:
         """The model config, its KV bytes per token and vocabulary size (ValueError on a bad config)."""
         model_cfg = self._model_config(p)
-        bpt = kv_bytes_per_token(model_cfg, "float32" if prof.engine == "cpu-reference" else None)
+        bpt = kv_bytes_per_token(model_cfg, prof.capabilities.kv_dtype)
         vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size", 32000))
         return model_cfg, bpt, vocab
 
     def _prompts(self, p: G2Params, prof: EngineProfile, tok_spec: str | None, vocab: int, seed: int,
                  ev: G2Evidence) -> tuple[list, list]:
         """The measured prompts and two warm-up prompts (never among them); text when a tokenizer is known
-        (and the engine is not cpu-reference), token ids otherwise. Sets the evidence's prompt fields."""
-        if tok_spec and prof.engine != "cpu-reference":  # cpu-reference has no tokenizer: token ids there
+        (and the engine takes text), token ids otherwise. Sets the evidence's prompt fields."""
+        if tok_spec and not prof.capabilities.token_ids_only:
             tokenizer = load_tokenizer(tok_spec)
             prompts = make_text_prompts(seed, p.prompt_tokens, p.prompts_per_length, tokenizer)
             warm = [make_text_prompts(seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, tokenizer)[0]
@@ -473,7 +489,9 @@ class G2Ttft(Workload):
 
     # ------------------------------------------------------------------------- an engine kvgate launches
 
-    def _run_launched(self, ctx: GateContext, p: G2Params) -> WorkloadResult:
+    def _setup_launched(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> "G2Setup | WorkloadResult":
+        """An engine kvgate launches: pre-flight, a port, the run's files on the node, the random-weight model
+        when asked, the prompts; the engine itself starts in the phases."""
         node, transport, prof, python = engine_node(ctx, p.engine, p.python)
         # Can the node's interpreter run this engine at all? (and the engine's versions, for the evidence)
         versions, err = engine_preflight(ctx, transport, node.name, prof, python, "g2-preflight")
@@ -484,103 +502,137 @@ class G2Ttft(Workload):
         run_tag = uuid.uuid4().hex[:8]
         v = launch_values(p, prof, node.work_dir, ctx.gate.id, port, run_tag, node.transport, node.engine_python)
         base_url, client_path = client_base_url(transport, node, p.host, port)
-        gate_dir = ctx.gate_dir
         ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,
                         base_url=base_url, client_path=client_path, pool_dir=v["pool_dir"], run_dir_on_node=v["run_dir"])
         try:
             model_cfg, bpt, vocab = self._kv_shape(p, prof)
         except ValueError as exc:  # a model_config file read only now
             return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
-
         ev.versions = versions
         # Files for the node: LMCache YAML (strictly checked), model config, the engine's program.
-        err, cfg = stage_engine_files(ctx, transport, prof, v, gate_dir, model_cfg, prof.lmcache, "g2-mkdir")
+        err, cfg = stage_engine_files(ctx, transport, prof, v, ctx.gate_dir, model_cfg, prof.lmcache, "g2-mkdir")
         if err:
             return WorkloadResult(evidence=ev, error=err)
         if prof.lmcache is not None:
             ev.lmcache_version_pinned, ev.lmcache_config = prof.lmcache.version, cfg
-
         tok_spec = p.tokenizer or prof.tokenizer
         if p.random_weights:
             err, tok_spec = self._build_model(ctx, transport, python, node, v, p, model_cfg, ev)
             if err:
                 return WorkloadResult(evidence=ev, error=err)
+        engine = LaunchedEngine(ctx, transport, prof, prof.render_argv(v), prof.render_env(v), base_url, v["run_dir"],
+                                ("recompute", "readback"), [node.name])
+        return self._setup(p, prof, ev, engine, tok_spec, vocab, bpt, p.seed, transport, v["pool_dir"])
+
+    def _setup_attached(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> "G2Setup | WorkloadResult":
+        """An engine someone else runs: its URL, the operator's cold procedure, the pool on a named node."""
+        a = p.attach
+        pool_node = p.pool_node or next(iter(ctx.nodes))
+        ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,
+                        base_url=a.url, client_path="direct (attached)", pool_dir=p.pool_path, attached=True)
         try:
-            prompts, warm = self._prompts(p, prof, tok_spec, vocab, p.seed, ev)
+            model_cfg, bpt, vocab = self._kv_shape(p, prof)
+        except ValueError as exc:
+            return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
+        engine = AttachedEngine(ctx, prof, a, pool_node)
+        # The engine and its pool outlive this run: prompts are new to it by a per-run seed (recorded).
+        seed = p.seed + int(uuid.uuid4().hex[:8], 16)
+        return self._setup(p, prof, ev, engine, p.tokenizer or prof.tokenizer, vocab, bpt, seed,
+                           ctx.transports[pool_node], p.pool_path)
+
+    def _setup(self, p: G2Params, prof: EngineProfile, ev: G2Evidence, engine: EngineHandle, tok_spec: str | None,
+               vocab: int, bpt: int, seed: int, pool_transport: Any, pool_dir: str) -> "G2Setup | WorkloadResult":
+        try:
+            prompts, warm = self._prompts(p, prof, tok_spec, vocab, seed, ev)
         except (OSError, ValueError) as exc:
             return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}")
         expected_bytes = sum(stored_kv_tokens(r.prompt_tokens, prof.kv_block_tokens) for r in prompts) * bpt
         ev.kv_bytes_per_token, ev.expected_kv_bytes = bpt, expected_bytes
+        return G2Setup(engine, ev, prompts, warm, expected_bytes, pool_transport, pool_dir)
 
-        argv, env = prof.render_argv(v), prof.render_env(v)
-        engines: list[EngineProcess] = []
+    def _phases(self, ctx: GateContext, p: G2Params, prof: EngineProfile, s: "G2Setup") -> WorkloadResult:
+        """The one G2 procedure, on any engine handle: re-compute phase (never-seen prompts, which stores their
+        KV) -> the pool holds it -> the engine forgets (stop / the operator's restart) and the page cache is
+        dropped -> the engine serves again -> read-back phase. Counters, log and the pool device's bytes are read
+        around each phase; a fall-back in the log ends the gate INVALID before the next step."""
+        eng, ev, prompts, warm = s.engine, s.ev, s.prompts, s.warm
         counters = prof.hit_metrics is not None
-
-        def engine(label: str) -> EngineProcess:
-            eng = EngineProcess(ctx, transport, prof, argv, env, base_url,
-                                posixpath.join(v["run_dir"], f"engine-{label}.log"), gate_dir / f"engine-{label}.log")
-            engines.append(eng)
-            return eng
-
+        where = " on the attached engine" if eng.persistent else ""
         fallback = None
         recompute: list[RequestRecord] = []
         readback: list[RequestRecord] = []
         m0 = m1 = s0 = s1 = None
         log = None
         try:
-            eng = engine("recompute")
-            err = start_engine(eng, "recompute")
+            err = eng.open()
             if err:
                 return WorkloadResult(evidence=ev, error=err)
-            self._warm_up(ctx, p, prof, base_url, "recompute", warm[0], ev)
+            start = eng.start_mark()
+            self._warm_up(ctx, p, prof, eng.base_url, "recompute", warm[0], ev)
             m0 = eng.metrics() if counters else None
-            l0 = eng.log_text() if prof.hit_log else None
-            ctx.progress(f"{ctx.gate.id}: re-compute phase, {len(prompts)} prompts")
-            recompute = self._send(ctx, p, prof, base_url, prompts)
-            m1 = eng.metrics() if counters else None
-            if counters:
+            l0 = eng.log_mark()
+            before = 0
+            if eng.persistent:  # earlier runs' chunks are in the pool: only what this run adds counts
+                ev.pool_before_recompute = pool_contents(ctx, s.pool_transport, s.pool_dir, 0, 0, "g2-pool-before",
+                                                         prof.pool_files)
+                before = ev.pool_before_recompute["bytes"]
+            ctx.progress(f"{ctx.gate.id}: re-compute phase{where}, {len(prompts)} prompts")
+            recompute = self._send(ctx, p, prof, eng.base_url, prompts)
+            # an engine kvgate does not restart itself must show it did: its start time is the marker
+            m1 = self._optional_metrics(eng, counters) if eng.persistent else eng.metrics() if counters else None
+            l1 = eng.log_mark()
+            if counters and m0 is not None and m1 is not None:
                 ev.recompute_hit_tokens = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
-            self._recompute_log_hits(prof, l0, eng.log_text() if prof.hit_log else None, prompts, ev)
-            self._save(gate_dir / "requests-recompute.jsonl", recompute)
-
-            ev.pool_after_populate = pool_contents(ctx, transport, v["pool_dir"], expected_bytes,
-                                                   p.populate_timeout_s, "g2-pool-after-populate", prof.pool_files)
-            eng.stop()
-            found = eng.fallbacks()
+            self._recompute_log_hits(prof, l0.text, l1.text, prompts, ev)
+            self._save(ctx.gate_dir / "requests-recompute.jsonl", recompute)
+            pool = pool_contents(ctx, s.pool_transport, s.pool_dir, before + s.expected_bytes, p.populate_timeout_s,
+                                 "g2-pool-after-populate", prof.pool_files)
+            if eng.persistent:
+                pool["bytes_added"] = pool["bytes"] - before
+            ev.pool_after_populate = pool
+            found = fallbacks_between(start, l1, prof.fallback_patterns)
             ev.fallback_lines = [m.quote() for m in found]
             fallback = fallback_reason(found, "re-compute")
-            if fallback is None:  # a tier that did nothing in the first phase is not read back
-                if p.drop_caches:
-                    drop = drop_caches(ctx, transport, "g2-drop-caches")
-                    ev.page_cache_dropped, ev.page_cache_drop_error = drop.dropped, drop.error
-                else:
-                    ev.page_cache_dropped = False
-
-                eng = engine("readback")
-                err = start_engine(eng, "readback")
+            if fallback is None and any(r.ok for r in recompute):  # all failed: an ERROR, nothing to read back
+                err = eng.forget()
                 if err:
                     return WorkloadResult(evidence=ev, error=err)
-                self._warm_up(ctx, p, prof, base_url, "readback", warm[1], ev)
-                s0 = self._pool_stat(ctx, transport, v["pool_dir"], ev)
-                m0 = eng.metrics() if counters else None
-                l0 = eng.log_text() if prof.hit_log else None
-                ctx.progress(f"{ctx.gate.id}: cold read-back phase, {len(prompts)} prompts")
-                readback = self._send(ctx, p, prof, base_url, prompts)
+                if p.drop_caches:
+                    drops = [drop_caches(ctx, ctx.transports[n], f"g2-drop-caches-{n}") for n in eng.drop_nodes()]
+                    ev.page_cache_dropped = all(d.dropped for d in drops)
+                    ev.page_cache_drop_error = "; ".join(d.error for d in drops if d.error) or None
+                else:
+                    ev.page_cache_dropped = False
+                err = eng.resume()
+                if err:
+                    return WorkloadResult(evidence=ev, error=err)
+                start = eng.start_mark()
+                self._warm_up(ctx, p, prof, eng.base_url, "readback", warm[1], ev)
+                s0 = self._pool_stat(ctx, s.pool_transport, s.pool_dir, ev)
+                if eng.persistent:
+                    m_cold = self._optional_metrics(eng, counters)  # also the restart marker
+                    ev.engine_restarted = restarted(m1, m_cold)
+                    m0 = m_cold if counters else None
+                else:
+                    m0 = eng.metrics() if counters else None
+                l0 = eng.log_mark()
+                ctx.progress(f"{ctx.gate.id}: cold read-back phase{where}, {len(prompts)} prompts")
+                readback = self._send(ctx, p, prof, eng.base_url, prompts)
                 m1 = eng.metrics() if counters else None
-                s1 = self._pool_stat(ctx, transport, v["pool_dir"], ev)
-                log = self._log_proof(prof, l0, eng.log_text() if prof.hit_log else None, prompts)
-                self._save(gate_dir / "requests-readback.jsonl", readback)
-                eng.stop()
-                found = eng.fallbacks()
+                s1 = self._pool_stat(ctx, s.pool_transport, s.pool_dir, ev)
+                l1 = eng.log_mark()
+                log = self._log_proof(prof, l0.text, l1.text, prompts)
+                self._save(ctx.gate_dir / "requests-readback.jsonl", readback)
+                found = fallbacks_between(start, l1, prof.fallback_patterns)
                 ev.fallback_lines += [m.quote() for m in found]
                 fallback = fallback_reason(found, "read-back")
-        except (httpx.HTTPError, WorkloadError, OSError) as exc:
-            tail = engines[-1].log_tail() if engines else ""
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{tail}".strip())
+        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{eng.error_context()}".strip())
         finally:
-            for e in engines:
-                e.stop()
-        return self._finish(ctx, p, prof, recompute, readback, m0, m1, s0, s1, log, expected_bytes, ev, fallback)
+            eng.close()
+            if eng.persistent:
+                ev.cold_procedure = eng.cold_steps
+        return self._finish(ctx, p, prof, recompute, readback, m0, m1, s0, s1, log, s.expected_bytes, ev, fallback)
 
     def _recompute_log_hits(self, prof: EngineProfile, before: str | None, after: str | None, prompts: list,
                             ev: G2Evidence) -> None:
@@ -588,107 +640,9 @@ class G2Ttft(Workload):
         if proof is not None and proof.hits is not None:
             ev.recompute_log_hit_lines = proof.hits.lines
 
-    # ---------------------------------------------------------------------------- an engine already running
-
-    def _run_attached(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> WorkloadResult:
-        """G2 on an engine someone else runs: same phases and proofs; the cold procedure is the operator's."""
-        a = p.attach
-        pool_node = p.pool_node or next(iter(ctx.nodes))
-        transport = ctx.transports[pool_node]
-        eng = AttachedEngine(ctx, prof, a)
-        ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,
-                        base_url=a.url, client_path="direct (attached)", pool_dir=p.pool_path, attached=True)
-        try:
-            model_cfg, bpt, vocab = self._kv_shape(p, prof)
-        except ValueError as exc:
-            return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
-        ok, why = eng.wait_ready(a.connect_timeout_s)
-        if not ok:
-            return WorkloadResult(evidence=ev, error=f"attach: {why}")
-        # The engine and its pool outlive this run: prompts are new to it by a per-run seed (recorded).
-        seed = p.seed + int(uuid.uuid4().hex[:8], 16)
-        tok_spec = p.tokenizer or prof.tokenizer
-        try:
-            prompts, warm = self._prompts(p, prof, tok_spec, vocab, seed, ev)
-        except (OSError, ValueError) as exc:
-            return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}")
-        expected_bytes = sum(stored_kv_tokens(r.prompt_tokens, prof.kv_block_tokens) for r in prompts) * bpt
-        ev.kv_bytes_per_token, ev.expected_kv_bytes = bpt, expected_bytes
-        counters = prof.hit_metrics is not None
-        url = a.url
-
-        def log_text() -> str | None:
-            return eng.log_text() if a.log is not None else None
-
-        fallback = None
-        recompute: list[RequestRecord] = []
-        readback: list[RequestRecord] = []
-        m0 = m1 = s0 = s1 = None
-        log = None
-        try:
-            log_start = log_text()
-            self._warm_up(ctx, p, prof, url, "recompute", warm[0], ev)
-            m0 = eng.metrics() if counters else None
-            l0 = log_text()
-            ev.pool_before_recompute = pool_contents(ctx, transport, p.pool_path, 0, 0, "g2-pool-before",
-                                                     prof.pool_files)
-            ctx.progress(f"{ctx.gate.id}: re-compute phase on the attached engine, {len(prompts)} prompts")
-            recompute = self._send(ctx, p, prof, url, prompts)
-            m1 = self._optional_metrics(eng, counters)  # also the restart marker's baseline
-            l1 = log_text()
-            if counters and m0 is not None and m1 is not None:
-                ev.recompute_hit_tokens = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
-            self._recompute_log_hits(prof, l0, l1, prompts, ev)
-            self._save(ctx.gate_dir / "requests-recompute.jsonl", recompute)
-            before = ev.pool_before_recompute["bytes"]
-            pool = pool_contents(ctx, transport, p.pool_path, before + expected_bytes, p.populate_timeout_s,
-                                 "g2-pool-after-populate", prof.pool_files)
-            pool["bytes_added"] = pool["bytes"] - before
-            ev.pool_after_populate = pool
-            found = eng.fallbacks(log_start, l1)
-            ev.fallback_lines = [m.quote() for m in found]
-            fallback = fallback_reason(found, "re-compute")
-            if fallback is None and any(r.ok for r in recompute):  # all failed: an ERROR, nothing to read back
-                err = eng.make_cold()
-                ev.cold_procedure = eng.cold_steps
-                if err:
-                    return WorkloadResult(evidence=ev, error=f"cold procedure: {err}")
-                if p.drop_caches:
-                    drops = [drop_caches(ctx, ctx.transports[n], f"g2-drop-caches-{n}")
-                             for n in (a.drop_caches_on or [pool_node])]
-                    ev.page_cache_dropped = all(d.dropped for d in drops)
-                    ev.page_cache_drop_error = "; ".join(d.error for d in drops if d.error) or None
-                else:
-                    ev.page_cache_dropped = False
-                ok, why = eng.wait_ready(a.ready_timeout_s or prof.ready_timeout_s)
-                if not ok:
-                    return WorkloadResult(evidence=ev, error=f"after the cold procedure: {why}")
-                log_start = log_text()
-                self._warm_up(ctx, p, prof, url, "readback", warm[1], ev)
-                s0 = self._pool_stat(ctx, transport, p.pool_path, ev)
-                m_cold = self._optional_metrics(eng, counters)  # also the restart marker
-                ev.engine_restarted = restarted(m1, m_cold)
-                m0 = m_cold if counters else None
-                l0 = log_text()
-                ctx.progress(f"{ctx.gate.id}: cold read-back phase on the attached engine, {len(prompts)} prompts")
-                readback = self._send(ctx, p, prof, url, prompts)
-                m1 = eng.metrics() if counters else None
-                s1 = self._pool_stat(ctx, transport, p.pool_path, ev)
-                l1 = log_text()
-                log = self._log_proof(prof, l0, l1, prompts)
-                self._save(ctx.gate_dir / "requests-readback.jsonl", readback)
-                found = eng.fallbacks(log_start, l1)
-                ev.fallback_lines += [m.quote() for m in found]
-                fallback = fallback_reason(found, "read-back")
-        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}")
-        finally:
-            ev.cold_procedure = eng.cold_steps
-        return self._finish(ctx, p, prof, recompute, readback, m0, m1, s0, s1, log, expected_bytes, ev, fallback)
-
     @staticmethod
-    def _optional_metrics(eng: AttachedEngine, wanted: bool):
-        """The attached engine's metrics when the profile's proof needs them (errors raise); otherwise a
+    def _optional_metrics(eng: EngineHandle, wanted: bool):
+        """The engine's metrics when the profile's proof needs them (errors raise); otherwise a
         best-effort read for its process start time (None when it has no metrics endpoint)."""
         if wanted:
             return eng.metrics()

@@ -118,29 +118,34 @@ class R3Evidence(Evidence):
 
 def evaluate_r3(writer_hit: float | None, writer_query: float | None, reader_hit: float | None,
                 reader_query: float | None, failed_requests: list[str], pool_bytes: int,
-                expected_kv_bytes: int, evidence: R3Evidence | None = None) -> WorkloadResult:
-    """Pure: R3 metrics and validity from both engines' counter deltas and the pool's state (added to a copy
-    of ``evidence``)."""
+                expected_kv_bytes: int, evidence: R3Evidence | None = None, fallback: str | None = None,
+                reader_looked_up_before: bool = False) -> WorkloadResult:
+    """Pure: R3 metrics and validity from both engines' counter deltas, the pool's state, and what the engines'
+    logs and counters said before the phases (``fallback``: an engine's log says the tier silently did nothing;
+    ``reader_looked_up_before``: the reader was not fresh). The result carries a copy of ``evidence``."""
     metrics: dict[str, float] = {}
     ev = (evidence or R3Evidence()).model_copy(update=dict(
         writer_hit_tokens=writer_hit, writer_query_tokens=writer_query, reader_hit_tokens=reader_hit,
         reader_query_tokens=reader_query, pool_bytes_before_reader=pool_bytes, expected_kv_bytes=expected_kv_bytes,
         failed_requests=failed_requests))
+    invalid = fallback or ("the reader engine had looked up prompts before its phase" if reader_looked_up_before
+                           else None)
     if reader_hit is not None and reader_query:
         metrics["hit_rate"] = reader_hit / reader_query
     if failed_requests:
-        return WorkloadResult(metrics, ev, error=f"{len(failed_requests)} request(s) failed; first: {failed_requests[0]}")
+        return WorkloadResult(metrics, ev, invalid_reason=invalid,
+                              error=f"{len(failed_requests)} request(s) failed; first: {failed_requests[0]}")
     if reader_hit is None or not reader_query:
-        return WorkloadResult(metrics, ev, error="the reader engine exposed no hit/query counters for its phase")
+        return WorkloadResult(metrics, ev, invalid_reason=invalid,
+                              error="the reader engine exposed no hit/query counters for its phase")
     if writer_hit is None or writer_query is None:
-        return WorkloadResult(metrics, ev, error="the writer engine exposed no hit/query counters")
+        return WorkloadResult(metrics, ev, invalid_reason=invalid, error="the writer engine exposed no hit/query counters")
     if writer_hit > 0:
-        return WorkloadResult(metrics, ev, invalid_reason=(
-            f"the writer hit {writer_hit:.0f} tokens: the prompts were not new to the pool"))
+        invalid = invalid or f"the writer hit {writer_hit:.0f} tokens: the prompts were not new to the pool"
     if pool_bytes <= 0:
         # Not INVALID: a writer whose KV never reaches the pool is the failure R3 exists to catch.
         ev.note = "the pool held no bytes after the writer's phase"
-    return WorkloadResult(metrics, ev)
+    return WorkloadResult(metrics, ev, invalid_reason=invalid)
 
 
 @register_workload("r3-cross-instance")
@@ -156,11 +161,14 @@ class R3CrossInstance(Workload):
         return writer, reader
 
     def validate_against(self, params, nodes):
-        _, issues = profile_issues(params.engine, nodes, "r3-cross-instance", node_count=2,
-                                   engines=("cpu-reference",))
-        if issues and issues[0][0] == ("engine",) and "runs on" not in issues[0][1]:
+        prof, issues = profile_issues(params.engine, nodes, "r3-cross-instance", node_count=2)
+        if prof is None:
             return issues[:1]  # the profile does not load
-        issues += model_config_issues(params.model_config_inline, "model_config_inline", "float32")
+        if not (prof.capabilities.builds_model and prof.hit_metrics is not None and prof.launches):
+            issues.insert(0, (("engine",), f"r3-cross-instance runs engines kvgate launches on each node with a model "
+                              f"built from its config and hit counters (profile capabilities.builds_model, "
+                              f"hit_metrics); profile {prof.name!r} lacks them"))
+        issues += model_config_issues(params.model_config_inline, "model_config_inline", prof.capabilities.kv_dtype)
         writer, reader = self._roles(params, nodes)
         for key, n in (("writer", writer), ("reader", reader)):
             if n is None or n not in nodes:
@@ -220,7 +228,7 @@ class R3CrossInstance(Workload):
         writer, reader = self._roles(p, ctx.nodes)
         tag = uuid.uuid4().hex[:8]
         model_cfg = self._model_config(p)
-        bpt = kv_bytes_per_token(model_cfg, "float32")
+        bpt = kv_bytes_per_token(model_cfg, prof.capabilities.kv_dtype)
         vocab = int(model_cfg.get("vocab_size", 4096))
         prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
         expected = sum(r.prompt_tokens for r in prompts) * bpt
@@ -293,16 +301,13 @@ class R3CrossInstance(Workload):
         ev.reader_query_tokens_before = metric_total(rb, hm.query_tokens)
         failed = [f"{role} {rec['id']}: {rec.get('error')}" for role, out in (("writer", w), ("reader", r))
                   for rec in out["records"] if not rec["ok"]]
+        # an engine that fell back silently: the tier was not used (the first engine's reason)
+        fallback = next((r for r in (fallback_reason(e.fallbacks(), f"{role} engine's") for role, e in engines.items())
+                         if r), None)
         res = evaluate_r3(counter_delta(wb, wa, hm.hit_tokens), counter_delta(wb, wa, hm.query_tokens),
                           counter_delta(rb, ra, hm.hit_tokens), counter_delta(rb, ra, hm.query_tokens), failed,
-                          int(pool.get("bytes", 0)), expected, ev)
-        if ev.reader_query_tokens_before:
-            res.invalid_reason = res.invalid_reason or "the reader engine had looked up prompts before its phase"
-        for role, eng in engines.items():  # an engine that fell back silently: the tier was not used
-            fell_back = fallback_reason(eng.fallbacks(), f"{role} engine's")
-            if fell_back:
-                res.invalid_reason = fell_back
-                break
+                          int(pool.get("bytes", 0)), expected, ev, fallback=fallback,
+                          reader_looked_up_before=bool(ev.reader_query_tokens_before))
         write_summary(ctx.gate_dir, "r3-summary.json", res)
         return res
 
