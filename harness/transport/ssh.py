@@ -57,6 +57,9 @@ def env_block(env: Mapping[str, str]) -> bytes:
     return "".join(f"{k}={v}\n" for k, v in env.items()).encode() + b"\n"
 
 
+# After the exit status, how long the output may still take to reach its EOF (seconds).
+EOF_GRACE_S = 5.0
+
 class _SSHProcess(Process):
     def __init__(self, transport: "SSHTransport", channel, stdin: bytes | None, preamble: bytes = b""):
         self.t = transport
@@ -109,6 +112,7 @@ class _SSHProcess(Process):
     def _pump(self):
         ch = self.ch
         header = bytearray()
+        exit_seen: float | None = None
         try:
             wake_fd = ch.fileno()  # readable while either stream holds data, and at EOF or close
         except Exception:  # noqa: BLE001 - no pipe: poll as before
@@ -136,9 +140,15 @@ class _SSHProcess(Process):
                 continue
             if not ch.recv_ready() and not ch.recv_stderr_ready():
                 if ch.exit_status_ready():
-                    time.sleep(0.01)  # let data that raced the exit status land
-                    if not ch.recv_ready() and not ch.recv_stderr_ready():
-                        break
+                    # sshd may send the exit status before the last of the output (seen under load: a probe's
+                    # stdout lost, exit 0): the output is complete at the channel's EOF. A command that left a
+                    # process holding its output open sends no EOF: then the grace ends the wait.
+                    if exit_seen is None:
+                        exit_seen = time.monotonic()
+                    if ch.eof_received or ch.closed or time.monotonic() - exit_seen > EOF_GRACE_S:
+                        if not ch.recv_ready() and not ch.recv_stderr_ready():
+                            break
+                        continue
                 elif ch.closed:
                     break  # connection lost: no exit status will come
             # Sleep until data arrives instead of polling: one thread per running command, and a run has

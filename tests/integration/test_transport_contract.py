@@ -230,3 +230,11 @@ def test_clock_offsets_over_sessions_leave_no_probe_running(transport):
     assert off.samples == 5 and off.rtt_s < 0.1 and abs(off.offset_s) <= off.uncertainty_s + 1e-3
     assert CLOCK_SESSION_ARGV[2] == "while read -r _; do date +%s.%N; done"
     wait_no_process("while read -r _; do date [+]%s[.]%N; done", timeout_s=30)  # pgrep takes a regex
+
+
+def test_output_that_arrives_after_the_exit_status_is_kept(transport):
+    """The shell exits at once; a child it left writes its line 0.3 s later, then the output closes. sshd sends
+    the exit status first: a reader that stopped at the exit status lost the line (seen under load in the qemu
+    guest as a probe exiting 0 with no output). The output is complete at its EOF, as OpenSSH's client sees it."""
+    r = transport.run(["sh", "-c", "(sleep 0.3; echo late) & echo early"])
+    assert r.ok and r.stdout == "early\nlate\n"
