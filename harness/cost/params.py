@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,6 +220,18 @@ class MeasuredInput:
     outcome: str
 
 
+def _finite_positive(val: Any) -> float | None:
+    """A measured figure as a float, when it is a finite number above zero (a signed 10**400, NaN or inf is
+    not a measurement, whatever signed it)."""
+    if isinstance(val, bool) or not isinstance(val, (int, float)):
+        return None
+    try:
+        x = float(val)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) and x > 0 else None
+
+
 def extract_measured(verdicts: Mapping[str, Any], report_id: str) -> list[MeasuredInput]:
     """Measured cost inputs in a bundle's verdicts.json (pure).
 
@@ -238,12 +251,13 @@ def extract_measured(verdicts: Mapping[str, Any], report_id: str) -> list[Measur
             if isinstance(scope, Mapping):
                 candidates.extend((str(k), val) for k, val in scope.items())
         for key, val in candidates:
-            if isinstance(val, bool) or not isinstance(val, (int, float)) or not val == val or val <= 0:
+            x = _finite_positive(val)
+            if x is None:
                 continue
             for name, keys in MEASURED_METRICS.items():
                 if key in keys and name not in seen:
                     seen.add(name)
-                    found.append(MeasuredInput(name, float(val), report_id, gate_id, key, outcome))
+                    found.append(MeasuredInput(name, x, report_id, gate_id, key, outcome))
     return found
 
 

@@ -174,6 +174,18 @@ def test_missing_model_config_file(tmp_path):
         cp.resolve(p)
 
 
+def test_a_signed_figure_that_is_not_a_finite_number_is_not_a_measurement():
+    """A hostile signer's verdicts.json: 10**400 (float() overflows), inf and NaN (json allows them as Infinity
+    and NaN) and a string; none becomes a cost input, none crashes the reader."""
+    import json
+    verdicts = json.loads('''{"verdicts": [
+        {"gate_id": "G1", "metric": "per_gpu_read_gb_s", "actual": 1''' + "0" * 400 + ''', "outcome": "PASS"},
+        {"gate_id": "G2", "metric": "per_gpu_read_gb_s", "actual": Infinity, "outcome": "PASS"},
+        {"gate_id": "G3", "metric": "per_gpu_read_gb_s", "actual": NaN, "outcome": "PASS"},
+        {"gate_id": "G4", "metric": "per_gpu_read_gb_s", "actual": "5.2", "outcome": "PASS"}]}''')
+    assert cp.extract_measured(verdicts, "KVG-20250101-cccccccc") == []
+
+
 def test_extract_measured_from_verdicts():
     verdicts = {
         "report_id": "KVG-20250101-cccccccc",
