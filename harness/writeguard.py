@@ -34,8 +34,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
-from .parsers.blockdev import (LSBLK_ARGV, BlockDevice, blkid_argv, holdings, parse_blkid_export, parse_lsblk,
-                               write_allowed)
+from .parsers.blockdev import (LSBLK_ARGV, BlockDevice, blkid_argv, holdings, never_writable, parse_blkid_export,
+                               parse_lsblk, write_allowed)
 
 CREATED_SUFFIX = ".kvgate-created"  # marks a file kvgate created (and may therefore write and delete)
 PROBE_TIMEOUT_S = 30.0
@@ -122,12 +122,6 @@ def _named_signature(probe: dict[str, str]) -> bool:
     return any(probe.get(k) for k in ("TYPE", "PTTYPE", "PART_ENTRY_SCHEME", "USAGE"))
 
 
-def _mounted_at(device: BlockDevice) -> str | None:
-    if device.mountpoint:
-        return f"{device.path} is mounted at {device.mountpoint}"
-    return next((hit for hit in map(_mounted_at, device.children) if hit), None)
-
-
 def decide_same_storage(device: BlockDevice | None, probe: dict[str, str], blkid_rc: int | None,
                         same: "WriteDecision") -> tuple[bool, str]:
     """Pure: a second path to the storage ``same`` judged (a namespace over a loopback's backing device)."""
@@ -139,11 +133,9 @@ def decide_same_storage(device: BlockDevice | None, probe: dict[str, str], blkid
         return False, f"blkid -p found a signature on {device.path} but its answer named none (output lost?)"
     if not same.allowed:
         return False, f"{device.path} reaches the storage of {same.path}, which the guard refused: {same.reason}"
-    if device.ro:
-        return False, f"{device.path} is read-only"
-    mounted = _mounted_at(device)
-    if mounted:
-        return False, f"{mounted}; kvgate never writes to a mounted device"
+    never = never_writable(device)
+    if never:
+        return False, never
     held = holdings(device, probe)
     if held and not same.allow_destructive:
         return False, (f"{device.path} holds {', '.join(held)} although {same.path}, the same storage, was judged "

@@ -70,6 +70,15 @@ def parse_blkid_export(text: str) -> dict[str, str]:
     return out
 
 
+def never_writable(device: BlockDevice) -> str | None:
+    """Pure: why kvgate never writes to this device whatever a target allows (read-only, or it or one of its
+    partitions is mounted), or None."""
+    if device.ro:
+        return f"{device.path} is read-only"
+    mounted = _mounted(device)
+    return f"{mounted}; kvgate never writes to a mounted device" if mounted else None
+
+
 def _mounted(device: BlockDevice) -> str | None:
     if device.mountpoint:
         return f"{device.path} is mounted at {device.mountpoint}"
@@ -104,11 +113,9 @@ def write_allowed(device: BlockDevice | None, probe: dict[str, str], allow_destr
     ``allow_destructive`` and the matching serial."""
     if device is None:
         return False, "device not found in lsblk output"
-    if device.ro:
-        return False, f"{device.path} is read-only"
-    mounted = _mounted(device)
-    if mounted:
-        return False, f"{mounted}; kvgate never writes to a mounted device"
+    never = never_writable(device)
+    if never:
+        return False, never
     held = holdings(device, probe)
     what = ", ".join(held)
     if serial and serial != device.serial:
