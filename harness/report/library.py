@@ -47,7 +47,8 @@ import jinja2
 from ..errors import BundleError
 from ..paths import data_path
 from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_text
-from .bundle import ENVELOPE, extract_archive, read_envelope, sha256_file, tar_bundle
+from .bundle import (ENVELOPE, OLD_RID_RE, RID_RE, entry_kind, extract_archive, read_envelope, sha256_file, tar_bundle,
+                     walk_tree)
 from .cosign import TAR_SUFFIX, SignersResult, verify_signers
 from .keyring import KeyEntry, Keyring, load_keyring
 from .library_charts import trend_charts
@@ -58,11 +59,15 @@ LIBRARY_JSON = "library.json"
 INDEX = "index.html"
 KEYRING = "keyring.yaml"
 BUNDLES = "bundles"
-RID_RE = re.compile(r"^KVG-\d{8}-[0-9a-f]{8}$")
 COST_KIND = "kvgate-cost/v1"
 COST_FIGURES = ("net_usd_per_month", "break_even_hit_rate", "capacity_tb", "throughput_gain")
 OUTCOMES = ("PASS", "FAIL", "STOP", "ERROR", "INVALID", "INFO", "SKIPPED")
 UNVERIFIED = "NOT VERIFIED"
+
+
+def _named_like_a_bundle(name: str) -> bool:
+    """A report ID of this kvgate, or of the older format (found, then listed as failing verification)."""
+    return bool(RID_RE.match(name) or OLD_RID_RE.match(name))
 
 
 # --------------------------------------------------------------------------- finding bundles
@@ -80,21 +85,21 @@ class Copy:
 
 
 def _tree(d: Path) -> dict[str, str]:
-    """Bundle-relative path -> what it is: ``F <sha256>`` for a regular file (hashed in chunks), ``L <target>``
-    for a symlink, ``S <mode>`` for anything else (a FIFO or device is never opened)."""
+    """Bundle-relative path -> what it is: ``F <sha256>`` for a regular file (hashed in chunks), ``D`` for a
+    directory, ``L <target>`` for a symlink (to a file or a directory: never followed), ``S <kind>`` for
+    anything else (a FIFO or device is never opened). The walk is harness.report.bundle's, the one every
+    reader of a bundle shares."""
     out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(d):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            p = Path(dirpath) / fn
-            rel = p.relative_to(d).as_posix()
-            mode = p.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                out[rel] = f"L {os.readlink(p)}"
-            elif stat.S_ISREG(mode):
-                out[rel] = f"F {sha256_file(p)}"
-            else:
-                out[rel] = f"S {stat.S_IFMT(mode):o}"
+    for rel, mode in walk_tree(d):
+        p = d / rel
+        if stat.S_ISLNK(mode):
+            out[rel] = f"L {os.readlink(p)}"
+        elif stat.S_ISREG(mode):
+            out[rel] = f"F {sha256_file(p)}"
+        elif stat.S_ISDIR(mode):
+            out[rel] = "D "
+        else:
+            out[rel] = f"S {entry_kind(mode)}"
     return out
 
 
@@ -137,7 +142,7 @@ def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Co
         copies.append(Copy(name, tar, d, tar))
 
     def add_dir(d: Path) -> None:
-        rid = d.name if RID_RE.match(d.name) else _statement_id(d)
+        rid = d.name if _named_like_a_bundle(d.name) else _statement_id(d)
         if rid is None:
             raise BundleError(f"{d}: not a bundle: no report ID (neither the directory name nor its statement)")
         copies.append(Copy(rid, d, d, None))
@@ -155,7 +160,7 @@ def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Co
         before = len(copies)
         if (top / ENVELOPE).is_file():
             add_dir(top)
-        elif RID_RE.match(top.name):
+        elif _named_like_a_bundle(top.name):
             raise BundleError(f"{top}: not a bundle: no {ENVELOPE}")
         else:
             for dirpath, dirnames, filenames in os.walk(top):
@@ -167,13 +172,13 @@ def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Co
                         continue
                     if (sub / ENVELOPE).is_file():
                         add_dir(sub)
-                    elif RID_RE.match(dn):
+                    elif _named_like_a_bundle(dn):
                         raise BundleError(f"{sub}: not a bundle: no {ENVELOPE}")
                     else:
                         keep.append(dn)
                 dirnames[:] = keep
                 for fn in sorted(filenames):
-                    if fn.endswith(TAR_SUFFIX) and RID_RE.match(fn[: -len(TAR_SUFFIX)]) and not fn.startswith("."):
+                    if fn.endswith(TAR_SUFFIX) and _named_like_a_bundle(fn[: -len(TAR_SUFFIX)]) and not fn.startswith("."):
                         add_archive(here / fn)
         if len(copies) == before:
             raise BundleError(f"{top}: no bundle found (expected KVG-… directories or KVG-….tar.gz archives)")
@@ -191,7 +196,7 @@ def _statement_id(d: Path) -> str | None:
         return None
     pred = st.get("predicate") if isinstance(st, dict) else None
     rid = pred.get("report_id") if isinstance(pred, dict) else None
-    return rid if isinstance(rid, str) and RID_RE.match(rid) else None
+    return rid if isinstance(rid, str) and _named_like_a_bundle(rid) else None
 
 
 def unique_copies(copies: list[Copy]) -> dict[str, list[Copy]]:
@@ -485,7 +490,7 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
         trusted = list(load_keyring(site / KEYRING).entries)
     problems: list[str] = []
     rids = [e.get("report_id") for e in recorded]
-    if any(not isinstance(r, str) or not RID_RE.match(r) for r in rids) or len(set(rids)) != len(rids):
+    if any(not isinstance(r, str) or not _named_like_a_bundle(r) for r in rids) or len(set(rids)) != len(rids):
         raise BundleError(f"{site}: {LIBRARY_JSON}: bad or duplicate report IDs")
     expected = {f"{r}{TAR_SUFFIX}" for r in rids} | {e["report_id"] for e in recorded if e.get("status") == "verified"}
     present = {p.name for p in (site / BUNDLES).iterdir()} if (site / BUNDLES).is_dir() else set()
