@@ -11,12 +11,16 @@ place only when complete:
                              the reason, and counted in a banner at the top.
   SITE/library.json          the index as data; ``check_library`` re-derives it
   SITE/keyring.yaml          the keys the site was verified with (public keys inline)
-  SITE/bundles/<ID>.tar.gz   every bundle, as found (or packed from its directory)
-  SITE/bundles/<ID>/         verified bundles, unpacked, so their report.html opens from the index
+  SITE/bundles/<ID>.tar.gz   every bundle, as found (or packed from its directory): downloaded, never shown
+  SITE/reports/<ID>/         kvgate's own render (report.html, report.md, tables, charts) of each verified
+                             acceptance bundle, from its verified files and signed predicate: what the
+                             index links. A signed report.html is never published as a page of the site
+                             (it could show PASS over FAIL evidence, or carry script); the row says when the
+                             signed renders differ from kvgate's. Cost bundles are not re-rendered here (their
+                             renderer lives above this layer): their row shows the signed results table.
 
-Failed bundles are published only as archives: their report.html is not signed content and is not linked.
 The page is a pure function of library.json, the keyring and kvgate's templates, so ``check_library``
-re-verifies every bundle and re-renders the page byte for byte.
+re-verifies every bundle, re-renders every report and the page, and compares them byte for byte.
 
 Bad input is a BundleError (one line) before anything is written: a ``KVG-…`` directory without an
 envelope, an archive that is not a bundle, two bundles with the same ID and different content, a DIR with
@@ -52,13 +56,14 @@ from .bundle import (ENVELOPE, OLD_RID_RE, RID_RE, entry_kind, extract_archive, 
 from .cosign import TAR_SUFFIX, SignersResult, verify_signers
 from .keyring import KeyEntry, Keyring, load_keyring
 from .library_charts import trend_charts
-from .render import fmt_value
+from .render import fmt_value, signed_render_differences
 
 FORMAT = "kvgate-library/v1"
 LIBRARY_JSON = "library.json"
 INDEX = "index.html"
 KEYRING = "keyring.yaml"
 BUNDLES = "bundles"
+REPORTS = "reports"
 COST_KIND = "kvgate-cost/v1"
 COST_FIGURES = ("net_usd_per_month", "break_even_hit_rate", "capacity_tb", "throughput_gain")
 OUTCOMES = ("PASS", "FAIL", "STOP", "ERROR", "INVALID", "INFO", "SKIPPED")
@@ -229,18 +234,28 @@ def _cost_figures(d: Path) -> dict[str, float]:
     return out
 
 
-def entry_for(rid: str, d: Path, res: SignersResult, content_sha256: str) -> dict[str, Any]:
+def rerender(rid: str, d: Path, res: SignersResult, into: Path) -> list[str] | None:
+    """kvgate's own render of a verified acceptance bundle into ``into`` (from its verified files and signed
+    predicate); the signed rendered files that differ from it, or None when nothing is rendered (a bundle
+    that failed verification, a cost bundle: its renderer is not part of the reports layer)."""
+    if not res.ok or res.statement["predicate"].get("kind") == COST_KIND:
+        return None
+    return signed_render_differences(rid, d, res.statement["predicate"], into)[1]
+
+
+def entry_for(rid: str, d: Path, res: SignersResult, content_sha256: str,
+              render_differs: list[str] | None = None) -> dict[str, Any]:
     """The index row of one bundle (JSON data). Nothing from a bundle that failed verification but its ID
-    and the reason: unverified figures are not shown."""
+    and the reason: unverified figures are not shown. ``render_differs``: the signed rendered files that
+    differ from kvgate's render (None: not rendered); the row links kvgate's render, never the signed one."""
     base = {"report_id": rid, "content_sha256": content_sha256, "archive": f"{BUNDLES}/{rid}{TAR_SUFFIX}"}
     if not res.ok:
         return base | {"status": "failed", "reason": res.error, "signers": [c.as_dict() for c in res.signatures]}
     pred = res.statement["predicate"]
-    report_html = d / "report.html"
     entry = base | {
         "status": "verified", "reason": None, "created_utc": pred.get("created_utc"),
-        "report_html": f"{BUNDLES}/{rid}/report.html" if report_html.is_file() and not report_html.is_symlink()
-        else None,
+        "report_html": f"{REPORTS}/{rid}/report.html" if render_differs is not None else None,
+        "signed_render_differs": render_differs,
         "signers": [c.as_dict() for c in res.signatures],
     }
     if pred.get("kind") == COST_KIND:
@@ -370,11 +385,13 @@ def build_library(dirs: list[str | Path], site: str | Path, trusted: list[KeyEnt
         copies = unique_copies(find_copies([Path(d) for d in dirs], work, skip=[site, stage]))
         out = stage / BUNDLES
         out.mkdir()
+        (stage / REPORTS).mkdir()
         entries, sources = [], {}
         for rid, cs in copies.items():
             first = next((c for c in cs if c.archive is None), cs[0])
             res = verify_signers(first.dir, trusted=trusted)
-            entries.append(entry_for(rid, first.dir, res, first.content_sha256))
+            entries.append(entry_for(rid, first.dir, res, first.content_sha256,
+                                     rerender(rid, first.dir, res, stage / REPORTS / rid)))
             sources[rid] = [str(c.source) for c in cs]
             archive = next((c.archive for c in cs if c.archive is not None), None)
             if archive is None:
@@ -382,8 +399,6 @@ def build_library(dirs: list[str | Path], site: str | Path, trusted: list[KeyEnt
                 tar_bundle(tree, out / f"{rid}{TAR_SUFFIX}")
             else:
                 shutil.copyfile(archive, out / f"{rid}{TAR_SUFFIX}")
-            if res.ok:
-                shutil.copytree(first.dir, out / rid, symlinks=True)
         shutil.rmtree(work)
         link_citations(entries)
         entries = order_entries(entries)
@@ -473,7 +488,8 @@ class CheckResult:
 
 def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> CheckResult:
     """Re-verify a published site: every bundle against the keys (default: the site's keyring.yaml), every
-    row of library.json re-derived, index.html re-rendered byte for byte, no stray or missing bundle,
+    row of library.json re-derived, every published report re-rendered from its verified archive and
+    compared byte for byte, index.html re-rendered byte for byte, no stray or missing bundle or report,
     every link resolving and nothing remote."""
     site = Path(site)
     try:
@@ -492,12 +508,13 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
     rids = [e.get("report_id") for e in recorded]
     if any(not isinstance(r, str) or not _named_like_a_bundle(r) for r in rids) or len(set(rids)) != len(rids):
         raise BundleError(f"{site}: {LIBRARY_JSON}: bad or duplicate report IDs")
-    expected = {f"{r}{TAR_SUFFIX}" for r in rids} | {e["report_id"] for e in recorded if e.get("status") == "verified"}
+    expected = {f"{r}{TAR_SUFFIX}" for r in rids}
     present = {p.name for p in (site / BUNDLES).iterdir()} if (site / BUNDLES).is_dir() else set()
     for name in sorted(present - expected):
         problems.append(f"{BUNDLES}/{name}: not in {LIBRARY_JSON}")
     for name in sorted(expected - present):
         problems.append(f"{BUNDLES}/{name}: missing")
+    rendered = {p.name for p in (site / REPORTS).iterdir()} if (site / REPORTS).is_dir() else set()
     entries = []
     with tempfile.TemporaryDirectory(prefix="kvgate-library-check-") as td:
         for i, rec in enumerate(recorded):
@@ -513,13 +530,19 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
                 entries.append(rec)
                 continue
             res = verify_signers(d, trusted=trusted)
-            entry = entry_for(rid, d, res, tree_digest(d))
-            if res.ok:
-                unpacked = site / BUNDLES / rid
-                if unpacked.is_dir() and tree_digest(unpacked) != entry["content_sha256"]:
-                    problems.append(f"{BUNDLES}/{rid}/: differs from {BUNDLES}/{rid}{TAR_SUFFIX} "
-                                    f"({_first_difference(unpacked, d)})")
+            mine = Path(td) / f"r{i}"
+            entry = entry_for(rid, d, res, tree_digest(d), rerender(rid, d, res, mine))
+            published = site / REPORTS / rid
+            if entry.get("report_html") is not None:
+                rendered.discard(rid)
+                if not published.is_dir() or published.is_symlink():
+                    problems.append(f"{REPORTS}/{rid}/: missing")
+                elif tree_digest(published) != tree_digest(mine):
+                    problems.append(f"{REPORTS}/{rid}/: differs from kvgate's render of {BUNDLES}/{rid}{TAR_SUFFIX} "
+                                    f"({_first_difference(published, mine)})")
             entries.append(entry)
+    for name in sorted(rendered):
+        problems.append(f"{REPORTS}/{name}: not a render of a verified bundle in {LIBRARY_JSON}")
     link_citations(entries)
     for rec, now in zip(recorded, entries):
         if (what := _difference(rec, now)) is not None:

@@ -573,3 +573,22 @@ def write_reports(report_id: str, bundle_dir: Path, predicate: dict[str, Any], o
 def render_bundle_reports(report_id: str, staging: Path, predicate: dict[str, Any]) -> list[str]:
     """The render hook of :func:`harness.report.bundle.write_bundle`: write every report file into the staging bundle."""
     return write_reports(report_id, Path(staging), predicate)
+
+
+def render_predicate(signed_predicate: dict[str, Any]) -> dict[str, Any]:
+    """The predicate a run renders its reports from: the signed one without what write_bundle adds."""
+    return {k: v for k, v in signed_predicate.items() if k not in ("report_id", "rendered_files", "created_utc")}
+
+
+def signed_render_differences(report_id: str, bundle_dir: Path, signed_predicate: dict[str, Any],
+                              out_dir: Path) -> tuple[list[str], list[str]]:
+    """Render a verified bundle into ``out_dir`` from its files and signed predicate, as its run did; return
+    (the files written, the signed rendered files that are not byte for byte those: differing, missing, or
+    listed in ``rendered_files`` and not rendered by kvgate), both sorted. A signed render that differs does
+    not follow from the evidence: it is never shown as the bundle's report."""
+    mine = write_reports(report_id, bundle_dir, render_predicate(signed_predicate), out_dir)
+    differ = {f for f in mine if not (Path(bundle_dir) / f).is_file()
+              or (Path(bundle_dir) / f).read_bytes() != (Path(out_dir) / f).read_bytes()}
+    listed = signed_predicate.get("rendered_files")
+    differ |= set(listed) - set(mine) if isinstance(listed, list) else set()
+    return mine, sorted(differ)
