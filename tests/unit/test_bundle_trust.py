@@ -252,3 +252,21 @@ def test_a_pre_existing_link_in_the_output_is_not_followed(tmp_path):
     with pytest.raises(BundleError, match="outside"):
         write_reports("KVG-20260101-" + "0" * 64, run, pred, out)
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 76, 77, 78, 1 << 20])
+def test_scan_file_replaces_the_id_across_chunk_boundaries(tmp_path, monkeypatch, chunk):
+    """The streamed normalization equals bytes.replace on the whole file, wherever the chunks end."""
+    import harness.report.bundle as B
+
+    rid = "KVG-20260301-" + "ab" * 32
+    data = (b"x" * 75 + rid.encode() + b"KVG-2026" + rid.encode() * 2 + b"y" * 13 + rid.encode()[:40]) * 3
+    p = tmp_path / "f"
+    p.write_bytes(data)
+    monkeypatch.setattr(B, "_CHUNK", chunk)
+    raw, norm = B.scan_file(p, rid)
+    assert raw == hashlib.sha256(data).hexdigest()
+    assert norm == hashlib.sha256(data.replace(rid.encode(), B.ID_PLACEHOLDER.encode())).hexdigest()
+    p.write_bytes(b"z" * 70 + B.ID_PLACEHOLDER.encode() + b"z")
+    with pytest.raises(B.PlaceholderFound):
+        B.scan_file(p, rid)
