@@ -36,8 +36,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from ..errors import BundleError
 from ..safeio import (MAX_JSON_BYTES, MAX_KEY_BYTES, InputFileError, check_keys, decode_utf8, json_type, parse_json,
                       read_bytes)
-from .dsse import (PAYLOAD_TYPE, STATEMENT_KEYS, STATEMENT_TYPE, check_signing_records, decode_signatures,
-                   is_record_path, key_fingerprint, pae, read_envelope_file)
+from .dsse import (PAYLOAD_TYPE, SIGNATURES_DIR, STATEMENT_KEYS, STATEMENT_TYPE, check_signing_records,
+                   decode_signatures, is_record_path, key_fingerprint, pae, read_envelope_file)
 from .dsse import canonical as _canonical
 
 PREDICATE_TYPE = "https://kvgate.dev/acceptance-report/v1"
@@ -143,7 +143,8 @@ def tree_entries(root: str | Path) -> tuple[list[str], list[str]]:
     verify, report, cosign, the library and the writer share. A bundle holds regular files and the directories
     above them, nothing else: a symbolic link (to a directory or a file), a FIFO, a socket or a device anywhere,
     or a name that is not plain UTF-8 text, is a BundleError naming it. Nothing is opened and no link followed.
-    The empty directories listed are the innermost ones (a directory with no file under it)."""
+    The empty directories listed are the innermost ones (a directory with no file under it), except an empty
+    top-level ``signatures/`` (the signing-record area, checked by harness.report.dsse)."""
     root = Path(root)
     files: list[str] = []
     dirs: list[str] = []
@@ -156,7 +157,8 @@ def tree_entries(root: str | Path) -> tuple[list[str], list[str]]:
         else:
             raise BundleError(f"{rel}: {entry_kind(mode)} (a bundle holds only regular files and their directories)")
     holding = {"/".join(f.split("/")[:i]) for f in files for i in range(1, f.count("/") + 1)}
-    empty = [d for d in dirs if d not in holding]
+    # an empty top-level signatures/ is the record area with no record yet (cosign may leave it so): allowed
+    empty = [d for d in dirs if d not in holding and d != SIGNATURES_DIR]
     innermost = [d for d in empty if not any(e.startswith(d + "/") for e in empty)]
     return sorted(files), sorted(innermost)
 
