@@ -270,3 +270,46 @@ def test_scan_file_replaces_the_id_across_chunk_boundaries(tmp_path, monkeypatch
     p.write_bytes(b"z" * 70 + B.ID_PLACEHOLDER.encode() + b"z")
     with pytest.raises(B.PlaceholderFound):
         B.scan_file(p, rid)
+
+
+def test_a_hostile_claimed_report_id_writes_nothing(tmp_path, keys):
+    """A statement whose report_id is a path (``KVG-../../x``) is refused by verify, report and the library in
+    one line; nothing is written outside their outputs."""
+    from harness.cli.main import main
+
+    path = _signed(tmp_path, keys[0], "hostile-id", lambda rid, d: [])
+    _resign(path, keys[0], lambda st: st["predicate"].__setitem__("report_id", "KVG-../../../../escaped"))
+    res = verify_bundle(path, keys[1])
+    assert not res.ok and "is not a report ID" in res.error and "\n" not in res.error
+    cwd = os.getcwd()
+    work = tmp_path / "w" / "x" / "y"
+    work.mkdir(parents=True)
+    os.chdir(work)
+    try:
+        assert main(["report", str(path), "--pubkey", str(keys[1])]) == 1
+    finally:
+        os.chdir(cwd)
+    assert [p for p in tmp_path.rglob("*escaped*")] == []
+    res = build_library([path.parent], tmp_path / "site", keyring_from_pubkeys([keys[1]]),
+                        built_utc="2026-07-01T00:00:00Z")
+    assert [e["status"] for e in res.entries] == ["failed"]
+    assert sorted(p.name for p in (tmp_path / "site" / "bundles").iterdir()) == [f"{path.name}.tar.gz"]
+
+
+def test_an_archive_whose_bundle_is_a_link_is_refused(tmp_path, keys):
+    """The one directory of a bundle archive must be a directory, not a link to one (cosign would otherwise
+    sign, and re-pack, whatever the link points at)."""
+    import tarfile
+
+    from harness.report.bundle import extract_archive
+
+    name = "KVG-20260301-" + "1" * 64
+    tar = tmp_path / f"{name}.tar.gz"
+    with tarfile.open(tar, "w:gz") as tf:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = tarfile.SYMTYPE, "."
+        tf.addfile(info)
+    with pytest.raises(BundleError, match="exactly one bundle directory"):
+        extract_archive(tar, tmp_path / "into")
+    with pytest.raises(BundleError, match="exactly one bundle directory"):
+        cosign_bundle(tar, load_private_key(keys[0]))

@@ -16,7 +16,7 @@ from harness.errors import BundleError
 from harness.report.keyring import KeyEntry, load_keyring
 from harness.report.library import build_library, check_library, link_problems
 
-MISSING = "KVG-20250101-deadbeef"
+MISSING = "KVG-20250101-" + "deadbeef" * 8
 
 
 @pytest.fixture(scope="module")
