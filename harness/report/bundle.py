@@ -97,19 +97,27 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-class _Unreadable(Exception):
-    pass
-
-
-def walk_tree(root: Path, rel: str = "") -> Iterator[tuple[str, int]]:
+def walk_tree(root: Path) -> Iterator[tuple[str, int]]:
     """Every entry under ``root`` (bundle-relative path, lstat mode), directories before what they hold, names
-    sorted; no link is followed (a link to a directory is an entry, never descended) and nothing is opened."""
-    try:
-        with os.scandir(root / rel if rel else root) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError as exc:
-        raise BundleError(f"{rel or root}: cannot list: {exc.strerror or exc}") from None
-    for e in entries:
+    sorted; no link is followed (a link to a directory is an entry, never descended) and nothing is opened.
+    Iterative: a deeply nested tree is walked, not a RecursionError."""
+    root = Path(root)
+    stack: list[tuple[str, list[os.DirEntry]]] = []
+
+    def listing(rel: str) -> list[os.DirEntry]:
+        try:
+            with os.scandir(root / rel if rel else root) as it:
+                return sorted(it, key=lambda e: e.name, reverse=True)
+        except OSError as exc:
+            raise BundleError(f"{rel or root}: cannot list: {exc.strerror or exc}") from None
+
+    stack.append(("", listing("")))
+    while stack:
+        rel, entries = stack[-1]
+        if not entries:
+            stack.pop()
+            continue
+        e = entries.pop()
         r = f"{rel}/{e.name}" if rel else e.name
         try:
             mode = e.stat(follow_symlinks=False).st_mode
@@ -117,7 +125,7 @@ def walk_tree(root: Path, rel: str = "") -> Iterator[tuple[str, int]]:
             raise BundleError(f"{r}: cannot stat: {exc.strerror or exc}") from None
         yield r, mode
         if stat.S_ISDIR(mode):
-            yield from walk_tree(root, r)
+            stack.append((r, listing(r)))
 
 
 _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
@@ -159,7 +167,9 @@ def tree_entries(root: str | Path) -> tuple[list[str], list[str]]:
     holding = {"/".join(f.split("/")[:i]) for f in files for i in range(1, f.count("/") + 1)}
     # an empty top-level signatures/ is the record area with no record yet (cosign may leave it so): allowed
     empty = [d for d in dirs if d not in holding and d != SIGNATURES_DIR]
-    innermost = [d for d in empty if not any(e.startswith(d + "/") for e in empty)]
+    # a directory with an empty one below it has an empty child on the way: the innermost are no one's parent
+    parents = {d.rpartition("/")[0] for d in empty}
+    innermost = [d for d in empty if d not in parents]
     return sorted(files), sorted(innermost)
 
 

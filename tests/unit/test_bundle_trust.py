@@ -313,3 +313,21 @@ def test_an_archive_whose_bundle_is_a_link_is_refused(tmp_path, keys):
         extract_archive(tar, tmp_path / "into")
     with pytest.raises(BundleError, match="exactly one bundle directory"):
         cosign_bundle(tar, load_private_key(keys[0]))
+
+
+def test_a_deep_tree_is_walked_without_recursion(tmp_path):
+    """A hostile archive can nest thousands of directories: the one walk is iterative."""
+    from harness.report.bundle import tree_entries
+
+    d = tmp_path / "deep"
+    p = str(d)
+    os.mkdir(p)
+    for _ in range(1100):  # deeper than Python's recursion limit; os.makedirs would itself recurse
+        p += "/a"
+        os.mkdir(p)
+    p = Path(p)
+    (p / "f").write_text("x")
+    files, empty = tree_entries(d)
+    assert files == ["a/" * 1100 + "f"] and empty == []
+    (p / "f").unlink()
+    assert tree_entries(d)[1] == ["/".join(["a"] * 1100)]
