@@ -17,7 +17,8 @@ place only when complete:
                              index links. A signed report.html is never published as a page of the site
                              (it could show PASS over FAIL evidence, or carry script); the row says when the
                              signed renders differ from kvgate's. Cost bundles are not re-rendered here (their
-                             renderer lives above this layer): their row shows the signed results table.
+                             renderer lives above this layer): their signed report.html is shown escaped in a
+                             sandboxed frame of a page of kvgate's (no script, nothing fetched).
 
 The page is a pure function of library.json, the keyring and kvgate's templates, so ``check_library``
 re-verifies every bundle, re-renders every report and the page, and compares them byte for byte.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import html
 import html.parser
 import io
 import json
@@ -50,7 +52,7 @@ import jinja2
 
 from ..errors import BundleError
 from ..paths import data_path
-from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_text
+from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_bytes, read_text
 from .bundle import (ENVELOPE, OLD_RID_RE, RID_RE, entry_kind, extract_archive, read_envelope, sha256_file, tar_bundle,
                      walk_tree)
 from .cosign import TAR_SUFFIX, SignersResult, verify_signers
@@ -234,27 +236,61 @@ def _cost_figures(d: Path) -> dict[str, float]:
     return out
 
 
-def rerender(rid: str, d: Path, res: SignersResult, into: Path) -> list[str] | None:
-    """kvgate's own render of a verified acceptance bundle into ``into`` (from its verified files and signed
-    predicate); the signed rendered files that differ from it, or None when nothing is rendered (a bundle
-    that failed verification, a cost bundle: its renderer is not part of the reports layer)."""
-    if not res.ok or res.statement["predicate"].get("kind") == COST_KIND:
-        return None
-    return signed_render_differences(rid, d, res.statement["predicate"], into)[1]
+_SANDBOX_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<title>{rid}: the signed cost report, sandboxed</title>
+<style>body{{font-family:sans-serif;margin:1em}}iframe{{width:100%;height:85vh;border:1px solid #999}}</style>
+</head>
+<body>
+<p id="sandbox-note"><strong>{rid}</strong>: the bundle's signed <code>report.html</code> as its signer wrote it,
+shown in a sandbox (no script, nothing fetched, no access to this site). kvgate did not render it: the figures on
+the index come from the bundle's signed <code>tables/results.csv</code>, and the archive holds every signed
+file.</p>
+<iframe sandbox="" title="signed report of {rid}" srcdoc="{doc}"></iframe>
+</body>
+</html>
+"""
+
+
+def publish_report(rid: str, d: Path, res: SignersResult, into: Path) -> tuple[str | None, list[str] | None]:
+    """Write the report page the index links for a verified bundle into ``into``; (how it was made, the signed
+    rendered files that differ from kvgate's render). An acceptance bundle: kvgate's own render from its
+    verified files and signed predicate (``"kvgate render"``). A cost bundle (its renderer lives above this
+    layer): its signed report.html embedded, escaped, in a sandboxed frame of a page of kvgate's
+    (``"signed render, sandboxed"``), never a page of the site by itself. A bundle that failed verification:
+    nothing, (None, None)."""
+    if not res.ok:
+        return None, None
+    if res.statement["predicate"].get("kind") == COST_KIND:
+        try:
+            signed = read_bytes(d / "report.html", max_bytes=MAX_JSON_BYTES, what="signed report",
+                                follow_symlinks=False).decode("utf-8", errors="replace")
+        except InputFileError:
+            return None, None
+        into.mkdir(parents=True)
+        (into / "report.html").write_text(_SANDBOX_PAGE.format(rid=html.escape(rid),
+                                                               doc=html.escape(signed, quote=True)))
+        return "signed render, sandboxed", None
+    return "kvgate render", signed_render_differences(rid, d, res.statement["predicate"], into)[1]
 
 
 def entry_for(rid: str, d: Path, res: SignersResult, content_sha256: str,
-              render_differs: list[str] | None = None) -> dict[str, Any]:
+              published: tuple[str | None, list[str] | None] = (None, None)) -> dict[str, Any]:
     """The index row of one bundle (JSON data). Nothing from a bundle that failed verification but its ID
-    and the reason: unverified figures are not shown. ``render_differs``: the signed rendered files that
-    differ from kvgate's render (None: not rendered); the row links kvgate's render, never the signed one."""
+    and the reason: unverified figures are not shown. ``published``: what :func:`publish_report` wrote (the
+    row links it; never a signed page of the bundle itself)."""
+    shown, render_differs = published
     base = {"report_id": rid, "content_sha256": content_sha256, "archive": f"{BUNDLES}/{rid}{TAR_SUFFIX}"}
     if not res.ok:
         return base | {"status": "failed", "reason": res.error, "signers": [c.as_dict() for c in res.signatures]}
     pred = res.statement["predicate"]
     entry = base | {
         "status": "verified", "reason": None, "created_utc": pred.get("created_utc"),
-        "report_html": f"{REPORTS}/{rid}/report.html" if render_differs is not None else None,
+        "report_html": f"{REPORTS}/{rid}/report.html" if shown else None,
+        "report_shown": shown,
         "signed_render_differs": render_differs,
         "signers": [c.as_dict() for c in res.signatures],
     }
@@ -391,7 +427,7 @@ def build_library(dirs: list[str | Path], site: str | Path, trusted: list[KeyEnt
             first = next((c for c in cs if c.archive is None), cs[0])
             res = verify_signers(first.dir, trusted=trusted)
             entries.append(entry_for(rid, first.dir, res, first.content_sha256,
-                                     rerender(rid, first.dir, res, stage / REPORTS / rid)))
+                                     publish_report(rid, first.dir, res, stage / REPORTS / rid)))
             sources[rid] = [str(c.source) for c in cs]
             archive = next((c.archive for c in cs if c.archive is not None), None)
             if archive is None:
@@ -531,14 +567,14 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
                 continue
             res = verify_signers(d, trusted=trusted)
             mine = Path(td) / f"r{i}"
-            entry = entry_for(rid, d, res, tree_digest(d), rerender(rid, d, res, mine))
+            entry = entry_for(rid, d, res, tree_digest(d), publish_report(rid, d, res, mine))
             published = site / REPORTS / rid
             if entry.get("report_html") is not None:
                 rendered.discard(rid)
                 if not published.is_dir() or published.is_symlink():
                     problems.append(f"{REPORTS}/{rid}/: missing")
                 elif tree_digest(published) != tree_digest(mine):
-                    problems.append(f"{REPORTS}/{rid}/: differs from kvgate's render of {BUNDLES}/{rid}{TAR_SUFFIX} "
+                    problems.append(f"{REPORTS}/{rid}/: differs from what kvgate makes of {BUNDLES}/{rid}{TAR_SUFFIX} "
                                     f"({_first_difference(published, mine)})")
             entries.append(entry)
     for name in sorted(rendered):

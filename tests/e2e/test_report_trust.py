@@ -88,3 +88,30 @@ def test_a_hostile_evidence_key_writes_nothing_outside_out(tmp_path, signer):
     assert [p for p in tmp_path.rglob("escaped*.csv") if not p.resolve().is_relative_to(out.resolve())
             and not p.resolve().is_relative_to(b.resolve())] == []
     assert len(list((out / "tables").glob("G1-x_.._.._.._.._escaped-*.csv"))) == 1
+
+
+def test_a_signed_cost_report_is_shown_only_sandboxed(tmp_path, signer):
+    """kvgate cannot re-render a cost bundle in the library: its signed report.html (here with a script and a
+    remote image) appears only escaped inside a sandboxed frame of kvgate's own page, never as a page itself."""
+    run = tmp_path / "cost-run"
+    (run / "tables").mkdir(parents=True)
+    (run / "tables" / "results.csv").write_text("output,value,unit\nnet_usd_per_month,1,USD/month\n")
+    evil = '<html><body><script>alert(document.domain)</script><img src="https://example.com/t.png">{rid}</body></html>'
+
+    def render(rid, d):
+        (d / "report.html").write_text(evil.format(rid=rid))
+        return ["report.html"]
+
+    pred = {"kind": "kvgate-cost/v1", "input_report_ids": [], "model": "m"}
+    b = write_bundle(run, tmp_path / "out", load_private_key(signer[0]), pred, make_tar=False, render=render,
+                     clock=clock_at("2026-03-02T10:00:00Z")).path
+    site = tmp_path / "site"
+    res = build_library([b.parent], site, keyring_from_pubkeys([signer[1]]), built_utc="2026-07-01T00:00:00Z")
+    (e,) = res.entries
+    assert e["status"] == "verified" and e["report_shown"] == "signed render, sandboxed"
+    page = (site / e["report_html"]).read_text()
+    assert '<iframe sandbox="" ' in page and "<script" not in page and 'src="https:' not in page
+    assert "&lt;script&gt;alert(document.domain)&lt;/script&gt;" in page
+    assert "default-src 'none'" in page
+    assert not [p for p in site.rglob("*") if p.is_file() and "<script>alert" in p.read_text(errors="replace")]
+    assert check_library(site, keyring_from_pubkeys([signer[1]])).ok

@@ -75,8 +75,7 @@ def test_every_bundle_is_listed_and_verified(lib):
         assert (site / "bundles" / f"{rid}.tar.gz").is_file()
         # only kvgate's own render of a verified acceptance bundle is published; no signed tree is unpacked
         assert not (site / "bundles" / rid).exists()
-        assert (site / "reports" / rid / "report.html").is_file() == (e["status"] == "verified"
-                                                                      and e.get("kind") != "cost")
+        assert (site / "reports" / rid / "report.html").is_file() == (e["status"] == "verified")
     assert sorted(lib["res"].sources[fx[0].report_id]) == sorted([str(fx[0].path), str(fx[0].tar_path)])
     assert not [p for p in site.parent.iterdir() if p.name.startswith(".")]
 
@@ -124,7 +123,7 @@ def test_check_finds_a_tampered_bundle_page_or_file(lib, site_copy):
     res = check_library(site_copy, lib["trusted"])
     text = "\n".join(res.problems)
     assert not res.ok
-    assert f"reports/{rid}/: differs from kvgate's render of bundles/{rid}.tar.gz (report.html)" in text
+    assert f"reports/{rid}/: differs from what kvgate makes of bundles/{rid}.tar.gz (report.html)" in text
     assert "bundles/stray.txt: not in library.json" in text
     assert f"bundles/{fx[2].report_id}.tar.gz: missing" in text
     assert "index.html: differs from the page re-rendered" in text
