@@ -163,7 +163,8 @@ def tree_entries(root: str | Path) -> tuple[list[str], list[str]]:
         elif stat.S_ISDIR(mode):
             dirs.append(rel)
         else:
-            raise BundleError(f"{rel}: {entry_kind(mode)} (a bundle holds only regular files and their directories)")
+            raise BundleError(f"{rel}: {entry_kind(mode)}, not a regular file (a bundle holds only regular files and "
+                              "their directories)")
     holding = {"/".join(f.split("/")[:i]) for f in files for i in range(1, f.count("/") + 1)}
     # an empty top-level signatures/ is the record area with no record yet (cosign may leave it so): allowed
     empty = [d for d in dirs if d not in holding and d != SIGNATURES_DIR]
@@ -574,6 +575,8 @@ def _verify(path: Path, public_key: Ed25519PublicKey | None) -> VerifyResult:
     normalized = []
     for rel in sorted(expected):
         if rel not in have:
+            if (path / rel).is_dir():
+                return _fail(f"{rel}: a directory, not a regular file (a signed subject is a file)", claimed, statement)
             return _fail(f"{rel}: missing from bundle", claimed, statement)
         try:
             digest, norm = scan_file(path / rel, claimed, rel)

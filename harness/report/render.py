@@ -583,12 +583,13 @@ def render_predicate(signed_predicate: dict[str, Any]) -> dict[str, Any]:
 def signed_render_differences(report_id: str, bundle_dir: Path, signed_predicate: dict[str, Any],
                               out_dir: Path) -> tuple[list[str], list[str]]:
     """Render a verified bundle into ``out_dir`` from its files and signed predicate, as its run did; return
-    (the files written, the signed rendered files that are not byte for byte those: differing, missing, or
-    listed in ``rendered_files`` and not rendered by kvgate), both sorted. A signed render that differs does
+    (the files written, the signed files that are not byte for byte those: a signed file at a rendered path
+    that differs, or one listed in ``rendered_files`` that kvgate does not render), both sorted. A render the
+    bundle does not hold is no difference: nothing signed shows it. A signed render that differs does
     not follow from the evidence: it is never shown as the bundle's report."""
     mine = write_reports(report_id, bundle_dir, render_predicate(signed_predicate), out_dir)
-    differ = {f for f in mine if not (Path(bundle_dir) / f).is_file()
-              or (Path(bundle_dir) / f).read_bytes() != (Path(out_dir) / f).read_bytes()}
+    differ = {f for f in mine if (Path(bundle_dir) / f).is_file()
+              and (Path(bundle_dir) / f).read_bytes() != (Path(out_dir) / f).read_bytes()}
     listed = signed_predicate.get("rendered_files")
     differ |= set(listed) - set(mine) if isinstance(listed, list) else set()
     return mine, sorted(differ)
