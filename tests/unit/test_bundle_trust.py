@@ -316,18 +316,25 @@ def test_an_archive_whose_bundle_is_a_link_is_refused(tmp_path, keys):
 
 
 def test_a_deep_tree_is_walked_without_recursion(tmp_path):
-    """A hostile archive can nest thousands of directories: the one walk is iterative."""
+    """A hostile archive can nest thousands of directories: the one walk is iterative. The tree is removed
+    here, bottom up: pytest's own clean-up (shutil.rmtree) would recurse past the limit on it."""
     from harness.report.bundle import tree_entries
 
     d = tmp_path / "deep"
-    p = str(d)
-    os.mkdir(p)
-    for _ in range(1100):  # deeper than Python's recursion limit; os.makedirs would itself recurse
-        p += "/a"
-        os.mkdir(p)
-    p = Path(p)
-    (p / "f").write_text("x")
-    files, empty = tree_entries(d)
-    assert files == ["a/" * 1100 + "f"] and empty == []
-    (p / "f").unlink()
-    assert tree_entries(d)[1] == ["/".join(["a"] * 1100)]
+    depth = 1100  # deeper than Python's recursion limit; os.makedirs would itself recurse
+    paths = [str(d)]
+    for _ in range(depth):
+        paths.append(paths[-1] + "/a")
+    try:
+        for p in paths:
+            os.mkdir(p)
+        Path(paths[-1], "f").write_text("x")
+        files, empty = tree_entries(d)
+        assert files == ["a/" * depth + "f"] and empty == []
+        Path(paths[-1], "f").unlink()
+        assert tree_entries(d)[1] == ["/".join(["a"] * depth)]
+    finally:
+        Path(paths[-1], "f").unlink(missing_ok=True)
+        for p in reversed(paths):
+            if os.path.isdir(p):
+                os.rmdir(p)
