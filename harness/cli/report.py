@@ -26,7 +26,7 @@ from ..report.charts import compare_svg
 from ..report.compare import compare_predicates, outcome_changes, render_html, render_markdown
 from ..report.cosign import SignersResult, signer_view, verify_signers
 from ..report.keyring import ROLES, keyring_from_pubkeys, load_keyring
-from ..report.render import render_predicate, signed_render_differences, to_csv_bytes, write_reports
+from ..report.render import confined, render_predicate, signed_render_differences, to_csv_bytes, write_reports
 from ..safeio import InputFileError, decode_utf8, parse_json
 from .exits import EXIT_NO, EXIT_OK
 
@@ -145,11 +145,12 @@ def cmd_report(args) -> int:
             render_pred["rerender_notice"] = ("Re-rendered by kvgate report: the verdicts re-evaluated from the raw "
                                               "data differ from the signed ones: " + "; ".join(re.differences))
         with tempfile.TemporaryDirectory(prefix="kvgate-rerender-") as td:
-            differ = signed_render_differences(rid, d, pred, Path(td))[1]
+            mine, differ = signed_render_differences(rid, d, pred, Path(td))
+        held = sum(1 for f in mine if (d / f).is_file())
         out = Path(args.out) if args.out else Path(f"{rid}-report")
         out.mkdir(parents=True, exist_ok=True)
         files = write_reports(rid, d, render_pred, out)
-        (out / "reevaluation.json").write_text(json.dumps({
+        confined(out, "reevaluation.json").write_text(json.dumps({
             "report_id": rid, "same": re.same, "differences": re.differences,
             "overall_signed": re.overall_signed, "overall_reevaluated": re.overall_reevaluated,
             "gates": [{"gate_id": c.gate_id, "source": c.source, "signed": (c.signed or {}).get("outcome"),
@@ -161,7 +162,7 @@ def cmd_report(args) -> int:
                   + (f" and {len(differ) - 8} more" if len(differ) > 8 else "")
                   + " (the signed copies are not evidence; read the re-rendered ones)")
         else:
-            print("signed reports: IDENTICAL to kvgate's render of the verified files")
+            print(f"signed reports: IDENTICAL to kvgate's render of the verified files ({held} compared)")
         if re.same:
             print(f"verdicts: SAME as signed (overall {re.overall_signed})")
             return EXIT_NO if differ else EXIT_OK
