@@ -62,6 +62,9 @@ def cmd_library_build(args) -> int:
     res = build_library(args.dirs, args.out, _trusted(args, required=True))
     for e in res.entries:
         status = "verified" if e["status"] == "verified" else f"FAILED verification: {e['reason']}"
+        if e.get("signed_render_differs"):
+            status += (f" (its signed {', '.join(e['signed_render_differs'][:4])} differ from kvgate's render "
+                       "of its files: the site links kvgate's)")
         print(f"  {e['report_id']}: {status}  ({', '.join(res.sources.get(e['report_id'], []))})")
     n_failed = len(res.failed)
     print(f"wrote {res.site}: {len(res.entries)} bundles, {len(res.entries) - n_failed} verified"

@@ -3,16 +3,18 @@ data, re-render offline) and ``compare BUNDLE_A BUNDLE_B`` (delta table and char
 
 ``verify``: 0 every file matches and every named key signed (with ``--keyring``: every signature judged, none
 refused, each ``--require-role`` present); 1 it does not; 2 usage, an unreadable key, a bad keyring (FILE:LINE).
-``report``: 0 verified and the re-evaluated verdicts equal the signed ones; 1 verification failed (nothing is
-re-rendered) or the verdicts differ (the report says what differs); 2 usage / bundle error.
+``report``: 0 verified, the re-evaluated verdicts equal the signed ones and every signed rendered file (report.html,
+report.md, tables, charts, junit.xml) is byte for byte kvgate's render of the verified files; 1 verification failed
+(nothing is re-rendered), the verdicts differ (the report says what differs) or a signed render differs (named);
+2 usage / bundle error.
 ``compare``: 0 written; 1 a bundle failed verification; 2 usage / bundle error (harness.cli.exits).
 """
 
 from __future__ import annotations
 
-import filecmp
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from ..errors import BundleError
@@ -25,7 +27,7 @@ from ..report.compare import compare_predicates, outcome_changes, render_html, r
 from ..report.cosign import SignersResult, signer_view, verify_signers
 from ..report.keyring import ROLES, keyring_from_pubkeys, load_keyring
 from ..report.predicate import check_predicate
-from ..report.render import to_csv_bytes, write_reports
+from ..report.render import confined, render_predicate, signed_render_differences, to_csv_bytes, write_reports
 from ..safeio import InputFileError, decode_utf8, parse_json
 from .exits import EXIT_NO, EXIT_OK
 
@@ -135,7 +137,7 @@ def cmd_report(args) -> int:
             s = (c.signed or {}).get("outcome", "—")
             n = (c.reevaluated or {}).get("outcome", "—")
             print(f"  {c.gate_id}: signed {s}, re-evaluated {n} ({c.source})" + ("" if c.same else "  DIFFERS"))
-        render_pred = {k: v for k, v in pred.items() if k not in ("report_id", "rendered_files", "created_utc")}
+        render_pred = render_predicate(pred)
         render_pred["verdicts"] = re.verdicts_for_render()
         if len(signers.signatures) > 1 or args.keyring:  # else the signed copy's text already says it all
             render_pred["rerender_signers"] = {"signatures": signer_view(signers.signatures),
@@ -144,23 +146,28 @@ def cmd_report(args) -> int:
             render_pred["overall"] = re.overall_reevaluated or pred.get("overall")
             render_pred["rerender_notice"] = ("Re-rendered by kvgate report: the verdicts re-evaluated from the raw "
                                               "data differ from the signed ones: " + "; ".join(re.differences))
+        with tempfile.TemporaryDirectory(prefix="kvgate-rerender-") as td:
+            mine, differ = signed_render_differences(rid, d, pred, Path(td))
+        held = sum(1 for f in mine if (d / f).is_file())
         out = Path(args.out) if args.out else Path(f"{rid}-report")
         out.mkdir(parents=True, exist_ok=True)
         files = write_reports(rid, d, render_pred, out)
-        (out / "reevaluation.json").write_text(json.dumps({
+        confined(out, "reevaluation.json").write_text(json.dumps({
             "report_id": rid, "same": re.same, "differences": re.differences,
             "overall_signed": re.overall_signed, "overall_reevaluated": re.overall_reevaluated,
             "gates": [{"gate_id": c.gate_id, "source": c.source, "signed": (c.signed or {}).get("outcome"),
                        "reevaluated": (c.reevaluated or {}).get("outcome"), "differences": c.differences}
                       for c in re.checks]}, indent=1) + "\n")
-        signed_files = set(pred.get("rendered_files", []))
-        same_files = [f for f in files if f in signed_files and filecmp.cmp(d / f, out / f, shallow=False)]
-        differ = [f for f in files if f in signed_files and f not in same_files]
-        print(f"re-rendered {len(files)} files into {out}: {len(same_files)} identical to the signed copies"
-              + (f", differing: {', '.join(differ)}" if differ else ""))
+        print(f"re-rendered {len(files)} files into {out}")
+        if differ:
+            print(f"signed reports: DIFFER from kvgate's render of the verified files: {', '.join(differ[:8])}"
+                  + (f" and {len(differ) - 8} more" if len(differ) > 8 else "")
+                  + " (the signed copies are not evidence; read the re-rendered ones)")
+        else:
+            print(f"signed reports: IDENTICAL to kvgate's render of the verified files ({held} compared)")
         if re.same:
             print(f"verdicts: SAME as signed (overall {re.overall_signed})")
-            return EXIT_OK
+            return EXIT_NO if differ else EXIT_OK
         print("verdicts: DIFFER from the signed ones:")
         for line in re.differences:
             print(f"  {line}")

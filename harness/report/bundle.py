@@ -1,10 +1,13 @@
 """Signed report bundles: files + an in-toto Statement v1 in a DSSE envelope, signed with Ed25519.
 
-Layout of a bundle directory ``KVG-YYYYMMDD-xxxxxxxx/``:
-  attestation.dsse.json   DSSE envelope; its payload is the in-toto statement (base64)
+Layout of a bundle directory ``KVG-YYYYMMDD-<64 hex>/``:
+  attestation.dsse.json   DSSE envelope; its payload is the in-toto statement (base64, canonical JSON)
   signatures/*.dsse.json  signing records of co-signatures (harness.report.dsse, kvgate cosign); not subjects
-  <every other file>      one subject each in the statement, with its sha256
-The report ID is derived from the sha256 of the statement payload, so it names exactly one content.
+  <every other file>      one subject each in the statement, with its sha256; regular files only
+The report ID (kvgate-report-id/v2) is ``KVG-<date of created_utc>-<sha256 of the ID core>``, the core being
+every subject's sha256 taken with the bundle's own ID replaced by ID_PLACEHOLDER (the rendered reports print
+the ID) and the predicate without ``report_id``: the ID names exactly one content, every byte of every file,
+and a verifier derives it from the files (docs/evidence.md, "What a report ID binds").
 The bundle is assembled under a temporary name and renamed into place only when complete.
 """
 
@@ -15,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -33,8 +37,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from ..errors import BundleError
 from ..safeio import (MAX_JSON_BYTES, MAX_KEY_BYTES, InputFileError, check_keys, decode_utf8, json_type, parse_json,
                       read_bytes)
-from .dsse import (PAYLOAD_TYPE, STATEMENT_KEYS, STATEMENT_TYPE, check_signing_records, decode_signatures,
-                   is_record_path, key_fingerprint, pae, read_envelope_file, write_signing_record)
+from .dsse import (PAYLOAD_TYPE, SIGNATURES_DIR, STATEMENT_KEYS, STATEMENT_TYPE, check_signing_records,
+                   decode_signatures, is_record_path, key_fingerprint, pae, read_envelope_file, write_signing_record)
 from .dsse import canonical as _canonical
 
 PREDICATE_TYPE = "https://kvgate.dev/acceptance-report/v1"
@@ -104,32 +108,178 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _list_files(root: Path) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            p = Path(dirpath) / fn
-            if p.is_symlink():
-                raise BundleError(f"{p}: symlinks are not allowed in a bundle")
-            out.append(p.relative_to(root).as_posix())
-    return sorted(out)
+def walk_tree(root: Path) -> Iterator[tuple[str, int]]:
+    """Every entry under ``root`` (bundle-relative path, lstat mode), directories before what they hold, names
+    sorted; no link is followed (a link to a directory is an entry, never descended) and nothing is opened.
+    Iterative: a deeply nested tree is walked, not a RecursionError."""
+    root = Path(root)
+    stack: list[tuple[str, list[os.DirEntry]]] = []
+
+    def listing(rel: str) -> list[os.DirEntry]:
+        try:
+            with os.scandir(root / rel if rel else root) as it:
+                return sorted(it, key=lambda e: e.name, reverse=True)
+        except OSError as exc:
+            raise BundleError(f"{rel or root}: cannot list: {exc.strerror or exc}") from None
+
+    stack.append(("", listing("")))
+    while stack:
+        rel, entries = stack[-1]
+        if not entries:
+            stack.pop()
+            continue
+        e = entries.pop()
+        r = f"{rel}/{e.name}" if rel else e.name
+        try:
+            mode = e.stat(follow_symlinks=False).st_mode
+        except OSError as exc:
+            raise BundleError(f"{r}: cannot stat: {exc.strerror or exc}") from None
+        yield r, mode
+        if stat.S_ISDIR(mode):
+            stack.append((r, listing(r)))
 
 
-def evidence_digest(subjects: list[dict], predicate: dict[str, Any]) -> str:
-    """sha256 of the evidence part of a statement: every subject except the rendered reports, and the
-    predicate without the fields that carry the ID. The report ID is derived from it, so the rendered
-    reports can print the ID and still be signed subjects themselves."""
-    rendered = set(predicate.get("rendered_files", []))
-    core = {
-        "subject": [s for s in subjects if s["name"] not in rendered],
-        "predicate": {k: v for k, v in predicate.items() if k not in ("report_id", "rendered_files")},
-    }
-    return hashlib.sha256(_canonical(core)).hexdigest()
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def entry_kind(mode: int) -> str:
+    """What a non-regular, non-directory entry is, in words."""
+    return next((word for test, word in _KINDS if test(mode)), f"a special file (mode {stat.S_IFMT(mode):o})")
+
+
+def _check_name(rel: str) -> None:
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BundleError(f"{rel!r}: a file name that is not UTF-8") from None
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in rel):
+        raise BundleError(f"{rel!r}: a file name with a control character")
+
+
+def tree_entries(root: str | Path) -> tuple[list[str], list[str]]:
+    """(regular files, empty directories) of a bundle tree, bundle-relative and sorted: the one walk that
+    verify, report, cosign, the library and the writer share. A bundle holds regular files and the directories
+    above them, nothing else: a symbolic link (to a directory or a file), a FIFO, a socket or a device anywhere,
+    or a name that is not plain UTF-8 text, is a BundleError naming it. Nothing is opened and no link followed.
+    The empty directories listed are the innermost ones (a directory with no file under it), except an empty
+    top-level ``signatures/`` (the signing-record area, checked by harness.report.dsse)."""
+    root = Path(root)
+    files: list[str] = []
+    dirs: list[str] = []
+    for rel, mode in walk_tree(root):
+        _check_name(rel)
+        if stat.S_ISREG(mode):
+            files.append(rel)
+        elif stat.S_ISDIR(mode):
+            dirs.append(rel)
+        else:
+            raise BundleError(f"{rel}: {entry_kind(mode)}, not a regular file (a bundle holds only regular files and "
+                              "their directories)")
+    holding = {"/".join(f.split("/")[:i]) for f in files for i in range(1, f.count("/") + 1)}
+    # an empty top-level signatures/ is the record area with no record yet (cosign may leave it so): allowed
+    empty = [d for d in dirs if d not in holding and d != SIGNATURES_DIR]
+    # a directory with an empty one below it has an empty child on the way: the innermost are no one's parent
+    parents = {d.rpartition("/")[0] for d in empty}
+    innermost = [d for d in empty if d not in parents]
+    return sorted(files), sorted(innermost)
+
+
+def empty_dir_refusal(rel: str) -> str:
+    return f"{rel}/: an empty directory (a bundle holds only the files its statement names)"
+
+
+def tree_files(root: str | Path, empty_dirs: str = "refuse") -> list[str]:
+    """The regular files of :func:`tree_entries`; a directory with no file under it is refused
+    (``empty_dirs="refuse"``), left alone (``"ignore"``) or removed (``"remove"``: the writer's own run
+    directory)."""
+    files, empty = tree_entries(root)
+    if empty and empty_dirs == "refuse":
+        raise BundleError(empty_dir_refusal(empty[0]))
+    if empty_dirs == "remove":
+        for d in empty:
+            shutil.rmtree(Path(root) / d)  # holds directories only: checked by the walk
+    return files
+
+
+# --------------------------------------------------------------------------- the report ID
+
+#: kvgate-report-id/v2: ``KVG-<YYYYMMDD of created_utc>-<64 hex: the whole sha256 of the ID core>``
+ID_SCHEME = "kvgate-report-id/v2"
+RID_RE = re.compile(r"^KVG-\d{8}-[0-9a-f]{64}\Z")
+OLD_RID_RE = re.compile(r"^KVG-\d{8}-[0-9a-f]{8}\Z")
+#: what a bundle's own report ID is replaced with before its files are hashed for the ID (same shape)
+ID_PLACEHOLDER = "KVG-00000000-" + "0" * 64
+CREATED_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\Z")
+
+
+def is_report_id(text: Any) -> bool:
+    """Whether ``text`` is a report ID of the current format (a safe file name: letters, digits, dashes)."""
+    return isinstance(text, str) and bool(RID_RE.match(text))
+
+
+def old_id_refusal(rid: str) -> str:
+    return (f"{rid}: an older report ID format (8 hex digits, which left the rendered reports out of the ID); "
+            f"this kvgate verifies only {ID_SCHEME} IDs (KVG-YYYYMMDD-<64 hex>): verify it with the kvgate "
+            "that wrote it, or sign its run again")
+
+
+class PlaceholderFound(BundleError):
+    pass
+
+
+def scan_file(path: Path, report_id: str | None, rel: str | None = None) -> tuple[str, str]:
+    """(sha256 of the file, sha256 of the file with every occurrence of ``report_id`` replaced by
+    ID_PLACEHOLDER), in one streamed pass; a file that holds the placeholder itself is refused
+    (PlaceholderFound), so the replacement can be undone and the ID names one content."""
+    ph = ID_PLACEHOLDER.encode()
+    rid = report_id.encode() if report_id else None
+    n = len(ph)
+    raw, norm = hashlib.sha256(), hashlib.sha256()
+    pending = b""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(_CHUNK)
+            raw.update(chunk)
+            pending += chunk
+            if ph in pending:
+                raise PlaceholderFound(f"{rel or path}: holds the report ID placeholder {ID_PLACEHOLDER}")
+            # bytes before ``safe`` cannot begin an occurrence that runs past the end of what was read
+            safe = len(pending) if not chunk else max(len(pending) - (n - 1), 0)
+            pos = 0
+            while rid is not None:
+                i = pending.find(rid, pos)
+                if i < 0 or i >= safe:
+                    break
+                norm.update(pending[pos:i])
+                norm.update(ph)
+                pos = i + n
+            cut = max(pos, safe)
+            norm.update(pending[pos:cut])
+            pending = pending[cut:]
+            if not chunk:
+                break
+    return raw.hexdigest(), norm.hexdigest()
+
+
+def id_core(normalized: list[tuple[str, str]], predicate: dict[str, Any]) -> bytes:
+    """The bytes whose sha256 is the report ID's digest: canonical JSON (sorted keys, no whitespace, ASCII) of
+    ``{"scheme", "subject": [{name, digest: {sha256: <normalized sha256>}}] in name order, "predicate": the
+    predicate without report_id}``."""
+    return _canonical({
+        "scheme": ID_SCHEME,
+        "subject": [{"name": name, "digest": {"sha256": h}} for name, h in sorted(normalized)],
+        "predicate": {k: v for k, v in predicate.items() if k != "report_id"},
+    })
 
 
 def report_id_for(digest_hex: str, created_utc: str) -> str:
-    return f"KVG-{created_utc[:10].replace('-', '')}-{digest_hex[:8]}"
+    """``KVG-<YYYYMMDD>-<digest>``: the date of ``created_utc`` and the whole sha256 of the ID core."""
+    return f"KVG-{created_utc[:10].replace('-', '')}-{digest_hex}"
+
+
+def derive_report_id(normalized: list[tuple[str, str]], predicate: dict[str, Any]) -> str:
+    return report_id_for(hashlib.sha256(id_core(normalized, predicate)).hexdigest(), predicate["created_utc"])
 
 
 def _copy_hashing(src: Path, dst: Path) -> str:
@@ -154,15 +304,18 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
                  clock: Callable[[], time.struct_time] = time.gmtime) -> BundleInfo:
     """Sign every file under ``run_dir`` into a bundle under ``out_dir``.
 
-    The files go into a hidden temporary directory beside the final one: copied and hashed in one pass, or,
-    with ``move=True``, the run directory itself is renamed there (no copy; on any failure it is renamed
-    back). ``render`` (given the report ID and that directory) may then write reports that print the ID.
-    ``clock`` gives ``created_utc`` (a seam for tests that need bundles of different dates).
+    The files go into a hidden temporary directory beside the final one: copied, or, with ``move=True``, the
+    run directory itself is renamed there (no copy; on any failure it is renamed back). A symbolic link or a
+    special file in the run directory is refused; empty directories are left out. ``render`` (given a report
+    ID and that directory) may then write reports that print the ID: it is called twice, first with
+    ID_PLACEHOLDER (the files the ID is derived from), then with the derived ID, and the written bundle is
+    checked to derive that same ID (docs/evidence.md, "What a report ID binds"). ``clock`` gives
+    ``created_utc`` (a seam for tests that need bundles of different dates).
     The directory is renamed into place (and tarred) only after the envelope is written.
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = [f for f in _list_files(run_dir) if f != ENVELOPE]
+    files = [f for f in tree_files(run_dir, empty_dirs="ignore") if f != ENVELOPE]
     if any(is_record_path(f) for f in files):
         raise BundleError(f"{run_dir}: a top-level signatures/ is reserved for signing records")
     created = clock()
@@ -175,25 +328,36 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
         except OSError:
             pass  # another filesystem: copy instead
     try:
-        subjects = []
+        if moved:
+            tree_files(tmp, empty_dirs="remove")
+        digests: dict[str, str] = {}
         for rel in files:
-            if moved:
-                digest = sha256_file(tmp / rel)
-            else:
+            if not moved:
                 dst = tmp / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                digest = _copy_hashing(run_dir / rel, dst)
-            subjects.append({"name": rel, "digest": {"sha256": digest}})
+                shutil.copyfile(run_dir / rel, dst)
+            digests[rel] = scan_file(tmp / rel, None, rel)[0]
         pred = dict(predicate, created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", created), rendered_files=[])
-        report_id = report_id_for(evidence_digest(subjects, pred), pred["created_utc"])
-        rendered = sorted(render(report_id, tmp)) if render else []
+        rendered = sorted(render(ID_PLACEHOLDER, tmp)) if render else []
         for rel in rendered:
-            if rel in files:
+            if rel in digests:
                 raise BundleError(f"rendered file {rel} would replace an evidence file")
-            subjects.append({"name": rel, "digest": {"sha256": sha256_file(tmp / rel)}})
-        subjects.sort(key=lambda s: s["name"])
         pred["rendered_files"] = rendered
+        # The rendered files as written with the placeholder are what the verifier gets back from the final
+        # ones by replacing the ID with the placeholder; evidence files hold neither (the placeholder is
+        # refused above, and the ID is a digest of them).
+        report_id = derive_report_id(list(digests.items()) + [(rel, sha256_file(tmp / rel)) for rel in rendered],
+                                     pred)
+        if render and sorted(render(report_id, tmp)) != rendered:
+            raise BundleError("the renderer wrote other files for the report ID than for its placeholder")
+        normalized = dict(digests)
+        for rel in rendered:
+            digests[rel], normalized[rel] = scan_file(tmp / rel, report_id, rel)
+        if derive_report_id(list(normalized.items()), pred) != report_id:
+            raise BundleError("the rendered reports print the report ID other than verbatim: the ID would not "
+                              "follow from the files")
         pred["report_id"] = report_id
+        subjects = [{"name": rel, "digest": {"sha256": digests[rel]}} for rel in sorted(digests)]
         statement = {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
                      "predicate": pred}
         payload = _canonical(statement)
@@ -213,16 +377,25 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
         os.rename(tmp, final)
     except BaseException:
         if moved:
-            keep = set(files)
-            for rel in _list_files(tmp):
-                if rel not in keep:  # half-written reports or envelope
-                    (tmp / rel).unlink()
+            _strip_to(tmp, set(files))
             os.rename(tmp, run_dir)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     tar_path = tar_bundle(final, out_dir / f"{report_id}.tar.gz") if make_tar else None
     return BundleInfo(final, tar_path, report_id)
+
+
+def _strip_to(root: Path, keep: set[str]) -> None:
+    """Remove what signing added to a moved run directory (half-written reports, the envelope): every entry
+    but the ``keep`` files, and the directories left empty."""
+    entries = list(walk_tree(root))
+    for rel, mode in entries:
+        if not stat.S_ISDIR(mode) and rel not in keep:
+            (root / rel).unlink()
+    for rel, mode in reversed(entries):
+        if stat.S_ISDIR(mode) and not any(k.startswith(rel + "/") for k in keep):
+            shutil.rmtree(root / rel, ignore_errors=True)
 
 
 def tar_bundle(bundle_dir: Path, tar_path: Path) -> Path:
@@ -269,7 +442,7 @@ def extract_archive(tar: Path, into: Path, max_bytes: int | None = None) -> Path
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise BundleError(f"{tar}: not a readable bundle archive: {exc}") from None
     entries = list(Path(into).iterdir())
-    if len(entries) != 1 or not entries[0].is_dir():
+    if len(entries) != 1 or entries[0].is_symlink() or not entries[0].is_dir():
         raise BundleError(f"{tar}: archive must hold exactly one bundle directory")
     return entries[0]
 
@@ -323,6 +496,11 @@ def check_statement(st: Any, name: str) -> None:
             raise InputFileError(name, None, f"subject[{i}]: digest.sha256 is not 64 lowercase hex digits")
     if not isinstance(pred, dict) or not isinstance(pred.get("created_utc"), str):
         raise InputFileError(name, None, "statement: predicate must be an object with created_utc")
+    if not CREATED_RE.match(pred["created_utc"]):
+        raise InputFileError(name, None, f"predicate.created_utc {pred['created_utc']!r} is not YYYY-MM-DDTHH:MM:SSZ")
+    rendered = pred.get("rendered_files", [])
+    if not isinstance(rendered, list) or not all(isinstance(r, str) and r in seen for r in rendered):
+        raise InputFileError(name, None, "predicate.rendered_files must list subjects of the statement")
 
 
 @dataclass(frozen=True)
@@ -340,8 +518,9 @@ def _fail(msg: str, report_id: str | None = None, statement=None) -> VerifyResul
 
 def verify_bundle(path: str | Path, pubkey_path: str | Path | None = None,
                   public_key: Ed25519PublicKey | None = None) -> VerifyResult:
-    """Check the signature, then every subject digest; reject missing and extra files; check every signing
-    record under ``signatures/``."""
+    """Check the signature, the statement (canonical, a current-format report ID), the tree (regular files
+    only, no empty directory), every subject's digest, no missing or extra file, the report ID derived from
+    the files, and every signing record under ``signatures/``."""
     if public_key is None:
         public_key = load_public_key(pubkey_path)  # type: ignore[arg-type]
     return _verify(Path(path), public_key)
@@ -385,36 +564,50 @@ def _verify(path: Path, public_key: Ed25519PublicKey | None) -> VerifyResult:
     try:
         statement = parse_json(decode_utf8(payload, name), name)
         check_statement(statement, name)
-        subjects = statement["subject"]
-        pred = statement["predicate"]
-        report_id = report_id_for(evidence_digest(subjects, pred), pred["created_utc"])
     except InputFileError as exc:
         return _fail(f"malformed statement: {exc}")
-    if pred.get("report_id") != report_id:
-        return _fail(f"{ENVELOPE}: report ID {pred.get('report_id')!r} does not match the statement digest "
-                     f"({report_id})", report_id, statement)
-    expected = {s["name"]: s["digest"]["sha256"] for s in subjects}
+    subjects, pred = statement["subject"], statement["predicate"]
+    claimed = pred.get("report_id")
+    if not is_report_id(claimed):
+        if isinstance(claimed, str) and OLD_RID_RE.match(claimed):
+            return _fail(old_id_refusal(claimed), None, statement)
+        return _fail(f"{ENVELOPE}: predicate.report_id {str(claimed)[:80]!r} is not a report ID "
+                     "(KVG-YYYYMMDD-<64 hex>)", None, statement)
+    if _canonical(statement) != payload:
+        # the ID hashes the predicate as canonical JSON: what was signed must be exactly those bytes
+        return _fail(f"{ENVELOPE}: the statement is not canonical JSON (sorted keys, no whitespace, ASCII)",
+                     claimed, statement)
     try:
-        present = [f for f in _list_files(path) if f != ENVELOPE and not is_record_path(f)]
-    except Exception as exc:  # noqa: BLE001 - e.g. a symlink planted in the bundle
-        return _fail(str(exc), report_id, statement)
+        present, empty = tree_entries(path)
+    except BundleError as exc:  # a link, a FIFO, a device, an odd name
+        return _fail(str(exc), claimed, statement)
+    present = [f for f in present if f != ENVELOPE and not is_record_path(f)]
+    expected = {s["name"]: s["digest"]["sha256"] for s in subjects}
+    have = set(present)
+    normalized = []
     for rel in sorted(expected):
-        p = path / rel
+        if rel not in have:
+            if (path / rel).is_dir():
+                return _fail(f"{rel}: a directory, not a regular file (a signed subject is a file)", claimed, statement)
+            return _fail(f"{rel}: missing from bundle", claimed, statement)
         try:
-            mode = p.lstat().st_mode
-        except OSError:
-            return _fail(f"{rel}: missing from bundle", report_id, statement)
-        if not stat.S_ISREG(mode):
-            return _fail(f"{rel}: not a regular file (a signed subject is a file)", report_id, statement)
-        try:
-            digest = sha256_file(p)
+            digest, norm = scan_file(path / rel, claimed, rel)
+        except PlaceholderFound as exc:
+            return _fail(str(exc), claimed, statement)
         except OSError as exc:
-            return _fail(f"{rel}: cannot read: {exc.strerror or exc}", report_id, statement)
+            return _fail(f"{rel}: cannot read: {exc.strerror or exc}", claimed, statement)
         if digest != expected[rel]:
-            return _fail(f"{rel}: sha256 does not match the signed statement", report_id, statement)
-    extra = sorted(set(present) - set(expected))
+            return _fail(f"{rel}: sha256 does not match the signed statement", claimed, statement)
+        normalized.append((rel, norm))
+    extra = sorted(have - set(expected))
     if extra:
-        return _fail(f"{extra[0]}: file not in the signed statement", report_id, statement)
+        return _fail(f"{extra[0]}: file not in the signed statement", claimed, statement)
+    if empty:
+        return _fail(empty_dir_refusal(empty[0]), claimed, statement)
+    report_id = derive_report_id(normalized, pred)
+    if claimed != report_id:
+        return _fail(f"{ENVELOPE}: report ID {claimed} does not match its content (the files and the predicate "
+                     f"derive {report_id})", claimed, statement)
     if path.name.startswith("KVG-") and path.name != report_id:
         return _fail(f"bundle directory name {path.name} does not match report ID {report_id}", report_id, statement)
     try:

@@ -11,12 +11,17 @@ place only when complete:
                              the reason, and counted in a banner at the top.
   SITE/library.json          the index as data; ``check_library`` re-derives it
   SITE/keyring.yaml          the keys the site was verified with (public keys inline)
-  SITE/bundles/<ID>.tar.gz   every bundle, as found (or packed from its directory)
-  SITE/bundles/<ID>/         verified bundles, unpacked, so their report.html opens from the index
+  SITE/bundles/<ID>.tar.gz   every bundle, as found (or packed from its directory): downloaded, never shown
+  SITE/reports/<ID>/         kvgate's own render (report.html, report.md, tables, charts) of each verified
+                             acceptance bundle, from its verified files and signed predicate: what the
+                             index links. A signed report.html is never published as a page of the site
+                             (it could show PASS over FAIL evidence, or carry script); the row says when the
+                             signed renders differ from kvgate's. Cost bundles are not re-rendered here (their
+                             renderer lives above this layer): their signed report.html is shown escaped in a
+                             sandboxed frame of a page of kvgate's (no script, nothing fetched).
 
-Failed bundles are published only as archives: their report.html is not signed content and is not linked.
 The page is a pure function of library.json, the keyring and kvgate's templates, so ``check_library``
-re-verifies every bundle and re-renders the page byte for byte.
+re-verifies every bundle, re-renders every report and the page, and compares them byte for byte.
 
 Bad input is a BundleError (one line) before anything is written: a ``KVG-…`` directory without an
 envelope, an archive that is not a bundle, two bundles with the same ID and different content, a DIR with
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import html
 import html.parser
 import io
 import json
@@ -46,24 +52,30 @@ import jinja2
 
 from ..errors import BundleError
 from ..paths import data_path
-from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_text
-from .bundle import ENVELOPE, extract_archive, read_envelope, sha256_file, tar_bundle
+from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_bytes, read_text
+from .bundle import (ENVELOPE, OLD_RID_RE, RID_RE, entry_kind, extract_archive, read_envelope, sha256_file, tar_bundle,
+                     walk_tree)
 from .cosign import TAR_SUFFIX, SignersResult, verify_signers
 from .keyring import KeyEntry, Keyring, load_keyring
 from .library_charts import trend_charts
 from .predicate import check_predicate
-from .render import fmt_value
+from .render import fmt_value, signed_render_differences
 
 FORMAT = "kvgate-library/v1"
 LIBRARY_JSON = "library.json"
 INDEX = "index.html"
 KEYRING = "keyring.yaml"
 BUNDLES = "bundles"
-RID_RE = re.compile(r"^KVG-\d{8}-[0-9a-f]{8}$")
+REPORTS = "reports"
 COST_KIND = "kvgate-cost/v1"
 COST_FIGURES = ("net_usd_per_month", "break_even_hit_rate", "capacity_tb", "throughput_gain")
 OUTCOMES = ("PASS", "FAIL", "STOP", "ERROR", "INVALID", "INFO", "SKIPPED")
 UNVERIFIED = "NOT VERIFIED"
+
+
+def _named_like_a_bundle(name: str) -> bool:
+    """A report ID of this kvgate, or of the older format (found, then listed as failing verification)."""
+    return bool(RID_RE.match(name) or OLD_RID_RE.match(name))
 
 
 # --------------------------------------------------------------------------- finding bundles
@@ -81,21 +93,21 @@ class Copy:
 
 
 def _tree(d: Path) -> dict[str, str]:
-    """Bundle-relative path -> what it is: ``F <sha256>`` for a regular file (hashed in chunks), ``L <target>``
-    for a symlink, ``S <mode>`` for anything else (a FIFO or device is never opened)."""
+    """Bundle-relative path -> what it is: ``F <sha256>`` for a regular file (hashed in chunks), ``D`` for a
+    directory, ``L <target>`` for a symlink (to a file or a directory: never followed), ``S <kind>`` for
+    anything else (a FIFO or device is never opened). The walk is harness.report.bundle's, the one every
+    reader of a bundle shares."""
     out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(d):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            p = Path(dirpath) / fn
-            rel = p.relative_to(d).as_posix()
-            mode = p.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                out[rel] = f"L {os.readlink(p)}"
-            elif stat.S_ISREG(mode):
-                out[rel] = f"F {sha256_file(p)}"
-            else:
-                out[rel] = f"S {stat.S_IFMT(mode):o}"
+    for rel, mode in walk_tree(d):
+        p = d / rel
+        if stat.S_ISLNK(mode):
+            out[rel] = f"L {os.readlink(p)}"
+        elif stat.S_ISREG(mode):
+            out[rel] = f"F {sha256_file(p)}"
+        elif stat.S_ISDIR(mode):
+            out[rel] = "D "
+        else:
+            out[rel] = f"S {entry_kind(mode)}"
     return out
 
 
@@ -138,7 +150,7 @@ def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Co
         copies.append(Copy(name, tar, d, tar))
 
     def add_dir(d: Path) -> None:
-        rid = d.name if RID_RE.match(d.name) else _statement_id(d)
+        rid = d.name if _named_like_a_bundle(d.name) else _statement_id(d)
         if rid is None:
             raise BundleError(f"{d}: not a bundle: no report ID (neither the directory name nor its statement)")
         copies.append(Copy(rid, d, d, None))
@@ -156,7 +168,7 @@ def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Co
         before = len(copies)
         if (top / ENVELOPE).is_file():
             add_dir(top)
-        elif RID_RE.match(top.name):
+        elif _named_like_a_bundle(top.name):
             raise BundleError(f"{top}: not a bundle: no {ENVELOPE}")
         else:
             for dirpath, dirnames, filenames in os.walk(top):
@@ -168,13 +180,13 @@ def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Co
                         continue
                     if (sub / ENVELOPE).is_file():
                         add_dir(sub)
-                    elif RID_RE.match(dn):
+                    elif _named_like_a_bundle(dn):
                         raise BundleError(f"{sub}: not a bundle: no {ENVELOPE}")
                     else:
                         keep.append(dn)
                 dirnames[:] = keep
                 for fn in sorted(filenames):
-                    if fn.endswith(TAR_SUFFIX) and RID_RE.match(fn[: -len(TAR_SUFFIX)]) and not fn.startswith("."):
+                    if fn.endswith(TAR_SUFFIX) and _named_like_a_bundle(fn[: -len(TAR_SUFFIX)]) and not fn.startswith("."):
                         add_archive(here / fn)
         if len(copies) == before:
             raise BundleError(f"{top}: no bundle found (expected KVG-… directories or KVG-….tar.gz archives)")
@@ -192,7 +204,7 @@ def _statement_id(d: Path) -> str | None:
         return None
     pred = st.get("predicate") if isinstance(st, dict) else None
     rid = pred.get("report_id") if isinstance(pred, dict) else None
-    return rid if isinstance(rid, str) and RID_RE.match(rid) else None
+    return rid if isinstance(rid, str) and _named_like_a_bundle(rid) else None
 
 
 def unique_copies(copies: list[Copy]) -> dict[str, list[Copy]]:
@@ -225,9 +237,53 @@ def _cost_figures(d: Path) -> dict[str, float]:
     return out
 
 
-def entry_for(rid: str, d: Path, res: SignersResult, content_sha256: str) -> dict[str, Any]:
+_SANDBOX_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<title>{rid}: the signed cost report, sandboxed</title>
+<style>body{{font-family:sans-serif;margin:1em}}iframe{{width:100%;height:85vh;border:1px solid #999}}</style>
+</head>
+<body>
+<p id="sandbox-note"><strong>{rid}</strong>: the bundle's signed <code>report.html</code> as its signer wrote it,
+shown in a sandbox (no script, nothing fetched, no access to this site). kvgate did not render it: the figures on
+the index come from the bundle's signed <code>tables/results.csv</code>, and the archive holds every signed
+file.</p>
+<iframe sandbox="" title="signed report of {rid}" srcdoc="{doc}"></iframe>
+</body>
+</html>
+"""
+
+
+def publish_report(rid: str, d: Path, res: SignersResult, into: Path) -> tuple[str | None, list[str] | None]:
+    """Write the report page the index links for a verified bundle into ``into``; (how it was made, the signed
+    rendered files that differ from kvgate's render). An acceptance bundle: kvgate's own render from its
+    verified files and signed predicate (``"kvgate render"``). A cost bundle (its renderer lives above this
+    layer): its signed report.html embedded, escaped, in a sandboxed frame of a page of kvgate's
+    (``"signed render, sandboxed"``), never a page of the site by itself. A bundle that failed verification:
+    nothing, (None, None)."""
+    if not res.ok:
+        return None, None
+    if res.statement["predicate"].get("kind") == COST_KIND:
+        try:
+            signed = read_bytes(d / "report.html", max_bytes=MAX_JSON_BYTES, what="signed report",
+                                follow_symlinks=False).decode("utf-8", errors="replace")
+        except InputFileError:
+            return None, None
+        into.mkdir(parents=True)
+        (into / "report.html").write_text(_SANDBOX_PAGE.format(rid=html.escape(rid),
+                                                               doc=html.escape(signed, quote=True)))
+        return "signed render, sandboxed", None
+    return "kvgate render", signed_render_differences(rid, d, res.statement["predicate"], into)[1]
+
+
+def entry_for(rid: str, d: Path, res: SignersResult, content_sha256: str,
+              published: tuple[str | None, list[str] | None] = (None, None)) -> dict[str, Any]:
     """The index row of one bundle (JSON data). Nothing from a bundle that failed verification but its ID
-    and the reason: unverified figures are not shown."""
+    and the reason: unverified figures are not shown. ``published``: what :func:`publish_report` wrote (the
+    row links it; never a signed page of the bundle itself)."""
+    shown, render_differs = published
     base = {"report_id": rid, "content_sha256": content_sha256, "archive": f"{BUNDLES}/{rid}{TAR_SUFFIX}"}
     if res.ok:
         try:  # verified, but a predicate of a shape this kvgate cannot read is listed as failed, with why
@@ -237,11 +293,11 @@ def entry_for(rid: str, d: Path, res: SignersResult, content_sha256: str) -> dic
     if not res.ok:
         return base | {"status": "failed", "reason": res.error, "signers": [c.as_dict() for c in res.signatures]}
     pred = res.statement["predicate"]
-    report_html = d / "report.html"
     entry = base | {
         "status": "verified", "reason": None, "created_utc": pred.get("created_utc"),
-        "report_html": f"{BUNDLES}/{rid}/report.html" if report_html.is_file() and not report_html.is_symlink()
-        else None,
+        "report_html": f"{REPORTS}/{rid}/report.html" if shown else None,
+        "report_shown": shown,
+        "signed_render_differs": render_differs,
         "signers": [c.as_dict() for c in res.signatures],
     }
     if pred.get("kind") == COST_KIND:
@@ -371,12 +427,16 @@ def build_library(dirs: list[str | Path], site: str | Path, trusted: list[KeyEnt
         copies = unique_copies(find_copies([Path(d) for d in dirs], work, skip=[site, stage]))
         out = stage / BUNDLES
         out.mkdir()
+        (stage / REPORTS).mkdir()
         entries, sources = [], {}
         for rid, cs in copies.items():
             first = next((c for c in cs if c.archive is None), cs[0])
-            try:  # one bundle that cannot be read is listed as failed; the build goes on with the others
-                entry = entry_for(rid, first.dir, verify_signers(first.dir, trusted=trusted), first.content_sha256)
+            try:  # one bundle that cannot be read or rendered is listed as failed; the build goes on
+                res = verify_signers(first.dir, trusted=trusted)
+                entry = entry_for(rid, first.dir, res, first.content_sha256,
+                                  publish_report(rid, first.dir, res, stage / REPORTS / rid))
             except (BundleError, InputFileError, OSError) as exc:
+                shutil.rmtree(stage / REPORTS / rid, ignore_errors=True)
                 entry = entry_for(rid, first.dir, SignersResult(False, None, None, " ".join(str(exc).split())),
                                   first.content_sha256)
             entries.append(entry)
@@ -387,8 +447,6 @@ def build_library(dirs: list[str | Path], site: str | Path, trusted: list[KeyEnt
                 tar_bundle(tree, out / f"{rid}{TAR_SUFFIX}")
             else:
                 shutil.copyfile(archive, out / f"{rid}{TAR_SUFFIX}")
-            if entry["status"] == "verified":
-                shutil.copytree(first.dir, out / rid, symlinks=True)
         shutil.rmtree(work)
         link_citations(entries)
         entries = order_entries(entries)
@@ -478,7 +536,8 @@ class CheckResult:
 
 def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> CheckResult:
     """Re-verify a published site: every bundle against the keys (default: the site's keyring.yaml), every
-    row of library.json re-derived, index.html re-rendered byte for byte, no stray or missing bundle,
+    row of library.json re-derived, every published report re-rendered from its verified archive and
+    compared byte for byte, index.html re-rendered byte for byte, no stray or missing bundle or report,
     every link resolving and nothing remote."""
     site = Path(site)
     try:
@@ -495,14 +554,15 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
         trusted = list(load_keyring(site / KEYRING).entries)
     problems: list[str] = []
     rids = [e.get("report_id") for e in recorded]
-    if any(not isinstance(r, str) or not RID_RE.match(r) for r in rids) or len(set(rids)) != len(rids):
+    if any(not isinstance(r, str) or not _named_like_a_bundle(r) for r in rids) or len(set(rids)) != len(rids):
         raise BundleError(f"{site}: {LIBRARY_JSON}: bad or duplicate report IDs")
-    expected = {f"{r}{TAR_SUFFIX}" for r in rids} | {e["report_id"] for e in recorded if e.get("status") == "verified"}
+    expected = {f"{r}{TAR_SUFFIX}" for r in rids}
     present = {p.name for p in (site / BUNDLES).iterdir()} if (site / BUNDLES).is_dir() else set()
     for name in sorted(present - expected):
         problems.append(f"{BUNDLES}/{name}: not in {LIBRARY_JSON}")
     for name in sorted(expected - present):
         problems.append(f"{BUNDLES}/{name}: missing")
+    rendered = {p.name for p in (site / REPORTS).iterdir()} if (site / REPORTS).is_dir() else set()
     entries = []
     with tempfile.TemporaryDirectory(prefix="kvgate-library-check-") as td:
         for i, rec in enumerate(recorded):
@@ -518,13 +578,22 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
                 entries.append(rec)
                 continue
             res = verify_signers(d, trusted=trusted)
-            entry = entry_for(rid, d, res, tree_digest(d))
-            if entry["status"] == "verified":
-                unpacked = site / BUNDLES / rid
-                if unpacked.is_dir() and tree_digest(unpacked) != entry["content_sha256"]:
-                    problems.append(f"{BUNDLES}/{rid}/: differs from {BUNDLES}/{rid}{TAR_SUFFIX} "
-                                    f"({_first_difference(unpacked, d)})")
+            mine = Path(td) / f"r{i}"
+            try:
+                entry = entry_for(rid, d, res, tree_digest(d), publish_report(rid, d, res, mine))
+            except (BundleError, InputFileError, OSError) as exc:
+                entry = entry_for(rid, d, SignersResult(False, None, None, " ".join(str(exc).split())), tree_digest(d))
+            published = site / REPORTS / rid
+            if entry.get("report_html") is not None:
+                rendered.discard(rid)
+                if not published.is_dir() or published.is_symlink():
+                    problems.append(f"{REPORTS}/{rid}/: missing")
+                elif tree_digest(published) != tree_digest(mine):
+                    problems.append(f"{REPORTS}/{rid}/: differs from what kvgate makes of {BUNDLES}/{rid}{TAR_SUFFIX} "
+                                    f"({_first_difference(published, mine)})")
             entries.append(entry)
+    for name in sorted(rendered):
+        problems.append(f"{REPORTS}/{name}: not a render of a verified bundle in {LIBRARY_JSON}")
     link_citations(entries)
     for rec, now in zip(recorded, entries):
         if (what := _difference(rec, now)) is not None:

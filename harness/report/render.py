@@ -3,7 +3,8 @@
 Everything here is a pure function of the bundle's evidence files (``gates/``, ``nodes/``, ``config/``) and
 the signed predicate (suite, verdicts, run times, kvgate version, signing key), so ``kvgate report`` can
 re-render a verified bundle offline and get the same bytes. Rendered files (listed in the predicate's
-``rendered_files``; they are signed subjects but not part of the evidence digest):
+``rendered_files``; signed subjects like every file, bound by the report ID with the ID itself replaced by a
+placeholder: harness.report.bundle):
 
   report.md, report.html     the report people read (both print the report ID; the HTML inlines its charts)
   junit.xml                  the verdicts as JUnit test cases (prints the report ID as a property)
@@ -11,6 +12,8 @@ re-render a verified bundle offline and get the same bytes. Rendered files (list
   tables/verdicts.csv        one row per gate
   tables/<gate>-<key>.csv    every per-stream / per-request / per-job / per-second series of a gate
   charts/<gate>-<kind>.svg   per-GPU bars, TTFT distributions, per-node time series
+  (a gate ID or key that is not a plain name is written through :func:`file_part`; every path is checked to
+  stay inside the output directory: :func:`confined`)
 
 Evidence keys the charts and tables read (a workload that records them gets them drawn):
   streams: [{node, label, gpu, read_gb_s, ...}]                    -> <gate>-streams.svg/.csv
@@ -36,6 +39,7 @@ import jinja2
 import pandas as pd
 from pydantic import ValidationError
 
+from ..errors import BundleError
 from ..parsers.rdma import rdma_devices
 from ..paths import data_path
 from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_bytes
@@ -48,6 +52,40 @@ from .predicate import check_predicate, finite
 TABLES_DIR = "tables"
 CHARTS_DIR = "charts"
 PER_STREAM_PREFIXES = ("per_gpu_", "per_stream_", "connector_read_gb_s")
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def file_part(name: Any) -> str:
+    """A name read from a bundle (a gate ID, an evidence key) as one part of a file name: letters, digits,
+    ``_ . -`` only, never starting with a dot; a name that had to change gets a short digest of itself, so two
+    names never share a file. Gate IDs and keys kvgate writes are unchanged."""
+    text = str(name)
+    safe = _UNSAFE.sub("_", text).lstrip(".")
+    if safe == text:
+        return text
+    return f"{safe[:48] or '_'}-{hashlib.sha256(text.encode(errors='replace')).hexdigest()[:8]}"
+
+
+def gate_dir_of(bundle_dir: Path, gate_id: Any) -> Path | None:
+    """``gates/<gate_id>`` of a bundle, or None when the gate ID is not a plain name (``../x`` would read
+    files outside the bundle, which no signature covers)."""
+    return Path(bundle_dir) / "gates" / gate_id if isinstance(gate_id, str) and file_part(gate_id) == gate_id \
+        else None
+
+
+def confined(out_dir: Path, rel: str) -> Path:
+    """``out_dir / rel`` with its directories made, refused (BundleError) unless it stays inside ``out_dir``
+    once every link is resolved: an output path built from bundle content never escapes the output."""
+    root = Path(out_dir).resolve()
+    p = Path(out_dir) / rel
+    if Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise BundleError(f"{rel}: would be written outside {out_dir}")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.is_symlink() or not p.parent.resolve().is_relative_to(root) or p.name in ("", ".", ".."):
+        raise BundleError(f"{out_dir}/{rel}: would be written outside {out_dir} (a link in the output directory?)")
+    return p
 
 
 def fmt_value(v: float | None, unit: str = "") -> str:
@@ -481,16 +519,16 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
     gates = []
     for v in verdicts:
         gid = v["gate_id"]
-        gate_dir = bundle_dir / "gates" / gid
-        result = _read_json(gate_dir / "result.json") or {}
+        gate_dir = gate_dir_of(bundle_dir, gid)
+        result = (_read_json(gate_dir / "result.json") if gate_dir else None) or {}
         g_tables = []
         for key, frame in gate_tables(v, gate_dir).items():
-            rel = f"{TABLES_DIR}/{gid}-{key}.csv"
+            rel = f"{TABLES_DIR}/{file_part(gid)}-{file_part(key)}.csv"
             tables[rel] = frame
             g_tables.append({"path": rel, "rows": len(frame), "key": key})
         g_charts = []
         for kind, (caption, svg) in gate_charts(v, gate_dir).items():
-            rel = f"{CHARTS_DIR}/{gid}-{kind}.svg"
+            rel = f"{CHARTS_DIR}/{file_part(gid)}-{kind}.svg"
             charts[rel] = svg
             g_charts.append({"path": rel, "kind": kind, "caption": caption, "id": f"chart-{gid}-{kind}"})
         started, finished = result.get("started_unix_s"), result.get("finished_unix_s")
@@ -605,12 +643,30 @@ def write_reports(report_id: str, bundle_dir: Path, predicate: dict[str, Any], o
     for rel, svg in r.charts.items():
         files[rel] = svg.encode()
     for rel, data in files.items():
-        p = out_dir / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
+        confined(out_dir, rel).write_bytes(data)
     return sorted(files)
 
 
 def render_bundle_reports(report_id: str, staging: Path, predicate: dict[str, Any]) -> list[str]:
     """The render hook of :func:`harness.report.bundle.write_bundle`: write every report file into the staging bundle."""
     return write_reports(report_id, Path(staging), predicate)
+
+
+def render_predicate(signed_predicate: dict[str, Any]) -> dict[str, Any]:
+    """The predicate a run renders its reports from: the signed one without what write_bundle adds."""
+    return {k: v for k, v in signed_predicate.items() if k not in ("report_id", "rendered_files", "created_utc")}
+
+
+def signed_render_differences(report_id: str, bundle_dir: Path, signed_predicate: dict[str, Any],
+                              out_dir: Path) -> tuple[list[str], list[str]]:
+    """Render a verified bundle into ``out_dir`` from its files and signed predicate, as its run did; return
+    (the files written, the signed files that are not byte for byte those: a signed file at a rendered path
+    that differs, or one listed in ``rendered_files`` that kvgate does not render), both sorted. A render the
+    bundle does not hold is no difference: nothing signed shows it. A signed render that differs does
+    not follow from the evidence: it is never shown as the bundle's report."""
+    mine = write_reports(report_id, bundle_dir, render_predicate(signed_predicate), out_dir)
+    differ = {f for f in mine if (Path(bundle_dir) / f).is_file()
+              and (Path(bundle_dir) / f).read_bytes() != (Path(out_dir) / f).read_bytes()}
+    listed = signed_predicate.get("rendered_files")
+    differ |= set(listed) - set(mine) if isinstance(listed, list) else set()
+    return mine, sorted(differ)

@@ -151,9 +151,9 @@ def test_library_build_and_check(world):
     assert es[b1.name]["gates"][0]["gate_id"] == "G1" and es[b1.name]["overall"] == "PASS"
     r = kvgate("library", "check", site, "--keyring", world["ring"], home=home)
     assert r.returncode == 0 and r.stdout.startswith(f"OK {site}: 3 bundles re-verified"), r.stdout + r.stderr
-    (site / "bundles" / b1.name / "verdicts.json").write_text("{}")
+    (site / "reports" / b1.name / "report.md").write_text("# PASS\n")
     r = kvgate("library", "check", site, "--keyring", world["ring"], home=home)
-    assert r.returncode == 1 and f"MISMATCH bundles/{b1.name}/: differs from" in r.stdout
+    assert r.returncode == 1 and f"MISMATCH reports/{b1.name}/: differs from what kvgate makes of" in r.stdout
 
 
 def one_line_error(r) -> str:

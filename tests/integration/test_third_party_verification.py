@@ -132,3 +132,72 @@ def test_the_statement_and_records_are_in_toto_statements_v1(cosigned):
                    {**doc, "subject": [{"name": "x"}]}, {**doc, "_type": "https://in-toto.io/Statement/v0.1"}):
         with pytest.raises((json_format.ParseError, ValueError)):
             intoto_validate(json.dumps(broken).encode())
+
+
+def third_party_report_id(bundle_dir) -> str:
+    """The report ID derived as docs/evidence.md ("What a report ID binds") says, with hashlib and json only:
+    no kvgate code. Raises AssertionError where a verifier must refuse."""
+    import hashlib
+    import os
+    import re
+    import stat
+
+    env = json.loads((bundle_dir / ENVELOPE).read_text())
+    payload = base64.b64decode(env["payload"], validate=True)
+    st = json.loads(payload)
+    assert json.dumps(st, sort_keys=True, separators=(",", ":")).encode() == payload, "payload not canonical"
+    pred = st["predicate"]
+    rid = pred["report_id"]
+    assert re.fullmatch(r"KVG-\d{8}-[0-9a-f]{64}", rid) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ",
+                                                                         pred["created_utc"])
+    placeholder = b"KVG-00000000-" + b"0" * 64
+    files, dirs_with_files, dirs = set(), set(), set()
+    for dirpath, dirnames, filenames in os.walk(bundle_dir):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, bundle_dir).replace(os.sep, "/")
+            mode = os.lstat(p).st_mode
+            if stat.S_ISDIR(mode):
+                dirs.add(rel)
+            else:
+                assert stat.S_ISREG(mode), f"{rel}: not a regular file"
+                files.add(rel)
+                parts = rel.split("/")
+                dirs_with_files.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    assert dirs <= dirs_with_files, "an empty directory"
+    named = {s["name"] for s in st["subject"]}
+    assert files - {ENVELOPE} - {f for f in files if f.startswith("signatures/")} == named
+    core_subjects = []
+    for s in sorted(st["subject"], key=lambda s: s["name"]):
+        data = (bundle_dir / s["name"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == s["digest"]["sha256"]
+        assert placeholder not in data
+        core_subjects.append({"name": s["name"], "digest": {"sha256": hashlib.sha256(
+            data.replace(rid.encode(), placeholder)).hexdigest()}})
+    core = {"scheme": "kvgate-report-id/v2", "subject": core_subjects,
+            "predicate": {k: v for k, v in pred.items() if k != "report_id"}}
+    digest = hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    derived = f"KVG-{pred['created_utc'][:10].replace('-', '')}-{digest}"
+    assert derived == rid, f"claimed {rid}, derived {derived}"
+    return derived
+
+
+def test_a_third_party_derives_the_report_id_from_every_byte(cosigned, tmp_path):
+    """The documented derivation, implemented here without kvgate, gives the bundle's ID; changing any file
+    (the rendered report.html included) and re-hashing it into the statement derives another ID."""
+    _, info, _ = cosigned
+    assert third_party_report_id(info.path) == info.report_id == info.path.name
+    assert info.report_id in (info.path / "report.html").read_text()  # the reports print the ID they bind
+    copy = shutil.copytree(info.path, tmp_path / "copy")
+    html = copy / "report.html"
+    html.write_text(html.read_text().replace("FAIL", "PASS"))
+    env = json.loads((copy / ENVELOPE).read_text())
+    st = json.loads(base64.b64decode(env["payload"]))
+    import hashlib
+    for s in st["subject"]:
+        if s["name"] == "report.html":
+            s["digest"]["sha256"] = hashlib.sha256(html.read_bytes()).hexdigest()
+    env["payload"] = base64.b64encode(json.dumps(st, sort_keys=True, separators=(",", ":")).encode()).decode()
+    (copy / ENVELOPE).write_text(json.dumps(env))
+    with pytest.raises(AssertionError, match="claimed"):
+        third_party_report_id(copy)

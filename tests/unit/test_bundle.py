@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import tarfile
 
@@ -35,7 +36,7 @@ def test_roundtrip_dir_and_tar(bundle):
         assert res.ok, res.error
         assert res.report_id == info.report_id
     assert (info.path / "report.md").read_text() == f"# {info.report_id}\n"
-    assert info.report_id.startswith("KVG-") and len(info.report_id) == len("KVG-20261130-1a2b3c4d")
+    assert re.fullmatch(r"KVG-\d{8}-[0-9a-f]{64}", info.report_id)
     assert not [p for p in info.path.parent.iterdir() if p.name.startswith(".incomplete")]
 
 

@@ -16,7 +16,7 @@ from harness.errors import BundleError
 from harness.report.keyring import KeyEntry, load_keyring
 from harness.report.library import build_library, check_library, link_problems
 
-MISSING = "KVG-20250101-deadbeef"
+MISSING = "KVG-20250101-" + "deadbeef" * 8
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,9 @@ def test_every_bundle_is_listed_and_verified(lib):
     # files: every bundle as an archive; verified ones unpacked too; the twin (dir + tar) is one bundle
     for rid, e in es.items():
         assert (site / "bundles" / f"{rid}.tar.gz").is_file()
-        assert (site / "bundles" / rid).is_dir() == (e["status"] == "verified")
+        # only kvgate's own render of a verified acceptance bundle is published; no signed tree is unpacked
+        assert not (site / "bundles" / rid).exists()
+        assert (site / "reports" / rid / "report.html").is_file() == (e["status"] == "verified")
     assert sorted(lib["res"].sources[fx[0].report_id]) == sorted([str(fx[0].path), str(fx[0].tar_path)])
     assert not [p for p in site.parent.iterdir() if p.name.startswith(".")]
 
@@ -87,8 +89,8 @@ def test_the_index_page(lib):
     assert re.findall(r"url\((?!#)", page) == [] and "@import" not in page
     assert f'id="row-{bad.report_id}"' in page and "FAILED: verdicts.json: sha256 does not match" in page
     assert 'id="failed-banner"' in page
-    assert f'href="bundles/{fx[0].report_id}/report.html"' in page
-    assert f'href="bundles/{bad.report_id}/report.html"' not in page
+    assert f'href="reports/{fx[0].report_id}/report.html"' in page
+    assert f'/{bad.report_id}/report.html"' not in page
     assert f'class="cites-link" href="#row-{fx[0].report_id}"' in page
     assert f'class="cited-by-link" href="#row-{cost.report_id}"' in page
     assert f"{MISSING} (not here)" in page
@@ -112,7 +114,8 @@ def site_copy(lib, tmp_path):
 def test_check_finds_a_tampered_bundle_page_or_file(lib, site_copy):
     fx = lib["fx"]
     rid = fx[1].report_id
-    (site_copy / "bundles" / rid / "verdicts.json").write_text("{}")
+    html = site_copy / "reports" / rid / "report.html"
+    html.write_text(html.read_text().replace("FAIL", "PASS"))
     (site_copy / "bundles" / "stray.txt").write_text("x")
     (site_copy / "bundles" / f"{fx[2].report_id}.tar.gz").unlink()
     page = site_copy / "index.html"
@@ -120,7 +123,7 @@ def test_check_finds_a_tampered_bundle_page_or_file(lib, site_copy):
     res = check_library(site_copy, lib["trusted"])
     text = "\n".join(res.problems)
     assert not res.ok
-    assert f"bundles/{rid}/: differs from bundles/{rid}.tar.gz (verdicts.json)" in text
+    assert f"reports/{rid}/: differs from what kvgate makes of bundles/{rid}.tar.gz (report.html)" in text
     assert "bundles/stray.txt: not in library.json" in text
     assert f"bundles/{fx[2].report_id}.tar.gz: missing" in text
     assert "index.html: differs from the page re-rendered" in text

@@ -152,7 +152,7 @@ def signed_envelope(d: Path, statement: object) -> Path:
     signature are what is under test."""
     key, pub = bundle.generate_keypair(d / "k")
     private = bundle.load_private_key(key)
-    payload = json.dumps(statement).encode()
+    payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()  # canonical, as kvgate signs
     sig = private.sign(bundle.pae(bundle.PAYLOAD_TYPE, payload))
     b = d / "b"
     b.mkdir()
@@ -188,11 +188,11 @@ def test_a_signed_but_malformed_statement_fails_verification_by_name(tmp_path, s
 
 def test_verify_prints_a_signed_predicate_of_odd_types_without_crashing(tmp_path, capsys):
     """A predicate this kvgate did not write (other types) still verifies; verify prints it as data."""
-    from harness.report.bundle import evidence_digest, report_id_for
+    from harness.report.bundle import derive_report_id
 
     pred = {"created_utc": "2026-01-01T00:00:00Z", "rendered_files": [], "signing_key": "k",
             "verdicts": ["x", {"gate_id": "G1", "actual": "fast"}], "input_report_ids": 3}
-    pred["report_id"] = report_id_for(evidence_digest([], pred), pred["created_utc"])
+    pred["report_id"] = derive_report_id([], pred)
     b, pub = signed_envelope(tmp_path, {"_type": bundle.STATEMENT_TYPE, "predicateType": bundle.PREDICATE_TYPE,
                                         "subject": [], "predicate": pred})
     assert cli.main(["verify", str(b), "--pubkey", str(pub), "-v"]) == 0
