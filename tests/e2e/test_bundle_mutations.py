@@ -16,9 +16,8 @@ The commands run in-process through ``harness.cli.main`` (tests/hostile_fixture.
 fixed seed (``derandomize``), no example database, and a bounded number of examples per property; the
 per-example ``deadline`` is a hang guard well above what an example takes, not a timing target.
 
-Mutation kinds another helper's branch (issue21-bundles) fixes are in their own tests, marked xfail
-(strict=False) with that reason: a symlinked directory inside a bundle (the tree walk), and an evidence key
-that walks out of ``--out`` (output path confinement).
+Two mutation kinds have their own tests: a symlinked directory inside a bundle (the one tree walk refuses
+it) and an evidence key that walks out of ``--out`` (every output path is confined).
 """
 
 from __future__ import annotations
@@ -343,8 +342,6 @@ def test_a_tampered_archive_is_refused_in_one_line(base):
     prop()
 
 
-@pytest.mark.xfail(strict=False, reason="issue21-bundles: a symlinked directory in a bundle passes verify today "
-                                        "(os.walk lists it and never descends); that branch's tree walk refuses it")
 @pytest.mark.timeout(600)
 def test_a_symlinked_directory_in_a_bundle_is_refused(base):
     @settings(max_examples=4, **SETTINGS)
@@ -484,8 +481,6 @@ def test_signed_raw_evidence_of_any_shape_is_answered_in_one_line(base):
     prop()
 
 
-@pytest.mark.xfail(strict=False, reason="issue21-bundles: report writes tables/<gate>-<evidence key>.csv, and a "
-                                        "key with ../ walks out of --out; that branch confines every output path")
 @pytest.mark.timeout(600)
 def test_a_signed_evidence_key_never_writes_outside_out(base):
     @settings(max_examples=4, **SETTINGS)
