@@ -278,6 +278,16 @@ def publish_report(rid: str, d: Path, res: SignersResult, into: Path) -> tuple[s
     return "kvgate render", signed_render_differences(rid, d, res.statement["predicate"], into)[1]
 
 
+def readable(res: SignersResult) -> SignersResult:
+    """A verified bundle whose predicate is of a shape this kvgate cannot read is a failed one, with why."""
+    if res.ok:
+        try:
+            check_predicate(res.statement["predicate"], f"{ENVELOPE} payload")
+        except InputFileError as exc:
+            return SignersResult(False, res.report_id, res.statement, str(exc), res.signatures)
+    return res
+
+
 def entry_for(rid: str, d: Path, res: SignersResult, content_sha256: str,
               published: tuple[str | None, list[str] | None] = (None, None)) -> dict[str, Any]:
     """The index row of one bundle (JSON data). Nothing from a bundle that failed verification but its ID
@@ -285,11 +295,7 @@ def entry_for(rid: str, d: Path, res: SignersResult, content_sha256: str,
     row links it; never a signed page of the bundle itself)."""
     shown, render_differs = published
     base = {"report_id": rid, "content_sha256": content_sha256, "archive": f"{BUNDLES}/{rid}{TAR_SUFFIX}"}
-    if res.ok:
-        try:  # verified, but a predicate of a shape this kvgate cannot read is listed as failed, with why
-            check_predicate(res.statement["predicate"], f"{ENVELOPE} payload")
-        except InputFileError as exc:
-            res = SignersResult(False, res.report_id, res.statement, str(exc), res.signatures)
+    res = readable(res)
     if not res.ok:
         return base | {"status": "failed", "reason": res.error, "signers": [c.as_dict() for c in res.signatures]}
     pred = res.statement["predicate"]
@@ -432,7 +438,7 @@ def build_library(dirs: list[str | Path], site: str | Path, trusted: list[KeyEnt
         for rid, cs in copies.items():
             first = next((c for c in cs if c.archive is None), cs[0])
             try:  # one bundle that cannot be read or rendered is listed as failed; the build goes on
-                res = verify_signers(first.dir, trusted=trusted)
+                res = readable(verify_signers(first.dir, trusted=trusted))
                 entry = entry_for(rid, first.dir, res, first.content_sha256,
                                   publish_report(rid, first.dir, res, stage / REPORTS / rid))
             except (BundleError, InputFileError, OSError) as exc:
@@ -577,7 +583,7 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
                 problems.append(str(exc))
                 entries.append(rec)
                 continue
-            res = verify_signers(d, trusted=trusted)
+            res = readable(verify_signers(d, trusted=trusted))
             mine = Path(td) / f"r{i}"
             try:
                 entry = entry_for(rid, d, res, tree_digest(d), publish_report(rid, d, res, mine))

@@ -216,8 +216,10 @@ def test_library_build_lists_a_misshapen_bundle_as_failed_and_goes_on(tmp_path, 
     assert lib[num.report_id]["reason"] == ("attestation.dsse.json payload: predicate.suite.name: expected a string "
                                             "or null, got a number")
     assert lib[lst.report_id]["status"] == "failed" and "predicate.verdicts[0].gate_id" in lib[lst.report_id]["reason"]
-    assert not (tmp_path / "site" / "bundles" / num.report_id).exists()  # only verified bundles are unpacked
-    assert (tmp_path / "site" / "bundles" / good.report_id / "verdicts.json").is_file()
+    # kvgate's own render is published for the verified bundle only; every bundle is there as its archive
+    assert (tmp_path / "site" / "reports" / good.report_id / "report.html").is_file()
+    assert not (tmp_path / "site" / "reports" / num.report_id).exists()
+    assert not (tmp_path / "site" / "reports" / lst.report_id).exists()
 
 
 def test_compare_markdown_escapes_metric_names_and_notes():
