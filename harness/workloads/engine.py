@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
 from ..parsers.prometheus import Sample, parse_prometheus
 from ..transport.local import free_port
-from .base import GateContext
+from .base import GateContext, write_gate_file
 
 # Prints a free TCP port of the node's loopback (the kernel picks it); run with the engine's interpreter.
 FREE_PORT_CODE = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
@@ -137,7 +137,7 @@ def stage_engine_files(ctx: GateContext, transport: Any, profile: EngineProfile,
     if not res.ok:
         return f"could not create directories on {transport.name}: {res.summary()}", None
     local_dir.mkdir(parents=True, exist_ok=True)
-    (local_dir / "model-config.json").write_text(json.dumps(model_cfg, indent=1))
+    write_gate_file(local_dir / "model-config.json", json.dumps(model_cfg, indent=1))
     transport.put(local_dir / "model-config.json", v["model_config"])
     if profile.program:
         transport.put(program_file(profile.program), v["program"])
@@ -301,7 +301,8 @@ class LaunchedEngine:
     def _start(self) -> str | None:
         label = self.labels[min(len(self.processes), len(self.labels) - 1)]
         eng = EngineProcess(self.ctx, self.transport, self.profile, self.argv, self.env, self.base_url,
-                            posixpath.join(self.run_dir, f"engine-{label}.log"), self.ctx.gate_dir / f"engine-{label}.log")
+                            posixpath.join(self.run_dir, f"engine-{label}.log"),
+                            self.ctx.gate_dir / f"engine-{label}.log")
         self.processes.append(eng)
         return start_engine(eng, label)
 

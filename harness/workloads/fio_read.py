@@ -30,7 +30,8 @@ from ..units import parse_size_bytes
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..writeguard import CREATED_SUFFIX, check_write, path_probe_argv, probe_path
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
-                   Workload, WorkloadResult, drop_caches, nvmeof_device, register_workload, target_path)
+                   Workload, WorkloadResult, drop_caches, nvmeof_device, register_workload, target_path,
+                   write_gate_file)
 
 # kind -> fn(transport, steps, target) -> device path; other modules register NVMe-oF resolvers here.
 TARGET_RESOLVERS: dict[str, Callable[[Any, Any, Any], str]] = {}
@@ -355,7 +356,7 @@ class FioRead(Workload):
         ev = FioReadEvidence(ioengine=p.ioengine, direct=p.direct, rw=p.rw, bs_bytes=p.bs_bytes, iodepth=p.iodepth,
                              numjobs=p.numjobs, runtime_s=p.runtime_s, ramp_s=p.ramp_s, time_based=_time_based(p),
                              nodes=nodes, streams=streams, node_errors=group.failed)
-        (ctx.gate_dir / "streams.json").write_text(json.dumps([s.model_dump(mode="json") for s in streams], indent=1))
+        write_gate_file(ctx.gate_dir / "streams.json", json.dumps([s.model_dump(mode="json") for s in streams], indent=1))
         return evaluate_fio_read(ev)
 
     def _run_node(self, ctx: GateContext, node) -> tuple[FioNodeEvidence, list[StreamRow]]:
@@ -403,15 +404,15 @@ class FioRead(Workload):
             rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
         job = self._job(p, node, path, total, cpulists)
         local_job = ndir / "job.fio"
-        local_job.write_text(job)
+        write_gate_file(local_job, job)
         remote_job = _job_path(node, ctx.gate.id)
         tr.put(local_job, remote_job)
         ctx.progress(f"{ctx.gate.id} {node.name}: fio {node.stream_count} stream(s) x {p.numjobs} job(s) on {path}, "
                      f"{p.ramp_s:g}+{p.runtime_s:g} s")
         r = steps.run(tr, "fio", ("fio", "--output-format=json", remote_job),
                       timeout_s=p.ramp_s + p.runtime_s + 120)
-        (ndir / "fio.json").write_text(r.stdout)
-        (ndir / "fio.stderr").write_text(r.stderr)
+        write_gate_file(ndir / "fio.json", r.stdout)
+        write_gate_file(ndir / "fio.stderr", r.stderr)
         if not r.ok:
             raise WorkloadError(f"fio failed: {r.summary()}")
         run = parse_fio_json(r.stdout)
@@ -444,7 +445,7 @@ class FioRead(Workload):
         rec.write_guard = decision.as_dict()
         ndir = ctx.gate_dir / tr.name
         ndir.mkdir(parents=True, exist_ok=True)
-        (ndir / "write-guard.json").write_text(decision.to_json())
+        write_gate_file(ndir / "write-guard.json", decision.to_json())
         if not decision.allowed:
             raise WorkloadError(decision.refusal())
         marker = path + CREATED_SUFFIX

@@ -26,7 +26,7 @@ from ..parsers.g3series import (NodeSeries, PortRate, aggregate, cross_check_por
                                 nodes_completed, parse_reader_output, rate_series, start_skew_s)
 from ..units import parse_size_bytes
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel, Workload,
-                   WorkloadResult, drop_caches, register_workload, target_path, write_summary)
+                   WorkloadResult, drop_caches, register_workload, target_path, write_summary, write_gate_file)
 
 LMCACHE_HEADER_BYTES = 28  # LMCache's fs connector: RemoteMetadata before each chunk's bytes
 MANIFEST = "kvgate-manifest.json"
@@ -351,8 +351,8 @@ class G3SharedRead(Workload):
                 continue
             ndir = nodes_dir / name
             ndir.mkdir(parents=True, exist_ok=True)
-            (ndir / "reader.jsonl").write_text(run.stdout)
-            (ndir / "reader.stderr").write_text(run.stderr)
+            write_gate_file(ndir / "reader.jsonl", run.stdout)
+            write_gate_file(ndir / "reader.stderr", run.stderr)
             info: dict[str, Any] = run.as_dict()
             try:
                 out = parse_reader_output(run.stdout, name, applied[name],

@@ -56,7 +56,7 @@ from ..paths import data_path
 from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
 from ..units import parse_size_bytes
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
-                   Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary)
+                   Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary, write_gate_file)
 from .engine import node_engine_python
 
 # The reader's environment: one hash seed for every process (LMCache's builtin chunk hash), no telemetry.
@@ -742,8 +742,8 @@ class KvRead(Workload):
             raise WorkloadError("LMCache config rejected: "
                                 + "; ".join(f"{'.'.join(map(str, k))}: {m}" for k, m in issues))
         spec = self._spec(ctx, node, s, cpulists, f"/sys/dev/block/{dev.maj_min}/stat" if dev else None)
-        (nd / "spec.json").write_text(json.dumps(spec, indent=1))
-        (nd / "lmcache.yaml").write_text(f"# written by kvgate for LMCache {s['profile'].lmcache.version}\n"
+        write_gate_file(nd / "spec.json", json.dumps(spec, indent=1))
+        write_gate_file(nd / "lmcache.yaml", f"# written by kvgate for LMCache {s['profile'].lmcache.version}\n"
                                          + _yaml(s["lmcache"]))
         tr.put(program_path("kv_reader.py"), s["program"])
         tr.put(nd / "spec.json", s["spec"])
@@ -752,8 +752,8 @@ class KvRead(Workload):
         ctx.progress(f"{ctx.gate.id} {node.name}: laying out {sz.kv_bytes / 1e9:.3f} GB of KV through LMCache "
                      f"{p.backend} in {s['pool']}")
         r = steps.run(tr, "kv-layout", self._argv(s, "layout"), timeout_s=p.layout_timeout_s, env=READER_ENV)
-        (nd / "layout.json").write_text(r.stdout)
-        (nd / "layout.stderr").write_text(r.stderr)
+        write_gate_file(nd / "layout.json", r.stdout)
+        write_gate_file(nd / "layout.stderr", r.stderr)
         try:
             lay = parse_layout(r.stdout)
         except WorkloadError as exc:
@@ -772,8 +772,8 @@ class KvRead(Workload):
             rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
         ctx.progress(f"{ctx.gate.id} {node.name}: {node.stream_count} reader(s) retrieving through LMCache")
         r = steps.run(tr, "kv-read", self._argv(s, "read"), timeout_s=p.read_timeout_s + 600, env=READER_ENV)
-        (nd / "read.json").write_text(r.stdout)
-        (nd / "read.stderr").write_text(r.stderr)
+        write_gate_file(nd / "read.json", r.stdout)
+        write_gate_file(nd / "read.stderr", r.stderr)
         try:
             run = parse_read(r.stdout)
         except WorkloadError as exc:
@@ -790,7 +790,7 @@ class KvRead(Workload):
         job_streams = [(st["label"], [f for pr in st["prompts"] for f in by_prompt.get(pr, [])], st["cpus"])
                        for st in spec["streams"]]
         job = fio_job(job_streams, p.fio)
-        (nd / "kv-fio.job").write_text(job)
+        write_gate_file(nd / "kv-fio.job", job)
         tr.put(nd / "kv-fio.job", s["fio_job"])
         if p.drop_caches:
             drop = drop_caches(ctx, tr, "fio-drop-caches", timeout_s=300)
@@ -800,8 +800,8 @@ class KvRead(Workload):
         r = steps.run(tr, "fio", ("fio", "--output-format=json", s["fio_job"]),
                       timeout_s=max(600.0, sz.kv_bytes / 20e6))
         b1 = steps.run(tr, "fio-blockstat-after", pool_blockstat_argv(s["pool"]), timeout_s=30)
-        (nd / "fio.json").write_text(r.stdout)
-        (nd / "fio.stderr").write_text(r.stderr)
+        write_gate_file(nd / "fio.json", r.stdout)
+        write_gate_file(nd / "fio.stderr", r.stderr)
         rec.fio_device_read_bytes = read_bytes_between(_pool_stat(b0), _pool_stat(b1))
         if not r.ok:
             raise WorkloadError(f"fio failed: {r.summary()}")

@@ -34,7 +34,7 @@ from ..rigs.loopback import (INTEGRITY_LEN_BYTES, IntegrityResult, Loopback, Loo
                              roundtrip_integrity)
 from ..writeguard import check_write, path_probe_argv
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, nvmeof_device,
-                   register_workload)
+                   register_workload, write_gate_file)
 from .fio_read import TARGET_RESOLVERS
 
 TARGET_RESOLVERS.setdefault("nvmeof-loopback", resolve_loopback_device)
@@ -139,7 +139,7 @@ class NvmeIntegrity(Workload):
                     errors.append(f"{name}: {exc}")
                     continue
                 ev.nodes = {**ev.nodes, name: d}
-                (ctx.gate_dir / f"{name}-integrity.json").write_text(json.dumps(d, indent=1))
+                write_gate_file(ctx.gate_dir / f"{name}-integrity.json", json.dumps(d, indent=1))
                 if err:
                     errors.append(f"{name}: {err}")
                 continue
@@ -157,7 +157,7 @@ class NvmeIntegrity(Workload):
                 continue
             d = res.as_dict()
             ev.nodes = {**ev.nodes, name: d}
-            (ctx.gate_dir / f"{name}-integrity.json").write_text(json.dumps(d, indent=1))
+            write_gate_file(ctx.gate_dir / f"{name}-integrity.json", json.dumps(d, indent=1))
             failed = [c for c in res.checks if c.error]
             if failed:
                 errors.append(f"{name}: " + "; ".join(f"{c.direction}: {c.error}" for c in failed))
@@ -179,7 +179,7 @@ def _run_nvmeof(ctx: GateContext, name: str, node, t, tr) -> tuple[dict[str, Any
                            serial=t.serial, purpose=f"integrity pattern through NVMe-oF target {t.name} ({t.nqn})")
     ndir = ctx.gate_dir / name
     ndir.mkdir(parents=True, exist_ok=True)
-    (ndir / "write-guard.json").write_text(decision.to_json())
+    write_gate_file(ndir / "write-guard.json", decision.to_json())
     if not decision.allowed:
         res = IntegrityResult((), dev, "", decision)
         d = {**res.as_dict(), "ok": False, "nvmeof": nvmeof, "namespace_write_guard": decision.as_dict()}

@@ -33,7 +33,7 @@ from ..engines.prompts import make_prompts
 from ..execute.fanout import fan_out
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
-                   target_path, write_summary)
+                   target_path, write_summary, write_gate_file)
 from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_preflight, engine_values,
                      fallback_reason, model_config_issues, node_engine_python, pool_contents, pool_files_argv,
                      profile_issues, stage_engine_files, start_engine)
@@ -235,7 +235,7 @@ class R3CrossInstance(Workload):
         ev = R3Evidence(engine_profile=prof.name, writer=writer, reader=reader, run_tag=tag, kv_bytes_per_token=bpt,
                         expected_kv_bytes=expected, prompts=len(prompts), prompt_tokens=list(p.prompt_tokens),
                         seed=p.seed)
-        (ctx.gate_dir / "prompts.json").write_text(json.dumps([{"id": r.request_id, "ids": r.prompt} for r in prompts]))
+        write_gate_file(ctx.gate_dir / "prompts.json", json.dumps([{"id": r.request_id, "ids": r.prompt} for r in prompts]))
 
         # 1. Per node: a free loopback port, directories, model config, LMCache YAML, the engine program, prompts.
         def prepare(name: str, role: str) -> dict[str, Any]:
@@ -325,7 +325,7 @@ class R3CrossInstance(Workload):
             out = json.loads(res.stdout.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError) as exc:
             raise RuntimeError(f"{role} client on {name}: unparseable output ({exc})") from None
-        (ctx.gate_dir / f"requests-{role}.json").write_text(json.dumps(out["records"], indent=1))
-        (ctx.gate_dir / f"metrics-{role}-before.prom").write_text(out["metrics_before"])
-        (ctx.gate_dir / f"metrics-{role}-after.prom").write_text(out["metrics_after"])
+        write_gate_file(ctx.gate_dir / f"requests-{role}.json", json.dumps(out["records"], indent=1))
+        write_gate_file(ctx.gate_dir / f"metrics-{role}-before.prom", out["metrics_before"])
+        write_gate_file(ctx.gate_dir / f"metrics-{role}-after.prom", out["metrics_after"])
         return out

@@ -376,3 +376,26 @@ def test_g2_engine_that_fell_back_is_invalid_quoting_its_log_and_is_not_read_bac
     # the warm-up prompt went first and is recorded apart from the measured requests
     warm = (ctx.gate_dir / "requests-warmup-recompute.jsonl").read_text().splitlines()
     assert len(warm) == 1 and json.loads(warm[0])["request_id"] not in (ctx.gate_dir / "requests-recompute.jsonl").read_text()
+
+
+def test_fio_reads_output_arriving_after_its_gate_ended_is_not_written_into_the_gate(tmp_path):
+    """The gate's time ran out while fio ran: what fio printed afterwards must not land in the gate's directory
+    (it would be signed into the bundle as if measured within the gate)."""
+    from harness.execute.cancel import GateEnded, guard_directory
+
+    cfg = local_suite(tmp_path)
+    fio_json = (FIX / "fio" / "io_uring_2groups_2jobs_grouped.json").read_text().replace('"gpu0"', '"stream0"') \
+        .replace('"gpu1"', '"stream1"')
+    inner = fio_node(fio_json)
+    ctx = context(cfg, "G1", {}, tmp_path)
+    guard_directory(ctx.gate_dir, ctx.cancel)
+
+    def handler(call):
+        if call.argv[:2] == ("fio", "--output-format=json"):
+            ctx.cancel.cancel("gate G1 timed out")  # the gate ends while fio runs
+        return inner.handler(call)
+
+    ctx.transports["localhost"] = ScriptedTransport(handler, name="localhost")
+    with pytest.raises(GateEnded):
+        WORKLOADS["fio-read"]().run(ctx)
+    assert not list(ctx.gate_dir.rglob("fio.json"))
