@@ -117,6 +117,21 @@ def gate_context(gate, params, nodes: dict[str, Any], scoped: dict[str, ScopedTr
                        http=http, nvmeof=nvmeof, clock=clock, cancel=cancel)
 
 
+def wait_interruptibly(done: threading.Event, timeout_s: float | None, step_s: float = 0.2) -> bool:
+    """Wait until ``done`` is set (or ``timeout_s`` passed) in short steps, so that Ctrl-C, SIGTERM and SIGHUP
+    reach the main thread while it waits. A process-directed signal may be delivered to any thread: one caught
+    by a worker thread only sets Python's flag, and a main thread blocked in one long wait never looks at it
+    (seen: kvgate sat out the 300 s of a gate after SIGINT). Between steps it does. An Event, not Thread.join:
+    a KeyboardInterrupt inside Thread.join marks a running thread stopped (CPython 3.11's bpo-45274 clean-up)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not done.is_set():
+        left = step_s if deadline is None else min(step_s, deadline - time.monotonic())
+        if left <= 0:
+            return False
+        done.wait(left)
+    return True
+
+
 def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransport],
                       progress: Callable[[str], None], still_running: list[str] | None = None) -> WorkloadResult:
     """Run one gate's workload, bounded by the gate's ``timeout_s``, and end the gate.
@@ -132,35 +147,39 @@ def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransp
     gate = ctx.gate
     box: dict[str, Any] = {}
 
+    finished = threading.Event()  # set when the workload returned (or raised), whatever the thread's state says
+
     def work() -> None:
         try:
-            box["result"] = workload.run(ctx)
-        except HarnessError as exc:
-            box["result"] = WorkloadResult(error=str(exc))
-        except Exception as exc:  # noqa: BLE001 - a bug in a workload is an ERROR verdict, with the trace on disk
             try:
-                write_gate_file(ctx.gate_dir / "traceback.txt", traceback.format_exc())
-            except GateEnded:  # recorded by the gate's token; the error below still says what happened
-                pass
-            box["result"] = WorkloadResult(error=f"internal error: {type(exc).__name__}: {exc}")
-        box["cut_short"] = ctx.cancel.is_set()  # it returned because its gate was stopped (deadline reached)
+                box["result"] = workload.run(ctx)
+            except HarnessError as exc:
+                box["result"] = WorkloadResult(error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - a bug in a workload is an ERROR verdict, with the trace on disk
+                try:
+                    write_gate_file(ctx.gate_dir / "traceback.txt", traceback.format_exc())
+                except GateEnded:  # recorded by the gate's token; the error below still says what happened
+                    pass
+                box["result"] = WorkloadResult(error=f"internal error: {type(exc).__name__}: {exc}")
+            box["cut_short"] = ctx.cancel.is_set()  # it returned because its gate was stopped (deadline reached)
+        finally:
+            finished.set()
 
     def join(grace_s: float) -> bool:
-        worker.join(grace_s)
-        if worker.is_alive() and still_running is not None:
+        if not wait_interruptibly(finished, grace_s) and still_running is not None:
             still_running.append(gate.id)
-        return not worker.is_alive()
+        return finished.is_set()
 
     worker = threading.Thread(target=work, name=f"gate-{gate.id}", daemon=True)
     worker.start()
     try:
-        worker.join(gate.timeout_s)
+        wait_interruptibly(finished, gate.timeout_s)
     except KeyboardInterrupt as exc:
         ctx.cancel.cancel(f"interrupted ({_stopped_by(exc)})")
         _stop_gate(scoped, f"gate {gate.id} interrupted ({_stopped_by(exc)})")
         join(STOP_GRACE_S)
         raise
-    if not worker.is_alive() and not box.get("cut_short"):
+    if finished.is_set() and not box.get("cut_short"):
         ctx.cancel.cancel("the gate ended")  # a thread the workload left behind writes nothing more here
         return box.get("result") or WorkloadResult(error="internal error: the workload ended without a result")
     reason = f"timed out after {gate.timeout_s:g} s"

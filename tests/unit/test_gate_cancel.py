@@ -166,3 +166,31 @@ def test_a_workload_that_does_not_stop_ends_the_run_without_a_bundle(tmp_path, m
     assert "U1 (its workload did not stop)" in out.verdicts[1].reason
     assert out.bundle is None and out.unstopped == ["U1"] and any("no bundle was written" in m for m in out.messages)
     assert not [d for d in (tmp_path / "out").iterdir() if d.name.startswith("KVG-")]
+
+
+def test_a_stop_signal_caught_by_a_worker_thread_still_reaches_the_waiting_main_thread():
+    """The kernel may deliver kvgate's SIGINT to any of its threads. Caught by a worker, it only sets Python's
+    flag; a main thread blocked in one long wait never looked at it (seen: kvgate sat out the 300 s of a gate
+    after SIGINT, 1 run in 12 under load). ``_thread.interrupt_main`` sets exactly that flag without waking the
+    main thread: the run's wait must notice it while the workload still runs."""
+    import _thread
+    import threading
+
+    from harness.suite.runner import wait_interruptibly
+    from signals import ctrl_c_raises
+
+    release, finished = threading.Event(), threading.Event()
+
+    def workload():
+        release.wait(30)
+        finished.set()
+
+    threading.Thread(target=workload, daemon=True).start()
+    timer = threading.Timer(0.3, _thread.interrupt_main)  # the flag only, as a signal caught by another thread
+    try:
+        with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
+            timer.start()
+            wait_interruptibly(finished, None)
+        assert not finished.is_set()  # interrupted while the gate's workload still ran, not after it ended
+    finally:
+        release.set()
