@@ -212,12 +212,7 @@ class EngineProcess:
     def fallbacks(self) -> list[LogMatch]:
         """The lines of this engine's log so far that say the KV tier silently did nothing (the built-in
         LMCache / vLLM fall-back and connector-failure lines, and the profile's own patterns)."""
-        self.fetch_log()
-        try:
-            text = self.local_log.read_text(errors="replace")
-        except OSError:
-            return []
-        return scan_fallbacks(text, self.profile.fallback_patterns)
+        return fallbacks_between(LogMark(0, ""), LogMark(1, self.log_text()), self.profile.fallback_patterns)
 
     def log_text(self) -> str | None:
         """The engine's log so far (fetched from the node), None when there is none yet."""
@@ -228,11 +223,8 @@ class EngineProcess:
             return None
 
     def log_tail(self, n: int = 40) -> str:
-        self.fetch_log()
-        try:
-            return "\n".join(self.local_log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no engine log)"
+        text = self.log_text()
+        return "(no engine log)" if text is None else "\n".join(text.splitlines()[-n:])
 
 
 @dataclass(frozen=True)
