@@ -241,6 +241,7 @@ class FakeEngine:
         return LogMark(self.process, self.log)
 
     def start_mark(self) -> LogMark:
+        self._call("start")
         return LogMark(self.process, "") if not self.persistent else LogMark(self.process, self.log)
 
     def forget(self) -> str | None:

@@ -99,17 +99,18 @@ class PhaseRunner:
 
     def open(self, parallel: bool = False) -> str | None:
         """Every engine ready to serve (in order, or all at once), or why not: the first failure's line(s)."""
-        return self._each(lambda h: h.open(), parallel, "engine did not start: ")
+        return self._each(lambda h: h.open(), parallel, "engine did not start: ", started=True)
 
     def forget(self) -> str | None:
         """Every engine loses its cached KV (stopped / the operator's restart), in order; the first error."""
-        return self._each(lambda h: h.forget(), False, "")
+        return self._each(lambda h: h.forget(), False, "", started=False)
 
     def resume(self) -> str | None:
         """Every engine serves again after ``forget``, in order; the first error."""
-        return self._each(lambda h: h.resume(), False, "")
+        return self._each(lambda h: h.resume(), False, "", started=True)
 
-    def _each(self, step: Callable[[EngineHandle], str | None], parallel: bool, prefix: str) -> str | None:
+    def _each(self, step: Callable[[EngineHandle], str | None], parallel: bool, prefix: str,
+              started: bool) -> str | None:
         if parallel and len(self.engines) > 1:
             res = fan_out(self.engines, lambda _n, h: step(h))
             why = [e for e in res.succeeded.values() if e] + list(res.failed.values())
@@ -120,8 +121,9 @@ class PhaseRunner:
                 err = step(h)
                 if err:
                     return err
-        for name, h in self.engines.items():
-            self._since[name] = h.start_mark()
+        if started:  # where each engine's fall-backs count from: its (re)start
+            for name, h in self.engines.items():
+                self._since[name] = h.start_mark()
         return None
 
     def phase(self, label: str, send: Callable[[], T], *, on: Sequence[str] | None = None,

@@ -15,9 +15,11 @@ through the node's transport, which also reads the engine's counters right befor
 each engine through an SSH port forward to that loopback port. Both engines are handles of the one phase
 runner (``workloads/phases.py``): opened together, a phase each, their logs checked for fall-back lines.
 
-The engine travels to the node as one file (``harness/engines/cpu_reference.py``, put into the run
-directory), so nodes need an engine environment with torch, transformers and lmcache, not kvgate: the gate's
-``python``, else the node's ``engine_python``, else python3 on the node.
+The engine is one the profile declares able to build its model from the config kvgate stages and to count its
+hits (``capabilities.builds_model``, ``hit_metrics``); its program travels to the node as one file put into the
+run directory (the reference engine's ``harness/engines/cpu_reference.py``), so nodes need the engine's
+environment (for the reference engine torch, transformers and lmcache), not kvgate: the gate's ``python``, else
+the node's ``engine_python``, else python3 on the node.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def test_a_phase_reads_counters_device_and_log_before_and_after_around_the_warm_
         eng.say("served")
         return ["rec"]
     rec = runner.phase("readback", send, device=device_read)
-    assert calls == ["e.open", "warm-up e readback", "e.metrics", "device", "e.log", "send", "e.metrics", "device",
+    assert calls == ["e.open", "e.start", "warm-up e readback", "e.metrics", "device", "e.log", "send", "e.metrics", "device",
                      "e.log"]
     r = rec.engines["e"]
     assert rec.output == ["rec"] and (rec.device_before, rec.device_after) == ("d0", "d1")
@@ -88,6 +88,22 @@ def test_engines_opened_together_report_every_failure_and_close_gives_each_whole
     c.say(DEGRADED)  # written after the last phase (at shutdown): the whole log still counts
     logs = runner.close(logs=True)
     assert first_fallback(logs, (), lambda n: n)[0] is not None and c.closed
+
+
+def test_forget_reads_no_log_and_resume_marks_where_the_new_process_begins():
+    """An attached engine's log mark is a logged command on a node: forget adds none; after resume a fall-back
+    counts from the restart on, not the lines of the process before."""
+    calls: list[str] = []
+    eng = FakeEngine("e", calls)
+    runner = PhaseRunner(gate_context(None), {"e": eng})
+    runner.open()
+    eng.say(DEGRADED)
+    del calls[:]
+    assert runner.forget() is None and calls == ["e.forget"]
+    eng.log = ""  # a fresh process, a fresh log
+    assert runner.resume() is None and calls == ["e.forget", "e.open", "e.start"]
+    rec = runner.phase("readback", lambda: None)
+    assert rec.engines["e"].since.process == 2 and first_fallback(rec.engines, (), lambda n: n)[0] is None
 
 
 # ---------------------------------------------------------------------------------- waits on the gate's clock
