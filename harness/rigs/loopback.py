@@ -1079,7 +1079,7 @@ class Loopback:
                 return IntegrityResult((IntegrityCheck("backing->nvme", 0, 0, 0, "", "",
                                                        error=refused.refusal()),), dev, bdev, decision, ns_decision)
         direct_backing = spec.backing != "file"  # nvmet file backing uses the page cache (buffered_io=1)
-        tmp = f"/tmp/kvgate-integrity-{spec.name}"
+        tmp = integrity_tmp(spec.name)
         checks: list[IntegrityCheck] = []
         io = PatternIO(self.transport, self.run)
         with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
@@ -1093,8 +1093,53 @@ class Loopback:
                                                 tmp, local, allowed_by))
             else:
                 checks.append(io.compare_read(bdev, dev, length_bytes, count, tmp, local))
-            self.run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback", f"{tmp}.backing"), 30)
+            self.run("integrity-cleanup", integrity_cleanup_argv(spec.name), 30)
         return IntegrityResult(tuple(checks), dev, bdev, decision, ns_decision)
+
+
+def dd_argv(src: str, dst: str, offset: int, count: int, iflag_direct: bool = False, oflag_direct: bool = False,
+            read: bool = True) -> tuple[str, ...]:
+    """One dd of ``count`` integrity chunks at ``offset`` bytes: a read skips to it in ``src``, a write seeks
+    to it in ``dst`` (synced, never truncating)."""
+    skip_seek = f"skip={offset // INTEGRITY_CHUNK}" if read else f"seek={offset // INTEGRITY_CHUNK}"
+    argv = ["dd", f"if={src}", f"of={dst}", f"bs={INTEGRITY_CHUNK}", f"count={count}", skip_seek]
+    if iflag_direct:
+        argv.append("iflag=direct")
+    if oflag_direct:
+        argv.append("oflag=direct")
+    if not read:
+        argv.append("conv=fsync,notrunc")
+    return tuple(argv)
+
+
+def integrity_tmp(label: str) -> str:
+    """The node-side file prefix of one integrity check's pattern and read-backs."""
+    return f"/tmp/kvgate-integrity-{label}"
+
+
+def integrity_cleanup_argv(label: str) -> tuple[str, ...]:
+    tmp = integrity_tmp(label)
+    return ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback", f"{tmp}.backing")
+
+
+def integrity_commands(label: str, backing: str, device: str, length_bytes: int, direct_backing: bool,
+                       writable: bool) -> list[tuple[str, tuple[str, ...]]]:
+    """Pure: the dd commands of :meth:`Loopback.check_integrity`, in order, as (what, argv): with ``writable``,
+    a pattern written on ``backing`` and read through ``device``, then one written through ``device`` and read
+    on ``backing``; otherwise both only read at the same offset and compared."""
+    tmp, count = integrity_tmp(label), length_bytes // INTEGRITY_CHUNK
+    if not writable:
+        return [("read the backing", dd_argv(backing, f"{tmp}.backing", length_bytes, count, True)),
+                ("read the same region through the namespace",
+                 dd_argv(device, f"{tmp}.readback", length_bytes, count, True))]
+    out = []
+    for direction, wdev, rdev, wdirect, rdirect, offset in (
+            ("backing->nvme", backing, device, direct_backing, True, length_bytes),
+            ("nvme->backing", device, backing, True, direct_backing, 2 * length_bytes)):
+        out.append((f"{direction}: write the pattern", dd_argv(f"{tmp}.pattern", wdev, offset, count,
+                                                               oflag_direct=wdirect, read=False)))
+        out.append((f"{direction}: read it back", dd_argv(rdev, f"{tmp}.readback", offset, count, rdirect)))
+    return out
 
 
 class PatternIO:
@@ -1105,15 +1150,7 @@ class PatternIO:
         self.transport, self.run = transport, run
 
     def _dd(self, name, src, dst, offset, count, iflag_direct=False, oflag_direct=False, read=True):
-        skip_seek = f"skip={offset // INTEGRITY_CHUNK}" if read else f"seek={offset // INTEGRITY_CHUNK}"
-        argv = ["dd", f"if={src}", f"of={dst}", f"bs={INTEGRITY_CHUNK}", f"count={count}", skip_seek]
-        if iflag_direct:
-            argv.append("iflag=direct")
-        if oflag_direct:
-            argv.append("oflag=direct")
-        if not read:
-            argv.append("conv=fsync,notrunc")
-        return self.run(name, argv, 120)
+        return self.run(name, dd_argv(src, dst, offset, count, iflag_direct, oflag_direct, read), 120)
 
     def write_read(self, direction, data, wdev, rdev, wdirect, rdirect, offset, count, tmp, local,
                    allowed_by: WriteDecision | None):

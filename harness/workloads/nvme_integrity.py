@@ -30,9 +30,9 @@ from ..errors import WorkloadError
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..parsers.blockdev import LSBLK_ARGV, blkid_argv
 from ..rigs.loopback import (INTEGRITY_LEN_BYTES, IntegrityResult, Loopback, LoopbackError, LoopbackSpec,
-                             backing_device, nvme_device, probe_commands, resolve_loopback_device,
-                             roundtrip_integrity)
-from ..writeguard import check_write, path_probe_argv
+                             backing_device, integrity_cleanup_argv, integrity_commands, nvme_device, probe_commands,
+                             resolve_loopback_device, roundtrip_integrity)
+from ..writeguard import block_probe_plan, check_write, path_probe_argv
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, nvmeof_device,
                    register_workload, write_gate_file)
 from .fio_read import TARGET_RESOLVERS
@@ -100,6 +100,7 @@ class NvmeIntegrity(Workload):
                         f"{'the check fails' if spec.backing == 'block' else 'read-only compare'}")
             out.append(PlannedStep(name, f"integrity ({mode}) of {ctx.params.length_bytes} bytes per "
                                          f"direction on {spec.nqn} (dd with O_DIRECT, compared here)"))
+            out += _integrity_steps(name, spec, ctx.params.length_bytes)
         return out
 
     @staticmethod
@@ -164,6 +165,21 @@ class NvmeIntegrity(Workload):
             ctx.progress(f"{name}: {res.checked_bytes} bytes read back through {res.device}, "
                          f"{res.mismatched_bytes} differ")
         return evaluate_integrity(ev, errors)
+
+
+def _integrity_steps(name: str, spec: LoopbackSpec, length_bytes: int) -> list[PlannedStep]:
+    """The commands of a loopback's integrity check, as planned: the write guard on the backing and on the
+    namespace (when offered), then either the two-way write and read-back or the read-only compare, then the
+    clean-up."""
+    backing, device = "<the backing device>", "<the namespace's /dev/nvmeXnY>"
+    out = [PlannedStep(name, f"if offered: {what}", argv, optional=True)
+           for what, argv, _ in block_probe_plan(backing, "the backing") + block_probe_plan(device, "the namespace")]
+    for writable, mode in ((True, "the write guard allowed both"), (False, "not allowed: read-only compare")):
+        out += [PlannedStep(name, f"{mode}: {what} (the data comes here to be compared)", argv, optional=True)
+                for what, argv in integrity_commands(spec.name, backing, device, length_bytes,
+                                                     spec.backing != "file", writable)]
+    out.append(PlannedStep(name, "remove the pattern and read-back files", integrity_cleanup_argv(spec.name)))
+    return out
 
 
 def _loopback_of(node, target):
