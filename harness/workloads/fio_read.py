@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -28,12 +28,11 @@ from ..units import parse_size_bytes
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..writeguard import CREATED_SUFFIX, check_write, path_probe_argv, probe_path
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
-                   Workload, WorkloadResult, drop_caches, nvmeof_device, register_workload, target_path,
+                   Workload, WorkloadResult, drop_caches, register_workload, target_path,
                    write_gate_file)
+from .targets import target_device
 from .probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
 
-# kind -> fn(transport, steps, target) -> device path; other modules register NVMe-oF resolvers here.
-TARGET_RESOLVERS: dict[str, Callable[[Any, Any, Any], str]] = {}
 
 
 class FioReadParams(StrictModel):
@@ -353,13 +352,7 @@ class FioRead(Workload):
         ndir = ctx.gate_dir / node.name
         ndir.mkdir(parents=True, exist_ok=True)
         t = node.target(p.target)
-        nvmeof = None
-        if t.kind == "nvmeof":
-            path, nvmeof = nvmeof_device(ctx, node, t, tr)
-        elif t.kind in TARGET_RESOLVERS and not t.path:
-            path = TARGET_RESOLVERS[t.kind](tr, steps, t)
-        else:
-            path = target_path(node, t)
+        path, nvmeof = target_device(ctx, node, t, tr)
         rec = FioNodeEvidence(target=t.name, kind=t.kind, path=path, nvmeof=nvmeof)
         r = steps.run(tr, "mkdir-work", ("mkdir", "-p", node.work_dir), timeout_s=30)
         if not r.ok:

@@ -14,9 +14,6 @@ ERROR). Then a pattern goes through the fabric with O_DIRECT and back; where the
 NQN as a loopback (the target side), the check is the two-way one against its backing store instead.
 
 The metric is the number of bytes that differ; every read-back is kept in the evidence.
-
-Importing this module also registers the ``nvmeof-loopback`` device resolver for fio-read, so G1
-can name a loopback target and read the /dev/nvmeXnY found by its NQN.
 """
 
 from __future__ import annotations
@@ -29,15 +26,13 @@ from pydantic import Field
 from ..errors import WorkloadError
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..parsers.blockdev import LSBLK_ARGV, blkid_argv
-from ..rigs.loopback import (INTEGRITY_LEN_BYTES, IntegrityResult, Loopback, LoopbackError, LoopbackSpec,
-                             backing_device, integrity_cleanup_argv, integrity_commands, nvme_device, probe_commands,
-                             resolve_loopback_device, roundtrip_integrity)
+from ..rigs.loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, LoopbackSpec, backing_device, nvme_device,
+                             probe_commands)
 from ..writeguard import block_probe_plan, check_write, path_probe_argv
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, nvmeof_device,
                    register_workload, write_gate_file)
-from .fio_read import TARGET_RESOLVERS
-
-TARGET_RESOLVERS.setdefault("nvmeof-loopback", resolve_loopback_device)
+from .integrity import (IntegrityResult, integrity_cleanup_argv, integrity_commands, loopback_integrity,
+                        roundtrip_integrity)
 
 
 class NvmeIntegrityParams(StrictModel):
@@ -152,7 +147,7 @@ class NvmeIntegrity(Workload):
                 errors.append(f"{name}: loopback target {spec.name} is not up (run 'kvgate loopback up')")
                 continue
             try:
-                res = lb.check_integrity(st, length_bytes=ctx.params.length_bytes)
+                res = loopback_integrity(lb, st, length_bytes=ctx.params.length_bytes)
             except LoopbackError as exc:
                 errors.append(f"{name}: {exc}")
                 continue
@@ -208,7 +203,8 @@ def _run_nvmeof(ctx: GateContext, name: str, node, t, tr) -> tuple[dict[str, Any
         if backing_device(spec, st) is None:
             raise WorkloadError(f"the loopback {loop.name} serving {t.nqn} has no backing device (run "
                                 "'kvgate loopback up')")
-        res = lb.check_integrity(st, length_bytes=ctx.params.length_bytes, device=dev, device_decision=decision)
+        res = loopback_integrity(lb, st, length_bytes=ctx.params.length_bytes, device=dev,
+                                 device_decision=decision)
     else:
         res = roundtrip_integrity(tr, run, dev, ctx.params.length_bytes, label=t.name, decision=decision)
     d = {**res.as_dict(), "nvmeof": nvmeof, "namespace_write_guard": decision.as_dict()}

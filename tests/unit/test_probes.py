@@ -66,3 +66,17 @@ def test_the_g3_readers_armed_and_start_records_from_a_rig_reader():
     assert out.start["start_priority"] == "fifo"
     assert out.series.completed and out.series.total_bytes == 67108920
     assert parse_reader_output('{"type": "sample", "t0_s": 1, "t1_s": 2, "bytes": 3}\n', "n").armed == {}
+
+
+def test_a_loopback_target_resolves_to_the_namespace_its_loopback_connected(tmp_path):
+    """fio-read reads a `kind: nvmeof-loopback` target through the /dev/nvmeXnY found by its NQN: the resolver
+    is in the target table (workloads/targets.py), not registered by importing another workload."""
+    from test_workload_runs import context, loopback_node
+    from harness.rigs.loopback import resolve_loopback_device
+    from harness.workloads.targets import TARGET_RESOLVERS, target_device
+
+    assert TARGET_RESOLVERS["nvmeof-loopback"] is resolve_loopback_device
+    cfg, node = loopback_node()
+    ctx = context(cfg, "L1", {"guest": node}, tmp_path)
+    inv_node = cfg.inventory.node("guest")
+    assert target_device(ctx, inv_node, inv_node.target("kv0"), node) == ("/dev/nvme0n1", None)
