@@ -189,6 +189,14 @@ class PatternIO:
         return self.read_compare("compare", (local / "backing").read_bytes(), dev, True, offset, count, tmp, local)
 
 
+def roundtrip_commands(label: str, device: str, length_bytes: int) -> list[tuple[str, tuple[str, ...]]]:
+    """Pure: the dd commands of :func:`roundtrip_integrity`, in order, as (what, argv)."""
+    tmp, count = integrity_tmp(label), length_bytes // INTEGRITY_CHUNK
+    return [("write the pattern through the namespace", dd_argv(f"{tmp}.pattern", device, length_bytes, count,
+                                                                 oflag_direct=True, read=False)),
+            ("read it back through the namespace", dd_argv(device, f"{tmp}.readback", length_bytes, count, True))]
+
+
 def roundtrip_integrity(transport: Any, run: Runner, device: str, length_bytes: int = INTEGRITY_LEN_BYTES,
                         seed: str = "kvgate", label: str = "nvme", decision: WriteDecision | None = None
                         ) -> IntegrityResult:
@@ -202,7 +210,7 @@ def roundtrip_integrity(transport: Any, run: Runner, device: str, length_bytes: 
         data = pattern_bytes(f"{seed}:{device}:roundtrip", length_bytes)
         check = io.write_read("nvme->nvme", data, device, device, True, True, length_bytes, count, tmp, Path(local_s),
                               decision)
-        run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback"), 30)
+        run("integrity-cleanup", integrity_cleanup_argv(label), 30)
     return IntegrityResult((check,), device, "", decision)
 
 

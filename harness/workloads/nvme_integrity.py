@@ -25,14 +25,13 @@ from pydantic import Field
 
 from ..errors import WorkloadError
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
-from ..parsers.blockdev import LSBLK_ARGV, blkid_argv
 from ..rigs.loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, LoopbackSpec, backing_device, nvme_device,
                              probe_commands)
-from ..writeguard import block_probe_plan, check_write, path_probe_argv
+from ..writeguard import block_probe_plan, check_write
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, nvmeof_device,
                    register_workload, write_gate_file)
 from .integrity import (IntegrityResult, integrity_cleanup_argv, integrity_commands, loopback_integrity,
-                        roundtrip_integrity)
+                        roundtrip_commands, roundtrip_integrity)
 
 
 class NvmeIntegrityParams(StrictModel):
@@ -104,22 +103,27 @@ class NvmeIntegrity(Workload):
         dev = f"<the namespace of {t.nqn}>"
         out = [PlannedStep(name, f"find the namespace of {t.nqn} and check it is {spec.address}, live ({probe})", argv)
                for probe, argv in nvmeof_probes(spec).items()]
-        out.append(PlannedStep(name, "the write guard on the namespace: what it is", path_probe_argv(dev)))
-        out.append(PlannedStep(name, "the write guard: filesystem, partition table, serial (lsblk)",
-                               LSBLK_ARGV + (dev,)))
-        out.append(PlannedStep(name, "the write guard: signatures on the device itself (blkid -p; then the sysfs "
-                                     "serial when lsblk shows none)", blkid_argv(dev)))
+        out += [PlannedStep(name, what, argv, optional=optional)
+                for what, argv, optional in block_probe_plan(dev, "the namespace")]
         loop = _loopback_of(node, t)
+        length = ctx.params.length_bytes
         if loop is not None:
             lspec = LoopbackSpec.from_target(loop, name, node)
             for probe, argv in probe_commands(lspec).items():
                 out.append(PlannedStep(name, f"the loopback serving it ({loop.name}): probe {probe}", tuple(argv)))
             mode = (f"write a pattern on the backing of {loop.name}, read it through the namespace; write one "
                     "through the namespace, read it on the backing")
+            out.append(PlannedStep(name, f"if the write guard allows it: {mode} ({length} bytes each, dd with "
+                                         "O_DIRECT, compared here); refused: nothing is written, ERROR"))
+            out += _integrity_steps(name, lspec, length, device=dev, guard_device=False)
         else:
-            mode = "write a pattern through the namespace and read it back through it"
-        out.append(PlannedStep(name, f"if the write guard allows it: {mode} ({ctx.params.length_bytes} bytes each, "
-                                     f"dd with O_DIRECT, compared here); refused: nothing is written, ERROR"))
+            out.append(PlannedStep(name, f"if the write guard allows it: write a pattern through the namespace and "
+                                         f"read it back through it ({length} bytes, dd with O_DIRECT, compared "
+                                         "here); refused: nothing is written, ERROR"))
+            out += [PlannedStep(name, f"if allowed: {what}", argv, optional=True)
+                    for what, argv in roundtrip_commands(t.name, dev, length)]
+            out.append(PlannedStep(name, "remove the pattern and read-back files", integrity_cleanup_argv(t.name),
+                                   optional=True))
         return out
 
     def run(self, ctx: GateContext) -> WorkloadResult:
@@ -162,13 +166,15 @@ class NvmeIntegrity(Workload):
         return evaluate_integrity(ev, errors)
 
 
-def _integrity_steps(name: str, spec: LoopbackSpec, length_bytes: int) -> list[PlannedStep]:
-    """The commands of a loopback's integrity check, as planned: the write guard on the backing and on the
-    namespace (when offered), then either the two-way write and read-back or the read-only compare, then the
-    clean-up."""
-    backing, device = "<the backing device>", "<the namespace's /dev/nvmeXnY>"
-    out = [PlannedStep(name, f"if offered: {what}", argv, optional=True)
-           for what, argv, _ in block_probe_plan(backing, "the backing") + block_probe_plan(device, "the namespace")]
+def _integrity_steps(name: str, spec: LoopbackSpec, length_bytes: int, device: str = "<the namespace's /dev/nvmeXnY>",
+                     guard_device: bool = True) -> list[PlannedStep]:
+    """The commands of a loopback's integrity check, as planned: the write guard on the backing and (unless it
+    was asked already, ``guard_device``) on the namespace, when offered; then either the two-way write and
+    read-back or the read-only compare; then the clean-up."""
+    backing = "<the backing device>"
+    guards = block_probe_plan(backing, "the backing") + (block_probe_plan(device, "the namespace") if guard_device
+                                                         else [])
+    out = [PlannedStep(name, f"if offered: {what}", argv, optional=True) for what, argv, _ in guards]
     for writable, mode in ((True, "the write guard allowed both"), (False, "not allowed: read-only compare")):
         out += [PlannedStep(name, f"{mode}: {what} (the data comes here to be compared)", argv, optional=True)
                 for what, argv in integrity_commands(spec.name, backing, device, length_bytes,
