@@ -23,6 +23,7 @@ from harness.suite.plan import gate_plan, plan_mismatch
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
 from harness.workloads.base import DROP_CACHES_ARGV, PlannedStep
+from test_g2_attach import RunningEngine, attach_config, pool_node_handler
 from test_kv_read import g1c_context, g1c_gate, reader_node
 from test_workload_runs import (PREFLIGHT_CPU_REFERENCE, Engine, context, fio_node, g2_config,
                                            local_suite, loopback_node)
@@ -159,25 +160,42 @@ def g3_shared_read(tmp_path) -> Scenario:
     return Scenario(cfg, "G3", scripted)
 
 
+def g2_ttft_attached(tmp_path) -> Scenario:
+    """G2 on an engine someone else runs: the operator's restart on one node, the pool on another."""
+    cfg = attach_config(tmp_path, log="journalctl -u vllm --no-pager")
+    engine = RunningEngine([])
+    handler = pool_node_handler({"old": 3}, engine)
+
+    def with_log(call):
+        if call.argv[:2] == ("sh", "-c") and "journalctl" in call.argv[2]:
+            return Reply(stdout="INFO engine started\n")
+        return handler(call)
+    nodes = {n: ScriptedTransport(with_log, name=n) for n in ("gpu1", "ctl")}
+    return Scenario(cfg, "G2", nodes, http=httpx.MockTransport(engine))
+
+
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
     "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
     "g2-multiturn": g2_multiturn, "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
 }
+# More ways to run a workload than its first scenario: (workload, id, scenario)
+MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached)]
 # Rewritten on the lifecycle branch (their plans list every command there); not edited here.
 ON_LIFECYCLE_BRANCH = {"g2-multiturn", "r3-cross-instance"}
 
 
 def _params():
-    for name in sorted(WORKLOADS):
+    runs = [(name, name, SCENARIOS.get(name)) for name in sorted(WORKLOADS)] + MORE_SCENARIOS
+    for name, run_id, scenario in runs:
         marks = [pytest.mark.xfail(strict=True, reason="planned commands fixed on the lifecycle branch")] \
             if name in ON_LIFECYCLE_BRANCH else []
-        yield pytest.param(name, marks=marks, id=name)
+        yield pytest.param(name, scenario, marks=marks, id=run_id)
 
 
-@pytest.mark.parametrize("workload", list(_params()))
-def test_a_scripted_run_sends_exactly_the_planned_commands(workload, tmp_path):
-    assert workload in SCENARIOS, f"workload {workload!r} is registered but has no scripted run in {__file__}"
-    sc = SCENARIOS[workload](tmp_path)
+@pytest.mark.parametrize("workload, scenario", list(_params()))
+def test_a_scripted_run_sends_exactly_the_planned_commands(workload, scenario, tmp_path):
+    assert scenario is not None, f"workload {workload!r} is registered but has no scripted run in {__file__}"
+    sc = scenario(tmp_path)
     gate = next(g for g in sc.cfg.suite.gates if g.id == sc.gate_id)
     ctx = sc.ctx or context(sc.cfg, sc.gate_id, sc.nodes, tmp_path, http=sc.http)
     result = WORKLOADS[workload]().run(ctx)
