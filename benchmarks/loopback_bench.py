@@ -33,6 +33,7 @@ from harness.execute.nvmeof import NvmeofHost, NvmeofSpec  # noqa: E402
 from harness.parsers.fio import parse_fio_json  # noqa: E402
 from harness.rigs import guest as G  # noqa: E402
 from harness.rigs.loopback import Loopback, LoopbackSpec  # noqa: E402
+from harness.workloads.integrity import loopback_integrity  # noqa: E402
 from harness.transport import SSHTransport  # noqa: E402
 
 
@@ -76,7 +77,7 @@ def side_by_side(out: Path, size_mib: int) -> dict:
     figures: dict = {}
     try:
         for lb in lbs:
-            up = lb.up()
+            up = lb.up(verify=loopback_integrity)
             if not up.ok:
                 raise SystemExit(f"loopback up {lb.spec.name}: {up.error}")
         # the backing store is written once so every path reads real data, not null_blk's unwritten zeros

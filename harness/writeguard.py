@@ -65,6 +65,18 @@ def identity_argv(kname: str) -> tuple[str, ...]:
     return ("sh", "-c", _IDENTITY_PROBE, "kvgate-identity", kname)
 
 
+def block_probe_plan(path: str, what: str) -> list[tuple[str, tuple[str, ...], bool]]:
+    """Pure: what :func:`check_write` sends to decide on a block device ``path`` (``what`` it is, for the plan's
+    text), as (description, argv, sent only when its condition holds): the path probe, lsblk, blkid -p, and the
+    sysfs serial when lsblk shows none (its kernel name is then known: ``<kernel name>`` here)."""
+    return [(f"the write guard on {what}: what it is, whether kvgate created it", path_probe_argv(path), False),
+            (f"the write guard on {what}: filesystem, partition table, serial, mounts (lsblk)",
+             LSBLK_ARGV + (path,), False),
+            (f"the write guard on {what}: signatures on the device itself (blkid -p)", blkid_argv(path), False),
+            (f"the write guard on {what}: its serial from sysfs, when lsblk shows none",
+             identity_argv("<kernel name>"), True)]
+
+
 @dataclass(frozen=True)
 class PathFacts:
     """What ``path_probe_argv`` saw: ``kind`` is block, file, other or missing."""

@@ -37,6 +37,7 @@ from ..paths import given_or_shipped
 from ..rigs.guest import (GuestError, build_guest, check_engine_python, default_state_dir, guest_running,
                           open_node_transport, start_guest, stop_guest)
 from ..rigs.loopback import Loopback, LoopbackSpec
+from ..workloads.integrity import loopback_integrity
 from ..transport.steps import StepLog
 from .exits import EXIT_INFRA, EXIT_INPUT, EXIT_OK
 
@@ -168,7 +169,7 @@ def _provision(args) -> int:
             if args.loopback_op == "status":
                 data, ok = lb.status(), True
             elif args.loopback_op == "up":
-                res = lb.up(verify=not args.no_verify)
+                res = lb.up(verify=None if args.no_verify else loopback_integrity)
                 data, ok = res.as_dict(), res.ok
             else:
                 res = lb.down()

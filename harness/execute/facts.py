@@ -24,13 +24,11 @@ from typing import Any, Callable
 from ..parsers.blockdev import LSBLK_ARGV, parse_lsblk
 from ..parsers.nvme import NVME_SYSFS_ARGV, fabric_view, parse_nvme_sysfs
 from ..parsers.rdma import IB_SYSFS_ARGV, RDMA_LINK_ARGV, parse_ib_sysfs, parse_rdma_links
-from ..parsers.facts import (SECTION_MARK, FactSection, parse_cpuinfo, parse_fact_sections, parse_meminfo,
+from ..parsers.facts import (NUMA_ARGV, SECTION_MARK, FactSection, parse_cpuinfo, parse_fact_sections, parse_meminfo,
                              parse_nics, parse_numa, parse_nvidia_smi_csv, parse_nvme_list, parse_nvme_list_subsys,
                              parse_os_release, parse_versions)
 from ..transport.base import CommandResult
 
-NUMA_ARGV = ("sh", "-c", "for n in /sys/devices/system/node/node[0-9]*; do "
-             "[ -r \"$n/cpulist\" ] && printf '%s %s\\n' \"${n##*node}\" \"$(cat \"$n/cpulist\")\"; done; true")
 # One line per interface. The sysfs values are read with the shell's `read`, and the driver link only where
 # there is one, so a node forks no process per value (a virtual NIC, none at all): on 32 nodes sharing one
 # machine's cores, as on the rig, every fork counts.

@@ -14,6 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .fio import parse_cpulist
+from .probe import Probe
+
 
 class ProvenanceParseError(ValueError):
     """A command printed something that is not the shape its parser expects."""
@@ -173,13 +176,35 @@ def parse_os_release(text: str) -> dict[str, Any]:
     return {"os": kv.get("PRETTY_NAME", "").strip('"') or None}
 
 
+# One line per NUMA node, "N CPULIST" (/sys/devices/system/node/nodeN/cpulist); nothing on a kernel without NUMA.
+NUMA_ARGV = ("sh", "-c", "for n in /sys/devices/system/node/node[0-9]*; do "
+             "[ -r \"$n/cpulist\" ] && printf '%s %s\\n' \"${n##*node}\" \"$(cat \"$n/cpulist\")\"; done; true")
+
+
 def parse_numa(text: str) -> dict[int, str]:
+    """NUMA node -> its CPU list as the kernel writes it (``0-3,8-11``), from :data:`NUMA_ARGV`'s output."""
     out = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0].isdigit():
             out[int(parts[0])] = parts[1]
     return out
+
+
+def parse_numa_cpulists(text: str) -> dict[int, str]:
+    """The NUMA nodes a stream can be pinned to: :func:`parse_numa`, without the nodes whose CPU list is empty
+    (a memory-only node) or not a CPU list."""
+    out = {}
+    for node, cpus in parse_numa(text).items():
+        try:
+            if parse_cpulist(cpus):
+                out[node] = cpus
+        except ValueError:
+            continue
+    return out
+
+
+NUMA_PROBE = Probe("numa-cpulists", NUMA_ARGV, parse_numa_cpulists, "CPU list of every NUMA node")
 
 
 # --------------------------------------------------------------------------- the one facts command, split back

@@ -302,6 +302,8 @@ class ReaderOutput:
     end: dict | None
     errors: tuple[str, ...]
     truncated: bool  # the stream stopped without an end record (node died or was killed)
+    armed: dict = field(default_factory=dict)  # the first armed record (O_DIRECT used or why not), else empty
+    start: dict = field(default_factory=dict)  # the first start record (when reading began, its priority)
 
 
 def parse_reader_output(text: str, node: str, clock_offset_s: float = 0.0,
@@ -312,6 +314,7 @@ def parse_reader_output(text: str, node: str, clock_offset_s: float = 0.0,
     intervals: list[Interval] = []
     errors: list[str] = []
     started = None
+    firsts: dict[str, dict] = {}
     lines = text.splitlines()
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -324,6 +327,8 @@ def parse_reader_output(text: str, node: str, clock_offset_s: float = 0.0,
                 continue
             raise SeriesParseError(f"{source}:{lineno}: not JSON: {line[:80]!r}") from None
         kind = rec.get("type")
+        if isinstance(kind, str):
+            firsts.setdefault(kind, rec)
         if kind == "header":
             if rec.get("schema") != READER_SCHEMA:
                 raise SeriesParseError(f"{source}:{lineno}: schema {rec.get('schema')!r}, expected {READER_SCHEMA!r}")
@@ -348,4 +353,5 @@ def parse_reader_output(text: str, node: str, clock_offset_s: float = 0.0,
         completed=completed,
         total_bytes=float(end["bytes"]) if end and "bytes" in end else sum(iv.nbytes for iv in intervals),
     )
-    return ReaderOutput(header=header, series=series, end=end, errors=tuple(errors), truncated=end is None)
+    return ReaderOutput(header=header, series=series, end=end, errors=tuple(errors), truncated=end is None,
+                        armed=firsts.get("armed", {}), start=firsts.get("start", {}))

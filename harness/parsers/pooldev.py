@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .blockdev import BlockStat, parse_block_stat
+from .probe import Probe
 
 MARK = "kvgate-pool-device"
 
@@ -61,6 +62,12 @@ def parse_pool_blockstat(text: str) -> PoolDeviceStat:
                 raise ValueError(f"no stat line for device {parts[1]}")
             return PoolDeviceStat(parts[1], " ".join(parts[2:]), parse_block_stat(lines[i + 1]))
     raise ValueError(f"the pool's block device could not be found: {text.strip()[:200]!r}")
+
+
+def pool_device_probe(pool_dir: str) -> Probe[PoolDeviceStat]:
+    """The probe (command and parser) of the pool's block device and its counters, for ``pool_dir``."""
+    return Probe("pool-blockstat", pool_blockstat_argv(pool_dir), parse_pool_blockstat,
+                 "the pool's block device (by MAJ:MIN) and its read counters")
 
 
 def read_bytes_between(before: PoolDeviceStat | None, after: PoolDeviceStat | None) -> int | None:

@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -42,6 +41,8 @@ from pathlib import Path
 from ..errors import HarnessError
 from ..transport import SSHTransport, Transport, open_transport
 from ..transport.local import free_port
+from ..transport.procgroup import group_alive, terminate
+from .host import run_host
 
 # Modules the guest needs; their dependency closure is resolved with modprobe --show-depends.
 GUEST_MODULES = (
@@ -251,17 +252,13 @@ def default_cache_root() -> Path:
 
 def _run(argv: list[str], cwd: Path | None = None, check: bool = True, input_bytes: bytes | None = None,
          timeout_s: float = 600) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(argv, cwd=cwd, input=input_bytes, capture_output=True, timeout=timeout_s)
-    except FileNotFoundError as exc:
-        tool = Path(argv[0]).name
-        pkg = BUILD_TOOLS.get(tool, tool)
-        raise GuestError(f"{tool} not found: install the Debian package {pkg} (apt-get install {pkg})") from exc
-    if check and proc.returncode != 0:
-        raise GuestError(
-            f"{' '.join(argv)} failed (rc={proc.returncode}): "
-            f"{proc.stderr.decode(errors='replace').strip()[-800:]}")
-    return proc
+    return run_host(argv, cwd=cwd, check=check, input_bytes=input_bytes, timeout_s=timeout_s, error=GuestError,
+                    install_hint=_install_hint)
+
+
+def _install_hint(tool: str) -> str:
+    pkg = BUILD_TOOLS.get(tool, tool)
+    return f"install the Debian package {pkg} (apt-get install {pkg})"
 
 
 def check_build_tools() -> None:
@@ -660,21 +657,8 @@ def stop_guest(state_dir: Path, grace_s: float = 5.0) -> bool:
     if not _is_our_qemu(state.pid, state.initrd_path):
         path.unlink(missing_ok=True)
         return False
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(state.pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(state.pid, os.WNOHANG)
-            except ChildProcessError:
-                done = state.pid if not Path(f"/proc/{state.pid}").exists() else 0
-            if done == state.pid or not _is_our_qemu(state.pid, state.initrd_path):
-                path.unlink(missing_ok=True)
-                return True
-            time.sleep(0.1)
+    terminate([state.pid], group=True, grace_s=grace_s,
+              alive=lambda pgid: group_alive(pgid) and _is_our_qemu(state.pid, state.initrd_path))
     path.unlink(missing_ok=True)
     return True
 

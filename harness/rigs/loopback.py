@@ -31,15 +31,12 @@ CLI and workloads can route it through the step log (``harness.transport.steps``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 import re
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import HarnessError
@@ -690,71 +687,6 @@ def plan_down(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
     return acts
 
 
-# --------------------------------------------------------------------------------------- integrity
-
-
-def pattern_bytes(seed: str, length: int) -> bytes:
-    """Deterministic, incompressible test data: SHA-256 in counter mode over ``seed``."""
-    out = bytearray()
-    counter = 0
-    while len(out) < length:
-        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest()
-        counter += 1
-    return bytes(out[:length])
-
-
-def count_mismatched_bytes(a: bytes, b: bytes) -> int:
-    """Bytes that differ, counting a length difference as mismatched."""
-    n = min(len(a), len(b))
-    diff = sum(1 for i in range(n) if a[i] != b[i]) if a[:n] != b[:n] else 0
-    return diff + abs(len(a) - len(b))
-
-
-@dataclass(frozen=True)
-class IntegrityCheck:
-    """One read-back: data written (or read) on one path, read on the other, compared byte by byte."""
-
-    direction: str  # "backing->nvme", "nvme->backing" or "compare" (read-only)
-    offset_bytes: int
-    length_bytes: int
-    mismatched_bytes: int
-    expected_sha256: str
-    actual_sha256: str
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.mismatched_bytes == 0
-
-
-@dataclass(frozen=True)
-class IntegrityResult:
-    checks: tuple[IntegrityCheck, ...]
-    device: str
-    backing_device: str
-    write_guard: WriteDecision | None = None  # the guard's decision on the backing, when a write was wanted
-    device_write_guard: WriteDecision | None = None  # and on the namespace (the same storage, another path)
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.checks) and all(c.ok for c in self.checks)
-
-    @property
-    def mismatched_bytes(self) -> int:
-        return sum(c.mismatched_bytes for c in self.checks)
-
-    @property
-    def checked_bytes(self) -> int:
-        return sum(c.length_bytes for c in self.checks if c.error is None)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "device": self.device, "backing_device": self.backing_device,
-                "mismatched_bytes": self.mismatched_bytes, "checked_bytes": self.checked_bytes,
-                "checks": [dict(c.__dict__, ok=c.ok) for c in self.checks],
-                "write_guard": self.write_guard.as_dict() if self.write_guard else None,
-                "device_write_guard": self.device_write_guard.as_dict() if self.device_write_guard else None}
-
-
 # ------------------------------------------------------------------------------------------ driver
 
 
@@ -777,7 +709,7 @@ class LoopbackResult:
 
     summary: dict[str, Any]
     actions: list[ActionRecord] = field(default_factory=list)
-    integrity: IntegrityResult | None = None
+    integrity: Any = None  # the check ``up(verify=...)`` ran: ok, checks, mismatched_bytes, as_dict()
     error: str | None = None
     write_guard: WriteDecision | None = None  # the decision before a filesystem was made on the namespace
     refused: bool = False  # the error is a refusal of what the inventory asks (bad input), nothing was done
@@ -886,8 +818,10 @@ class Loopback:
         if not res.ok:
             self.progress(f"could not write the loopback state {STATE_FILE}: {res.summary()}")
 
-    def up(self, verify: bool = True, wait_s: float = 30.0) -> LoopbackResult:
-        """Provision (idempotent), wait for the namespace device, optionally check data integrity."""
+    def up(self, verify: Callable[["Loopback", LoopbackState], Any] | None = None,
+           wait_s: float = 30.0) -> LoopbackResult:
+        """Provision (idempotent), wait for the namespace device, and, given ``verify`` (the data-integrity check,
+        ``harness.workloads.integrity.loopback_integrity``), check the data on a blank namespace."""
         records: list[ActionRecord] = []
         st = self.probe()
         refusal = link_refusal(self.spec, st)
@@ -942,7 +876,7 @@ class Loopback:
             result.integrity, result.error, result.write_guard = self._filesystem(st, records, verify)
             result.summary = summarize(self.spec, self.probe())
         elif verify and self.spec.connect_host:  # target side only: the nvmeof target's gates check the data
-            result.integrity = self.check_integrity(st)
+            result.integrity = verify(self, st)
             if not result.integrity.ok:
                 errs = [f"{c.direction}: {c.error}" for c in result.integrity.checks if c.error]
                 result.error = "data integrity check failed: " + (
@@ -950,7 +884,8 @@ class Loopback:
         return result
 
     def _filesystem(self, st: LoopbackState, records: list[ActionRecord],
-                    verify: bool) -> tuple[IntegrityResult | None, str | None, WriteDecision | None]:
+                    verify: Callable[["Loopback", LoopbackState], Any] | None
+                    ) -> tuple[Any, str | None, WriteDecision | None]:
         """The spec's filesystem on the connected namespace, mounted at its mount_path: (integrity, error, the
         write guard's decision when one was asked for).
 
@@ -977,7 +912,7 @@ class Loopback:
         integrity, decision = None, None
         if found is None:
             if verify:
-                integrity = self.check_integrity(st)
+                integrity = verify(self, st)
                 if not integrity.ok:
                     return integrity, "data integrity check failed before mkfs", None
             decision = check_write(self.run, dev, expect="block", node=getattr(self.transport, "name", ""),
@@ -1027,159 +962,6 @@ class Loopback:
         left_alone = sorted(i for i, there in ids.items() if not _made(st, i) and there(st))
         err = f"left behind: {', '.join(leftover)}" if leftover else None
         return LoopbackResult(summary, records, error=err, left_alone=left_alone)
-
-    # -- integrity
-    def check_integrity(self, st: LoopbackState | None = None, length_bytes: int = INTEGRITY_LEN_BYTES,
-                        seed: str = "kvgate", device: str | None = None,
-                        device_decision: WriteDecision | None = None) -> IntegrityResult:
-        """Read a known pattern back through NVMe-oF and compare with the backing store.
-
-        ``device``: the namespace device to go through instead of this loopback's own connection (the one a
-        ``kind: nvmeof`` target of the node found by NQN), with the write guard's decision on it
-        (``device_decision``).
-
-        Every write asks the write guard (harness.writeguard) first, whatever made the device: the backing
-        (a null_blk or brd device kvgate made and recorded, a backing file kvgate created, a block device or
-        a brd RAM disk kvgate did not load marked allow_destructive) and then the namespace that reaches the
-        same storage (``same_storage_as``: refused when it is mounted or read-only). Allowed on both: a
-        pattern written on the backing and read through /dev/nvmeXnY, then one written through /dev/nvmeXnY
-        and read on the backing. A device that holds a filesystem, a partition table or a signature, or is
-        mounted (a namespace carrying kv-read's ext4, say), a device kvgate did not make and is not offered
-        (allow_destructive), a file kvgate did not create are only read on both paths and compared. A
-        block device marked allow_destructive that the guard refuses is not touched: the check fails with
-        the guard's reason. Data travels over the transport only for the 1 MiB regions compared here.
-        """
-        st = st or self.probe()
-        spec = self.spec
-        dev = device or nvme_device(spec, st)
-        bdev = backing_device(spec, st)
-        if dev is None or bdev is None:
-            return IntegrityResult((IntegrityCheck("backing->nvme", 0, 0, 0, "", "",
-                                                   error="loopback not up (no device)"),), dev or "", bdev or "")
-        chunk = INTEGRITY_CHUNK
-        count = length_bytes // chunk
-        decision = ns_decision = None
-        node = getattr(self.transport, "name", "")
-        # a RAM device kvgate did not make (or no longer has on record) is the node's: like a block device
-        made = {"null_blk": f"nullb:{spec.nullb_name}", "brd": "brd"}.get(spec.backing)
-        offered = spec.allow_destructive or (made is not None and _made(st, made)) or spec.backing == "file"
-        if offered:
-            decision = check_write(self.run, bdev, expect="file" if spec.backing == "file" else "block",
-                                   purpose=f"integrity pattern on the backing of loopback target {spec.name}",
-                                   node=node, allow_destructive=spec.allow_destructive, serial=spec.serial)
-            if decision.allowed:
-                ns_decision = device_decision or check_write(
-                    self.run, dev, expect="block", node=node, same_storage_as=decision,
-                    purpose=f"integrity pattern through the namespace of loopback target {spec.name}")
-        writable = bool(decision and decision.allowed and ns_decision and ns_decision.allowed)
-        refused = next((x for x in (decision, ns_decision) if x is not None and not x.allowed), None)
-        if refused is not None:
-            self.progress(refused.refusal())
-            if spec.backing == "block":
-                return IntegrityResult((IntegrityCheck("backing->nvme", 0, 0, 0, "", "",
-                                                       error=refused.refusal()),), dev, bdev, decision, ns_decision)
-        direct_backing = spec.backing != "file"  # nvmet file backing uses the page cache (buffered_io=1)
-        tmp = f"/tmp/kvgate-integrity-{spec.name}"
-        checks: list[IntegrityCheck] = []
-        io = PatternIO(self.transport, self.run)
-        with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
-            local = Path(local_s)
-            if writable:
-                plan = (("backing->nvme", bdev, dev, direct_backing, True, length_bytes, decision),
-                        ("nvme->backing", dev, bdev, True, direct_backing, 2 * length_bytes, ns_decision))
-                for direction, wdev, rdev, wdirect, rdirect, offset, allowed_by in plan:
-                    data = pattern_bytes(f"{seed}:{spec.nqn}:{direction}", length_bytes)
-                    checks.append(io.write_read(direction, data, wdev, rdev, wdirect, rdirect, offset, count,
-                                                tmp, local, allowed_by))
-            else:
-                checks.append(io.compare_read(bdev, dev, length_bytes, count, tmp, local))
-            self.run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback", f"{tmp}.backing"), 30)
-        return IntegrityResult(tuple(checks), dev, bdev, decision, ns_decision)
-
-
-class PatternIO:
-    """Known patterns through a node's block devices: dd with O_DIRECT on the node, compared here. Data
-    travels over the transport only for the regions compared."""
-
-    def __init__(self, transport: Any, run: Runner):
-        self.transport, self.run = transport, run
-
-    def _dd(self, name, src, dst, offset, count, iflag_direct=False, oflag_direct=False, read=True):
-        skip_seek = f"skip={offset // INTEGRITY_CHUNK}" if read else f"seek={offset // INTEGRITY_CHUNK}"
-        argv = ["dd", f"if={src}", f"of={dst}", f"bs={INTEGRITY_CHUNK}", f"count={count}", skip_seek]
-        if iflag_direct:
-            argv.append("iflag=direct")
-        if oflag_direct:
-            argv.append("oflag=direct")
-        if not read:
-            argv.append("conv=fsync,notrunc")
-        return self.run(name, argv, 120)
-
-    def write_read(self, direction, data, wdev, rdev, wdirect, rdirect, offset, count, tmp, local,
-                   allowed_by: WriteDecision | None):
-        """Write ``data`` on ``wdev`` and read it back on ``rdev``; only with the write guard's decision allowing
-        exactly ``wdev`` (``allowed_by``): without one nothing is written and the check fails."""
-        expected = hashlib.sha256(data).hexdigest()
-        if allowed_by is None or not allowed_by.allowed or allowed_by.path != wdev:
-            why = allowed_by.refusal() if allowed_by is not None and not allowed_by.allowed else \
-                f"no write guard decision allows writing to {wdev}"
-            return IntegrityCheck(direction, offset, len(data), len(data), expected, "",
-                                  error=f"{why}; nothing was written")
-        (local / "pattern").write_bytes(data)
-        try:
-            self.transport.put(str(local / "pattern"), f"{tmp}.pattern")
-        except Exception as exc:  # noqa: BLE001 - a failed transfer is a failed check, kept as data
-            return IntegrityCheck(direction, offset, len(data), len(data), expected, "", error=f"put: {exc}")
-        w = self._dd(f"integrity-write-{direction.replace('>', '')}", f"{tmp}.pattern", wdev, offset, count,
-                     oflag_direct=wdirect, read=False)
-        if not w.ok:
-            return IntegrityCheck(direction, offset, len(data), len(data), expected, "",
-                                  error=f"write on {wdev} failed: {(w.stderr or w.error or '').strip()[-300:]}")
-        return self.read_compare(direction, data, rdev, rdirect, offset, count, tmp, local)
-
-    def read_compare(self, direction, data, rdev, rdirect, offset, count, tmp, local):
-        expected = hashlib.sha256(data).hexdigest()
-        r = self._dd(f"integrity-read-{direction.replace('>', '')}", rdev, f"{tmp}.readback", offset, count,
-                     iflag_direct=rdirect)
-        if not r.ok:
-            return IntegrityCheck(direction, offset, len(data), len(data), expected, "",
-                                  error=f"read on {rdev} failed: {(r.stderr or r.error or '').strip()[-300:]}")
-        try:
-            self.transport.get(f"{tmp}.readback", str(local / "readback"))
-        except Exception as exc:  # noqa: BLE001
-            return IntegrityCheck(direction, offset, len(data), len(data), expected, "", error=f"get: {exc}")
-        got = (local / "readback").read_bytes()
-        return IntegrityCheck(direction, offset, len(data), count_mismatched_bytes(data, got), expected,
-                              hashlib.sha256(got).hexdigest())
-
-    def compare_read(self, bdev, dev, length_bytes, count, tmp, local):
-        offset = length_bytes
-        r = self._dd("integrity-read-backing", bdev, f"{tmp}.backing", offset, count, iflag_direct=True)
-        if not r.ok:
-            return IntegrityCheck("compare", offset, length_bytes, length_bytes, "", "",
-                                  error=f"read on {bdev} failed: {(r.stderr or r.error or '').strip()[-300:]}")
-        try:
-            self.transport.get(f"{tmp}.backing", str(local / "backing"))
-        except Exception as exc:  # noqa: BLE001
-            return IntegrityCheck("compare", offset, length_bytes, length_bytes, "", "", error=f"get: {exc}")
-        return self.read_compare("compare", (local / "backing").read_bytes(), dev, True, offset, count, tmp, local)
-
-
-def roundtrip_integrity(transport: Any, run: Runner, device: str, length_bytes: int = INTEGRITY_LEN_BYTES,
-                        seed: str = "kvgate", label: str = "nvme", decision: WriteDecision | None = None
-                        ) -> IntegrityResult:
-    """A pattern written through ``device`` with O_DIRECT and read back through it with O_DIRECT (where no
-    backing store can be read, e.g. an array's namespace): the data crosses the fabric both ways. The caller
-    asked the write guard first (``decision``)."""
-    count = length_bytes // INTEGRITY_CHUNK
-    tmp = f"/tmp/kvgate-integrity-{label}"
-    io = PatternIO(transport, run)
-    with tempfile.TemporaryDirectory(prefix="kvgate-integrity-") as local_s:
-        data = pattern_bytes(f"{seed}:{device}:roundtrip", length_bytes)
-        check = io.write_read("nvme->nvme", data, device, device, True, True, length_bytes, count, tmp, Path(local_s),
-                              decision)
-        run("integrity-cleanup", ("rm", "-f", f"{tmp}.pattern", f"{tmp}.readback"), 30)
-    return IntegrityResult((check,), device, "", decision)
 
 
 def resolve_loopback_device(transport: Any, steps: Any, target: Any, node_name: str = "node") -> str:

@@ -25,7 +25,6 @@ import os
 import pwd
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +37,8 @@ import yaml
 
 from ..errors import HarnessError
 from ..node import program_path
+from ..transport.procgroup import pid_alive, terminate
+from .host import CommandLog
 
 
 SSHD = "/usr/sbin/sshd"
@@ -175,35 +176,17 @@ class RigState:
     started_at: float = 0.0
 
 
-class _CmdLog:
-    """Every rig command leaves argv, rc, stdout and stderr in `<state_dir>/log/commands.jsonl`."""
+def _rig_error(message: str) -> RigError:
+    return RigError(f"rig: {message}")
 
-    def __init__(self, log_dir: Path | None):
-        self.path = None
-        if log_dir is not None:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            self.path = log_dir / "commands.jsonl"
 
-    def run(self, argv: list[str], check: bool = True, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
-        t0 = time.monotonic()
-        try:
-            cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            self._write(argv, None, exc.stdout or "", exc.stderr or "", time.monotonic() - t0)
-            raise RigError(f"rig: timed out after {timeout_s}s: {shlex.join(argv)}") from None
-        except FileNotFoundError as exc:
-            raise RigError(f"rig: {argv[0]} not found ({exc}); install iproute2, openssh-server, sshfs, fuse3") from None
-        self._write(argv, cp.returncode, cp.stdout, cp.stderr, time.monotonic() - t0)
-        if check and cp.returncode != 0:
-            raise RigError(f"rig: `{shlex.join(argv)}` failed rc={cp.returncode}: {cp.stderr.strip()[-400:]}")
-        return cp
+def _host_log(log_dir: Path | None) -> CommandLog:
+    """The rig's host runner: every command in ``<state_dir>/log/commands.jsonl`` (when given), RigError."""
+    return CommandLog(log_dir, error=_rig_error,
+                      install_hint=lambda tool: f"install iproute2, openssh-server, sshfs, fuse3 ({tool})")
 
-    def _write(self, argv, rc, stdout, stderr, dur) -> None:
-        if self.path is None:
-            return
-        rec = {"argv": argv, "rc": rc, "stdout": stdout[-4000:], "stderr": stderr[-4000:], "duration_s": round(dur, 4)}
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(rec) + "\n")
+
+_UNLOGGED = _host_log(None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,13 +194,13 @@ class _CmdLog:
 # ----------------------------------------------------------------------------------------------
 
 def existing_namespaces() -> set[str]:
-    cp = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    cp = _UNLOGGED.run(["ip", "netns", "list"], check=False)
     return {line.split()[0] for line in cp.stdout.splitlines() if line.strip()}
 
 
 def namespace_pids(ns: str) -> list[int]:
     """PIDs of processes whose network namespace is `ns` (empty when it does not exist)."""
-    cp = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    cp = _UNLOGGED.run(["ip", "netns", "pids", ns], check=False)
     if cp.returncode != 0:
         return []
     return [int(x) for x in cp.stdout.split() if x.isdigit()]
@@ -231,49 +214,9 @@ def process_cmdline(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still "exists"; reap it if we can.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def kill_pids(pids: list[int], grace_s: float = 3.0) -> list[int]:
     """SIGTERM each PID, wait up to grace_s, SIGKILL survivors. Returns the PIDs that were signalled."""
-    signalled = []
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-            signalled.append(pid)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in signalled):
-        time.sleep(0.05)
-    for pid in signalled:
-        if _pid_alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in signalled):
-        time.sleep(0.05)
-    return signalled
+    return terminate(pids, group=False, grace_s=grace_s)
 
 
 def _abort_fuse_connections_of(pids: list[int]) -> None:
@@ -327,7 +270,7 @@ def rig_down(spec: RigSpec, remove_state: bool = False) -> dict:
     state = load_state(spec.state_dir)
     if state is not None:
         for pid in state.pids.values():
-            if pid not in pids and _pid_alive(pid) and _pid_in_namespaces(pid, ours):
+            if pid not in pids and pid_alive(pid) and _pid_in_namespaces(pid, ours):
                 pids.append(pid)
     killed = kill_pids(pids) if pids else []
     # Readers stuck on a FUSE mount whose sshfs died first: abort the connection and retry.
@@ -337,7 +280,7 @@ def rig_down(spec: RigSpec, remove_state: bool = False) -> dict:
         killed += kill_pids(leftovers, grace_s=1.0)
     deleted = []
     for ns in ours:
-        cp = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
+        cp = _UNLOGGED.run(["ip", "netns", "del", ns], check=False)
         if cp.returncode == 0:
             deleted.append(ns)
     still = [ns for ns in spec.all_namespaces() if ns in existing_namespaces()]
@@ -399,7 +342,7 @@ def _shell_rc_mounts(spec: RigSpec) -> str:
             f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(rc))}; fi; ")
 
 
-def _keygen(log: _CmdLog, path: Path, comment: str) -> str:
+def _keygen(log: CommandLog, path: Path, comment: str) -> str:
     if path.exists():
         path.unlink()
     pub = path.with_suffix(".pub") if path.suffix else Path(str(path) + ".pub")
@@ -465,7 +408,7 @@ def _build(spec: RigSpec) -> RigState:
         (sd / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(sd / "keys", 0o700)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-    log = _CmdLog(spec.log_dir)
+    log = _host_log(spec.log_dir)
     state = RigState(spec={k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()},
                      started_at=time.time())
 
@@ -583,7 +526,7 @@ def _build(spec: RigSpec) -> RigState:
     # Ready means: every sshd answers over the loopback port and every node sees the pool mounted.
     def probe(who: str) -> str | None:
         remote = ["true"] if who == STORAGE_NODE else ["mountpoint", "-q", str(spec.pool_mount)]
-        cp = subprocess.run(_ssh_argv(spec, state.ssh_ports[who], remote), capture_output=True, text=True, timeout=20)
+        cp = _UNLOGGED.run(_ssh_argv(spec, state.ssh_ports[who], remote), check=False, timeout_s=20)
         return None if cp.returncode == 0 else f"{who}: rc={cp.returncode} {cp.stderr.strip()[-300:]}"
 
     with ThreadPoolExecutor(max_workers=len(targets)) as ex:
@@ -646,8 +589,10 @@ def rig_status(spec: RigSpec) -> dict:
     if state is not None and all(out["namespaces"].values()):
         reach = {}
         for who, port in state.ssh_ports.items():
-            cp = subprocess.run(_ssh_argv(spec, port, ["true"]), capture_output=True, text=True, timeout=20)
-            reach[who] = cp.returncode == 0
+            try:
+                reach[who] = _UNLOGGED.run(_ssh_argv(spec, port, ["true"]), check=False, timeout_s=20).returncode == 0
+            except RigError:  # no answer within the limit: not reachable
+                reach[who] = False
         out["ssh_reachable"] = reach
         out["up"] = all(reach.values())
         out["inventory"] = state.inventory_path
@@ -676,9 +621,7 @@ def set_port_rate(spec: RigSpec, rate_mbit: int) -> None:
     tbf = ["tbf", "rate", f"{rate_mbit}mbit", "burst", spec.tbf_burst, "latency", spec.tbf_latency]
     for argv in (["tc", "-n", spec.storage_ns, "qdisc", "change", "dev", "st0", "root", *tbf],
                  ["tc", "-n", spec.hub_ns, "qdisc", "change", "dev", "v-st", "root", *tbf]):
-        cp = subprocess.run(argv, capture_output=True, text=True)
-        if cp.returncode != 0:
-            raise RigError(f"rig: `{shlex.join(argv)}` failed rc={cp.returncode}: {cp.stderr.strip()}")
+        _UNLOGGED.run(argv)
 
 
 def set_node_link(spec: RigSpec, node: str, up: bool) -> None:
@@ -689,7 +632,6 @@ def set_node_link(spec: RigSpec, node: str, up: bool) -> None:
     node's cable or switch port fails."""
     if node not in spec.node_names():
         raise RigError(f"rig: no node {node!r} (have {', '.join(spec.node_names())})")
-    cp = subprocess.run(["ip", "-n", spec.node_ns(node), "link", "set", "eth0", "up" if up else "down"],
-                        capture_output=True, text=True)
+    cp = _UNLOGGED.run(["ip", "-n", spec.node_ns(node), "link", "set", "eth0", "up" if up else "down"], check=False)
     if cp.returncode != 0:
         raise RigError(f"rig: link {'up' if up else 'down'} on {node} failed: {cp.stderr.strip()}")

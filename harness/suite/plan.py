@@ -7,6 +7,7 @@ so the plan and the run cannot drift apart.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -49,6 +50,37 @@ def gate_plan(cfg: Config, gate) -> list[PlannedStep]:
     ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
                       transports={}, steps=None, gate_dir=Path("."))
     return cfg.workload(gate)().plan(ctx)
+
+
+def _arg_pattern(arg: str) -> re.Pattern:
+    parts = re.split(r"(<[^<>]+>)", arg)
+    return re.compile("".join(".+" if p.startswith("<") and p.endswith(">") else re.escape(p) for p in parts),
+                      re.DOTALL)
+
+
+def _matches(step: PlannedStep, argv: tuple[str, ...]) -> bool:
+    return len(step.argv) == len(argv) and all(_arg_pattern(p).fullmatch(a) for p, a in zip(step.argv, argv))
+
+
+def plan_mismatch(planned: list[PlannedStep], sent: list[tuple[str, ...]]) -> str | None:
+    """Pure: None when the commands one node was sent (``sent``, in order) are what its planned steps with an
+    argv say, in order: each planned command sent once (a ``repeats`` step once or more in a row), an
+    ``optional`` one sent or not, nothing else; else what differs first."""
+    steps = [s for s in planned if s.argv]
+    i = 0
+    for n, argv in enumerate(sent):
+        if i > 0 and steps[i - 1].repeats and _matches(steps[i - 1], argv):
+            continue
+        while i < len(steps) and not _matches(steps[i], argv) and steps[i].optional:
+            i += 1
+        if i >= len(steps) or not _matches(steps[i], argv):
+            want = shlex.join(steps[i].argv) if i < len(steps) else "nothing more"
+            return f"command {n + 1} sent was not planned there: {shlex.join(argv)[:300]} (planned: {want[:300]})"
+        i += 1
+    left = [s for s in steps[i:] if not s.optional]
+    if left:
+        return f"planned but never sent: {shlex.join(left[0].argv)[:300]} ({left[0].description[:120]})"
+    return None
 
 
 def managed_nvmeof_plan(cfg: Config) -> tuple[list[PlannedStep], list[PlannedStep]]:

@@ -9,6 +9,10 @@ test can assert what a workload did and in which order; ``files`` is the node's 
 
 A spawned command (an engine, a reader) keeps running until its group is killed or ``Reply.exit_after_s``
 passes; ``Reply.rc`` is then its exit status.
+
+With ``sessions=True`` the node also keeps a command's stdin open (``Transport.open_session``, e.g. the clock
+probe): the session is one event (kind ``session``), and every ``send`` is handed to ``handler`` as a call with
+that stdin, whose reply's stdout is what the session prints back.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..redact import scrub_file
-from .base import Process, Transport
+from .base import KEEP_STDIN_OPEN, Process, Transport
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class Reply:
     stderr: str = ""
     error: str | None = None  # the command could not be started (OSError text)
     hang: bool = False  # never exits by itself: Transport.run times out and kills its group
-    exit_after_s: float | None = None  # a spawned command that dies by itself after this long
+    exit_after_s: float | None = None  # a spawned (or any) command that ends by itself after this long
 
 
 Handler = Callable[[Call], Reply]
@@ -55,7 +59,7 @@ Handler = Callable[[Call], Reply]
 
 @dataclass
 class Event:
-    """One thing that happened on the scripted node: ``kind`` is run, spawn, kill, put or get."""
+    """One thing that happened on the scripted node: ``kind`` is run, spawn, session, kill, put or get."""
 
     kind: str
     argv: tuple[str, ...] = ()
@@ -77,7 +81,7 @@ class _ScriptedProcess(Process):
             return -15
         if self.reply.hang:
             return None
-        if self._spawned:
+        if self._spawned or self.reply.exit_after_s is not None:  # a launch without a log file lives on too
             after = self.reply.exit_after_s
             if after is None or time.monotonic() - self._started < after:
                 return None
@@ -103,12 +107,39 @@ class _ScriptedProcess(Process):
         return self.reply.stdout.encode(), self.reply.stderr.encode()
 
 
+class _ScriptedSession(_ScriptedProcess):
+    """A command whose stdin stays open: each ``send`` is answered by the handler, until stdin is closed."""
+
+    def __init__(self, node: "ScriptedTransport", pid: int, call: Call):
+        super().__init__(node, pid, Reply(hang=True), spawned=False)
+        self.call = call
+        self._closed = False
+
+    def send(self, data: bytes) -> None:
+        if self._closed or self._killed.is_set():
+            raise BrokenPipeError("the session's stdin is closed")
+        reply = self.node.handler(Call(self.call.argv, self.call.env, data, None))
+        self._out.append(reply.stdout.encode())
+
+    def close_stdin(self) -> None:
+        self._closed = True
+
+    def _rc(self) -> int | None:
+        if self._killed.is_set():
+            return -15
+        return 0 if self._closed else None
+
+    def output(self) -> tuple[bytes, bytes]:
+        return b"".join(self._out), b""
+
+
 class ScriptedTransport(Transport):
     """A node answered by ``handler`` (default: every command succeeds with no output)."""
 
     def __init__(self, handler: Handler | None = None, name: str = "scripted",
-                 events: list[Event] | None = None, files: dict[str, bytes] | None = None):
+                 events: list[Event] | None = None, files: dict[str, bytes] | None = None, sessions: bool = False):
         self.name = name
+        self.supports_sessions = sessions
         self.handler = handler or (lambda call: Reply())
         self.events: list[Event] = events if events is not None else []
         self.files: dict[str, bytes] = files if files is not None else {}
@@ -121,12 +152,16 @@ class ScriptedTransport(Transport):
 
     @property
     def commands(self) -> list[tuple[str, ...]]:
-        """argv of every command run or spawned, in order."""
-        return [e.argv for e in self.events if e.kind in ("run", "spawn")]
+        """argv of every command run, spawned or opened as a session, in order."""
+        return [e.argv for e in self.events if e.kind in ("run", "spawn", "session")]
 
     def _start(self, argv, env, stdin, log_path) -> Process:
-        call = Call(tuple(argv), dict(env), stdin, log_path)
         pid = next(self._pids)
+        if stdin is KEEP_STDIN_OPEN:
+            session = Call(tuple(argv), dict(env), None, None)
+            self._event(Event("session", session.argv, "", pid))
+            return _ScriptedSession(self, pid, session)
+        call = Call(tuple(argv), dict(env), stdin, log_path)
         self._event(Event("spawn" if call.spawned else "run", call.argv, log_path or "", pid))
         reply = self.handler(call)
         if reply.error is not None:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 from ..errors import TransportError
 from ..redact import scrub_file
 from .base import KEEP_STDIN_OPEN, Process, Transport
+from .procgroup import group_exists, terminate
 
 
 class _LocalProcess(Process):
@@ -74,19 +73,11 @@ class _LocalProcess(Process):
             return None
 
     def kill_group(self, grace_s=5.0):
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                self.popen.poll()
-                try:
-                    os.killpg(self.pid, 0)
-                except ProcessLookupError:
-                    return
-                time.sleep(0.05)
+        terminate([self.pid], group=True, grace_s=grace_s, alive=self._group_alive)
+
+    def _group_alive(self, pgid: int) -> bool:
+        self.popen.poll()  # reaps the leader through Popen, so its exit status is kept
+        return group_exists(pgid)
 
     def output(self):
         for t in self._threads:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from ..errors import HarnessError
 from .local import free_port
+from .procgroup import group_exists, terminate
 
 
 def find_sshd() -> str:
@@ -110,16 +110,10 @@ class PrivateSshd:
         raise HarnessError(f"sshd did not listen on {self.host}:{self.port} within {timeout_s} s")
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            terminate([proc.pid], group=True, grace_s=5.0,
+                      alive=lambda pgid: proc.poll() is None or group_exists(pgid))
         self.proc = None
 
     def node_yaml(self, name: str = "sshnode") -> dict:

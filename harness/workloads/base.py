@@ -46,12 +46,18 @@ class StrictModel(BaseModel):
 
 @dataclass(frozen=True)
 class PlannedStep:
-    """One thing a gate does on one node: what, and the exact argv when it is a command."""
+    """One thing a gate does on one node: what, and the exact argv when it is a command. An argument written
+    ``<...>`` stands for what the run finds on the node (a device, a run tag): :func:`harness.suite.plan.plan_mismatch`
+    matches it to any text there."""
 
     node: str
     description: str
     argv: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)  # name -> content, written before the step
+    # Sent only when the condition its description states holds (a fill when the file is short, one of two modes).
+    optional: bool = False
+    # Sent again, in a row, until it answers (a poll; a probe whose answer was lost on the way).
+    repeats: bool = False
 
 
 @dataclass

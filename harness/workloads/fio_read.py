@@ -16,25 +16,23 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from ..errors import WorkloadError
 from ..execute.fanout import fan_out
-from ..execute.facts import NUMA_ARGV
 from ..parsers.blockdev import LSBLK_ARGV, find_device, parse_lsblk
-from ..parsers.facts import parse_numa
-from ..parsers.fio import FioRun, StreamSpec, job_file, parse_cpulist, parse_fio_json, split_regions
+from ..parsers.fio import FioRun, StreamSpec, job_file, split_regions
 from ..units import parse_size_bytes
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..writeguard import CREATED_SUFFIX, check_write, path_probe_argv, probe_path
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
-                   Workload, WorkloadResult, drop_caches, nvmeof_device, register_workload, target_path,
+                   Workload, WorkloadResult, drop_caches, register_workload, target_path,
                    write_gate_file)
+from .targets import target_device
+from .probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
 
-# kind -> fn(transport, steps, target) -> device path; other modules register NVMe-oF resolvers here.
-TARGET_RESOLVERS: dict[str, Callable[[Any, Any, Any], str]] = {}
 
 
 class FioReadParams(StrictModel):
@@ -114,13 +112,6 @@ class FioReadEvidence(Evidence, StreamsEvidence):
     time_based: bool | None = None
     nodes: dict[str, FioNodeEvidence] = {}
     node_errors: dict[str, str] = {}
-
-
-def stream_rows(node: str, run: FioRun, gpu_of: dict[str, int]) -> list[StreamRow]:
-    """Pure: one row per fio reporting group (one GPU or read stream) of a node's fio JSON."""
-    return [StreamRow(node=node, label=g.label, gpu=gpu_of.get(g.label), read_gb_s=g.read_gb_s,
-                      read_bytes=g.read_bytes, runtime_ms=g.runtime_ms, iops=g.read_iops, lat_p50_us=g.lat_p50_us,
-                      lat_p99_us=g.lat_p99_us) for g in run.groups]
 
 
 def read_metrics(per_node_gb_s: dict[str, list[float]]) -> dict[str, float]:
@@ -303,10 +294,6 @@ class FioRead(Workload):
                         numjobs=p.numjobs, runtime_s=p.runtime_s, ramp_s=p.ramp_s, direct=p.direct,
                         time_based=_time_based(p))
 
-    @staticmethod
-    def _pins(p: FioReadParams, node) -> bool:
-        return p.pin_numa and any(g.numa_node is not None for g in node.gpus)
-
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         """Every command the run sends to each node, in order (file targets: the fill only when needed)."""
         p = ctx.params
@@ -334,9 +321,8 @@ class FioRead(Workload):
             else:
                 out.append(PlannedStep(node.name, f"size of {path}", ("blockdev", "--getsize64", path)))
                 out.append(PlannedStep(node.name, "the device's serial, model and what it holds", LSBLK_ARGV + (path,)))
-            if self._pins(p, node):
-                out.append(PlannedStep(node.name, "CPU list of every NUMA node (streams pinned to their GPU's)",
-                                       NUMA_ARGV))
+            if pins_numa(p.pin_numa, node):
+                out.append(numa_step(node.name, "streams"))
             if p.drop_caches:
                 out.append(PlannedStep(node.name, "drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV))
             total = t.size_bytes or 0
@@ -366,13 +352,7 @@ class FioRead(Workload):
         ndir = ctx.gate_dir / node.name
         ndir.mkdir(parents=True, exist_ok=True)
         t = node.target(p.target)
-        nvmeof = None
-        if t.kind == "nvmeof":
-            path, nvmeof = nvmeof_device(ctx, node, t, tr)
-        elif t.kind in TARGET_RESOLVERS and not t.path:
-            path = TARGET_RESOLVERS[t.kind](tr, steps, t)
-        else:
-            path = target_path(node, t)
+        path, nvmeof = target_device(ctx, node, t, tr)
         rec = FioNodeEvidence(target=t.name, kind=t.kind, path=path, nvmeof=nvmeof)
         r = steps.run(tr, "mkdir-work", ("mkdir", "-p", node.work_dir), timeout_s=30)
         if not r.ok:
@@ -394,11 +374,8 @@ class FioRead(Workload):
                               "pttype": dev.pttype} if dev else None
         rec.region_total_bytes = total
         cpulists = None
-        if self._pins(p, node):
-            r = steps.run(tr, "numa-cpulists", NUMA_ARGV, timeout_s=30)
-            if r.ok:
-                cpulists = {k: v for k, v in parse_numa(r.stdout).items() if parse_cpulist(v)}
-            rec.numa_cpulists = cpulists
+        if pins_numa(p.pin_numa, node):
+            rec.numa_cpulists = cpulists = numa_cpulists(ctx, tr)
         if p.drop_caches:
             drop = drop_caches(ctx, tr, timeout_s=120)
             rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
@@ -413,16 +390,10 @@ class FioRead(Workload):
                       timeout_s=p.ramp_s + p.runtime_s + 120)
         write_gate_file(ndir / "fio.json", r.stdout)
         write_gate_file(ndir / "fio.stderr", r.stderr)
-        if not r.ok:
-            raise WorkloadError(f"fio failed: {r.summary()}")
-        run = parse_fio_json(r.stdout)
+        run = fio_json(r)
         rec.fio_version = run.version
-        bad = [g.label for g in run.groups if g.errors]
-        if bad:
-            raise WorkloadError(f"fio reported I/O errors in {', '.join(bad)}")
-        if not run.groups:
-            raise WorkloadError("fio reported no jobs")
-        rows = stream_rows(node.name, run, {f"gpu{g.index}": g.index for g in node.gpus})
+        check_fio_groups(run)
+        rows = fio_stream_rows(node.name, run, {f"gpu{g.index}": g.index for g in node.gpus})
         rec.node_read_gb_s = sum(g.read_gb_s for g in run.groups)
         rec.stream_region_bytes = {s.label: s.size_bytes // p.numjobs * p.numjobs
                                    for s in streams_for(node, total, p.bs_bytes, p.numjobs, cpulists, p.pin_numa)}

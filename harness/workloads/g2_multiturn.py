@@ -211,12 +211,14 @@ class G2MultiTurn(Workload):
         cap = prof.capabilities
         return prof.render_argv(v) + [cap.engine_cache_flag, str(p.gpu_cache_tokens)] + ([] if tier else [cap.no_tier_flag])
 
-    def _ports_planned(self, p: MultiTurnParams) -> dict[str, int]:
-        base = p.port or 8000
-        return {"no_tier": base, "tier": base + 1}
+    def _ports_planned(self, p: MultiTurnParams) -> dict[str, Any]:
+        """The gate's ports, or placeholders for the free ones the run finds."""
+        if p.port:
+            return {"no_tier": p.port, "tier": p.port + 1}
+        return {"no_tier": "<port>", "tier": "<tier port>"}
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
-        """Every command the run sends, in its order (ports 8000 and 8001 here unless the gate sets one, free ones in
+        """Every command the run sends, in its order (ports ``<port>`` and ``<tier port>`` here unless the gate sets one, free ones in
         the run; the run's tag is ``<run>``)."""
         p: MultiTurnParams = ctx.params
         prof = load_profile(p.engine)

@@ -354,14 +354,16 @@ class G2Ttft(Workload):
             PlannedStep(node.name, f"re-compute: {n} never-seen prompts of {p.prompt_tokens} tokens, TTFT each "
                         f"(this also stores their KV in the pool){warm}"),
             PlannedStep(node.name, f"wait until the finished chunk files in {v['pool_dir']} hold the expected KV bytes",
-                        tuple(pool_files_argv(v["pool_dir"], prof.pool_files))),
+                        tuple(pool_files_argv(v["pool_dir"], prof.pool_files)), repeats=True),
             PlannedStep(node.name, f"stop the engine (kill its process group){check}"),
             PlannedStep(node.name, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV),
             PlannedStep(node.name, "start the engine again", tuple(argv)),
-            PlannedStep(node.name, "the pool's block device and its read counters (before the read-back, again after)",
+            PlannedStep(node.name, "the pool's block device and its read counters before the read-back",
                         pool_blockstat_argv(v["pool_dir"])),
             PlannedStep(node.name, f"read back: the same {n} prompts, TTFT each{warm}; hit counters and "
-                        f"/sys/class/block/DEV/stat of the pool's device before and after{check}"),
+                        f"/sys/dev/block/MAJ:MIN/stat of the pool's device before and after{check}"),
+            PlannedStep(node.name, "the pool device's read counters after the read-back",
+                        pool_blockstat_argv(v["pool_dir"])),
         ]
         return steps
 
@@ -378,15 +380,25 @@ class G2Ttft(Workload):
         if prof.device_reads:
             proofs.append(f"the pool device's read bytes (at least {p.min_read_fraction} of the KV the hits claim)")
         proofs_text = "; ".join(proofs)
+        lines = "fall-back lines" + (", hit lines" if prof.hit_log else "")
+
+        def log(where: str) -> list[PlannedStep]:  # the log is read wherever the run marks it (none: not read)
+            return [PlannedStep(a.log.node, f"the engine's log {where} ({lines})", ("sh", "-c", a.log.run))] \
+                if a.log else []
+
+        files = tuple(pool_files_argv(p.pool_path, prof.pool_files))
         steps = [PlannedStep("(control host)", f"attach: {prof.name} already running at {a.url}; its "
                              f"{prof.health_path} must answer 200 within {a.connect_timeout_s:.0f} s (else ERROR)")]
-        log = [PlannedStep(a.log.node, "the engine's log (fall-back lines" + (", hit lines" if prof.hit_log else "") + ")",
-                           ("sh", "-c", a.log.run))] if a.log else []
-        steps += log + [
+        steps += log("where it stands at the start (fall-backs count from here)")
+        steps += log("before the re-compute phase")
+        steps += [
+            PlannedStep(pool_node, f"the chunk files already in {p.pool_path} (earlier runs'; only what this run "
+                        "adds counts)", files),
             PlannedStep("(control host)", f"re-compute: {n} prompts of {p.prompt_tokens} tokens new to the engine "
-                        f"(seed {p.seed} + a per-run nonce, recorded){warm}; hit counters before and after must not move"),
-            PlannedStep(pool_node, f"wait until the finished chunk files in {p.pool_path} grew by the expected KV bytes",
-                        tuple(pool_files_argv(p.pool_path, prof.pool_files)))]
+                        f"(seed {p.seed} + a per-run nonce, recorded){warm}; hit counters before and after must not move")]
+        steps += log("after the re-compute phase")
+        steps += [PlannedStep(pool_node, f"wait until the finished chunk files in {p.pool_path} grew by the expected "
+                              "KV bytes", files, repeats=True)]
         steps += [PlannedStep(c.node, f"cold procedure {i + 1}/{len(a.restart)} (timeout {c.timeout_s:.0f} s; "
                               "a failure is ERROR with its output)", ("sh", "-c", c.run))
                   for i, c in enumerate(a.restart)]
@@ -394,12 +406,18 @@ class G2Ttft(Workload):
             steps += [PlannedStep(node, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV)
                       for node in (a.drop_caches_on or [pool_node])]
         ready = a.ready_timeout_s or prof.ready_timeout_s
+        steps += [PlannedStep("(control host)", f"wait until {a.url}{prof.health_path} answers 200 again (at most "
+                              f"{ready:.0f} s)")]
+        steps += log("where the restarted engine's log starts")
+        steps += [PlannedStep(pool_node, "the pool's block device and its read counters before the read-back",
+                              pool_blockstat_argv(p.pool_path))]
+        steps += log("before the read-back phase")
         steps += [
-            PlannedStep("(control host)", f"wait until {a.url}{prof.health_path} answers 200 again (at most {ready:.0f} s)"),
-            PlannedStep(pool_node, "the pool's block device and its read counters (before the read-back, again after)",
-                        pool_blockstat_argv(p.pool_path)),
             PlannedStep("(control host)", f"read back: the same {n} prompts, TTFT each{warm}; proofs: {proofs_text}"),
-        ] + log
+            PlannedStep(pool_node, "the pool device's read counters after the read-back",
+                        pool_blockstat_argv(p.pool_path)),
+        ]
+        steps += log("after the read-back phase")
         return steps
 
     # ------------------------------------------------------------------------------------------ run

@@ -244,9 +244,14 @@ class G3SharedRead(Workload):
         creator = ctx.nodes[p.create_on or readers[0]]
         out = [PlannedStep(port_node, f"line rate of {nic} (cross-check)", ("cat", f"/sys/class/net/{nic}/speed")),
                PlannedStep(port_node, f"shaping of {nic} (cross-check)", ("tc", "-j", "qdisc", "show", "dev", nic))]
+        for r in readers:  # the reader program goes into this directory (a file copy, not a command)
+            out.append(PlannedStep(r, "create the node's directory for kvgate's reader",
+                                   ("mkdir", "-p", _node_dir(ctx.nodes[r], ctx.gate.id))))
+        manifest = posixpath.join(_pool_dir(creator, p), MANIFEST)
+        out.append(PlannedStep(creator.name, "the KV copy's manifest, if one is there", ("cat", manifest)))
         out.append(PlannedStep(creator.name, f"lay out the KV copy ({p.chunks} chunk files, {p.copy_bytes} bytes) "
                                f"in {_pool_dir(creator, p)} unless its manifest matches",
-                               self._create_argv(ctx, creator, p)))
+                               self._create_argv(ctx, creator, p), optional=True))
         for r in readers:
             node = ctx.nodes[r]
             out.append(PlannedStep(r, f"measure clock offset: one command, {p.clock_samples} round trips over its "
@@ -357,9 +362,8 @@ class G3SharedRead(Workload):
             try:
                 out = parse_reader_output(run.stdout, name, applied[name],
                                           source=str(ndir / "reader.jsonl"))
-                armed_rec = _first(run.stdout, "armed")
-                info.update(direct_used=armed_rec.get("direct_used"), direct_error=armed_rec.get("direct_error"),
-                            start_priority=_first(run.stdout, "start").get("start_priority"),
+                info.update(direct_used=out.armed.get("direct_used"), direct_error=out.armed.get("direct_error"),
+                            start_priority=out.start.get("start_priority"),
                             bytes_read=out.series.total_bytes, completed=out.series.completed,
                             truncated=out.truncated, samples=len(out.series.intervals), reader_errors=list(out.errors))
                 series[name] = out.series
@@ -407,13 +411,3 @@ class G3SharedRead(Workload):
             raise WorkloadError(f"creating the KV copy on {creator} failed: {r.summary()}")
         return {"created": True, "by": creator, "dir": pool, "report": r.stdout.strip()}
 
-
-def _first(text: str, kind: str) -> dict:
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("type") == kind:
-            return rec
-    return {}

@@ -45,11 +45,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..engines import ArchError, ModelArch, arch_from_config, check_lmcache_config, lmcache_config, load_profile
 from ..engines.profiles import EngineProfile
 from ..errors import ConfigError, WorkloadError
-from ..execute.facts import NUMA_ARGV
 from ..execute.fanout import fan_out
 from ..node import program_path
-from ..parsers.facts import parse_numa
-from ..parsers.fio import FioRun, parse_cpulist, parse_fio_json
+from ..parsers.fio import FioRun, parse_fio_json
 from ..parsers.kvread import ReadRun, parse_layout, parse_read
 from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..paths import data_path
@@ -58,6 +56,7 @@ from ..units import parse_size_bytes
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
                    Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary, write_gate_file)
 from .engine import node_engine_python
+from .probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
 
 # The reader's environment: one hash seed for every process (LMCache's builtin chunk hash), no telemetry.
 READER_ENV = {"PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "LMCACHE_LOG_LEVEL": "WARNING"}
@@ -350,12 +349,6 @@ def connector_rows(node: str, run: ReadRun, fio: FioRun | None) -> tuple[list[St
     return rows, details
 
 
-def fio_rows(node: str, run: FioRun, gpu_of: dict[str, int]) -> list[StreamRow]:
-    return [StreamRow(node=node, label=g.label, gpu=gpu_of.get(g.label), read_gb_s=g.read_gb_s, read_bytes=g.read_bytes,
-                      runtime_ms=g.runtime_ms, iops=g.read_iops, lat_p50_us=g.lat_p50_us, lat_p99_us=g.lat_p99_us)
-            for g in run.groups]
-
-
 def record_checks(rec: KvNodeEvidence, run: ReadRun) -> None:
     """Pure: a node's read-back checks (mismatching and missing chunks, stream errors, device bytes) into its record."""
     mism = [{"stream": s.label, "key": m.key, "file": m.file, "expected_sha256": m.expected_sha256,
@@ -456,7 +449,7 @@ def reevaluate_kv_read(evidence: dict[str, Any], raw: dict[str, tuple[str, str]]
         rows, det = connector_rows(name, run, fio)
         gpu_of = {r.label: r.gpu for r in ev.streams + ev.fio_streams if r.node == name and r.gpu is not None}
         streams += rows
-        fios += fio_rows(name, fio, gpu_of)
+        fios += fio_stream_rows(name, fio, gpu_of)
         details += det
     ev = ev.model_copy(update={"nodes": nodes, "streams": streams, "fio_streams": fios, "stream_details": details})
     return evaluate_kv_read(ev)
@@ -636,10 +629,6 @@ class KvRead(Workload):
     def _argv(self, s: dict[str, Any], command: str) -> tuple[str, ...]:
         return (s["python"], s["program"], command, "--spec", s["spec"])
 
-    @staticmethod
-    def _pins(p: KvReadParams, node) -> bool:
-        return p.pin_numa and any(g.numa_node is not None for g in node.gpus)
-
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: KvReadParams = ctx.params
         out = []
@@ -649,8 +638,8 @@ class KvRead(Workload):
             n = node.name
             out.append(PlannedStep(n, f"create {s['run_dir']} and the pool {s['pool']}",
                                    ("mkdir", "-p", s["run_dir"], s["pool"])))
-            if self._pins(p, node):
-                out.append(PlannedStep(n, "CPU list of every NUMA node (readers pinned to their GPU's)", NUMA_ARGV))
+            if pins_numa(p.pin_numa, node):
+                out.append(numa_step(n, "readers"))
             out.append(PlannedStep(n, "the pool's block device (its /sys/dev/block/MAJ:MIN/stat proves cold reads)",
                                    pool_blockstat_argv(s["pool"]),
                                    files={s["lmcache_yaml"]: json.dumps(s["lmcache"], indent=1),
@@ -728,11 +717,8 @@ class KvRead(Workload):
         if not r.ok:
             raise WorkloadError(f"cannot create {s['run_dir']} / {s['pool']}: {r.summary()}")
         cpulists = None
-        if self._pins(p, node):
-            r = steps.run(tr, "numa-cpulists", NUMA_ARGV, timeout_s=30)
-            if r.ok:
-                cpulists = {k: v for k, v in parse_numa(r.stdout).items() if parse_cpulist(v)}
-            rec.numa_cpulists = cpulists
+        if pins_numa(p.pin_numa, node):
+            rec.numa_cpulists = cpulists = numa_cpulists(ctx, tr)
         r = steps.run(tr, "kv-pool-device", pool_blockstat_argv(s["pool"]), timeout_s=30)
         dev = _pool_stat(r)
         if dev is not None:
@@ -803,16 +789,12 @@ class KvRead(Workload):
         write_gate_file(nd / "fio.json", r.stdout)
         write_gate_file(nd / "fio.stderr", r.stderr)
         rec.fio_device_read_bytes = read_bytes_between(_pool_stat(b0), _pool_stat(b1))
-        if not r.ok:
-            raise WorkloadError(f"fio failed: {r.summary()}")
-        fio = parse_fio_json(r.stdout)
+        fio = fio_json(r)
         rec.fio_version = fio.version
-        bad = [g.label for g in fio.groups if g.errors]
-        if bad:
-            raise WorkloadError(f"fio reported I/O errors in {', '.join(bad)}")
+        check_fio_groups(fio)
         gpu_of = {label: gpu for label, gpu, _ in stream_labels(node) if gpu is not None}
         acc["rows"], acc["details"] = connector_rows(node.name, run, fio)
-        acc["fio"] = fio_rows(node.name, fio, gpu_of)
+        acc["fio"] = fio_stream_rows(node.name, fio, gpu_of)
 
 
 def _pool_stat(result):

@@ -14,9 +14,6 @@ ERROR). Then a pattern goes through the fabric with O_DIRECT and back; where the
 NQN as a loopback (the target side), the check is the two-way one against its backing store instead.
 
 The metric is the number of bytes that differ; every read-back is kept in the evidence.
-
-Importing this module also registers the ``nvmeof-loopback`` device resolver for fio-read, so G1
-can name a loopback target and read the /dev/nvmeXnY found by its NQN.
 """
 
 from __future__ import annotations
@@ -28,16 +25,13 @@ from pydantic import Field
 
 from ..errors import WorkloadError
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
-from ..parsers.blockdev import LSBLK_ARGV, blkid_argv
-from ..rigs.loopback import (INTEGRITY_LEN_BYTES, IntegrityResult, Loopback, LoopbackError, LoopbackSpec,
-                             backing_device, nvme_device, probe_commands, resolve_loopback_device,
-                             roundtrip_integrity)
-from ..writeguard import check_write, path_probe_argv
+from ..rigs.loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, LoopbackSpec, backing_device, nvme_device,
+                             probe_commands)
+from ..writeguard import block_probe_plan, check_write
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, nvmeof_device,
                    register_workload, write_gate_file)
-from .fio_read import TARGET_RESOLVERS
-
-TARGET_RESOLVERS.setdefault("nvmeof-loopback", resolve_loopback_device)
+from .integrity import (IntegrityResult, integrity_cleanup_argv, integrity_commands, loopback_integrity,
+                        roundtrip_commands, roundtrip_integrity)
 
 
 class NvmeIntegrityParams(StrictModel):
@@ -100,6 +94,7 @@ class NvmeIntegrity(Workload):
                         f"{'the check fails' if spec.backing == 'block' else 'read-only compare'}")
             out.append(PlannedStep(name, f"integrity ({mode}) of {ctx.params.length_bytes} bytes per "
                                          f"direction on {spec.nqn} (dd with O_DIRECT, compared here)"))
+            out += _integrity_steps(name, spec, ctx.params.length_bytes)
         return out
 
     @staticmethod
@@ -108,22 +103,27 @@ class NvmeIntegrity(Workload):
         dev = f"<the namespace of {t.nqn}>"
         out = [PlannedStep(name, f"find the namespace of {t.nqn} and check it is {spec.address}, live ({probe})", argv)
                for probe, argv in nvmeof_probes(spec).items()]
-        out.append(PlannedStep(name, "the write guard on the namespace: what it is", path_probe_argv(dev)))
-        out.append(PlannedStep(name, "the write guard: filesystem, partition table, serial (lsblk)",
-                               LSBLK_ARGV + (dev,)))
-        out.append(PlannedStep(name, "the write guard: signatures on the device itself (blkid -p; then the sysfs "
-                                     "serial when lsblk shows none)", blkid_argv(dev)))
+        out += [PlannedStep(name, what, argv, optional=optional)
+                for what, argv, optional in block_probe_plan(dev, "the namespace")]
         loop = _loopback_of(node, t)
+        length = ctx.params.length_bytes
         if loop is not None:
             lspec = LoopbackSpec.from_target(loop, name, node)
             for probe, argv in probe_commands(lspec).items():
                 out.append(PlannedStep(name, f"the loopback serving it ({loop.name}): probe {probe}", tuple(argv)))
             mode = (f"write a pattern on the backing of {loop.name}, read it through the namespace; write one "
                     "through the namespace, read it on the backing")
+            out.append(PlannedStep(name, f"if the write guard allows it: {mode} ({length} bytes each, dd with "
+                                         "O_DIRECT, compared here); refused: nothing is written, ERROR"))
+            out += _integrity_steps(name, lspec, length, device=dev, guard_device=False)
         else:
-            mode = "write a pattern through the namespace and read it back through it"
-        out.append(PlannedStep(name, f"if the write guard allows it: {mode} ({ctx.params.length_bytes} bytes each, "
-                                     f"dd with O_DIRECT, compared here); refused: nothing is written, ERROR"))
+            out.append(PlannedStep(name, f"if the write guard allows it: write a pattern through the namespace and "
+                                         f"read it back through it ({length} bytes, dd with O_DIRECT, compared "
+                                         "here); refused: nothing is written, ERROR"))
+            out += [PlannedStep(name, f"if allowed: {what}", argv, optional=True)
+                    for what, argv in roundtrip_commands(t.name, dev, length)]
+            out.append(PlannedStep(name, "remove the pattern and read-back files", integrity_cleanup_argv(t.name),
+                                   optional=True))
         return out
 
     def run(self, ctx: GateContext) -> WorkloadResult:
@@ -151,7 +151,7 @@ class NvmeIntegrity(Workload):
                 errors.append(f"{name}: loopback target {spec.name} is not up (run 'kvgate loopback up')")
                 continue
             try:
-                res = lb.check_integrity(st, length_bytes=ctx.params.length_bytes)
+                res = loopback_integrity(lb, st, length_bytes=ctx.params.length_bytes)
             except LoopbackError as exc:
                 errors.append(f"{name}: {exc}")
                 continue
@@ -164,6 +164,23 @@ class NvmeIntegrity(Workload):
             ctx.progress(f"{name}: {res.checked_bytes} bytes read back through {res.device}, "
                          f"{res.mismatched_bytes} differ")
         return evaluate_integrity(ev, errors)
+
+
+def _integrity_steps(name: str, spec: LoopbackSpec, length_bytes: int, device: str = "<the namespace's /dev/nvmeXnY>",
+                     guard_device: bool = True) -> list[PlannedStep]:
+    """The commands of a loopback's integrity check, as planned: the write guard on the backing and (unless it
+    was asked already, ``guard_device``) on the namespace, when offered; then either the two-way write and
+    read-back or the read-only compare; then the clean-up."""
+    backing = "<the backing device>"
+    guards = block_probe_plan(backing, "the backing") + (block_probe_plan(device, "the namespace") if guard_device
+                                                         else [])
+    out = [PlannedStep(name, f"if offered: {what}", argv, optional=True) for what, argv, _ in guards]
+    for writable, mode in ((True, "the write guard allowed both"), (False, "not allowed: read-only compare")):
+        out += [PlannedStep(name, f"{mode}: {what} (the data comes here to be compared)", argv, optional=True)
+                for what, argv in integrity_commands(spec.name, backing, device, length_bytes,
+                                                     spec.backing != "file", writable)]
+    out.append(PlannedStep(name, "remove the pattern and read-back files", integrity_cleanup_argv(spec.name)))
+    return out
 
 
 def _loopback_of(node, target):
@@ -192,7 +209,8 @@ def _run_nvmeof(ctx: GateContext, name: str, node, t, tr) -> tuple[dict[str, Any
         if backing_device(spec, st) is None:
             raise WorkloadError(f"the loopback {loop.name} serving {t.nqn} has no backing device (run "
                                 "'kvgate loopback up')")
-        res = lb.check_integrity(st, length_bytes=ctx.params.length_bytes, device=dev, device_decision=decision)
+        res = loopback_integrity(lb, st, length_bytes=ctx.params.length_bytes, device=dev,
+                                 device_decision=decision)
     else:
         res = roundtrip_integrity(tr, run, dev, ctx.params.length_bytes, label=t.name, decision=decision)
     d = {**res.as_dict(), "nvmeof": nvmeof, "namespace_write_guard": decision.as_dict()}

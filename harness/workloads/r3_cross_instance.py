@@ -197,7 +197,7 @@ class R3CrossInstance(Workload):
                 str(p.request_timeout_s)]
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
-        """Every command the run sends, per node in the run's order (the engine's port is 8000 here, a free one in
+        """Every command the run sends, per node in the run's order (the engine's port is ``<port>`` here, a free one in
         the run; the run's tag is ``<run>``)."""
         p: R3Params = ctx.params
         prof = load_profile(p.engine)
@@ -207,7 +207,7 @@ class R3CrossInstance(Workload):
         lay = {}
         for role, name in (("writer", writer), ("reader", reader)):
             node = ctx.nodes[name]
-            v = lay[role] = self._layout(ctx, prof, node, 8000, "<run>")
+            v = lay[role] = self._layout(ctx, prof, node, "<port>", "<run>")  # type: ignore[arg-type]
             argv, env = prof.render_argv(v), prof.render_env(v)
             out.append(PlannedStep(name, f"{role}: pre-flight: the engine's interpreter imports what the profile "
                                    "declares", tuple(preflight_argv(v["python"], prof))))

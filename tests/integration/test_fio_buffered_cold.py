@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from harness.parsers.fio import StreamSpec, job_file, parse_fio_json
-from harness.workloads.fio_read import FioNodeEvidence, FioReadEvidence, evaluate_fio_read, stream_rows
+from harness.workloads.fio_read import FioNodeEvidence, FioReadEvidence, evaluate_fio_read
+from harness.workloads.probes import fio_stream_rows
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +69,7 @@ def test_a_time_based_buffered_job_that_wraps_is_invalid_with_the_bytes_read(tmp
     (group,) = run.groups
     assert group.read_bytes > SIZE  # fio wrapped: the figure is the page cache's
     ev = FioReadEvidence(ioengine="psync", direct=False, rw="read", bs_bytes=1 << 20, iodepth=1, numjobs=1,
-                         runtime_s=1, ramp_s=0, time_based=True, streams=stream_rows("n1", run, {}),
+                         runtime_s=1, ramp_s=0, time_based=True, streams=fio_stream_rows("n1", run, {}),
                          nodes={"n1": FioNodeEvidence(target="kv", kind="file", path=str(data), page_cache_dropped=True,
                                                       region_total_bytes=SIZE,
                                                       stream_region_bytes={"stream0": SIZE})})

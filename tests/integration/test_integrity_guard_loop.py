@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from harness.workloads.integrity import loopback_integrity
 from harness.rigs.loopback import Loopback
 from test_write_guard_loop import _spec, _stand_in_state, attach, ext4_image, node_runner  # noqa: F401
 
@@ -42,7 +43,8 @@ def test_the_namespace_path_is_refused_while_mounted_and_nothing_is_written(tmp_
     backing, stand_in = attach(image), attach(image)
     point = mount_at(stand_in)
     tr, steps, run = node_runner(tmp_path)
-    res = Loopback(tr, _spec(backing, f"loop:{image.resolve()}"), run=run).check_integrity(_stand_in_state(stand_in))
+    res = loopback_integrity(Loopback(tr, _spec(backing, f"loop:{image.resolve()}"), run=run),
+                             _stand_in_state(stand_in))
     assert not [p for p in steps.root.iterdir() if "integrity-write" in p.name]  # no write on either path
     (check,) = res.checks
     assert not res.ok and f"refusing to write to {stand_in}" in check.error
@@ -55,7 +57,8 @@ def test_unmounted_both_paths_are_allowed_and_written(tmp_path, attach):  # noqa
     image = ext4_image(tmp_path / "kv.img")
     backing, stand_in = attach(image), attach(image)
     tr, steps, run = node_runner(tmp_path)
-    res = Loopback(tr, _spec(backing, f"loop:{image.resolve()}"), run=run).check_integrity(_stand_in_state(stand_in))
+    res = loopback_integrity(Loopback(tr, _spec(backing, f"loop:{image.resolve()}"), run=run),
+                             _stand_in_state(stand_in))
     assert res.write_guard.allowed and res.device_write_guard.allowed, res.as_dict()
     assert "reaches the storage of" in res.device_write_guard.reason
     assert res.ok and res.checked_bytes == 2 << 20 and res.mismatched_bytes == 0, res.as_dict()

@@ -15,6 +15,7 @@ import pytest
 
 from harness.rigs import guest as G
 from harness.rigs.loopback import Loopback, LoopbackSpec
+from harness.workloads.integrity import loopback_integrity
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,11 +45,11 @@ def test_up_twice_then_down(guest):
     tr, _, _ = guest
     lb = Loopback(tr, SPEC)
     try:
-        first = lb.up()
+        first = lb.up(verify=loopback_integrity)
         assert first.ok, first.error
         assert first.summary["state"] == "up" and first.summary["device"].startswith("/dev/nvme"), first.summary
         assert first.integrity.ok and first.integrity.checked_bytes == 2 << 20
-        second = lb.up()
+        second = lb.up(verify=loopback_integrity)
         assert second.ok, second.error
         assert [a.name for a in second.actions if not a.name.startswith("modprobe")] == []
         assert second.summary["device"] == first.summary["device"]
@@ -67,7 +68,7 @@ def test_down_after_failed_up_cleans_what_exists(guest):
     broken = replace(SPEC, backing="block", backing_path="/dev/kvgate-does-not-exist")
     lb = Loopback(tr, broken)
     try:
-        res = lb.up()
+        res = lb.up(verify=loopback_integrity)
         assert not res.ok and "ns-enable" in res.error
         assert res.summary["state"] == "partial" and res.summary["layers"]["subsystem"]
     finally:
@@ -88,7 +89,7 @@ def test_integrity_check_detects_a_backing_that_loses_writes(guest):
     lossy = replace(SPEC, backing="block", backing_path="/dev/kvgate-lossy", allow_destructive=True)
     lb = Loopback(tr, lossy)
     try:
-        res = lb.up()
+        res = lb.up(verify=loopback_integrity)
         assert res.integrity is not None and not res.integrity.ok
         assert res.integrity.mismatched_bytes > 1_000_000  # pattern vs zeros: almost every byte differs
         assert not res.ok and "integrity" in res.error

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.workloads.integrity import loopback_integrity
 from harness.rigs.loopback import Loopback, LoopbackSpec, LoopbackState
 from harness.parsers.nvme import NvmeNamespace, NvmePath, NvmeSubsystem
 from harness.transport.steps import StepLog
@@ -133,7 +134,7 @@ def test_loopback_integrity_writes_only_after_the_guard_allows(tmp_path, attach,
     tr, steps, run = node_runner(tmp_path)
     before = sha256(backing)
 
-    refused = Loopback(tr, _spec(backing, "loop:/var/tmp/not-this.img"), run=run).check_integrity(
+    refused = loopback_integrity(Loopback(tr, _spec(backing, "loop:/var/tmp/not-this.img"), run=run),
         _stand_in_state(stand_in))
     assert not refused.ok and refused.write_guard is not None and not refused.write_guard.allowed
     (check,) = refused.checks
@@ -141,7 +142,7 @@ def test_loopback_integrity_writes_only_after_the_guard_allows(tmp_path, attach,
     assert sha256(backing) == before
     assert not [p for p in steps.root.iterdir() if "integrity-write" in p.name]  # refused before any write
 
-    allowed = Loopback(tr, _spec(backing, f"loop:{image.resolve()}"), run=run).check_integrity(
+    allowed = loopback_integrity(Loopback(tr, _spec(backing, f"loop:{image.resolve()}"), run=run),
         _stand_in_state(stand_in))
     assert allowed.write_guard.allowed, allowed.write_guard.reason
     assert allowed.ok and allowed.checked_bytes == 2 << 20 and allowed.mismatched_bytes == 0, allowed.as_dict()

@@ -161,7 +161,8 @@ def test_plan_shows_the_attach_steps_in_order(tmp_path):
     steps = gate_plan(cfg, cfg.suite.gates[0])
     text = "\n".join(f"[{s.node}] {s.description} {' '.join(s.argv)}" for s in steps)
     order = ["already running at http://10.9.9.9:8000", "[gpu1] the engine's log", "re-compute:",
-             "/mnt/kvpool", "[ctl] cold procedure 1/1", "kubectl rollout restart deploy/x && kubectl rollout status",
+             "/mnt/kvpool grew by the expected KV bytes", "[ctl] cold procedure 1/1",
+             "kubectl rollout restart deploy/x && kubectl rollout status",
              "[gpu1] sync and drop the page cache", "answers 200 again", "read back:"]
     pos = [text.index(x) for x in order]
     assert pos == sorted(pos), text

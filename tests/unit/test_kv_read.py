@@ -21,8 +21,9 @@ from harness.transport.doubles import Reply, ScriptedTransport
 from harness.transport.steps import StepLog
 from harness.workloads import WORKLOADS
 from harness.workloads.base import DROP_CACHES_ARGV, GateContext
+from harness.workloads.probes import fio_stream_rows
 from harness.workloads.kv_read import (FioSettings, KvNodeEvidence, KvReadEvidence, connector_rows,
-                                       evaluate_kv_read, fio_job, fio_rows, kv_shape, parallel_read_settings,
+                                       evaluate_kv_read, fio_job, kv_shape, parallel_read_settings,
                                        reader_lmcache_config, record_checks, reevaluate_kv_read, sizing)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,7 +162,7 @@ def evidence(read_fixture: str, with_fio: bool = True) -> KvReadEvidence:
     return KvReadEvidence(engine_profile="vllm-lmcache", backend="fs", model="llama-3-8b", kv_bytes_per_token=131072,
                           chunk_tokens=256, chunk_bytes=32 * 2 ** 20, chunks_per_retrieve=4, destination="cpu",
                           nodes={"localhost": rec}, streams=rows, stream_details=details,
-                          fio_streams=fio_rows("localhost", fio, {}) if fio else [])
+                          fio_streams=fio_stream_rows("localhost", fio, {}) if fio else [])
 
 
 def g1c_gate():

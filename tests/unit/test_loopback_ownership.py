@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.rigs import loopback as L
+from harness.workloads import integrity as I
 from harness.transport.base import CommandResult
 
 FX = Path(__file__).resolve().parents[1] / "fixtures" / "nvme"
@@ -160,8 +161,8 @@ def test_the_pattern_writer_writes_only_the_path_a_guard_decision_allowed(tmp_pa
     from harness.writeguard import WriteDecision
 
     node = Node("fresh")
-    io = L.PatternIO(None, node.run)
-    data = L.pattern_bytes("s", 65536)
+    io = I.PatternIO(None, node.run)
+    data = I.pattern_bytes("s", 65536)
     ok = WriteDecision("/dev/other", "test", "block", True, "blank")
     no = WriteDecision("/dev/nvme0n1", "test", "block", False, "/dev/nvme0n1 is mounted at /mnt/kvgate-kv")
     for decision in (None, ok, no):  # none, one for another path, a refusal

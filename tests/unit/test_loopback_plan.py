@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.rigs import loopback as L
+from harness.workloads import integrity as I
 
 FX = Path(__file__).resolve().parents[1] / "fixtures" / "nvme"
 NQN = "nqn.2024-01.io.kvgate:loopback-kv0"
@@ -176,14 +177,14 @@ def test_spec_from_inventory_target():
 
 
 def test_pattern_and_mismatch_count():
-    a = L.pattern_bytes("s", 100_000)
-    assert len(a) == 100_000 and a == L.pattern_bytes("s", 100_000) and a != L.pattern_bytes("t", 100_000)
-    assert L.count_mismatched_bytes(a, a) == 0
+    a = I.pattern_bytes("s", 100_000)
+    assert len(a) == 100_000 and a == I.pattern_bytes("s", 100_000) and a != I.pattern_bytes("t", 100_000)
+    assert I.count_mismatched_bytes(a, a) == 0
     b = bytearray(a)
     b[10] ^= 1
     b[99_999] ^= 0xFF
-    assert L.count_mismatched_bytes(a, bytes(b)) == 2
-    assert L.count_mismatched_bytes(a, a[:-5]) == 5
+    assert I.count_mismatched_bytes(a, bytes(b)) == 2
+    assert I.count_mismatched_bytes(a, a[:-5]) == 5
 
 
 # ----------------------------------------------------------------------------- over RDMA (soft-RoCE)
@@ -294,7 +295,7 @@ class Node:
         return CommandResult(tuple(argv), rc, out, "", 0.01)
 
 
-def _fs(node: Node, st: L.LoopbackState, verify: bool = False):
+def _fs(node: Node, st: L.LoopbackState, verify=None):
     lb = L.Loopback(SimpleNamespace(name="guest"), FS_SPEC, run=node.run)
     records = []
     integrity, error, decision = lb._filesystem(st, records, verify)
@@ -328,13 +329,13 @@ def test_a_namespace_holding_another_filesystem_is_not_formatted_over():
 def test_ext4_from_an_earlier_up_is_mounted_as_it_is_and_a_mounted_one_is_left_alone():
     node = Node({("blkid",): (0, "TYPE=ext4\nUUID=0b5e-kvgate\n")})
     st = replace(state("up-null_blk"), record=L.LoopbackRecord("boot-1", {f"filesystem:{NQN}:1": "0b5e-kvgate"}))
-    error, records, _ = _fs(node, st, verify=True)  # no integrity patterns over the filesystem
+    error, records, _ = _fs(node, st, verify=I.loopback_integrity)  # no integrity patterns over the filesystem
     assert error is None and [r.name for r in records] == ["mount-dir", "mount", "state-write"]
     assert not any("dd" in a[0] for a in node.ran)
     # an ext4 kvgate did not make (no record of it, or another UUID) is neither mounted nor written
     for record in (L.LoopbackRecord("boot-1", {}), L.LoopbackRecord("boot-1", {f"filesystem:{NQN}:1": "other"})):
         node = Node({("blkid",): (0, "TYPE=ext4\nUUID=0b5e-kvgate\n")})
-        error, records, _ = _fs(node, replace(state("up-null_blk"), record=record), verify=True)
+        error, records, _ = _fs(node, replace(state("up-null_blk"), record=record), verify=I.loopback_integrity)
         assert "that kvgate did not make: not mounted" in error and records == []
         assert [a[0] for a in node.ran] == ["blkid"]
     node = Node({})

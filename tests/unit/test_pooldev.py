@@ -13,11 +13,20 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "pooldev"
 STAT = "  1897  1  1633416  4796  203  78  34610  162  0  1948  5051  2  0  131074  0  32  92\n"
 
 
-@pytest.mark.parametrize("name, maj_min, source", [("loop-ext4", "7:0", "/dev/loop0"),
-                                                   ("virtio-disk", "254:0", "/dev/vda")])
-def test_captured_devices_are_named_by_maj_min(name, maj_min, source):
+@pytest.mark.parametrize("name, maj_min, source", [
+    ("loop-ext4", "7:0", "/dev/loop0"),
+    ("loop-partition-ext4", "259:0", "/dev/loop0p1"),            # a partition: block extended major 259
+    ("virtio-disk", "254:0", "/dev/vda"),
+    ("lvm-dm-handwritten", "253:3", "/dev/mapper/vg0-kvpool"),   # LVM: sysfs calls it dm-3
+    ("dm-multipath-handwritten", "253:0", "/dev/mapper/mpatha"),  # a dm-multipath head
+    ("nvme-namespace-handwritten", "259:0", "/dev/nvme0n1"),
+    ("nvme-partition-handwritten", "259:3", "/dev/nvme1n1p2"),
+])
+def test_every_kind_of_block_device_is_named_by_maj_min(name, maj_min, source):
     dev = parse_pool_blockstat((FIX / f"{name}.out").read_text())
-    assert (dev.maj_min, dev.source) == (maj_min, source) and dev.stat.read_bytes > 0
+    stat_line = (FIX / f"{name}.out").read_text().splitlines()[1].split()
+    assert (dev.maj_min, dev.source) == (maj_min, source)
+    assert dev.stat.read_bytes == int(stat_line[2]) * 512  # sectors read, in bytes
 
 
 @pytest.mark.parametrize("line, maj_min", [

@@ -155,7 +155,7 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_on_each_node_and_pass
     plan = gate_plan(cfg, ctx.gate)
     for name, node in nodes.items():
         # the run's own values (its tag, the free port found for its engine) are the plan's placeholders
-        sent = normalized(node.commands, {ev.run_tag: "<run>", str(ev.layout[name]["port"]): "8000"})
+        sent = normalized(node.commands, {ev.run_tag: "<run>", str(ev.layout[name]["port"]): "<port>"})
         assert sent == [s.argv for s in plan if s.argv and s.node == name], name
     # the client the plan names is the one put into the run directory, and the engines ran from there too
     client = next(s.argv[1] for s in plan if s.argv[1:2] and s.argv[1].endswith("/r3_client.py") and s.node == "n1")

@@ -1,0 +1,187 @@
+"""Every registered workload's plan lists exactly the commands its run sends (docs/architecture.md, "plan").
+
+One scripted run per workload in the registry (``harness.workloads.WORKLOADS``): a scripted node
+(``harness.transport.doubles.ScriptedTransport``) answers every command, engines answer over an
+``httpx.MockTransport``, and the commands each node was sent are compared with the plan's steps for that node
+(``harness.suite.plan.plan_mismatch``: in order, each planned command once, a poll once or more, a conditional
+step sent or not, nothing unplanned). A workload registered without a scenario here fails the test: a new
+workload is covered as soon as it is registered.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import pytest
+import yaml
+
+from harness.config import load_config
+from harness.suite.plan import gate_plan, plan_mismatch
+from harness.transport.doubles import Reply, ScriptedTransport
+from harness.workloads import WORKLOADS
+from harness.workloads.base import PlannedStep
+from doubles import EngineServer, engine_node, pool_blockstat
+from test_g2_attach import attach_config, pool_node
+from test_kv_read import g1c_context, g1c_gate, reader_node
+from test_r3 import r3_config, r3_node
+from test_workload_runs import context, fio_node, g2_config, local_suite, loopback_node
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures"
+
+
+class Scenario:
+    """A scripted run of one workload: its config and gate, its scripted nodes, the engines' HTTP answers."""
+
+    def __init__(self, cfg, gate_id: str, nodes: dict[str, ScriptedTransport], http=None, ctx=None):
+        self.cfg, self.gate_id, self.nodes, self.http, self.ctx = cfg, gate_id, nodes, http, ctx
+
+
+def fio_read(tmp_path) -> Scenario:
+    cfg = local_suite(tmp_path)
+    fio_json = (FIX / "fio" / "io_uring_2groups_2jobs_grouped.json").read_text().replace('"gpu0"', '"stream0"') \
+        .replace('"gpu1"', '"stream1"')
+    node = fio_node(fio_json)
+    return Scenario(cfg, "G1", {"localhost": node})
+
+
+def kv_read(tmp_path) -> Scenario:
+    node = reader_node("read-fs-2streams.json")
+    cfg, gate = g1c_gate()
+    return Scenario(cfg, gate.id, {"localhost": node}, ctx=g1c_context(tmp_path, node))
+
+
+def nvme_integrity(tmp_path) -> Scenario:
+    cfg, node = loopback_node()
+    return Scenario(cfg, "L1", {"guest": node})
+
+
+def g2_ttft(tmp_path) -> Scenario:
+    cfg = g2_config(tmp_path)
+    engine = EngineServer()
+    node = engine_node("n1", pool_blockstat("/dev/loop0", "7:0", iter(range(1000, 10 ** 8, 40000))), engine=engine)
+    return Scenario(cfg, "G2", {"n1": node}, http=httpx.MockTransport(engine))
+
+
+def g2_multiturn(tmp_path) -> Scenario:
+    suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
+    suite["gates"] = [g for g in suite["gates"] if g["workload"] == "g2-multiturn"]
+    suite["gates"][0]["params"].update(python="/engine/bin/python")
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local",
+                                                                "work_dir": "/w"}]}))
+    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    engine = EngineServer()
+    node = engine_node("n1", engine=engine)
+    return Scenario(cfg, suite["gates"][0]["id"], {"n1": node}, http=httpx.MockTransport(engine))
+
+
+def r3_cross_instance(tmp_path) -> Scenario:
+    """The writer and the reader node as test_r3 scripts them (the client prints what it printed on the rig)."""
+    cfg = r3_config(tmp_path)
+    nodes = {"n1": r3_node("n1", "writer"), "n2": r3_node("n2", "reader")}
+    return Scenario(cfg, "R3", nodes, http=httpx.MockTransport(EngineServer()))
+
+
+READER_OUTPUT = (FIX / "g3" / "reader-netns-rig-n14.jsonl").read_text()
+
+
+def g3_shared_read(tmp_path) -> Scenario:
+    """Two readers and the storage node of the netns rig; each reader prints what a rig reader printed."""
+    gates = yaml.safe_load((ROOT / "gates" / "g3-rig.yaml").read_text())
+    gates["gates"][0]["params"].update(read_timeout_s=5, arm_timeout_s=5, stall_timeout_s=5)
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(gates))
+    nodes = [{"name": n, "transport": "local", "work_dir": "/w", "nics": [{"name": "eth0", "line_rate_gbit_s": 10.0}],
+              "targets": [{"name": "kvpool", "kind": "directory", "path": "/mnt/pool"}]} for n in ("n1", "n2")]
+    nodes.append({"name": "storage", "transport": "local", "work_dir": "/w",
+                  "nics": [{"name": "st0", "line_rate_gbit_s": 1.0}],
+                  "targets": [{"name": "kvpool", "kind": "directory", "path": "/srv/pool"}]})
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": nodes}))
+    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+
+    def handler(call):
+        argv = call.argv
+        if argv == ("sh", "-c", "while read -r _; do date +%s.%N; done"):  # the clock probe's session
+            import time
+            return Reply(stdout=f"{time.time():.6f}\n")
+        if "kvgate-launch" in argv:  # the armed reader: arms, reads once released, ends
+            return Reply(stdout=READER_OUTPUT, exit_after_s=1.0)
+        if argv[:1] == ("cat",) and argv[1].endswith("/speed"):
+            return Reply(stdout="1000\n")
+        if argv[:2] == ("tc", "-j"):
+            return Reply(stdout="[]\n")
+        if argv[:1] == ("cat",):  # no manifest yet: the copy is laid out
+            return Reply(rc=1, stderr="cat: no such file\n")
+        return Reply()
+
+    scripted = {n: ScriptedTransport(handler, name=n, sessions=True) for n in ("n1", "n2", "storage")}
+    return Scenario(cfg, "G3", scripted)
+
+
+def g2_ttft_attached(tmp_path) -> Scenario:
+    """G2 on an engine someone else runs: the operator's restart on one node, the pool on another."""
+    cfg = attach_config(tmp_path, log="journalctl -u vllm --no-pager")
+    engine = EngineServer()
+    handler = pool_node(3, engine)
+
+    def with_log(call):
+        if call.argv[:2] == ("sh", "-c") and "journalctl" in call.argv[2]:
+            return Reply(stdout="INFO engine started\n")
+        return handler(call)
+    nodes = {n: ScriptedTransport(with_log, name=n) for n in ("gpu1", "ctl")}
+    return Scenario(cfg, "G2", nodes, http=httpx.MockTransport(engine))
+
+
+SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
+    "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
+    "g2-multiturn": g2_multiturn, "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
+}
+# More ways to run a workload than its first scenario: (workload, id, scenario)
+MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached)]
+
+
+def _params():
+    runs = [(name, name, SCENARIOS.get(name)) for name in sorted(WORKLOADS)] + MORE_SCENARIOS
+    for name, run_id, scenario in runs:
+        yield pytest.param(name, scenario, id=run_id)
+
+
+@pytest.mark.parametrize("workload, scenario", list(_params()))
+def test_a_scripted_run_sends_exactly_the_planned_commands(workload, scenario, tmp_path):
+    assert scenario is not None, f"workload {workload!r} is registered but has no scripted run in {__file__}"
+    sc = scenario(tmp_path)
+    gate = next(g for g in sc.cfg.suite.gates if g.id == sc.gate_id)
+    ctx = sc.ctx or context(sc.cfg, sc.gate_id, sc.nodes, tmp_path, http=sc.http)
+    result = WORKLOADS[workload]().run(ctx)
+    planned = gate_plan(sc.cfg, gate)
+    for name, node in sc.nodes.items():
+        mine = [s for s in planned if s.node == name]
+        assert plan_mismatch(mine, node.commands) is None, (name, plan_mismatch(mine, node.commands))
+    assert result.error is None, result.error  # the whole procedure ran, not a path cut short
+
+
+def _step(argv, optional=False, repeats=False) -> PlannedStep:
+    return PlannedStep("n", "step", tuple(argv), optional=optional, repeats=repeats)
+
+
+def test_the_plan_matcher_allows_only_what_the_plan_says():
+    plan = [_step(["mkdir", "-p", "/w"]), _step(["fill", "<the device>"], optional=True),
+            _step(["find", "/pool"], repeats=True), _step(["fio", "job"])]
+    assert plan_mismatch(plan, [("mkdir", "-p", "/w"), ("find", "/pool"), ("find", "/pool"), ("fio", "job")]) is None
+    assert plan_mismatch(plan, [("mkdir", "-p", "/w"), ("fill", "/dev/nvme0n1"), ("find", "/pool"),
+                                ("fio", "job")]) is None
+    # an unplanned command, a planned one missing, a repeat of a step that is not a poll, a wrong order
+    assert "not planned" in plan_mismatch(plan, [("mkdir", "-p", "/w"), ("rm", "-rf", "/"), ("find", "/pool"),
+                                                 ("fio", "job")])
+    assert "never sent: fio job" in plan_mismatch(plan, [("mkdir", "-p", "/w"), ("find", "/pool")])
+    assert "not planned" in plan_mismatch(plan, [("mkdir", "-p", "/w"), ("mkdir", "-p", "/w"), ("find", "/pool"),
+                                                 ("fio", "job")])
+    assert "not planned" in plan_mismatch(plan, [("find", "/pool"), ("mkdir", "-p", "/w"), ("fio", "job")])
+    # a placeholder stands for text the run found, never for an empty or a missing argument
+    assert "not planned" in plan_mismatch(plan, [("mkdir", "-p", "/w"), ("fill", ""), ("find", "/pool"),
+                                                 ("fio", "job")])
+    assert "not planned" in plan_mismatch(plan, [("mkdir", "-p", "/w"), ("fill",), ("find", "/pool"),
+                                                 ("fio", "job")])
