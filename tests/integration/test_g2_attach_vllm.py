@@ -100,7 +100,8 @@ def engine(tmp_path_factory):
         serve = [str(ENGINE_PYTHON), "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--host", "127.0.0.1",
                  "--port", str(port), "--served-model-name", "kvgate-g2", "--max-model-len", str(max_len),
                  "--max-num-batched-tokens", str(max_len), "--seed", "0", "--block-size", "128",
-                 "--enable-prefix-caching", "--gpu-memory-utilization", "0.25", "--kv-transfer-config", kv]
+                 "--enable-prefix-caching", "--gpu-memory-utilization", "0.25", "--enforce-eager",
+                 "--kv-transfer-config", kv]  # eager: no ~80 s compile per start (see vllm-cpu-disk.yaml)
         (d / "serve.sh").write_text("#!/bin/sh\nexport VLLM_CPU_KVCACHE_SPACE=1 PYTHONHASHSEED=0\nexec "
                                     + " ".join(f"'{a}'" for a in serve) + "\n")
         (d / "serve.sh").chmod(0o755)
