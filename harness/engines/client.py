@@ -160,13 +160,19 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                 body = (await resp.aread()).decode(errors="replace")
                 return rec(f"HTTP {resp.status_code}: {body.strip()[:500]}", clock())
             done = False
+            end = None
             async for line in resp.aiter_lines():
+                if done:
+                    # read on past [DONE] to the body's end, outside the timing: a response left unread is
+                    # closed, and the next request would pay a new TCP connection inside its TTFT
+                    continue
                 data = sse_data(line)
                 if data is None:
                     continue
                 if data == DONE:
                     done = True
-                    break
+                    end = clock()
+                    continue
                 try:
                     event = json.loads(data)
                 except json.JSONDecodeError:
@@ -189,7 +195,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                 last = now
                 chunks += 1
                 text.append(piece)
-            end = clock()
+            if end is None:
+                end = clock()
             if ttft is None:
                 return rec("stream ended without a token chunk", end)
             if not done and api.require_done:

@@ -37,6 +37,10 @@ from .client import (CANCELLED, STOP_POLL_S, ApiShape, Clock, CompletionRequest,
 
 Sleep = Callable[[float], Awaitable[None]]
 
+# The open loop's timer wakes it this long before a send is due and it yields to the event loop until the due
+# time: asyncio's selector rounds a timeout up to whole milliseconds, so a timer alone sends up to 1 ms late.
+SPIN_S = 0.002
+
 
 def arrival_offsets(n: int, rate_rps: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
     """``n`` send times (s from the start): gaps drawn from a gamma distribution of mean 1/rate and shape
@@ -109,39 +113,50 @@ async def open_loop(base_url: str, requests: Sequence[CompletionRequest], offset
                     transport: httpx.AsyncBaseTransport | None = None, timeout_s: float | None = 600.0,
                     path: str = "/v1/completions", api: ApiShape | None = None,
                     max_connections: int = 1024, stop: StopFlag | None = None,
-                    start_at: float | None = None) -> list[LoadRecord]:
+                    start_at: float | None = None, client: httpx.AsyncClient | None = None) -> list[LoadRecord]:
     """Send ``requests[i]`` at ``offsets_s[i]`` from now (or from ``start_at`` on ``clock``, a start shared by
     several client processes), each on its own task; records in request order. Once ``stop`` is set nothing more
-    is sent, the streams in flight are closed, and only the requests sent have records (see the module doc)."""
+    is sent, the streams in flight are closed, and only the requests sent have records (see the module doc).
+    ``client``: an HTTP client made beforehand (its set-up, e.g. the TLS context, kept out of the schedule; it is
+    left open); by default one is made here with ``transport``, ``timeout_s`` and ``max_connections``."""
     if len(offsets_s) != len(requests):
         raise ValueError(f"{len(requests)} requests but {len(offsets_s)} send times")
     if len({r.request_id for r in requests}) != len(requests):
         raise ValueError("request ids must be unique: records are matched to requests by id")
+    if client is None:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        async with httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout_s) as own:
+            return await open_loop(base_url, requests, offsets_s, model, clock=clock, sleep=sleep,
+                                   timeout_s=timeout_s, path=path, api=api, stop=stop, start_at=start_at,
+                                   client=own)
     url = base_url.rstrip("/") + path
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     tasks: dict[str, asyncio.Task] = {}
     sent_at: dict[str, tuple[float, float]] = {}
-    async with httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout_s) as client:
-        t0 = clock() if start_at is None else start_at
+    t0 = clock() if start_at is None else start_at
 
-        async def one(req: CompletionRequest, due: float) -> LoadRecord:
-            sent = clock() - t0
-            sent_at[req.request_id] = (due, sent)
-            rec = await stream_completion(client, url, req, model, clock=clock, timeout_s=timeout_s, api=api)
-            return LoadRecord(due, sent, rec)
+    async def one(req: CompletionRequest, due: float) -> LoadRecord:
+        sent = clock() - t0
+        sent_at[req.request_id] = (due, sent)
+        rec = await stream_completion(client, url, req, model, clock=clock, timeout_s=timeout_s, api=api)
+        return LoadRecord(due, sent, rec)
 
-        for req, due in sorted(zip(requests, offsets_s), key=lambda x: x[1]):
-            while not (stop is not None and stop.is_set()):
-                wait = t0 + due - clock()
-                if wait <= 0:
-                    break
-                # with a stop to watch, wait in slices: a stop is seen within STOP_POLL_S, not at the next send
-                await sleep(wait if stop is None else min(wait, STOP_POLL_S))
-            if stop is not None and stop.is_set():
+    spin_s = SPIN_S if sleep is asyncio.sleep else 0.0  # a scripted sleep is exact: nothing to spin for
+    for req, due in sorted(zip(requests, offsets_s), key=lambda x: x[1]):
+        while not (stop is not None and stop.is_set()):
+            wait = t0 + due - clock()
+            if wait <= 0:
                 break
-            tasks[req.request_id] = asyncio.ensure_future(one(req, due))
-            await asyncio.sleep(0)  # let the task send before the next one is scheduled
-        await _finish(tasks, stop)
+            if wait <= spin_s:
+                await asyncio.sleep(0)  # the last stretch: other tasks run, the send is not late by a tick
+                continue
+            # with a stop to watch, wait in slices: a stop is seen within STOP_POLL_S, not at the next send
+            wait -= spin_s
+            await sleep(wait if stop is None else min(wait, STOP_POLL_S))
+        if stop is not None and stop.is_set():
+            break
+        tasks[req.request_id] = asyncio.ensure_future(one(req, due))
+        await asyncio.sleep(0)  # let the task send before the next one is scheduled
+    await _finish(tasks, stop)
     return _collect(requests, tasks, sent_at)
 
 
@@ -206,12 +221,18 @@ def _loop_process(conn, base_url: str, requests: list[CompletionRequest], offset
                   stop_event, kw: dict[str, Any]) -> None:
     """One client process: say it is ready, take the common start, run its share, send back its records (or the
     error that ended it, as text: failures are data)."""
+    async def run() -> list[LoadRecord]:
+        n = kw.pop("max_connections", 1024)
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        # the client (its TLS context: 0.1 s and more) made before "ready", so no share starts late
+        async with httpx.AsyncClient(limits=limits, timeout=kw.get("timeout_s", 600.0)) as client:
+            conn.send("ready")
+            start_at = conn.recv()
+            return await open_loop(base_url, requests, offsets_s, model, clock=time.monotonic,
+                                   start_at=start_at, stop=stop_event, client=client, **kw)
+
     try:
-        conn.send("ready")
-        start_at = conn.recv()
-        recs = asyncio.run(open_loop(base_url, requests, offsets_s, model, clock=time.monotonic,
-                                     start_at=start_at, stop=stop_event, **kw))
-        conn.send(("ok", recs))
+        conn.send(("ok", asyncio.run(run())))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it there
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -219,7 +240,7 @@ def _loop_process(conn, base_url: str, requests: list[CompletionRequest], offset
 
 
 def open_loop_processes(base_url: str, requests: Sequence[CompletionRequest], offsets_s: Sequence[float],
-                        model: str, loops: int, stop: StopFlag | None = None, lead_s: float = 0.05,
+                        model: str, loops: int, stop: StopFlag | None = None, lead_s: float = 0.2,
                         **kw: Any) -> list[LoadRecord]:
     """``open_loop`` spread over ``loops`` client processes (each its own interpreter and event loop): the schedule
     dealt by ``split_schedule``, one common start ``lead_s`` after every process said it is ready (times on the
@@ -248,7 +269,8 @@ def open_loop_processes(base_url: str, requests: Sequence[CompletionRequest], of
             while not c.poll(STOP_POLL_S):
                 if not p.is_alive():
                     raise RuntimeError(f"client process {p.pid} exited ({p.exitcode}) before it was ready")
-            c.recv()
+            if (msg := c.recv()) != "ready":
+                raise RuntimeError(f"client process {p.pid}: {msg[1] if isinstance(msg, tuple) else msg}")
         start_at = time.monotonic() + lead_s
         for c in conns:
             c.send(start_at)
