@@ -71,6 +71,13 @@ class LoadRecord:
         return {"due_s": self.due_s, "sent_s": self.sent_s, "lag_s": self.lag_s, **self.record.to_dict()}
 
 
+def _warm_imports() -> None:
+    """Import now what httpx imports on its first request (its anyio backend: 40 ms and more), so that import
+    does not hold up the first sends of a schedule."""
+    import anyio._backends._asyncio  # noqa: F401
+    import httpcore._backends.anyio  # noqa: F401
+
+
 def _cancelled(req: CompletionRequest, due: float, sent: float) -> LoadRecord:
     """A request the stop caught in flight: its times kept, its stream closed, no measurement."""
     return LoadRecord(due, sent, RequestRecord(
@@ -132,6 +139,7 @@ async def open_loop(base_url: str, requests: Sequence[CompletionRequest], offset
     url = base_url.rstrip("/") + path
     tasks: dict[str, asyncio.Task] = {}
     sent_at: dict[str, tuple[float, float]] = {}
+    _warm_imports()
     t0 = clock() if start_at is None else start_at
 
     async def one(req: CompletionRequest, due: float) -> LoadRecord:
@@ -226,6 +234,7 @@ def _loop_process(conn, base_url: str, requests: list[CompletionRequest], offset
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
         # the client (its TLS context: 0.1 s and more) made before "ready", so no share starts late
         async with httpx.AsyncClient(limits=limits, timeout=kw.get("timeout_s", 600.0)) as client:
+            _warm_imports()
             conn.send("ready")
             start_at = conn.recv()
             return await open_loop(base_url, requests, offsets_s, model, clock=time.monotonic,
@@ -269,7 +278,12 @@ def open_loop_processes(base_url: str, requests: Sequence[CompletionRequest], of
             while not c.poll(STOP_POLL_S):
                 if not p.is_alive():
                     raise RuntimeError(f"client process {p.pid} exited ({p.exitcode}) before it was ready")
-            if (msg := c.recv()) != "ready":
+            try:
+                msg = c.recv()
+            except EOFError:
+                msg = "exited before it was ready (a program that starts client processes needs the " \
+                      "`if __name__ == '__main__':` guard: they are spawned and import its main module)"
+            if msg != "ready":
                 raise RuntimeError(f"client process {p.pid}: {msg[1] if isinstance(msg, tuple) else msg}")
         start_at = time.monotonic() + lead_s
         for c in conns:
