@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -79,18 +80,20 @@ def start_server(work: Path, tokens: int) -> tuple[subprocess.Popen, str]:
                            start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900
-    while True:
-        if srv.poll() is not None:
-            raise SystemExit(f"vllm serve exited {srv.returncode}; see {work / 'serve.log'}")
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return srv, base
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            os.killpg(srv.pid, signal.SIGTERM)
-            raise SystemExit("vllm serve not ready after 900 s")
+    while not healthy(base):
+        if srv.poll() is not None or time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):  # the group may be gone already
+                os.killpg(srv.pid, signal.SIGTERM)
+            raise SystemExit(f"vllm serve not ready (rc {srv.poll()}); see {work / 'serve.log'}")
         time.sleep(1)
+    return srv, base
+
+
+def healthy(base: str) -> bool:
+    try:
+        return httpx.get(base + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def run_vllm_bench(base: str, work: Path, dataset: Path, n: int, rate: float, seed: int) -> dict:
