@@ -258,6 +258,9 @@ def open_loop_processes(base_url: str, requests: Sequence[CompletionRequest], of
     in this process."""
     if len(offsets_s) != len(requests):
         raise ValueError(f"{len(requests)} requests but {len(offsets_s)} send times")
+    own = sorted(set(kw) & {"clock", "sleep", "transport", "client", "start_at"})
+    if own:  # each process has its own: the monotonic clock, real sleep, an HTTP client it makes
+        raise ValueError(f"open_loop_processes sets {', '.join(own)} itself")
     if loops == 1:
         return asyncio.run(open_loop(base_url, requests, offsets_s, model, stop=stop, **kw))
     ctx = multiprocessing.get_context("spawn")  # no fork of a threaded parent (the runner's gate threads)

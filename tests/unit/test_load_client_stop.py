@@ -132,9 +132,11 @@ def test_the_split_follows_the_python_order_of_equal_send_times():
     assert split_schedule([0.0, 0.0, 0.0, 0.0], 2) == [[0, 2], [1, 3]]
 
 
-def test_several_client_processes_refuse_a_mismatched_schedule():
+def test_several_client_processes_refuse_a_mismatched_schedule_or_a_clock_of_their_own():
     with pytest.raises(ValueError):
         open_loop_processes("http://e", reqs(2), [0.0], "m", loops=2)
+    with pytest.raises(ValueError, match="clock"):
+        open_loop_processes("http://e", reqs(2), [0.0, 0.1], "m", loops=2, clock=lambda: 0.0)
 
 
 def test_a_record_keeps_the_servers_usage_and_the_usage_event_is_no_token():
