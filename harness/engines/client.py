@@ -8,6 +8,11 @@ Timing model (one request):
 - ``itl_s``: gaps between consecutive non-empty chunks.
 - ``latency_s``: from send to the last non-empty chunk, so ``latency_s - ttft_s == sum(itl_s)``.
 - ``e2e_s``: from send to the end of the stream (after ``[DONE]``), >= ``latency_s``.
+- ``first_event_s``: from send to the first stream event that has choices, a token in it or not (what
+  ``vllm bench serve`` calls TTFT: a chat server's role-only preamble counts there); ``<= ttft_s``.
+- ``usage_prompt_tokens`` / ``usage_completion_tokens``: the server's own count from the stream's ``usage``
+  object (the last one seen; sent when the API shape asks for ``stream_options.include_usage``), None when the
+  server sent none. The usage-only event carries no token: it never moves TTFT or the inter-token latencies.
 
 A failed request (connection error, HTTP error, malformed or empty stream) is a record whose ``error``
 says what happened; nothing here raises for a request that went wrong. The clock is injectable so the
@@ -69,6 +74,8 @@ class CompletionRequest:
         body.update({"max_tokens": self.max_tokens, "stream": True, "temperature": 0.0})
         if api.ignore_eos:
             body["ignore_eos"] = True
+        if api.include_usage:
+            body["stream_options"] = {"include_usage": True}
         body.update(api.extra_body)
         body.update(self.extra)
         return body
@@ -77,12 +84,15 @@ class CompletionRequest:
 @dataclass(frozen=True)
 class ApiShape:
     """What differs between OpenAI-compatible servers (an engine profile's ``api``): completions or chat,
-    whether ``ignore_eos`` is sent, extra body fields, and whether the stream must end with ``[DONE]``."""
+    whether ``ignore_eos`` is sent, extra body fields, whether the stream must end with ``[DONE]``, and whether
+    the server is asked for a closing ``usage`` event (``stream_options.include_usage``; off by default, so a
+    strict server that refuses ``stream_options`` is not sent one unasked)."""
 
     kind: str = "completions"
     ignore_eos: bool = True
     require_done: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
+    include_usage: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,9 @@ class RequestRecord:
     http_status: int | None
     error: str | None = None
     started_unix_s: float | None = None
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    first_event_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -116,12 +129,13 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                             clock: Clock = time.perf_counter, queue_s: float = 0.0,
                             timeout_s: float | None = 600.0, api: ApiShape | None = None) -> RequestRecord:
     """Send one streaming completion and time it. Never raises for a failed request."""
-    ttft = None
+    ttft = first_event = None
     itl: list[float] = []
     text: list[str] = []
     status = None
     last = None
     chunks = 0
+    usage: dict[str, Any] = {}
     started_unix = time.time()
     t_send = clock()
 
@@ -131,7 +145,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
             request_id=request.request_id, prompt_tokens=request.prompt_tokens, queue_s=queue_s, ttft_s=ttft,
             itl_s=tuple(itl), latency_s=latency, e2e_s=None if end is None else end - t_send,
             output_chunks=chunks, output_text="".join(text), http_status=status, error=error,
-            started_unix_s=started_unix)
+            started_unix_s=started_unix, usage_prompt_tokens=_count(usage.get("prompt_tokens")),
+            usage_completion_tokens=_count(usage.get("completion_tokens")), first_event_s=first_event)
 
     api = api or ApiShape()
     try:
@@ -145,23 +160,34 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                 body = (await resp.aread()).decode(errors="replace")
                 return rec(f"HTTP {resp.status_code}: {body.strip()[:500]}", clock())
             done = False
+            end = None
             async for line in resp.aiter_lines():
+                if done:
+                    # read on past [DONE] to the body's end, outside the timing: a response left unread is
+                    # closed, and the next request would pay a new TCP connection inside its TTFT
+                    continue
                 data = sse_data(line)
                 if data is None:
                     continue
                 if data == DONE:
                     done = True
-                    break
+                    end = clock()
+                    continue
                 try:
                     event = json.loads(data)
                 except json.JSONDecodeError:
                     return rec(f"malformed stream event: {data[:200]!r}", clock())
                 if isinstance(event, dict) and event.get("error"):
                     return rec(f"server error in stream: {json.dumps(event['error'])[:500]}", clock())
-                if not (isinstance(event, dict) and is_token_chunk(event)):
+                if isinstance(event, dict) and isinstance(event.get("usage"), dict):
+                    usage = event["usage"]
+                # one clock read per event with choices: the first such event and the first token share it
+                now = clock() if isinstance(event, dict) and event.get("choices") else None
+                if first_event is None and now is not None:
+                    first_event = now - t_send
+                if now is None or not is_token_chunk(event):
                     continue
                 piece = chunk_text(event)
-                now = clock()
                 if ttft is None:
                     ttft = now - t_send
                 else:
@@ -169,7 +195,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                 last = now
                 chunks += 1
                 text.append(piece)
-            end = clock()
+            if end is None:
+                end = clock()
             if ttft is None:
                 return rec("stream ended without a token chunk", end)
             if not done and api.require_done:
@@ -179,6 +206,11 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
         return rec(f"timeout: {type(exc).__name__}: {exc}", clock())
     except httpx.HTTPError as exc:
         return rec(f"{type(exc).__name__}: {exc}", clock())
+
+
+def _count(v: Any) -> int | None:
+    """A token count from a server's usage object: a non-negative int, else None (never a guess)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def _cancelled_record(req: CompletionRequest, queue_s: float) -> RequestRecord:

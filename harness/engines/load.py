@@ -9,11 +9,21 @@ its next request when its previous one finished.
 
 Arrival schedules are pure and seeded: Poisson (exponential gaps), gamma (shape ``burstiness``: below 1
 burstier than Poisson, above 1 more regular; same mean rate), or a trace's own timestamps.
+
+Stopping (``stop``: a gate's Cancellation or anything with ``is_set()``): from the moment it is set no request is
+sent any more, the streams in flight are closed (their records say ``cancelled``, with their due and send times)
+and the records already made are returned; a request that was never sent has no record.
+
+More than one event loop: ``open_loop_processes`` deals the schedule round-robin (in send order) to ``loops``
+client processes, each running ``open_loop`` on its share from one common start on the system-wide monotonic
+clock, and merges their records back in request order; see benchmarks/load_client_bench.py for the rates one
+loop reaches.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -22,9 +32,14 @@ from typing import Any, Awaitable, Callable, Sequence
 import httpx
 
 from ..stats import percentile
-from .client import ApiShape, Clock, CompletionRequest, RequestRecord, stream_completion
+from .client import (CANCELLED, STOP_POLL_S, ApiShape, Clock, CompletionRequest, RequestRecord, StopFlag,
+                     stream_completion)
 
 Sleep = Callable[[float], Awaitable[None]]
+
+# The open loop's timer wakes it this long before a send is due and it yields to the event loop until the due
+# time: asyncio's selector rounds a timeout up to whole milliseconds, so a timer alone sends up to 1 ms late.
+SPIN_S = 0.002
 
 
 def arrival_offsets(n: int, rate_rps: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
@@ -56,59 +71,248 @@ class LoadRecord:
         return {"due_s": self.due_s, "sent_s": self.sent_s, "lag_s": self.lag_s, **self.record.to_dict()}
 
 
+def _warm_imports() -> None:
+    """Import now what httpx imports on its first request (its anyio backend: 40 ms and more), so that import
+    does not hold up the first sends of a schedule."""
+    import anyio._backends._asyncio  # noqa: F401
+    import httpcore._backends.anyio  # noqa: F401
+
+
+def _cancelled(req: CompletionRequest, due: float, sent: float) -> LoadRecord:
+    """A request the stop caught in flight: its times kept, its stream closed, no measurement."""
+    return LoadRecord(due, sent, RequestRecord(
+        request_id=req.request_id, prompt_tokens=req.prompt_tokens, queue_s=0.0, ttft_s=None, itl_s=(),
+        latency_s=None, e2e_s=None, output_chunks=0, output_text="", http_status=None, error=CANCELLED))
+
+
+async def _finish(tasks: "dict[str, asyncio.Task]", stop: StopFlag | None) -> None:
+    """Wait for the requests in flight; once ``stop`` is set, cancel those still running (closing their
+    streams: httpx closes a response whose reader is cancelled)."""
+    if stop is None:
+        await asyncio.gather(*tasks.values())
+        return
+    pending = set(tasks.values())
+    while pending and not stop.is_set():
+        _done, pending = await asyncio.wait(pending, timeout=STOP_POLL_S)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+def _collect(requests: Sequence[CompletionRequest], tasks: "dict[str, asyncio.Task]",
+             sent: dict[str, tuple[float, float]]) -> list[LoadRecord]:
+    """The records of the requests that were sent, in request order (a cancelled one from its kept times)."""
+    out = []
+    for r in requests:
+        t = tasks.get(r.request_id)
+        if t is None:
+            continue
+        if t.cancelled():
+            if r.request_id in sent:  # cancelled before its first step: it never went out
+                out.append(_cancelled(r, *sent[r.request_id]))
+        else:
+            out.append(t.result())  # stream_completion makes a failure a record: anything raised here is a bug
+    return out
+
+
 async def open_loop(base_url: str, requests: Sequence[CompletionRequest], offsets_s: Sequence[float], model: str,
                     clock: Clock = time.perf_counter, sleep: Sleep = asyncio.sleep,
                     transport: httpx.AsyncBaseTransport | None = None, timeout_s: float | None = 600.0,
                     path: str = "/v1/completions", api: ApiShape | None = None,
-                    max_connections: int = 1024) -> list[LoadRecord]:
-    """Send ``requests[i]`` at ``offsets_s[i]`` from now, each on its own task; records in request order."""
+                    max_connections: int = 1024, stop: StopFlag | None = None,
+                    start_at: float | None = None, client: httpx.AsyncClient | None = None) -> list[LoadRecord]:
+    """Send ``requests[i]`` at ``offsets_s[i]`` from now (or from ``start_at`` on ``clock``, a start shared by
+    several client processes), each on its own task; records in request order. Once ``stop`` is set nothing more
+    is sent, the streams in flight are closed, and only the requests sent have records (see the module doc).
+    ``client``: an HTTP client made beforehand (its set-up, e.g. the TLS context, kept out of the schedule; it is
+    left open); by default one is made here with ``transport``, ``timeout_s`` and ``max_connections``."""
     if len(offsets_s) != len(requests):
         raise ValueError(f"{len(requests)} requests but {len(offsets_s)} send times")
+    if len({r.request_id for r in requests}) != len(requests):
+        raise ValueError("request ids must be unique: records are matched to requests by id")
+    if client is None:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        async with httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout_s) as own:
+            return await open_loop(base_url, requests, offsets_s, model, clock=clock, sleep=sleep,
+                                   timeout_s=timeout_s, path=path, api=api, stop=stop, start_at=start_at,
+                                   client=own)
     url = base_url.rstrip("/") + path
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    async with httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout_s) as client:
-        t0 = clock()
-        tasks: list[asyncio.Task] = []
+    tasks: dict[str, asyncio.Task] = {}
+    sent_at: dict[str, tuple[float, float]] = {}
+    _warm_imports()
+    t0 = clock() if start_at is None else start_at
 
-        async def one(req: CompletionRequest, due: float) -> LoadRecord:
-            sent = clock() - t0
-            rec = await stream_completion(client, url, req, model, clock=clock, timeout_s=timeout_s, api=api)
-            return LoadRecord(due, sent, rec)
+    async def one(req: CompletionRequest, due: float) -> LoadRecord:
+        sent = clock() - t0
+        sent_at[req.request_id] = (due, sent)
+        rec = await stream_completion(client, url, req, model, clock=clock, timeout_s=timeout_s, api=api)
+        return LoadRecord(due, sent, rec)
 
-        for req, due in sorted(zip(requests, offsets_s), key=lambda x: x[1]):
+    spin_s = SPIN_S if sleep is asyncio.sleep else 0.0  # a scripted sleep is exact: nothing to spin for
+    for req, due in sorted(zip(requests, offsets_s), key=lambda x: x[1]):
+        while not (stop is not None and stop.is_set()):
             wait = t0 + due - clock()
-            if wait > 0:
-                await sleep(wait)
-            tasks.append(asyncio.ensure_future(one(req, due)))
-            await asyncio.sleep(0)  # let the task send before the next one is scheduled
-        done = await asyncio.gather(*tasks)
-    by_id = {r.record.request_id: r for r in done}
-    return [by_id[r.request_id] for r in requests]
+            if wait <= 0:
+                break
+            if wait <= spin_s:
+                await asyncio.sleep(0)  # the last stretch: other tasks run, the send is not late by a tick
+                continue
+            # with a stop to watch, wait in slices: a stop is seen within STOP_POLL_S, not at the next send
+            wait -= spin_s
+            await sleep(wait if stop is None else min(wait, STOP_POLL_S))
+        if stop is not None and stop.is_set():
+            break
+        tasks[req.request_id] = asyncio.ensure_future(one(req, due))
+        await asyncio.sleep(0)  # let the task send before the next one is scheduled
+    await _finish(tasks, stop)
+    return _collect(requests, tasks, sent_at)
 
 
 async def closed_loop(base_url: str, requests: Sequence[CompletionRequest], concurrency: int, model: str,
                       clock: Clock = time.perf_counter, transport: httpx.AsyncBaseTransport | None = None,
                       timeout_s: float | None = 600.0, path: str = "/v1/completions",
-                      api: ApiShape | None = None) -> list[LoadRecord]:
-    """``concurrency`` users take the requests in order, each sending its next one when its last finished."""
+                      api: ApiShape | None = None, stop: StopFlag | None = None) -> list[LoadRecord]:
+    """``concurrency`` users take the requests in order, each sending its next one when its last finished.
+    Once ``stop`` is set no user takes another request and the streams in flight are closed; only the requests
+    sent have records."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     url = base_url.rstrip("/") + path
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     queue = list(enumerate(requests))
     out: dict[int, LoadRecord] = {}
+    sent_at: dict[int, float] = {}
     async with httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout_s) as client:
         t0 = clock()
 
         async def user() -> None:
-            while queue:
+            while queue and not (stop is not None and stop.is_set()):
                 i, req = queue.pop(0)
-                sent = clock() - t0
+                sent = sent_at[i] = clock() - t0
                 rec = await stream_completion(client, url, req, model, clock=clock, timeout_s=timeout_s, api=api)
                 out[i] = LoadRecord(sent, sent, rec)  # a closed loop is due when a user is free
 
-        await asyncio.gather(*(user() for _ in range(min(concurrency, len(requests)))))
-    return [out[i] for i in range(len(requests))]
+        users = {str(u): asyncio.ensure_future(user()) for u in range(min(concurrency, len(requests)))}
+        await _finish(users, stop)
+    for i, sent in sent_at.items():
+        if i not in out:
+            out[i] = _cancelled(requests[i], sent, sent)
+    return [out[i] for i in sorted(out)]
+
+
+def split_schedule(offsets_s: Sequence[float], loops: int) -> list[list[int]]:
+    """Pure: request indices dealt to ``loops`` client loops round-robin in send order, so each loop sends every
+    ``loops``-th request (its share of the rate) and no loop holds a burst the others do not."""
+    if loops < 1:
+        raise ValueError(f"loops must be >= 1, got {loops}")
+    order = sorted(range(len(offsets_s)), key=lambda i: (offsets_s[i], i))
+    return [order[k::loops] for k in range(loops)]
+
+
+def merge_records(requests: Sequence[CompletionRequest], parts: Sequence[Sequence[LoadRecord]]) -> list[LoadRecord]:
+    """Pure: the records of several client loops, back in request order (a request no loop sent has none);
+    refuses a record for a request not asked for or one recorded twice."""
+    by_id: dict[str, LoadRecord] = {}
+    for part in parts:
+        for r in part:
+            rid = r.record.request_id
+            if rid in by_id:
+                raise ValueError(f"request {rid!r} recorded by two client loops")
+            by_id[rid] = r
+    unknown = set(by_id) - {r.request_id for r in requests}
+    if unknown:
+        raise ValueError(f"records for requests not asked for: {sorted(unknown)[:5]}")
+    return [by_id[r.request_id] for r in requests if r.request_id in by_id]
+
+
+def _loop_process(conn, base_url: str, requests: list[CompletionRequest], offsets_s: list[float], model: str,
+                  stop_event, kw: dict[str, Any]) -> None:
+    """One client process: say it is ready, take the common start, run its share, send back its records (or the
+    error that ended it, as text: failures are data)."""
+    async def run() -> list[LoadRecord]:
+        n = kw.pop("max_connections", 1024)
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        # the client (its TLS context: 0.1 s and more) made before "ready", so no share starts late
+        async with httpx.AsyncClient(limits=limits, timeout=kw.get("timeout_s", 600.0)) as client:
+            _warm_imports()
+            conn.send("ready")
+            start_at = conn.recv()
+            return await open_loop(base_url, requests, offsets_s, model, clock=time.monotonic,
+                                   start_at=start_at, stop=stop_event, client=client, **kw)
+
+    try:
+        conn.send(("ok", asyncio.run(run())))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it there
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def open_loop_processes(base_url: str, requests: Sequence[CompletionRequest], offsets_s: Sequence[float],
+                        model: str, loops: int, stop: StopFlag | None = None, lead_s: float = 0.2,
+                        **kw: Any) -> list[LoadRecord]:
+    """``open_loop`` spread over ``loops`` client processes (each its own interpreter and event loop): the schedule
+    dealt by ``split_schedule``, one common start ``lead_s`` after every process said it is ready (times on the
+    system-wide monotonic clock, so due and send times of all processes share one origin), the records merged by
+    ``merge_records``. ``kw`` goes to each ``open_loop`` (path, api, timeout_s, max_connections). One loop runs
+    in this process."""
+    if len(offsets_s) != len(requests):
+        raise ValueError(f"{len(requests)} requests but {len(offsets_s)} send times")
+    own = sorted(set(kw) & {"clock", "sleep", "transport", "client", "start_at"})
+    if own:  # each process has its own: the monotonic clock, real sleep, an HTTP client it makes
+        raise ValueError(f"open_loop_processes sets {', '.join(own)} itself")
+    if loops == 1:
+        return asyncio.run(open_loop(base_url, requests, offsets_s, model, stop=stop, **kw))
+    ctx = multiprocessing.get_context("spawn")  # no fork of a threaded parent (the runner's gate threads)
+    stop_event = ctx.Event()
+    shares = split_schedule(offsets_s, loops)
+    procs, conns = [], []
+    try:
+        for share in shares:
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_loop_process, daemon=True,
+                            args=(child, base_url, [requests[i] for i in share], [offsets_s[i] for i in share],
+                                  model, stop_event, kw))
+            p.start()
+            child.close()
+            procs.append(p)
+            conns.append(parent)
+        for c, p in zip(conns, procs):
+            while not c.poll(STOP_POLL_S):
+                if not p.is_alive():
+                    raise RuntimeError(f"client process {p.pid} exited ({p.exitcode}) before it was ready")
+            try:
+                msg = c.recv()
+            except EOFError:
+                msg = "exited before it was ready (a program that starts client processes needs the " \
+                      "`if __name__ == '__main__':` guard: they are spawned and import its main module)"
+            if msg != "ready":
+                raise RuntimeError(f"client process {p.pid}: {msg[1] if isinstance(msg, tuple) else msg}")
+        start_at = time.monotonic() + lead_s
+        for c in conns:
+            c.send(start_at)
+        parts: list[list[LoadRecord] | None] = [None] * loops
+        while any(x is None for x in parts):
+            if stop is not None and stop.is_set():
+                stop_event.set()
+            for k, (c, p) in enumerate(zip(conns, procs)):
+                if parts[k] is None and c.poll(STOP_POLL_S / loops):
+                    status, payload = c.recv()
+                    if status != "ok":
+                        raise RuntimeError(f"client process {p.pid}: {payload}")
+                    parts[k] = payload
+                elif parts[k] is None and not p.is_alive() and not c.poll():
+                    raise RuntimeError(f"client process {p.pid} exited ({p.exitcode}) without its records")
+        return merge_records(requests, parts)  # type: ignore[arg-type]
+    finally:
+        stop_event.set()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        for c in conns:
+            c.close()
 
 
 @dataclass(frozen=True)
@@ -135,11 +339,19 @@ class LoadPoint:
         return asdict(self)
 
 
+def output_tokens(r: RequestRecord) -> int:
+    """Tokens a request generated: the server's own count (usage) when it sent one, else the stream's token
+    events (one per token on vLLM's completions stream; its chat stream skips tokens whose text is held back)."""
+    return r.usage_completion_tokens if r.usage_completion_tokens is not None else r.output_chunks
+
+
 def _tpot(r: RequestRecord) -> float | None:
-    """Time per output token after the first: (latency - TTFT) / (chunks - 1); None for a single chunk."""
-    if r.ttft_s is None or r.latency_s is None or r.output_chunks < 2:
+    """Time per output token after the first: (latency - TTFT) / (tokens - 1), as ``vllm bench serve`` counts
+    it; None for a single token."""
+    n = output_tokens(r)
+    if r.ttft_s is None or r.latency_s is None or n < 2:
         return None
-    return (r.latency_s - r.ttft_s) / (r.output_chunks - 1)
+    return (r.latency_s - r.ttft_s) / (n - 1)
 
 
 def load_point(records: Sequence[LoadRecord], ttft_slo_s: float | None = None,
@@ -166,7 +378,7 @@ def load_point(records: Sequence[LoadRecord], ttft_slo_s: float | None = None,
                      ttft_p50_s=pct(ttft, 50), ttft_p90_s=pct(ttft, 90), ttft_p95_s=pct(ttft, 95),
                      ttft_p99_s=pct(ttft, 99), tpot_p50_s=pct(tpot, 50), e2e_p50_s=pct(e2e, 50),
                      e2e_p99_s=pct(e2e, 99), request_rate_rps=len(ok) / duration,
-                     output_token_rate_tps=sum(r.record.output_chunks for r in ok) / duration,
+                     output_token_rate_tps=sum(output_tokens(r.record) for r in ok) / duration,
                      goodput_rps=len(good) / duration,
                      client_lag_p99_s=percentile([max(r.lag_s, 0.0) for r in records], 99))
 

@@ -2,10 +2,16 @@
 
 Shipped to a node and run by its engine interpreter (torch, transformers, tokenizers; nothing from a
 model hub): ``python make_model.py --config model.json --out DIR [--seed 0] [--dtype bfloat16]``. Writes
-``config.json``, ``model.safetensors``, ``tokenizer.json`` and ``tokenizer_config.json`` into DIR through a
-temporary sibling directory renamed when complete, so a half-built model is never served; an existing
-complete DIR is left as is (prints ``exists``). The tokenizer is a byte-level BPE trained on seeded text,
-so any text encodes and the same seed gives the same vocabulary. Prints one JSON line describing DIR.
+``config.json``, ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json`` and the chat template
+(``chat_template.jinja``) into DIR through a temporary sibling directory renamed when complete, so a half-built
+model is never served; an existing complete DIR is left as is (prints ``exists``), except that one built before
+the chat template existed gets its ``chat_template.jinja`` (written aside and renamed in). The tokenizer is a
+byte-level BPE trained on seeded text, so any text encodes and the same seed gives the same vocabulary. Prints
+one JSON line describing DIR.
+
+The chat template makes ``/v1/chat/completions`` work on the random model (a server refuses chat for a
+tokenizer without one): ``<s>`` then one ``role: content`` line per message, then ``assistant:`` when a
+generation prompt is asked for. Plain text, so every message encodes with the same byte-level BPE.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ WORDS = ("kv", "cache", "storage", "tier", "token", "prefill", "decode", "nvme",
          "bandwidth", "session", "prompt", "layer", "chunk", "pool", "gpu", "node", "port", "queue")
 SPECIALS = ["<unk>", "<s>", "</s>"]
 MARKER = ".kvgate-model-complete"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# Content is a string (vLLM detects the "string" content format from this template's use of message['content']).
+CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+                 "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def train_tokenizer(vocab_size: int, seed: int):
@@ -57,11 +67,26 @@ def build(config: dict, out: Path, seed: int, dtype: str) -> dict:
     tok = train_tokenizer(int(hf_cfg.vocab_size), seed)
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                             unk_token="<unk>").save_pretrained(tmp)
+    # Written as its own file, the form transformers (>= 4.47) and vLLM read whatever version saved the rest.
+    (tmp / CHAT_TEMPLATE_FILE).write_text(CHAT_TEMPLATE)
     info = {"dir": str(out), "model_type": model_type, "dtype": dtype, "seed": seed,
-            "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": tok.get_vocab_size()}
+            "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": tok.get_vocab_size(),
+            "chat_template": True}
     (tmp / MARKER).write_text(json.dumps(info) + "\n")
     os.rename(tmp, out)
     return info
+
+
+def ensure_chat_template(out: Path) -> bool:
+    """Give a complete model directory built before the chat template existed its template (written aside and
+    renamed in, so a reader sees the file whole or not at all). True when it was added."""
+    target = out / CHAT_TEMPLATE_FILE
+    if target.exists():
+        return False
+    tmp = out / f".{CHAT_TEMPLATE_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(CHAT_TEMPLATE)
+    os.rename(tmp, target)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     if (out / MARKER).exists():
-        print(json.dumps(dict(json.loads((out / MARKER).read_text()), exists=True)))
+        added = ensure_chat_template(out)
+        print(json.dumps(dict(json.loads((out / MARKER).read_text()), exists=True, chat_template=True,
+                              chat_template_added=added)))
         return 0
     if out.exists():
         print(f"make_model: {out} exists but is not a complete model built by kvgate; refusing to touch it",
