@@ -49,7 +49,8 @@ def served(tmp_path_factory):
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONHASHSEED="0")
     srv = subprocess.Popen([str(ENGINE_PYTHON), "-m", "vllm.entrypoints.cli.main", "serve", str(d / "model"),
                             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
-                            "--max-model-len", "1024", "--gpu-memory-utilization", "0.25", "--seed", "0"],
+                            "--max-model-len", "1024", "--gpu-memory-utilization", "0.25", "--seed", "0",
+                            "--enforce-eager"]  # no ~80 s torch.compile per start (see vllm-cpu-disk.yaml),
                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
 
