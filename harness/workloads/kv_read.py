@@ -54,9 +54,9 @@ from ..parsers.kvread import ReadRun, parse_layout, parse_read
 from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..paths import data_path
 from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
-from ..units import parse_size_bytes
+from ..units import format_quantity, parse_size_bytes
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
-                   Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary, write_gate_file)
+                   ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary, write_gate_file)
 from .engine import node_engine_python
 
 # The reader's environment: one hash seed for every process (LMCache's builtin chunk hash), no telemetry.
@@ -325,7 +325,6 @@ class KvReadEvidence(Evidence, StreamsEvidence):
     node_errors: dict[str, str] = {}
     fio_streams: list[StreamRow] = []
     stream_details: list[dict[str, Any]] = []
-    validity: dict[str, dict[str, Any]] = {}  # what the report lists under "Evidence validity"
 
 
 def connector_rows(node: str, run: ReadRun, fio: FioRun | None) -> tuple[list[StreamRow], list[dict[str, Any]]]:
@@ -463,20 +462,27 @@ def reevaluate_kv_read(evidence: dict[str, Any], raw: dict[str, tuple[str, str]]
 
 
 def validity_items(ev: KvReadEvidence, metrics: dict[str, float], invalid: str | None,
-                   failed: str | None) -> dict[str, dict[str, Any]]:
+                   failed: str | None) -> list[ValidityCheck]:
     """Pure: the proofs the report lists: cold (the pool device read at least the KV bytes retrieved) and data
     (every chunk read back equals what was stored)."""
     kv = int(metrics.get("kv_bytes_read", 0))
     dev = metrics.get("device_read_bytes")
     drops = sorted(n for n, r in ev.nodes.items() if r.page_cache_dropped)
-    detail = (f"the pool device read {int(dev)} bytes while {kv} bytes of KV were retrieved" if dev is not None
-              else "bytes read by the pool device unknown")
-    detail += f"; page cache dropped on {', '.join(drops) or 'no node'}"
+    seen = (f"the pool device read {format_quantity(dev, 'B')} while {format_quantity(kv, 'B')} of KV were "
+            "retrieved" if dev is not None else "bytes read by the pool device unknown")
     chunks = sum(int((r.layout or {}).get("chunks", 0)) for r in ev.nodes.values())
     bad = int(metrics.get("mismatched_chunks", 0) + metrics.get("missing_chunks", 0))
-    return {"cold": {"proven": dev is not None and invalid is None and kv > 0, "detail": detail},
-            "data": {"proven": failed is None and chunks > 0 and bad == 0,
-                     "detail": failed or f"{chunks - bad} of {chunks} chunks read back equal to what was stored"}}
+    return [
+        ValidityCheck(name="cold", ok=dev is not None and invalid is None and kv > 0,
+                      claim="the KV was read from the pool's device, not a cache",
+                      how=f"/sys/dev/block/MAJ:MIN/stat of the pool's device before and after the read: {seen}; "
+                          f"page cache dropped on {', '.join(drops) or 'no node'}",
+                      figure="bytes the pool device read", value=dev, unit="B"),
+        ValidityCheck(name="data", ok=failed is None and chunks > 0 and bad == 0,
+                      claim="every chunk read back equals what was stored",
+                      how=failed or f"each chunk's sha256 after the read against the one stored: {chunks - bad} of "
+                                    f"{chunks} equal",
+                      figure="chunks that differ or were not retrieved", value=float(bad), unit="count")]
 
 
 # ------------------------------------------------------------------------------------------- workload

@@ -180,7 +180,9 @@ def test_cold_read_with_every_chunk_equal_passes_with_its_fio_comparison():
     assert m["mismatched_chunks"] == m["missing_chunks"] == 0
     # each connector bar carries the same stream's fio figure, for the side-by-side chart
     assert [s.fio_read_gb_s for s in result.evidence.streams] == pytest.approx([0.547827461, 0.618514875])
-    assert result.evidence.validity["cold"]["proven"] and result.evidence.validity["data"]["proven"]
+    checks = {c.name: c for c in result.evidence.validity}
+    assert checks["cold"].ok and checks["data"].ok and checks["data"].value == 0
+    assert checks["cold"].unit == "B" and checks["cold"].value >= result.metrics["kv_bytes_read"]
     _, gate = g1c_gate()
     assert evaluate(gate, result, "GB/s").outcome is Outcome.PASS
 
@@ -192,7 +194,8 @@ def test_a_chunk_read_back_different_is_fail_naming_its_key_whatever_the_bandwid
     v = evaluate(gate, result, "GB/s")
     assert v.outcome is Outcome.FAIL and KEY in v.reason
     assert result.metrics["connector_read_gb_s"] > 0.05  # above the pass threshold, still FAIL
-    assert result.evidence.validity["data"]["proven"] is False
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert data.ok is False and KEY in data.how and data.value >= 1
 
 
 def test_a_chunk_stored_but_not_retrieved_is_fail_naming_its_key():

@@ -195,8 +195,11 @@ def test_nvme_integrity_writes_on_one_path_and_reads_back_on_the_other(tmp_path)
     result = WORKLOADS["nvme-integrity"]().run(ctx)
     assert result.error is None
     assert result.metrics == {"mismatched_bytes": 0.0, "checked_bytes": float(2 * (1 << 20))}
-    checks = result.evidence.nodes["guest"]["checks"]
-    assert [c["direction"] for c in checks] == ["backing->nvme", "nvme->backing"]
+    checks = result.evidence.nodes["guest"].checks
+    assert [c.direction for c in checks] == ["backing->nvme", "nvme->backing"]
+    # the evaluator says what the read-backs proved, with the figure the report shows (2.0 MiB compared)
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert data.ok and data.value == 2 * (1 << 20) and data.unit == "B" and "backing->nvme" in data.how
     # the pattern went to the node, was written with O_DIRECT through one path and read through the other
     dds = [c for c in node.commands if c[0] == "dd"]
     assert [("oflag=direct" in d, "iflag=direct" in d) for d in dds] == [(True, False), (False, True)] * 2
