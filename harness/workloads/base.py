@@ -149,6 +149,22 @@ class ValidityCheck(BaseModel):
         return f"{self.figure}: {format_quantity(self.value, self.unit)}"
 
 
+class PoolSnapshot(BaseModel):
+    """The finished KV chunk files of a pool directory as one node saw them (harness.workloads.engine.
+    pool_contents): how many, their bytes, the bytes expected; ``bytes_added``: what a phase added to a pool
+    that already held chunks (an attached engine's), None where the pool started empty."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str
+    dir: str
+    bytes: int
+    files: int
+    expected_kv_bytes: int
+    error: str | None = None
+    bytes_added: int | None = None
+
+
 class Evidence(BaseModel):
     """Base of every workload's evidence model: strict (a key the model does not declare is a bug), dumped
     to JSON for ``result.json``, the verdict and the report. ``validity``: what the evaluator proved (or

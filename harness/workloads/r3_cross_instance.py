@@ -32,8 +32,8 @@ from ..engines.preflight import preflight_argv
 from ..engines.prompts import make_prompts
 from ..execute.fanout import fan_out
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
-from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
-                   target_path, write_summary, write_gate_file)
+from .base import (Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, Workload, WorkloadResult,
+                   register_workload, target_path, write_summary, write_gate_file)
 from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_preflight, engine_values,
                      fallback_reason, model_config_issues, node_engine_python, pool_contents, pool_files_argv,
                      profile_issues, stage_engine_files, start_engine)
@@ -102,9 +102,9 @@ class R3Evidence(Evidence):
     seed: int | None = None
     layout: dict[str, dict[str, Any]] = {}
     lmcache_config: dict[str, Any] | None = None
-    pool_after_writer: dict[str, Any] | None = None
-    pool_seen_from_reader_before: dict[str, Any] | None = None
-    pool_seen_from_reader_after: dict[str, Any] | None = None
+    pool_after_writer: PoolSnapshot | None = None
+    pool_seen_from_reader_before: PoolSnapshot | None = None
+    pool_seen_from_reader_after: PoolSnapshot | None = None
     writer_hit_tokens: float | None = None
     writer_query_tokens: float | None = None
     reader_hit_tokens: float | None = None

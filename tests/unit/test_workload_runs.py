@@ -342,7 +342,7 @@ def test_g2_cold_procedure_runs_in_order(tmp_path):
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     assert ev.recompute_hit_tokens == 0 and ev.page_cache_dropped is True
     assert result.metrics["hit_rate"] == 1.0 and result.metrics["readback_device_read_bytes"] == 40000 * 512
-    assert ev.pool_after_populate["bytes"] >= ev.expected_kv_bytes
+    assert ev.pool_after_populate.bytes >= ev.expected_kv_bytes
     assert ev.versions["lmcache"] == "0.5.6"
     summary = json.loads((ctx.gate_dir / "g2-summary.json").read_text())
     # a device-mapper pool is counted by its MAJ:MIN (its name in /sys/class/block is dm-3, not vg0-kvpool)
