@@ -93,6 +93,8 @@ def test_library_page_autoescapes():
     ("actual", 10 ** 400, "predicate.verdicts[0].actual: expected a number or null, got a number too large"),
     ("outcome", "PASSED", "predicate.verdicts[0].outcome: 'PASSED' is not an outcome"),
     ("metrics", {"x": None}, "predicate.verdicts[0].metrics.x: expected a number, got null"),
+    ("metric_units", {"x": 5}, "predicate.verdicts[0].metric_units.x: expected a unit string, got a number"),
+    ("metric_units", ["B"], "predicate.verdicts[0].metric_units: expected an object or null, got an array"),
     ("reference", {"value": 5}, "predicate.verdicts[0].reference.value: expected a string or null, got a number"),
     ("evidence", [], "predicate.verdicts[0].evidence: expected an object or null, got an array"),
 ])
