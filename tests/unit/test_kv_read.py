@@ -155,7 +155,7 @@ def evidence(read_fixture: str, with_fio: bool = True) -> KvReadEvidence:
     fio = parse_fio_json(fixture("fio-2streams.json")) if with_fio else None
     rec = KvNodeEvidence(target="scratch", kind="file", pool_dir="/var/tmp/kvgate-work/kvgate-kv-read",
                          pool_device="/dev/vda", page_cache_dropped=True,
-                         layout={"chunks": 16, "reused": False})
+                         layout={"chunks": 16, "reused": False, "kv_bytes": 536870912, "file_bytes": 536871360})
     record_checks(rec, run)
     rows, details = connector_rows("localhost", run, fio)
     return KvReadEvidence(engine_profile="vllm-lmcache", backend="fs", model="llama-3-8b", kv_bytes_per_token=131072,
@@ -352,6 +352,10 @@ def test_reevaluation_from_the_raw_files_gives_the_same_result():
     clean = reevaluate_kv_read(first.evidence.as_dict(), {"localhost": (fixture("read-fs-2streams.json"),
                                                                         fixture("fio-2streams.json"))})
     assert clean.failed_check is None and clean.metrics != first.metrics
+    # a bundle of an older kvgate recorded validity as a mapping: it re-evaluates, and says validity again
+    older = {**first.evidence.as_dict(), "validity": {"cold": {"proven": True, "detail": "older shape"}}}
+    again = reevaluate_kv_read(older, {"localhost": (fixture("read-fs-mismatch.json"), fixture("fio-2streams.json"))})
+    assert again.failed_check == first.failed_check and again.evidence.validity == first.evidence.validity
 
 
 # -------------------------------------------------------------------------------------------------- report
