@@ -184,7 +184,8 @@ def format_quantity(value: object, unit: str | None = "") -> str:
 
 
 def _size_text(n: float) -> str:
-    exact = f"{int(n)} bytes" if float(n).is_integer() and abs(n) < 2**63 else f"{n:.6g} bytes"
+    exact = (f"{int(n)} byte" + ("" if n == 1 else "s")) if float(n).is_integer() and abs(n) < 2**63 \
+        else f"{n:.6g} bytes"
     for prefix, f in _BINARY_PREFIXES:
         if abs(n) >= f:
             return f"{n / f:.1f} {prefix} ({exact})"

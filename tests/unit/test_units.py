@@ -50,6 +50,7 @@ def test_bad_thresholds(bad):
     (2097152.0, "B", "2.0 MiB (2097152 bytes)"),
     (0.0, "B", "0 bytes"),
     (512, "B", "512 bytes"),
+    (1, "B", "1 byte"),
     (1.5, "GiB", "1.5 GiB (1610612736 bytes)"),
     (1e9, "B", "953.7 MiB (1000000000 bytes)"),
     # times in ms below a second, s above; a long one with its minutes

@@ -236,6 +236,8 @@ def test_nvme_integrity_never_writes_into_kv_reads_mounted_pool_or_a_device_kvga
     else:
         assert saved["write_guard"] is None and not any(c[0] == "lsblk" for c in node.commands)
     assert result.error is None and evaluate(ctx.gate, result, "B").outcome is Outcome.PASS
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert data.ok and "read-only compare: nothing written" in data.how  # it proves less, and says so
 
 
 def test_nvme_integrity_counts_every_differing_byte_and_stops_the_suite(tmp_path):
@@ -244,6 +246,17 @@ def test_nvme_integrity_counts_every_differing_byte_and_stops_the_suite(tmp_path
     result = WORKLOADS["nvme-integrity"]().run(ctx)
     assert result.metrics["mismatched_bytes"] == 1.0  # one byte flipped on the read through NVMe/TCP
     assert evaluate(ctx.gate, result, "B").outcome is Outcome.STOP
+    checks = {c.name: c for c in result.evidence.validity}
+    assert not checks["data"].ok and not checks["no mismatch"].ok
+    assert checks["no mismatch"].figure_text() == "bytes that differ: 1 byte"
+
+
+def test_nvme_integrity_on_a_target_that_is_not_up_says_nothing_was_proven(tmp_path):
+    cfg, _ = loopback_node()
+    node = ScriptedTransport(lambda call: Reply(rc=1), name="guest")
+    result = WORKLOADS["nvme-integrity"]().run(context(cfg, "L1", {"guest": node}, tmp_path))
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert not data.ok and data.how.startswith("no node was checked") and data.value == 0
 
 
 def test_nvme_integrity_on_a_target_that_is_not_up_is_an_error_naming_the_fix(tmp_path):
