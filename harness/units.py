@@ -7,6 +7,7 @@ so comparisons between GB/s, MB/s and GiB/s are exact and a time compared with a
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -138,3 +139,67 @@ def parse_size_bytes(value: str | int, multiple_of: int = 1, what: str = "size")
     if n % multiple_of:
         raise UnitError(f"{what} must be a multiple of {multiple_of} bytes for O_DIRECT, got {value!r}")
     return n
+
+
+# ------------------------------------------------------------------------------------------ for people
+
+_BINARY_PREFIXES = (("PiB", 1024**5), ("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def format_quantity(value: object, unit: str | None = "") -> str:
+    """A figure as a report shows it: readable, with its unit, the exact count kept where it matters.
+
+    Sizes: a binary prefix and the exact bytes (``2.0 MiB (2097152 bytes)``); times: µs, ms or s
+    (``940 ms``, ``11.85 s``); a ``ratio``: the number and its percentage; ``x``: a factor (``12.6 x``);
+    counts: whole numbers as integers; any other unit (GB/s, tokens/s, ...): 4 significant digits in that
+    unit. ``None``: an em dash; ``unit`` None (not recorded): the number alone, 6 significant digits; a
+    unit kvgate does not know, or a value that is not a finite number, is shown as it is, never raised."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    v = float(value)
+    if not math.isfinite(v):
+        return str(value)
+    if unit is None:
+        return f"{v:.6g}"
+    try:
+        dim, factor = unit_info(unit)
+    except UnitError:
+        return f"{v:.4g} {unit}".strip()
+    base = v * factor
+    if dim == "size":
+        return _size_text(base)
+    if dim == "time":
+        return _time_text(base)
+    if dim == "count":
+        return str(int(v)) if v.is_integer() and abs(v) < 2**63 else f"{v:.6g}"
+    if dim == "ratio":
+        if unit == "x":
+            return f"{v:.4g} x"
+        if unit == "%":
+            return f"{v:.4g} %"
+        return f"{v:.4g} ({100 * v:.1f} %)"
+    return f"{v:.4g} {unit}"
+
+
+def _size_text(n: float) -> str:
+    exact = (f"{int(n)} byte" + ("" if n == 1 else "s")) if float(n).is_integer() and abs(n) < 2**63 \
+        else f"{n:.6g} bytes"
+    for prefix, f in _BINARY_PREFIXES:
+        if abs(n) >= f:
+            return f"{n / f:.1f} {prefix} ({exact})"
+    return exact
+
+
+def _time_text(s: float) -> str:
+    a = abs(s)
+    if a == 0:
+        return "0 s"
+    if a < 1e-3:
+        return f"{s * 1e6:.4g} µs"
+    if a < 1:
+        return f"{s * 1e3:.4g} ms"
+    if a < 600:
+        return f"{s:.4g} s"
+    return f"{s:.0f} s ({s / 60:.1f} min)"

@@ -171,7 +171,7 @@ def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reev
                     failed = out[2] if len(out) > 2 else failed
                     source = f"raw output re-parsed ({gate.workload})"
                 evidence = RecordedEvidence.model_validate(result.get("evidence") or {})
-                v = evaluate(gate, WorkloadResult(metrics, evidence, invalid, error, failed), unit)
+                v = evaluate(gate, WorkloadResult(metrics, evidence, invalid, error, failed), unit, wl.METRICS)
             except (HarnessError, OSError, ValueError, KeyError, TypeError) as exc:
                 v = Verdict(gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
                             stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, actual=None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from ..units import Threshold, unit_info
 from ..workloads.base import WorkloadResult
@@ -39,6 +39,8 @@ class Verdict:
     evidence: dict[str, Any] = field(default_factory=dict)
     reference: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    # the unit of every metric in ``metrics`` (the workload's METRICS table), so a report shows each with its unit
+    metric_units: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -59,8 +61,24 @@ def overall_outcome(verdicts: list[Verdict]) -> Outcome:
     return Outcome.ERROR
 
 
-def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
-    """Compare ``result.metrics[gate.metric]`` (in ``metric_unit``) with the gate's thresholds.
+def metric_units_of(metrics: Mapping[str, float], table: Mapping[str, str]) -> dict[str, str]:
+    """Pure: the unit of each metric from a workload's METRICS table; a confidence interval's bounds
+    (``M_ci_low``, ``M_ci_high``) in M's unit, its ``M_ci_trials`` a count; a metric the table lacks, none."""
+    out = {}
+    for name in metrics:
+        base, _, part = name.rpartition("_ci_")
+        if name in table:
+            out[name] = table[name]
+        elif base in table and part in ("low", "high"):
+            out[name] = table[base]
+        elif base in table and part == "trials":
+            out[name] = "count"
+    return out
+
+
+def evaluate(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[str, str] | None = None) -> Verdict:
+    """Compare ``result.metrics[gate.metric]`` (in ``metric_unit``) with the gate's thresholds; ``metric_units``:
+    the workload's METRICS table, recorded per metric in the verdict (:func:`metric_units_of`).
 
     Order: a failed check (``result.failed_check``: the system under test proved wrong, e.g. data read back
     differs) -> FAIL, whatever else; error -> ERROR; missing evidence -> INVALID; informational -> INFO;
@@ -71,7 +89,7 @@ def evaluate(gate, result: WorkloadResult, metric_unit: str) -> Verdict:
         gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
         stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, unit=metric_unit,
         evidence=result.evidence_dict(), reference=gate.reference.model_dump() if gate.reference else {},
-        metrics=dict(result.metrics),
+        metrics=dict(result.metrics), metric_units=metric_units_of(result.metrics, metric_units or {}),
     )
     actual = result.metrics.get(gate.metric)
     failed = result.failed_check

@@ -53,13 +53,14 @@ import jinja2
 from ..errors import BundleError
 from ..paths import data_path
 from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_bytes, read_text
+from ..units import format_quantity
 from .bundle import (ENVELOPE, OLD_RID_RE, RID_RE, entry_kind, extract_archive, read_envelope, sha256_file, tar_bundle,
                      walk_tree)
 from .cosign import TAR_SUFFIX, SignersResult, verify_signers
 from .keyring import KeyEntry, Keyring, load_keyring
 from .library_charts import trend_charts
 from .predicate import check_predicate
-from .render import fmt_value, signed_render_differences
+from .render import signed_render_differences
 
 FORMAT = "kvgate-library/v1"
 LIBRARY_JSON = "library.json"
@@ -344,7 +345,7 @@ def _fmt_actual(g: dict[str, Any]) -> str:
     a = g.get("actual")
     if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float))):
         return repr(a)
-    return fmt_value(a, g.get("unit") or "")
+    return format_quantity(a, g.get("unit") if isinstance(g.get("unit"), str) else None)
 
 
 def _view(entries: list[dict[str, Any]], trusted: list[KeyEntry], built_utc: str) -> dict[str, Any]:

@@ -125,6 +125,10 @@ def check_predicate(pred: Any, name: str) -> None:
         for k, x in (metrics or {}).items():
             if not _number(x):
                 raise c.fail(f"{where}.metrics.{k}", f"expected a number, got {json_type(x)}")
+        units = c.kind(v, "metric_units", f"{where}.metric_units", (dict, type(None)), "an object or null")
+        for k, x in (units or {}).items():
+            if not isinstance(x, str):
+                raise c.fail(f"{where}.metric_units.{k}", f"expected a unit string, got {json_type(x)}")
         c.kind(v, "evidence", f"{where}.evidence", (dict, type(None)), "an object or null")
         ref = c.kind(v, "reference", f"{where}.reference", (dict, type(None)), "an object or null")
         if ref is not None:

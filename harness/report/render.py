@@ -21,7 +21,8 @@ Evidence keys the charts and tables read (a workload that records them gets them
     (else read from the raw gates/<gate>/requests-{recompute,readback}.jsonl of g2-ttft, -> <gate>-requests.csv)
   series: {node: [[t_s, read_gb_s], ...]}, nic_line_rate_gb_s      -> <gate>-series.svg/.csv
   any other list of flat records (e.g. requests: [{...}])          -> <gate>-<key>.csv
-  validity: {name: {proven: bool, detail: str}} or <name>_proven / <name>_detail -> evidence-validity column
+  validity: [{name, ok, claim, how, figure, value, unit}]          -> evidence-validity column and list
+    (harness.workloads.base.ValidityCheck, filled by each workload's evaluator; nothing else is read for it)
 Raw fio JSON under gates/<gate>/<node>/fio.json becomes <gate>-jobs.csv (one row per fio job).
 """
 
@@ -43,8 +44,8 @@ from ..errors import BundleError
 from ..parsers.rdma import rdma_devices
 from ..paths import data_path
 from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_bytes
-from ..units import UnitError, parse_quantity, parse_threshold
-from ..workloads.base import ChartInputs
+from ..units import UnitError, format_quantity, parse_quantity, parse_threshold
+from ..workloads.base import ChartInputs, ValidityCheck
 from . import charts as rc
 from .junit import verdicts_to_junit
 from .predicate import check_predicate, finite
@@ -88,22 +89,21 @@ def confined(out_dir: Path, rel: str) -> Path:
     return p
 
 
-def fmt_value(v: float | None, unit: str = "") -> str:
-    """A measured value for people: 4 significant digits and its unit; an em dash when absent."""
-    if v is None:
-        return "—"
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return f"{v:.4g} {unit}".strip()
-
-
-def fmt_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "—"
-    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= f:
-            return f"{n / f:.3g} {unit}"
-    return f"{int(n)} B"
+def metric_rows(verdict: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every metric of a gate as the report shows it: [{name, value (readable, with its unit)}], sorted by name.
+    Units come from the verdict's ``metric_units`` (the workload's METRICS table, recorded at run time) and,
+    for the gate's metric, its ``unit``; a metric whose unit the bundle does not record shows its number only."""
+    metrics = verdict.get("metrics")
+    units = verdict.get("metric_units")
+    units = units if isinstance(units, dict) else {}
+    out = []
+    for name in sorted(metrics) if isinstance(metrics, dict) else []:
+        unit = units.get(name)
+        if not isinstance(unit, str):
+            unit = verdict.get("unit") if name == verdict.get("metric") and isinstance(verdict.get("unit"), str) \
+                else None
+        out.append({"name": name, "value": format_quantity(metrics[name], unit)})
+    return out
 
 
 def threshold_in(threshold: str | None, unit: str) -> float | None:
@@ -129,72 +129,29 @@ def quantity_in(text: str | None, unit: str) -> float | None:
 
 
 def validity(verdict: dict[str, Any]) -> list[dict[str, Any]]:
-    """What makes a gate's measurement valid, from its evidence: [{name, proven: bool|None, detail}].
+    """What makes a gate's measurement valid, as its evaluator said: the evidence's ``validity`` list
+    (harness.workloads.base.ValidityCheck), each as {name, proven: bool|None, detail} for the templates.
 
-    Read in this order: an explicit ``validity`` mapping; flat ``<name>_proven`` / ``<name>_detail`` keys;
-    the fio-read shape (O_DIRECT and per-node ``page_cache_dropped``); per-node ``direct_used``.
-    """
-    # Evidence is signed data of any shape (harness.report.predicate checks only that it is an object): every
-    # leaf read here is type-checked, so an odd value reads as "unknown", never as a crash.
-    ev = verdict.get("evidence") if isinstance(verdict.get("evidence"), dict) else {}
+    Nothing else is read: evidence without the list (a bundle of an older kvgate) gives [] ("not recorded").
+    Evidence is signed data of any shape (harness.report.predicate checks only that it is an object): an item
+    that is not a ValidityCheck reads as "unknown", never as a crash."""
+    ev = verdict.get("evidence")
+    items = ev.get("validity") if isinstance(ev, dict) else None
+    if not isinstance(items, list):
+        return []
     out: list[dict[str, Any]] = []
-    explicit = ev.get("validity")
-    if isinstance(explicit, dict):
-        for name in sorted(explicit):
-            item = explicit[name]
-            if isinstance(item, dict):
-                out.append({"name": name, "proven": _proven(item.get("proven")), "detail": str(item.get("detail", ""))})
-            else:
-                out.append({"name": name, "proven": bool(item), "detail": ""})
-        return out
-    for key in sorted(k for k in ev if k.endswith("_proven")):
-        name = key[: -len("_proven")]
-        out.append({"name": name, "proven": _proven(ev[key]), "detail": str(ev.get(f"{name}_detail", ""))})
-    if out:
-        return out
-    if "readback_hit_tokens" in ev or "readback_device_read_bytes" in ev:
-        # G2 (g2-ttft): hits from the engine's counters, cold from bytes read off the pool's device.
-        hit, query = ev.get("readback_hit_tokens"), ev.get("readback_query_tokens")
-        hit, query = (hit if finite(hit) else None), (query if finite(query) else None)
-        if hit is None or not query:
-            out.append({"name": "hits", "proven": False, "detail": "the engine exposed no hit counters"})
-        else:
-            out.append({"name": "hits", "proven": hit > 0,
-                        "detail": f"{hit:.0f} of {query:.0f} read-back tokens hit the tier ({hit / query:.1%})"})
-        rb = ev.get("readback_device_read_bytes")
-        rb = rb if finite(rb) else None
-        drop = ev.get("page_cache_dropped")
-        tail = "" if drop is None else f"; page cache dropped: {'yes' if drop else 'no'}"
-        if rb is None:
-            out.append({"name": "cold", "proven": False, "detail": "bytes read from the pool device unknown" + tail})
-        else:
-            out.append({"name": "cold", "proven": rb > 0,
-                        "detail": f"{fmt_bytes(rb)} read from the pool device during read-back" + tail})
-        return out
-    nodes = ev.get("nodes")
-    if isinstance(nodes, dict) and nodes and all(isinstance(v, dict) for v in nodes.values()):
-        if any("page_cache_dropped" in v for v in nodes.values()):
-            dropped = sorted(n for n, v in nodes.items() if v.get("page_cache_dropped"))
-            kept = sorted(n for n, v in nodes.items() if not v.get("page_cache_dropped"))
-            direct = bool(ev.get("direct"))
-            parts = [f"O_DIRECT {'on' if direct else 'off'}"]
-            if dropped:
-                parts.append("page cache dropped on " + ", ".join(dropped))
-            if kept:
-                parts.append("page cache NOT dropped on " + ", ".join(kept))
-            out.append({"name": "cold", "proven": direct or not kept, "detail": "; ".join(parts)})
-        elif any("direct_used" in v for v in nodes.values()):
-            direct = sorted(n for n, v in nodes.items() if v.get("direct_used"))
-            other = sorted(n for n, v in nodes.items() if not v.get("direct_used"))
-            detail = "O_DIRECT used on " + (", ".join(direct) or "no node")
-            if other:
-                detail += "; not on " + ", ".join(other)
-            out.append({"name": "cold", "proven": not other, "detail": detail})
+    for item in items:
+        try:
+            c = ValidityCheck.model_validate(item)
+        except ValidationError:
+            name = item.get("name") if isinstance(item, dict) else None
+            out.append({"name": name if isinstance(name, str) else "?", "proven": None,
+                        "detail": "a validity record kvgate cannot read"})
+            continue
+        figure = c.figure_text()
+        out.append({"name": c.name, "proven": c.ok,
+                    "detail": f"{c.claim}. Checked: {c.how}" + (f"; {figure}" if figure else "")})
     return out
-
-
-def _proven(v: Any) -> bool | None:
-    return v if isinstance(v, bool) else None
 
 
 def validity_text(items: list[dict[str, Any]]) -> str:
@@ -324,7 +281,7 @@ def gate_tables(verdict: dict[str, Any], gate_dir: Path | None) -> dict[str, pd.
     ev = verdict.get("evidence") or {}
     out: dict[str, pd.DataFrame] = {}
     for key in sorted(ev):
-        if _flat_records(ev[key]):
+        if key != "validity" and _flat_records(ev[key]):  # validity is the report's own list, not a series
             out[key] = _ordered_frame(ev[key], ("node", "label", "gpu", "request", "mode"))
     recs = request_records(gate_dir)
     if recs:
@@ -538,7 +495,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             "reference_text": " ".join(x for x in (ref.get("value"), f"({ref['note']})" if ref.get("note") else None)
                                        if x) or "—",
             "reference_source": ref.get("source"), "tables": g_tables, "charts": g_charts,
-            "nvmeof": nvmeof_rows(v),
+            "nvmeof": nvmeof_rows(v), "metric_rows": metric_rows(v),
             "duration_s": (finished - started) if isinstance(started, (int, float)) and
             isinstance(finished, (int, float)) else None,
             "streams": [s.model_dump() for s in chart_inputs(v).streams],
@@ -605,7 +562,7 @@ def _env(autoescape: bool) -> jinja2.Environment:
                              undefined=jinja2.ChainableUndefined, keep_trailing_newline=True,
                              autoescape=autoescape, trim_blocks=True, lstrip_blocks=True,
                              **({} if autoescape else {"finalize": _md_finalize}))
-    env.globals.update(fmt=fmt_value, fmt_bytes=fmt_bytes)
+    env.globals.update(fmt=format_quantity)
     env.filters["mdcell"] = lambda s: MdText("—") if s is None else md_escape(s)
     env.filters["mdline"] = md_line
     return env

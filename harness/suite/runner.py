@@ -282,7 +282,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 except KeyboardInterrupt as exc:
                     interrupted, interrupt = True, exc
                     result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
-            verdict = evaluate(gate, result, unit)
+            verdict = evaluate(gate, result, unit, wl_cls.METRICS)
             # the verdict goes into verdicts.json and the signed predicate: its texts and evidence redacted
             verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason),
                                           evidence=redact_obj(verdict.evidence))

@@ -27,6 +27,7 @@ from ..execute.cancel import Cancellation, check_write
 from ..execute.cancel import write_text as write_gate_file
 from ..execute.clock import Clock
 from ..execute.nvmeof import NvmeofError, NvmeofHost, NvmeofSpec
+from ..units import format_quantity
 
 WORKLOADS: dict[str, type["Workload"]] = {}
 
@@ -131,20 +132,69 @@ class TtftEvidence(BaseModel):
     ttft_readback_s: list[float] | None = None
 
 
+class ValidityCheck(BaseModel):
+    """One thing a gate's figure relies on, as its evaluator judged it: what it proves (``claim``), how it was
+    checked (``how``: the method and what was seen), the figure it rests on with its unit (``figure``,
+    ``value``, ``unit``: a unit of harness.units, e.g. ``"B"``), and whether it holds (``ok``). The report's
+    "Evidence validity" shows these and nothing else."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    ok: bool
+    claim: str
+    how: str
+    figure: str | None = None
+    value: float | None = None
+    unit: str | None = None
+
+    def figure_text(self) -> str | None:
+        """``figure: value`` with its unit in a readable form (harness.units.format_quantity), or None."""
+        if self.figure is None:
+            return None
+        return f"{self.figure}: {format_quantity(self.value, self.unit)}"
+
+
+class PoolSnapshot(BaseModel):
+    """The finished KV chunk files of a pool directory as one node saw them (harness.workloads.engine.
+    pool_contents): how many, their bytes, the bytes expected; ``bytes_added``: what a phase added to a pool
+    that already held chunks (an attached engine's), None where the pool started empty."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str
+    dir: str
+    bytes: int
+    files: int
+    expected_kv_bytes: int
+    error: str | None = None
+    bytes_added: int | None = None
+
+
 class Evidence(BaseModel):
     """Base of every workload's evidence model: strict (a key the model does not declare is a bug), dumped
-    to JSON for ``result.json``, the verdict and the report."""
+    to JSON for ``result.json``, the verdict and the report. ``validity``: what the evaluator proved (or
+    could not), filled by the workload's evaluator; the report reads it and nothing else for validity."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    validity: list[ValidityCheck] = []
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
 
 class RecordedEvidence(Evidence):
-    """Evidence as a bundle recorded it (``result.json``), read back for re-evaluation: every key kept as is."""
+    """Evidence as a bundle recorded it (``result.json``), read back for re-evaluation: every key kept as is,
+    ``validity`` too, whatever its shape (a bundle of an older kvgate has none, or another shape: the report
+    says "not recorded"); dumped with exactly the keys it was read with."""
 
     model_config = ConfigDict(extra="allow")
+
+    validity: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class ChartInputs(StreamsEvidence, SeriesEvidence, TtftEvidence):
@@ -207,9 +257,10 @@ def target_path(node: Any, target: Any) -> str:
 DROP_CACHES_ARGV = ("sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches")
 
 
-@dataclass(frozen=True)
-class CacheDrop:
-    """Whether the kernel let us drop the page cache on a node (and why not)."""
+class CacheDrop(BaseModel):
+    """Whether the kernel let us drop the page cache on a node (and why not); kept as is in the evidence."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     dropped: bool
     error: str | None = None
@@ -218,7 +269,7 @@ class CacheDrop:
 def drop_caches(ctx: GateContext, transport: Any, step: str = "drop-caches", timeout_s: float = 300) -> CacheDrop:
     """``sync`` and drop the page cache on the node as a logged step; a refusal is recorded, not raised."""
     r = ctx.steps.run(transport, step, DROP_CACHES_ARGV, timeout_s=timeout_s)
-    return CacheDrop(r.ok, None if r.ok else r.summary())
+    return CacheDrop(dropped=r.ok, error=None if r.ok else r.summary())
 
 
 def write_summary(gate_dir: Path, name: str, result: WorkloadResult) -> None:

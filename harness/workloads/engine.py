@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
 from ..parsers.prometheus import Sample, parse_prometheus
 from ..transport.local import free_port
-from .base import GateContext, write_gate_file
+from .base import GateContext, PoolSnapshot, write_gate_file
 
 # Prints a free TCP port of the node's loopback (the kernel picks it); run with the engine's interpreter.
 FREE_PORT_CODE = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
@@ -386,7 +386,7 @@ def stored_kv_tokens(prompt_tokens: int, block_tokens: int | None) -> int:
 
 
 def pool_contents(ctx: GateContext, transport: Any, pool_dir: str, expected_bytes: int, timeout_s: float,
-                  step: str, pattern: str = "*.data") -> dict[str, Any]:
+                  step: str, pattern: str = "*.data") -> PoolSnapshot:
     """The finished KV chunk files in a pool directory as one node sees them, waiting up to ``timeout_s``
     until they hold ``expected_bytes`` (LMCache stores asynchronously; 0: look once).
 
@@ -399,9 +399,9 @@ def pool_contents(ctx: GateContext, transport: Any, pool_dir: str, expected_byte
         ctx.cancel.check()
         r = transport.run(argv, timeout_s=60)
         sizes = [int(x) for x in r.stdout.split() if x.isdigit()] if r.ok else []
-        info = {"node": transport.name, "dir": pool_dir, "bytes": sum(sizes), "files": len(sizes),
-                "expected_kv_bytes": expected_bytes, "error": None if r.ok else r.summary()}
-        if info["bytes"] >= expected_bytes or ctx.clock.now() >= deadline:
+        info = PoolSnapshot(node=transport.name, dir=pool_dir, bytes=sum(sizes), files=len(sizes),
+                            expected_kv_bytes=expected_bytes, error=None if r.ok else r.summary())
+        if info.bytes >= expected_bytes or ctx.clock.now() >= deadline:
             break
         ctx.cancel.sleep(0.5)  # the gate's end ends the wait (Cancelled)
     ctx.steps.keep(transport.name, step, r)

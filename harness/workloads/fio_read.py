@@ -28,7 +28,7 @@ from ..units import parse_size_bytes
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..writeguard import CREATED_SUFFIX, check_write, path_probe_argv, probe_path
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
-                   Workload, WorkloadResult, drop_caches, register_workload, target_path,
+                   ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path,
                    write_gate_file)
 from .targets import target_device
 from .probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
@@ -214,13 +214,41 @@ def evaluate_fio_read(ev: FioReadEvidence) -> WorkloadResult:
     for s in ev.streams:
         per_node.setdefault(s.node, []).append(s.read_gb_s)
     metrics = read_metrics(per_node)
+    rows = _rows_from_evidence(ev)
+    ev = ev.model_copy(update={"validity": fio_validity(ev, rows)})
     if ev.node_errors:
         first = sorted(ev.node_errors.items())[0]
         return WorkloadResult(metrics, ev, error=f"node {first[0]}: {first[1]}")
     reasons = [cold_invalid_reason({n: r.page_cache_dropped for n, r in ev.nodes.items()}, ev.direct),
-               reread_invalid_reason(_rows_from_evidence(ev), ev.direct)]
+               reread_invalid_reason(rows, ev.direct)]
     invalid = "; ".join(r for r in reasons if r) or None
     return WorkloadResult(metrics, ev, invalid_reason=invalid)
+
+
+def fio_validity(ev: FioReadEvidence, rows: dict[str, list[dict[str, Any]]]) -> list[ValidityCheck]:
+    """Pure: what G1's figure rests on, by the rules of :func:`cold_invalid_reason` and
+    :func:`reread_invalid_reason`: the reads came from the device (O_DIRECT, or the page cache dropped on every
+    node), and, for a buffered read, no stream read a byte twice."""
+    dropped = sorted(n for n, r in ev.nodes.items() if r.page_cache_dropped)
+    kept = sorted(n for n, r in ev.nodes.items() if not r.page_cache_dropped)
+    how = [f"O_DIRECT {'on' if ev.direct else 'off'}"]
+    if dropped:
+        how.append("page cache dropped on " + ", ".join(dropped))
+    if kept:
+        how.append("page cache NOT dropped on " + ", ".join(kept))
+    checks = [ValidityCheck(name="cold", ok=bool(ev.nodes) and cold_invalid_reason(
+        {n: r.page_cache_dropped for n, r in ev.nodes.items()}, ev.direct) is None,
+        claim="fio read the device, not the page cache", how="; ".join(how))]
+    if not ev.direct:
+        shares = [(r["read_bytes"] + (r["ramp_bytes_estimate"] or 0)) / r["region_bytes"]
+                  for rs in rows.values() for r in rs if isinstance(r["region_bytes"], int) and r["region_bytes"] > 0]
+        checks.append(ValidityCheck(
+            name="no re-read", ok=bool(rows) and reread_invalid_reason(rows, ev.direct) is None,
+            claim="no buffered stream read a byte twice (a second read would come from the page cache)",
+            how="each stream's bytes read (fio, plus the ramp's estimated at the measured rate) against its "
+                "region's size", figure="largest share of a region read", value=max(shares) if shares else None,
+            unit="ratio"))
+    return checks
 
 
 def reevaluate_fio_read(runs: dict[str, FioRun], ev: dict[str, Any], dropped: dict[str, bool], params: Any

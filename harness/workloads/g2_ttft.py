@@ -38,8 +38,9 @@ from ..node import program_path
 from ..parsers.pooldev import PoolDeviceStat, parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..parsers.engine_log import LogHits, count_log_hits, new_log_lines
 from ..stats import percentile
-from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
-                   drop_caches, register_workload, write_gate_file, write_summary)
+from ..units import format_quantity
+from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, ValidityCheck,
+                   Workload, WorkloadResult, drop_caches, register_workload, write_gate_file, write_summary)
 from .attach import AttachedEngine, AttachParams, attach_issues, restarted
 from .engine import (EngineHandle, LaunchedEngine, client_base_url, engine_node, engine_port, engine_preflight,
                      engine_python, engine_values, model_config_issues, pool_contents, pool_files_argv,
@@ -132,7 +133,7 @@ class G2Evidence(Evidence):
     lmcache_config: dict[str, Any] | None = None
     versions: dict[str, str] = {}
     recompute_hit_tokens: float | None = None
-    pool_after_populate: dict[str, Any] | None = None
+    pool_after_populate: PoolSnapshot | None = None
     page_cache_dropped: bool | None = None
     page_cache_drop_error: str | None = None
     pool_device: str | None = None        # as findmnt names it (/dev/mapper/vg-kv, /dev/nvme0n1p1, ...)
@@ -153,7 +154,7 @@ class G2Evidence(Evidence):
     prompt_seed: int | None = None
     cold_procedure: list[dict[str, Any]] = []
     engine_restarted: bool | None = None
-    pool_before_recompute: dict[str, Any] | None = None
+    pool_before_recompute: PoolSnapshot | None = None
     recompute_log_hit_lines: int | None = None
 
 
@@ -273,11 +274,74 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
         invalid = (f"the engine log has {ev.recompute_log_hit_lines} hit lines in the re-compute phase: "
                    "prompts were not new")
     if invalid is None and ev.pool_after_populate is not None:
-        added = ev.pool_after_populate.get("bytes_added", ev.pool_after_populate.get("bytes"))
-        if not added:
-            invalid = "the pool holds no bytes after populate" if "bytes_added" not in ev.pool_after_populate \
+        pool = ev.pool_after_populate
+        if not (pool.bytes if pool.bytes_added is None else pool.bytes_added):
+            invalid = "the pool holds no bytes after populate" if pool.bytes_added is None \
                 else "the pool gained no bytes in the re-compute phase: the engine stored nothing on the tier"
+    ev.validity = g2_validity(ev, fallback, min_hit_rate, hit_rate if counters else None, counters,
+                              log, log_rate, device_reads, read_fraction, claimed, min_read_fraction)
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
+
+
+def g2_validity(ev: G2Evidence, fallback: str | None, min_hit_rate: float, hit_rate: float | None, counters: bool,
+                log: "LogProof | None", log_rate: float | None, device_reads: bool, read_fraction: float | None,
+                claimed_bytes: float, min_read_fraction: float) -> list[ValidityCheck]:
+    """Pure: G2's proofs as :func:`evaluate_g2` judges them, one check per proof the profile declares (hit
+    counters, the log's hit lines, the pool device's read bytes), then the engine's log free of fall-backs,
+    prompts new to the re-compute phase and the pool populated by it."""
+    out = []
+    if counters:
+        q, h = ev.readback_query_tokens, ev.readback_hit_tokens
+        seen = f"{h:.0f} of {q:.0f} read-back prompt tokens hit the tier" if h is not None and q else \
+            "the engine exposed no hit counters"
+        out.append(ValidityCheck(name="hits", ok=hit_rate is not None and hit_rate >= min_hit_rate,
+                                 claim="the read-back prompts' KV came from the tier",
+                                 how=f"the engine's hit counters before and after the read-back: {seen} "
+                                     f"(at least {min_hit_rate} required)",
+                                 figure="read-back hit rate", value=hit_rate, unit="ratio"))
+    if log is not None:
+        lines = "unreadable" if log.hits is None else f"{log.hits.lines} matching line(s)"
+        out.append(ValidityCheck(name="hits (log)", ok=log_rate is not None and log_rate >= min_hit_rate,
+                                 claim="the engine's log shows the read-back prompts hit the tier",
+                                 how=f"hit lines the read-back added to the engine log: {lines} for {log.requests} "
+                                     f"request(s) (at least {min_hit_rate} required)",
+                                 figure="read-back hit rate from the log", value=log_rate, unit="ratio"))
+    if device_reads:
+        dev = ev.readback_device_read_bytes
+        drop = {True: "yes", False: "no", None: "not recorded"}[ev.page_cache_dropped]
+        where = ev.pool_device or "the pool's device"
+        how = (f"{where}'s read counters (/sys/dev/block/{ev.pool_device_maj_min or 'MAJ:MIN'}/stat) before and "
+               f"after the read-back, against the {format_quantity(claimed_bytes, 'B')} of KV the hits claim (at "
+               f"least {min_read_fraction} of it required); page cache dropped: {drop}")
+        if dev is None:
+            how += f"; not measured ({ev.pool_device_error or 'no block device'})"
+        out.append(ValidityCheck(name="cold", ok=dev is not None and dev > 0 and (
+            read_fraction is None or read_fraction >= min_read_fraction),
+            claim="the read-back read the pool's device, not the engine's memory or a cache", how=how,
+            figure="bytes the pool device read during read-back", value=dev, unit="B"))
+    if not (counters or log is not None or device_reads):
+        out.append(ValidityCheck(name="proof declared", ok=False, claim="the profile declares a proof of hits or "
+                                 "cold reads", how="profile hit_metrics, hit_log, device_reads: none"))
+    out.append(ValidityCheck(name="no fall-back", ok=fallback is None,
+                             claim="the engine used the tier throughout (no fall-back, no connector failure)",
+                             how=fallback or "the engine log of both phases scanned for the profile's fall-back "
+                                             "patterns: none", figure="fall-back lines",
+                             value=float(len(ev.fallback_lines)), unit="count"))
+    recompute_hits = (ev.recompute_hit_tokens or 0) + (ev.recompute_log_hit_lines or 0)
+    out.append(ValidityCheck(name="new prompts", ok=not recompute_hits,
+                             claim="the re-compute phase computed every prompt (none was in the tier before)",
+                             how="the engine's hit counters" + (" and log" if log is not None else "")
+                                 + " over the re-compute phase",
+                             figure="re-compute hit tokens", value=ev.recompute_hit_tokens, unit="count"))
+    pool = ev.pool_after_populate
+    if pool is not None:
+        added = pool.bytes if pool.bytes_added is None else pool.bytes_added
+        out.append(ValidityCheck(name="populated", ok=bool(added),
+                                 claim="the re-compute phase stored the prompts' KV on the tier",
+                                 how=f"finished chunk files in {pool.dir} on {pool.node}: {pool.files} file(s), "
+                                     f"{format_quantity(pool.expected_kv_bytes, 'B')} expected",
+                                 figure="bytes the re-compute phase stored", value=added, unit="B"))
+    return out
 
 
 @register_workload("g2-ttft")
@@ -594,7 +658,7 @@ class G2Ttft(Workload):
             if eng.persistent:  # earlier runs' chunks are in the pool: only what this run adds counts
                 ev.pool_before_recompute = pool_contents(ctx, s.pool_transport, s.pool_dir, 0, 0, "g2-pool-before",
                                                          prof.pool_files)
-                pool_before[0] = ev.pool_before_recompute["bytes"]
+                pool_before[0] = ev.pool_before_recompute.bytes
             ctx.progress(f"{ctx.gate.id}: re-compute phase{where}, {len(prompts)} prompts")
             return self._send(ctx, p, prof, eng.base_url, prompts)
 
@@ -614,9 +678,9 @@ class G2Ttft(Workload):
             self._save(ctx.gate_dir / "requests-recompute.jsonl", rc.output)
             pool = pool_contents(ctx, s.pool_transport, s.pool_dir, pool_before[0] + s.expected_bytes,
                                  p.populate_timeout_s, "g2-pool-after-populate", prof.pool_files)
-            if eng.persistent:
-                pool["bytes_added"] = pool["bytes"] - pool_before[0]
-            ev.pool_after_populate = pool
+            # a pool that held earlier runs' chunks: what this run's re-compute added is the figure
+            ev.pool_after_populate = pool.model_copy(update={"bytes_added": pool.bytes - pool_before[0]}) \
+                if eng.persistent else pool
             fallback, found = first_fallback(rc.engines, prof.fallback_patterns, lambda _n: "re-compute")
             ev.fallback_lines = [m.quote() for m in found]
             if fallback is None and any(x.ok for x in rc.output):  # all failed: an ERROR, nothing to read back

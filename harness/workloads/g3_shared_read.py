@@ -16,7 +16,7 @@ import posixpath
 import time
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import WorkloadError
 from ..execute.clock import CLOCK_SESSION_ARGV, applied_offset_s, measure_clock_offsets
@@ -25,8 +25,9 @@ from ..node import program_path
 from ..parsers.g3series import (NodeSeries, PortRate, aggregate, cross_check_port_rate, nic_ceiling_ratio,
                                 nodes_completed, parse_reader_output, rate_series, start_skew_s)
 from ..units import parse_size_bytes
-from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel, Workload,
-                   WorkloadResult, drop_caches, register_workload, target_path, write_summary, write_gate_file)
+from .base import (DROP_CACHES_ARGV, CacheDrop, Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel,
+                   ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary,
+                   write_gate_file)
 
 LMCACHE_HEADER_BYTES = 28  # LMCache's fs connector: RemoteMetadata before each chunk's bytes
 MANIFEST = "kvgate-manifest.json"
@@ -107,6 +108,70 @@ def _node_dir(node, gate_id: str) -> str:
     return posixpath.join(node.work_dir, f"g3-{gate_id}-{node.name}")
 
 
+class G3Pool(BaseModel):
+    """The shared KV copy: found with a matching manifest (``created`` false, the manifest read) or laid out
+    now by ``by`` (its create command's report)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    created: bool
+    by: str
+    dir: str
+    manifest: dict[str, Any] | None = None
+    report: str | None = None
+
+
+class G3NodeRecord(BaseModel):
+    """One reader node as the run saw it: its launched process (harness.execute.fanout.NodeRun: rc, pids, when
+    it armed and was told to go), what its reader reported (O_DIRECT used or why not, bytes read, completion,
+    samples), and the error that failed the node, if any. A node that never started has only ``error``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str | None = None
+    rc: int | None = None
+    error: str | None = None
+    stopped: bool | None = None
+    armed_at_s: float | None = None
+    go_node_s: float | None = None
+    go_written_at_s: float | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    direct_used: bool | None = None
+    direct_error: str | None = None
+    start_priority: str | None = None
+    bytes_read: float | None = None  # the reader's own total (g3series.NodeSeries.total_bytes)
+    completed: bool | None = None
+    truncated: bool | None = None
+    samples: int | None = None
+    reader_errors: list[str] = []
+    parse_error: str | None = None
+
+
+class G3Launch(BaseModel):
+    """The synchronized start: the reference instant of the go (our clock) and every launch event."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    go_ref_s: float | None = None
+    events: list[dict[str, Any]] = []
+
+
+class G3Aggregate(BaseModel):
+    """The aggregate over the common window of the included nodes (harness.parsers.g3series.Aggregate)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    aggregate_read_gb_s: float | None = None
+    window_start_s: float | None = None
+    window_end_s: float | None = None
+    window_s: float = 0.0
+    per_node_read_gb_s: dict[str, float] = {}
+    fairness_min_max: float | None = None
+    nodes: list[str] = []
+    reason: str | None = None
+
+
 class G3Evidence(Evidence, SeriesEvidence):
     """G3's evidence: the port and its line rate, the KV copy, clocks and cache drops, each reader's record,
     the launch, the aggregate over the common window, and every reader's rate over time (the report's
@@ -121,16 +186,16 @@ class G3Evidence(Evidence, SeriesEvidence):
     block_bytes: int = 0
     policy: dict[str, Any] = {}
     port_rate: dict[str, Any] | None = None
-    pool: dict[str, Any] | None = None
+    pool: G3Pool | None = None
     phase_failures: dict[str, dict[str, str]] = {}
     clock_offsets: dict[str, dict[str, Any]] = {}
     clock_alignment: str | None = None
     clock_offset_errors: dict[str, str] = {}
-    page_cache_dropped: dict[str, dict[str, Any]] = {}
-    nodes: dict[str, dict[str, Any]] = {}
+    page_cache_dropped: dict[str, CacheDrop] = {}
+    nodes: dict[str, G3NodeRecord] = {}
     failed_nodes: dict[str, str] = {}
-    launch: dict[str, Any] | None = None
-    aggregate: dict[str, Any] | None = None
+    launch: G3Launch | None = None
+    aggregate: G3Aggregate | None = None
     start_skew_ms: float | None = None
     start_skew_uncertainty_ms: float | None = None
     start_times_node_clock_s: dict[str, float | None] = {}
@@ -144,7 +209,7 @@ def evaluate_g3(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, p
     failed = ev.failed_nodes
     ok_series = {n: s for n, s in series.items() if n not in failed}
     agg = aggregate(ok_series, min_window_s=min_window_s)
-    ev.aggregate = agg.as_dict()
+    ev.aggregate = G3Aggregate.model_validate(agg.as_dict())
     ev.series = rate_series(series, go_ref_s)
     ev.nic_line_rate_gb_s = port.effective_gbit_s / 8.0
     metrics: dict[str, float] = {"nodes_completed": float(nodes_completed(series))}
@@ -163,16 +228,50 @@ def evaluate_g3(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, p
         metrics["fairness_min_max"] = agg.fairness_min_max
     group = GroupResult({n: NodeOutcome(n, n not in failed, None, failed.get(n)) for n in ev.readers})
     err = policy.verdict_error(group)
+    drops = ev.page_cache_dropped
+    not_cold = [n for n in ok_series if not _direct(ev, n) and not (n in drops and drops[n].dropped)]
+    ev.validity = g3_validity(ev, list(ok_series), not_cold, err)
     if err:
         return WorkloadResult(metrics, ev, error=err)
     if agg.aggregate_read_gb_s is None:
         return WorkloadResult(metrics, ev, invalid_reason=f"no aggregate: {agg.reason}")
-    drops = ev.page_cache_dropped
-    not_cold = [n for n in ok_series if not ev.nodes[n].get("direct_used") and not drops.get(n, {}).get("dropped")]
     if not_cold:
         return WorkloadResult(metrics, ev, invalid_reason=(
             f"not cold: no O_DIRECT and the page cache was not dropped on {', '.join(not_cold)}"))
     return WorkloadResult(metrics, ev)
+
+
+def _direct(ev: G3Evidence, node: str) -> bool:
+    rec = ev.nodes.get(node)
+    return bool(rec is not None and rec.direct_used)
+
+
+def g3_validity(ev: G3Evidence, included: list[str], not_cold: list[str], policy_error: str | None
+                ) -> list[ValidityCheck]:
+    """Pure: what G3's aggregate rests on, by :func:`evaluate_g3`'s rules: the readers the failure policy
+    requires completed, a common window in which all of them read, and every included reader read cold
+    (O_DIRECT, or its page cache dropped)."""
+    agg = ev.aggregate
+    done = sorted(n for n in ev.readers if n not in ev.failed_nodes)
+    ways = []
+    for n in sorted(included):
+        d = ev.page_cache_dropped.get(n)
+        ways.append(f"{n}: " + ("O_DIRECT" if _direct(ev, n) else "page cache dropped" if d is not None and d.dropped
+                                else "NEITHER O_DIRECT NOR a dropped page cache"))
+    return [
+        ValidityCheck(name="nodes", ok=policy_error is None,
+                      claim="the readers the failure policy requires read the whole copy",
+                      how=policy_error or f"{len(done)} of {len(ev.readers)} reader(s) completed"
+                      + (f" (failed: {', '.join(sorted(ev.failed_nodes))})" if ev.failed_nodes else ""),
+                      figure="readers completed", value=float(len(done)), unit="count"),
+        ValidityCheck(name="common window", ok=agg is not None and agg.aggregate_read_gb_s is not None,
+                      claim="every included reader was reading during the window the aggregate is taken over",
+                      how=(f"the time-aligned per-node series of {', '.join(agg.nodes) or 'no node'}"
+                           + (f": {agg.reason}" if agg.reason else "")) if agg is not None else "no aggregate",
+                      figure="common window", value=agg.window_s if agg is not None else None, unit="s"),
+        ValidityCheck(name="cold", ok=bool(included) and not not_cold,
+                      claim="every reader read the shared copy, not its page cache",
+                      how="; ".join(ways) or "no reader's series")]
 
 
 @register_workload("g3-shared-read")
@@ -324,7 +423,7 @@ class G3SharedRead(Workload):
         if p.drop_caches:
             t_phase = time.monotonic()
             drops = fan_out(live, lambda _n, t: drop_caches(ctx, t, timeout_s=120))
-            ev.page_cache_dropped = {n: vars(o.value) if o.ok else {"dropped": False, "error": o.error}
+            ev.page_cache_dropped = {n: o.value if o.ok else CacheDrop(dropped=False, error=o.error)
                                      for n, o in drops.items()}
             ctx.progress(f"{ctx.gate.id}: page cache dropped on {len(drops.succeeded)}/{len(live)} nodes in "
                          f"{time.monotonic() - t_phase:.1f} s")
@@ -346,13 +445,13 @@ class G3SharedRead(Workload):
 
         # 6. Per-node raw series (partial ones too), parsed.
         series: dict[str, NodeSeries] = {}
-        node_ev: dict[str, Any] = {}
+        node_ev: dict[str, G3NodeRecord] = {}
         failed: dict[str, str] = {}
         for name in readers:
             run = launch.runs.get(name)
             if run is None:
                 failed[name] = (prep.failed.get(name) or offs.failed.get(name) or "not started")
-                node_ev[name] = {"error": failed[name]}
+                node_ev[name] = G3NodeRecord(error=failed[name])
                 continue
             ndir = nodes_dir / name
             ndir.mkdir(parents=True, exist_ok=True)
@@ -375,10 +474,10 @@ class G3SharedRead(Workload):
             if run.error:
                 failed[name] = run.error
             info["error"] = run.error
-            node_ev[name] = info
+            node_ev[name] = G3NodeRecord.model_validate(info)
         ev.nodes = node_ev
         ev.failed_nodes = failed
-        ev.launch = {"go_ref_s": launch.go_ref_s, "events": launch.events}
+        ev.launch = G3Launch(go_ref_s=launch.go_ref_s, events=launch.events)
 
         uncertainty = max((o.uncertainty_s for o in offs.succeeded.values()), default=0.0)
         result = evaluate_g3(ev, series, port, policy, p.min_window_s, uncertainty, launch.go_ref_s)
@@ -391,7 +490,7 @@ class G3SharedRead(Workload):
         if err or not group.succeeded:
             raise WorkloadError(f"{what}: {err or group.summary()}")
 
-    def _ensure_copy(self, ctx: GateContext, creator: str, p: G3Params) -> dict:
+    def _ensure_copy(self, ctx: GateContext, creator: str, p: G3Params) -> G3Pool:
         node = ctx.nodes[creator]
         t = ctx.transports[creator]
         pool = _pool_dir(node, p)
@@ -401,7 +500,7 @@ class G3SharedRead(Workload):
             try:
                 have = json.loads(r.stdout)
                 if all(have.get(k) == v for k, v in want.items()):
-                    return {"created": False, "by": creator, "dir": pool, "manifest": have}
+                    return G3Pool(created=False, by=creator, dir=pool, manifest=have)
             except json.JSONDecodeError:
                 pass
         ctx.progress(f"{ctx.gate.id}: laying out the KV copy on {creator}: {p.chunks} x {p.chunk_bytes} bytes in {pool}")
@@ -409,5 +508,5 @@ class G3SharedRead(Workload):
                           timeout_s=max(600.0, p.copy_bytes / 10e6))
         if not r.ok:
             raise WorkloadError(f"creating the KV copy on {creator} failed: {r.summary()}")
-        return {"created": True, "by": creator, "dir": pool, "report": r.stdout.strip()}
+        return G3Pool(created=True, by=creator, dir=pool, report=r.stdout.strip())
 

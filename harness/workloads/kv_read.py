@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import posixpath
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,9 +53,9 @@ from ..parsers.kvread import ReadRun, parse_layout, parse_read
 from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..paths import data_path
 from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
-from ..units import parse_size_bytes
+from ..units import format_quantity, parse_size_bytes
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
-                   Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary, write_gate_file)
+                   ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary, write_gate_file)
 from .engine import node_engine_python
 from .probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
 
@@ -272,6 +273,21 @@ def fio_job(streams: list[tuple[str, list[str], str | None]], fio: FioSettings) 
 # ------------------------------------------------------------------------------------------- evidence
 
 
+class KvLayoutRecord(BaseModel):
+    """A node's KV layout as the reader reported it: reused or laid out now, chunk count, KV and file bytes,
+    how long it took, and the layout's identity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reused: bool
+    chunks: int
+    kv_bytes: int
+    file_bytes: int
+    elapsed_s: float | None = None
+    engine_init_s: float | None = None
+    layout_id: str | None = None
+
+
 class KvNodeEvidence(Evidence):
     """One node's kv-read: where the pool is, how it was laid out and made cold, what the device read, what
     differed."""
@@ -283,7 +299,7 @@ class KvNodeEvidence(Evidence):
     pool_device: str | None = None
     pool_device_maj_min: str | None = None
     numa_cpulists: dict[int, str] | None = None
-    layout: dict[str, Any] | None = None
+    layout: KvLayoutRecord | None = None
     versions: dict[str, Any] = {}
     page_cache_dropped: bool | None = None
     drop_caches_error: str | None = None
@@ -324,7 +340,6 @@ class KvReadEvidence(Evidence, StreamsEvidence):
     node_errors: dict[str, str] = {}
     fio_streams: list[StreamRow] = []
     stream_details: list[dict[str, Any]] = []
-    validity: dict[str, dict[str, Any]] = {}  # what the report lists under "Evidence validity"
 
 
 def connector_rows(node: str, run: ReadRun, fio: FioRun | None) -> tuple[list[StreamRow], list[dict[str, Any]]]:
@@ -437,7 +452,8 @@ def reevaluate_kv_read(evidence: dict[str, Any], raw: dict[str, tuple[str, str]]
     """Pure: kv-read again from a bundle's recorded evidence and every node's raw outputs (node -> (the readers'
     stdout, fio's JSON)): the stream rows, the read-back checks and the device bytes are re-derived from the raw
     files with the functions the run used; the recorded evidence supplies the rest."""
-    ev = KvReadEvidence.model_validate(evidence)
+    # validity is the evaluator's to say again (and an older kvgate recorded it in another shape)
+    ev = KvReadEvidence.model_validate({k: v for k, v in evidence.items() if k != "validity"})
     streams, fios, details = [], [], []
     nodes = dict(ev.nodes)
     for name, (read_text, fio_text) in sorted(raw.items()):
@@ -456,23 +472,57 @@ def reevaluate_kv_read(evidence: dict[str, Any], raw: dict[str, tuple[str, str]]
 
 
 def validity_items(ev: KvReadEvidence, metrics: dict[str, float], invalid: str | None,
-                   failed: str | None) -> dict[str, dict[str, Any]]:
+                   failed: str | None) -> list[ValidityCheck]:
     """Pure: the proofs the report lists: cold (the pool device read at least the KV bytes retrieved) and data
     (every chunk read back equals what was stored)."""
     kv = int(metrics.get("kv_bytes_read", 0))
     dev = metrics.get("device_read_bytes")
     drops = sorted(n for n, r in ev.nodes.items() if r.page_cache_dropped)
-    detail = (f"the pool device read {int(dev)} bytes while {kv} bytes of KV were retrieved" if dev is not None
-              else "bytes read by the pool device unknown")
-    detail += f"; page cache dropped on {', '.join(drops) or 'no node'}"
-    chunks = sum(int((r.layout or {}).get("chunks", 0)) for r in ev.nodes.values())
+    seen = (f"the pool device read {format_quantity(dev, 'B')} while {format_quantity(kv, 'B')} of KV were "
+            "retrieved" if dev is not None else "bytes read by the pool device unknown")
+    chunks = sum(r.layout.chunks for r in ev.nodes.values() if r.layout is not None)
     bad = int(metrics.get("mismatched_chunks", 0) + metrics.get("missing_chunks", 0))
-    return {"cold": {"proven": dev is not None and invalid is None and kv > 0, "detail": detail},
-            "data": {"proven": failed is None and chunks > 0 and bad == 0,
-                     "detail": failed or f"{chunks - bad} of {chunks} chunks read back equal to what was stored"}}
+    return [
+        ValidityCheck(name="cold", ok=dev is not None and invalid is None and kv > 0,
+                      claim="the KV was read from the pool's device, not a cache",
+                      how=f"/sys/dev/block/MAJ:MIN/stat of the pool's device before and after the read: {seen}; "
+                          f"page cache dropped on {', '.join(drops) or 'no node'}",
+                      figure="bytes the pool device read", value=dev, unit="B"),
+        ValidityCheck(name="data", ok=failed is None and chunks > 0 and bad == 0,
+                      claim="every chunk read back equals what was stored",
+                      how=failed or f"each chunk's sha256 after the read against the one stored: {chunks - bad} of "
+                                    f"{chunks} equal",
+                      figure="chunks that differ or were not retrieved", value=float(bad), unit="count")]
 
 
 # ------------------------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class KvSetup:
+    """One node's kv-read as the configuration decides it (nothing run yet): the engine profile and model, the
+    target, the pool and run directories, the reader's LMCache config, the sizing and KV shape, the layout's
+    identity, where the KV is read into, the interpreter, and the node-side paths of the reader program, its
+    spec, LMCache YAML and fio job."""
+
+    profile: EngineProfile
+    arch: ModelArch
+    model: str
+    target: Any
+    pool: str
+    run_dir: str
+    lmcache: dict[str, Any]
+    sizing: Sizing
+    kv_shape: tuple[int, int, int, int, int]
+    mla: bool
+    model_name: str
+    layout_id: str
+    destination: str
+    python: str
+    program: str
+    spec: str
+    lmcache_yaml: str
+    fio_job: str
 
 
 def pool_dir(node, target, p: KvReadParams) -> str:
@@ -578,7 +628,7 @@ class KvRead(Workload):
 
     # ---- what a node runs (pure)
 
-    def _setup(self, ctx: GateContext, node) -> dict[str, Any]:
+    def _setup(self, ctx: GateContext, node) -> "KvSetup":
         """Everything about one node's run that follows from the configuration alone."""
         p: KvReadParams = ctx.params
         prof = load_profile(p.engine)
@@ -599,18 +649,17 @@ class KvRead(Workload):
                     "serde": cfg.get("remote_serde"), "hash": cfg.get("pre_caching_hash_algorithm", "builtin"),
                     "layerwise": cfg.get("use_layerwise", False), "chunk_meta": extra.get("save_chunk_meta", True)}
         destination = "gpu" if p.destination == "gpu" or (p.destination == "auto" and node.gpus) else "cpu"
-        return {"profile": prof, "arch": arch, "model": name, "target": t, "pool": pool, "run_dir": run_dir,
-                "lmcache": cfg, "sizing": sz, "kv_shape": shape, "mla": mla, "model_name": model_name,
-                "layout_id": layout_id(identity), "destination": destination,
-                "python": node_engine_python(p.python, node),
-                "program": posixpath.join(run_dir, "kv_reader.py"), "spec": posixpath.join(run_dir, "spec.json"),
-                "lmcache_yaml": posixpath.join(run_dir, "lmcache.yaml"),
-                "fio_job": posixpath.join(run_dir, "kv-fio.job")}
+        return KvSetup(profile=prof, arch=arch, model=name, target=t, pool=pool, run_dir=run_dir, lmcache=cfg,
+                       sizing=sz, kv_shape=shape, mla=mla, model_name=model_name, layout_id=layout_id(identity),
+                       destination=destination, python=node_engine_python(p.python, node),
+                       program=posixpath.join(run_dir, "kv_reader.py"), spec=posixpath.join(run_dir, "spec.json"),
+                       lmcache_yaml=posixpath.join(run_dir, "lmcache.yaml"),
+                       fio_job=posixpath.join(run_dir, "kv-fio.job"))
 
-    def _spec(self, ctx: GateContext, node, s: dict[str, Any], cpulists: dict[int, str] | None,
+    def _spec(self, ctx: GateContext, node, s: "KvSetup", cpulists: dict[int, str] | None,
               device_stat: str | None) -> dict[str, Any]:
         p: KvReadParams = ctx.params
-        sz: Sizing = s["sizing"]
+        sz: Sizing = s.sizing
         labels = stream_labels(node)
         streams = []
         for i, (label, gpu, numa) in enumerate(labels):
@@ -618,52 +667,52 @@ class KvRead(Workload):
             streams.append({"label": label, "gpu": gpu, "cpus": cpus,
                             "prompts": list(range(i, sz.prompts, len(labels)))})
         vocab = 32000
-        return {"schema": "kvgate-kv-read-spec/1", "lmcache_config": s["lmcache_yaml"], "backend": ctx.params.backend,
-                "pool_dir": s["pool"], "model_name": s["model_name"], "kv_shape": list(s["kv_shape"]),
-                "kv_dtype": _torch_dtype(s["arch"].dtype), "use_mla": s["mla"], "chunk_tokens": sz.chunk_tokens,
+        return {"schema": "kvgate-kv-read-spec/1", "lmcache_config": s.lmcache_yaml, "backend": ctx.params.backend,
+                "pool_dir": s.pool, "model_name": s.model_name, "kv_shape": list(s.kv_shape),
+                "kv_dtype": _torch_dtype(s.arch.dtype), "use_mla": s.mla, "chunk_tokens": sz.chunk_tokens,
                 "chunk_bytes": sz.chunk_bytes, "chunks_per_retrieve": sz.chunks_per_retrieve, "prompts": sz.prompts,
-                "seed": p.seed, "vocab": vocab, "layout_id": s["layout_id"], "streams": streams,
-                "destination": s["destination"], "device_stat": device_stat, "fadvise_dontneed": p.fadvise_dontneed,
+                "seed": p.seed, "vocab": vocab, "layout_id": s.layout_id, "streams": streams,
+                "destination": s.destination, "device_stat": device_stat, "fadvise_dontneed": p.fadvise_dontneed,
                 "store_timeout_s": min(600.0, p.layout_timeout_s), "read_timeout_s": p.read_timeout_s}
 
-    def _argv(self, s: dict[str, Any], command: str) -> tuple[str, ...]:
-        return (s["python"], s["program"], command, "--spec", s["spec"])
+    def _argv(self, s: "KvSetup", command: str) -> tuple[str, ...]:
+        return (s.python, s.program, command, "--spec", s.spec)
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: KvReadParams = ctx.params
         out = []
         for node in ctx.nodes.values():
             s = self._setup(ctx, node)
-            sz: Sizing = s["sizing"]
+            sz: Sizing = s.sizing
             n = node.name
-            out.append(PlannedStep(n, f"create {s['run_dir']} and the pool {s['pool']}",
-                                   ("mkdir", "-p", s["run_dir"], s["pool"])))
+            out.append(PlannedStep(n, f"create {s.run_dir} and the pool {s.pool}",
+                                   ("mkdir", "-p", s.run_dir, s.pool)))
             if pins_numa(p.pin_numa, node):
                 out.append(numa_step(n, "readers"))
             out.append(PlannedStep(n, "the pool's block device (its /sys/dev/block/MAJ:MIN/stat proves cold reads)",
-                                   pool_blockstat_argv(s["pool"]),
-                                   files={s["lmcache_yaml"]: json.dumps(s["lmcache"], indent=1),
-                                          s["program"]: "(harness/node/kv_reader.py)",
-                                          s["spec"]: json.dumps(self._spec(ctx, node, s, None, "<device stat>"),
+                                   pool_blockstat_argv(s.pool),
+                                   files={s.lmcache_yaml: json.dumps(s.lmcache, indent=1),
+                                          s.program: "(harness/node/kv_reader.py)",
+                                          s.spec: json.dumps(self._spec(ctx, node, s, None, "<device stat>"),
                                                                 indent=1)}))
             out.append(PlannedStep(n, f"lay out {sz.prompts * sz.chunks_per_retrieve} chunks of {sz.chunk_bytes} bytes "
-                                   f"({sz.kv_bytes} bytes of {s['model']} KV) through LMCache {p.backend} in "
-                                   f"{s['pool']}, unless an intact layout {s['layout_id']} is there",
+                                   f"({sz.kv_bytes} bytes of {s.model} KV) through LMCache {p.backend} in "
+                                   f"{s.pool}, unless an intact layout {s.layout_id} is there",
                                    self._argv(s, "layout")))
             if p.drop_caches:
                 out.append(PlannedStep(n, "drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV))
             out.append(PlannedStep(n, f"{node.stream_count} fresh reader process(es) retrieve "
-                                   f"{sz.kv_bytes_per_stream} bytes each through LMCache into {s['destination']} "
+                                   f"{sz.kv_bytes_per_stream} bytes each through LMCache into {s.destination} "
                                    "memory; every chunk checked", self._argv(s, "read")))
             if p.drop_caches:
                 out.append(PlannedStep(n, "drop the page cache again before fio", DROP_CACHES_ARGV))
-            out.append(PlannedStep(n, "the pool device's read counters before fio", pool_blockstat_argv(s["pool"])))
+            out.append(PlannedStep(n, "the pool device's read counters before fio", pool_blockstat_argv(s.pool)))
             placeholder = [(label, [f"<{label}'s chunk files from the layout>"], None)
                            for label, _, _ in stream_labels(node)]
             out.append(PlannedStep(n, "fio: each stream's chunk files once, O_DIRECT (the same bytes)",
-                                   ("fio", "--output-format=json", s["fio_job"]),
-                                   files={s["fio_job"]: fio_job(placeholder, p.fio)}))
-            out.append(PlannedStep(n, "the pool device's read counters after fio", pool_blockstat_argv(s["pool"])))
+                                   ("fio", "--output-format=json", s.fio_job),
+                                   files={s.fio_job: fio_job(placeholder, p.fio)}))
+            out.append(PlannedStep(n, "the pool device's read counters after fio", pool_blockstat_argv(s.pool)))
         return out
 
     # ---- run
@@ -672,16 +721,16 @@ class KvRead(Workload):
         p: KvReadParams = ctx.params
         first = next(iter(ctx.nodes.values()))
         s0 = self._setup(ctx, first)
-        sz0: Sizing = s0["sizing"]
+        sz0: Sizing = s0.sizing
         group = fan_out(ctx.nodes, lambda _name, node: self._run_node(ctx, node))
         nodes = {n: rec for n, (rec, _, _, _) in group.succeeded.items()}
         ev = KvReadEvidence(
-            engine_profile=s0["profile"].name, lmcache_version_pinned=s0["profile"].lmcache.version,
-            lmcache_config=s0["lmcache"], backend=p.backend,
-            parallel_read=parallel_read_settings(s0["lmcache"], p.backend, p.chunks_per_retrieve),
-            model=s0["model"], kv_formula=s0["arch"].formula(), kv_bytes_per_token=sz0.kv_bytes_per_token,
+            engine_profile=s0.profile.name, lmcache_version_pinned=s0.profile.lmcache.version,
+            lmcache_config=s0.lmcache, backend=p.backend,
+            parallel_read=parallel_read_settings(s0.lmcache, p.backend, p.chunks_per_retrieve),
+            model=s0.model, kv_formula=s0.arch.formula(), kv_bytes_per_token=sz0.kv_bytes_per_token,
             chunk_tokens=sz0.chunk_tokens, chunk_bytes=sz0.chunk_bytes, chunks_per_retrieve=sz0.chunks_per_retrieve,
-            kv_bytes_per_stream=sz0.kv_bytes_per_stream, destination=s0["destination"],
+            kv_bytes_per_stream=sz0.kv_bytes_per_stream, destination=s0.destination,
             fio={"ioengine": p.fio.ioengine, "bs_bytes": p.fio.bs_bytes, "iodepth": p.fio.iodepth, "direct": True},
             nodes=nodes, node_errors=dict(group.failed),
             streams=[r for _, rows, _, _ in group.succeeded.values() for r in rows],
@@ -698,7 +747,7 @@ class KvRead(Workload):
         """One node's layout, cold read and fio pass; a failure ends the node's part with its record kept."""
         p: KvReadParams = ctx.params
         s = self._setup(ctx, node)
-        rec = KvNodeEvidence(target=p.target, kind=s["target"].kind, pool_dir=s["pool"], python=s["python"])
+        rec = KvNodeEvidence(target=p.target, kind=s.target.kind, pool_dir=s.pool, python=s.python)
         acc: dict[str, list] = {"rows": [], "fio": [], "details": []}
         try:
             self._node_steps(ctx, node, s, rec, acc)
@@ -706,37 +755,37 @@ class KvRead(Workload):
             rec.error = str(exc)
         return rec, acc["rows"], acc["fio"], acc["details"]
 
-    def _node_steps(self, ctx: GateContext, node, s: dict[str, Any], rec: KvNodeEvidence, acc: dict[str, list]):
+    def _node_steps(self, ctx: GateContext, node, s: "KvSetup", rec: KvNodeEvidence, acc: dict[str, list]):
         """The node's steps in order; what is measured goes into ``rec`` and ``acc`` as soon as it is known."""
         p: KvReadParams = ctx.params
         tr, steps = ctx.transports[node.name], ctx.steps
         nd = ctx.gate_dir / node.name
         nd.mkdir(parents=True, exist_ok=True)
-        sz: Sizing = s["sizing"]
-        r = steps.run(tr, "kv-mkdir", ("mkdir", "-p", s["run_dir"], s["pool"]), timeout_s=60)
+        sz: Sizing = s.sizing
+        r = steps.run(tr, "kv-mkdir", ("mkdir", "-p", s.run_dir, s.pool), timeout_s=60)
         if not r.ok:
-            raise WorkloadError(f"cannot create {s['run_dir']} / {s['pool']}: {r.summary()}")
+            raise WorkloadError(f"cannot create {s.run_dir} / {s.pool}: {r.summary()}")
         cpulists = None
         if pins_numa(p.pin_numa, node):
             rec.numa_cpulists = cpulists = numa_cpulists(ctx, tr)
-        r = steps.run(tr, "kv-pool-device", pool_blockstat_argv(s["pool"]), timeout_s=30)
+        r = steps.run(tr, "kv-pool-device", pool_blockstat_argv(s.pool), timeout_s=30)
         dev = _pool_stat(r)
         if dev is not None:
             rec.pool_device, rec.pool_device_maj_min = dev.source, dev.maj_min
-        issues = check_lmcache_config(s["lmcache"], s["profile"].lmcache.version)
+        issues = check_lmcache_config(s.lmcache, s.profile.lmcache.version)
         if issues:
             raise WorkloadError("LMCache config rejected: "
                                 + "; ".join(f"{'.'.join(map(str, k))}: {m}" for k, m in issues))
         spec = self._spec(ctx, node, s, cpulists, f"/sys/dev/block/{dev.maj_min}/stat" if dev else None)
         write_gate_file(nd / "spec.json", json.dumps(spec, indent=1))
-        write_gate_file(nd / "lmcache.yaml", f"# written by kvgate for LMCache {s['profile'].lmcache.version}\n"
-                                         + _yaml(s["lmcache"]))
-        tr.put(program_path("kv_reader.py"), s["program"])
-        tr.put(nd / "spec.json", s["spec"])
-        tr.put(nd / "lmcache.yaml", s["lmcache_yaml"])
+        write_gate_file(nd / "lmcache.yaml", f"# written by kvgate for LMCache {s.profile.lmcache.version}\n"
+                                         + _yaml(s.lmcache))
+        tr.put(program_path("kv_reader.py"), s.program)
+        tr.put(nd / "spec.json", s.spec)
+        tr.put(nd / "lmcache.yaml", s.lmcache_yaml)
 
         ctx.progress(f"{ctx.gate.id} {node.name}: laying out {sz.kv_bytes / 1e9:.3f} GB of KV through LMCache "
-                     f"{p.backend} in {s['pool']}")
+                     f"{p.backend} in {s.pool}")
         r = steps.run(tr, "kv-layout", self._argv(s, "layout"), timeout_s=p.layout_timeout_s, env=READER_ENV)
         write_gate_file(nd / "layout.json", r.stdout)
         write_gate_file(nd / "layout.stderr", r.stderr)
@@ -746,9 +795,9 @@ class KvRead(Workload):
             raise WorkloadError(f"layout failed: {r.summary()} ({exc})") from None
         if lay.error or not r.ok:
             raise WorkloadError(f"layout failed: {lay.error or r.summary()}")
-        rec.layout = {"reused": lay.reused, "chunks": lay.chunks, "kv_bytes": lay.kv_bytes,
-                      "file_bytes": lay.file_bytes, "elapsed_s": lay.elapsed_s, "engine_init_s": lay.engine_init_s,
-                      "layout_id": s["layout_id"]}
+        rec.layout = KvLayoutRecord(reused=lay.reused, chunks=lay.chunks, kv_bytes=lay.kv_bytes,
+                                    file_bytes=lay.file_bytes, elapsed_s=lay.elapsed_s,
+                                    engine_init_s=lay.engine_init_s, layout_id=s.layout_id)
         rec.versions = lay.versions
         if lay.chunks != sz.prompts * sz.chunks_per_retrieve:
             raise WorkloadError(f"layout holds {lay.chunks} chunks, expected {sz.prompts * sz.chunks_per_retrieve}")
@@ -772,20 +821,20 @@ class KvRead(Workload):
         # fio over the same chunk files, stream by stream
         by_prompt: dict[int, list[str]] = {}
         for f in sorted(lay.files, key=lambda f: (f.prompt, f.index)):
-            by_prompt.setdefault(f.prompt, []).append(posixpath.join(s["pool"], f.file))
+            by_prompt.setdefault(f.prompt, []).append(posixpath.join(s.pool, f.file))
         job_streams = [(st["label"], [f for pr in st["prompts"] for f in by_prompt.get(pr, [])], st["cpus"])
                        for st in spec["streams"]]
         job = fio_job(job_streams, p.fio)
         write_gate_file(nd / "kv-fio.job", job)
-        tr.put(nd / "kv-fio.job", s["fio_job"])
+        tr.put(nd / "kv-fio.job", s.fio_job)
         if p.drop_caches:
             drop = drop_caches(ctx, tr, "fio-drop-caches", timeout_s=300)
             rec.fio_page_cache_dropped, rec.fio_drop_caches_error = drop.dropped, drop.error
-        b0 = steps.run(tr, "fio-blockstat-before", pool_blockstat_argv(s["pool"]), timeout_s=30)
+        b0 = steps.run(tr, "fio-blockstat-before", pool_blockstat_argv(s.pool), timeout_s=30)
         ctx.progress(f"{ctx.gate.id} {node.name}: fio over the same chunk files")
-        r = steps.run(tr, "fio", ("fio", "--output-format=json", s["fio_job"]),
+        r = steps.run(tr, "fio", ("fio", "--output-format=json", s.fio_job),
                       timeout_s=max(600.0, sz.kv_bytes / 20e6))
-        b1 = steps.run(tr, "fio-blockstat-after", pool_blockstat_argv(s["pool"]), timeout_s=30)
+        b1 = steps.run(tr, "fio-blockstat-after", pool_blockstat_argv(s.pool), timeout_s=30)
         write_gate_file(nd / "fio.json", r.stdout)
         write_gate_file(nd / "fio.stderr", r.stderr)
         rec.fio_device_read_bytes = read_bytes_between(_pool_stat(b0), _pool_stat(b1))

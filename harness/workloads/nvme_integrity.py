@@ -18,17 +18,16 @@ The metric is the number of bytes that differ; every read-back is kept in the ev
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import WorkloadError
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..rigs.loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, LoopbackSpec, backing_device, nvme_device,
                              probe_commands)
 from ..writeguard import block_probe_plan, check_write
-from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, nvmeof_device,
+from .base import (Evidence, GateContext, PlannedStep, StrictModel, ValidityCheck, Workload, WorkloadResult, nvmeof_device,
                    register_workload, write_gate_file)
 from .integrity import (IntegrityResult, integrity_cleanup_argv, integrity_commands, loopback_integrity,
                         roundtrip_commands, roundtrip_integrity)
@@ -39,18 +38,83 @@ class NvmeIntegrityParams(StrictModel):
     length_bytes: int = Field(default=INTEGRITY_LEN_BYTES, ge=65536, le=64 * 1024 * 1024)
 
 
+class IntegrityCheckRecord(BaseModel):
+    """One read-back as checked (harness.rigs.loopback.IntegrityCheck): the direction (``backing->nvme``,
+    ``nvme->backing``, ``nvme->nvme``, or ``compare``: both paths only read), the bytes compared and those
+    that differ, both digests."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    direction: str
+    offset_bytes: int
+    length_bytes: int
+    mismatched_bytes: int
+    expected_sha256: str
+    actual_sha256: str
+    error: str | None = None
+    ok: bool
+
+
+class IntegrityRecord(BaseModel):
+    """One node's integrity check: the device read (and its backing, for a loopback), every read-back, the
+    write guard's decisions, and for a ``kind: nvmeof`` target the namespace found by NQN."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ok: bool
+    device: str
+    backing_device: str
+    mismatched_bytes: int
+    checked_bytes: int
+    checks: list[IntegrityCheckRecord] = []
+    write_guard: dict[str, Any] | None = None
+    device_write_guard: dict[str, Any] | None = None
+    nvmeof: dict[str, Any] | None = None  # kind nvmeof: harness.execute.nvmeof's resolution record
+    namespace_write_guard: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, res: IntegrityResult, **extra: Any) -> "IntegrityRecord":
+        return cls.model_validate({**res.as_dict(), **extra})
+
+
 class NvmeIntegrityEvidence(Evidence):
     """Per node: every read-back (direction, bytes compared, bytes that differ, digests) as checked."""
 
-    nodes: dict[str, dict[str, Any]] = {}
+    nodes: dict[str, IntegrityRecord] = {}
 
 
 def evaluate_integrity(ev: NvmeIntegrityEvidence, errors: list[str]) -> WorkloadResult:
-    """Pure: the metrics (bytes compared, bytes that differ) over every node's checks."""
-    mismatched = sum(int(d["mismatched_bytes"]) for d in ev.nodes.values())
-    checked = sum(int(d["checked_bytes"]) for d in ev.nodes.values())
+    """Pure: the metrics (bytes compared, bytes that differ) over every node's checks, and what they prove."""
+    mismatched = sum(d.mismatched_bytes for d in ev.nodes.values())
+    checked = sum(d.checked_bytes for d in ev.nodes.values())
     metrics = {"mismatched_bytes": float(mismatched), "checked_bytes": float(checked)}
+    ev = ev.model_copy(update={"validity": integrity_validity(ev, errors)})
     return WorkloadResult(metrics, ev, error="; ".join(errors) if errors else None)
+
+
+def integrity_validity(ev: NvmeIntegrityEvidence, errors: list[str]) -> list[ValidityCheck]:
+    """Pure: what the read-backs prove: every node checked, every byte compared equal; how (the directions per
+    node: written on one path and read on the other, or only read on both when nothing could be written)."""
+    ways = []
+    for name, d in sorted(ev.nodes.items()):
+        dirs = ", ".join(c.direction for c in d.checks) or "none"
+        ways.append(f"{name}: {dirs} through {d.device or '?'}"
+                    + (" (read-only compare: nothing written)" if all(c.direction == "compare" for c in d.checks)
+                       and d.checks else ""))
+    checked = sum(d.checked_bytes for d in ev.nodes.values())
+    mismatched = sum(d.mismatched_bytes for d in ev.nodes.values())
+    how = ("a pattern written with O_DIRECT on one path, read back on the other and compared byte by byte "
+           "here; " + "; ".join(ways)) if ways else "no node was checked"
+    return [
+        ValidityCheck(name="data", ok=bool(ev.nodes) and not errors and checked > 0 and mismatched == 0
+                      and all(d.ok for d in ev.nodes.values()),
+                      claim="what was read through the NVMe-oF namespace equals what was written",
+                      how=how + (f"; errors: {'; '.join(errors)}" if errors else ""),
+                      figure="bytes compared", value=float(checked), unit="B"),
+        ValidityCheck(name="no mismatch", ok=bool(ev.nodes) and mismatched == 0,
+                      claim="no byte read back differs from the pattern",
+                      how="sha256 and a byte-by-byte comparison of each read-back with the pattern",
+                      figure="bytes that differ", value=float(mismatched), unit="B")]
 
 
 @register_workload("nvme-integrity")
@@ -139,7 +203,7 @@ class NvmeIntegrity(Workload):
                     errors.append(f"{name}: {exc}")
                     continue
                 ev.nodes = {**ev.nodes, name: d}
-                write_gate_file(ctx.gate_dir / f"{name}-integrity.json", json.dumps(d, indent=1))
+                write_gate_file(ctx.gate_dir / f"{name}-integrity.json", d.model_dump_json(indent=1))
                 if err:
                     errors.append(f"{name}: {err}")
                 continue
@@ -155,9 +219,9 @@ class NvmeIntegrity(Workload):
             except LoopbackError as exc:
                 errors.append(f"{name}: {exc}")
                 continue
-            d = res.as_dict()
+            d = IntegrityRecord.of(res)
             ev.nodes = {**ev.nodes, name: d}
-            write_gate_file(ctx.gate_dir / f"{name}-integrity.json", json.dumps(d, indent=1))
+            write_gate_file(ctx.gate_dir / f"{name}-integrity.json", d.model_dump_json(indent=1))
             failed = [c for c in res.checks if c.error]
             if failed:
                 errors.append(f"{name}: " + "; ".join(f"{c.direction}: {c.error}" for c in failed))
@@ -188,7 +252,7 @@ def _loopback_of(node, target):
     return next((x for x in node.targets if x.kind == "nvmeof-loopback" and x.nqn == target.nqn), None)
 
 
-def _run_nvmeof(ctx: GateContext, name: str, node, t, tr) -> tuple[dict[str, Any], str | None]:
+def _run_nvmeof(ctx: GateContext, name: str, node, t, tr) -> tuple[IntegrityRecord, str | None]:
     """One node's check through a ``kind: nvmeof`` target: (the evidence record, an error or None)."""
     dev, nvmeof = nvmeof_device(ctx, node, t, tr)
     run = lambda n, argv, timeout_s: ctx.steps.run(tr, n, argv, timeout_s=timeout_s)  # noqa: E731
@@ -199,7 +263,7 @@ def _run_nvmeof(ctx: GateContext, name: str, node, t, tr) -> tuple[dict[str, Any
     write_gate_file(ndir / "write-guard.json", decision.to_json())
     if not decision.allowed:
         res = IntegrityResult((), dev, "", decision)
-        d = {**res.as_dict(), "ok": False, "nvmeof": nvmeof, "namespace_write_guard": decision.as_dict()}
+        d = IntegrityRecord.of(res, ok=False, nvmeof=nvmeof, namespace_write_guard=decision.as_dict())
         return d, decision.refusal() + "; nothing was written"
     loop = _loopback_of(node, t)
     if loop is not None:
@@ -213,7 +277,7 @@ def _run_nvmeof(ctx: GateContext, name: str, node, t, tr) -> tuple[dict[str, Any
                                  device_decision=decision)
     else:
         res = roundtrip_integrity(tr, run, dev, ctx.params.length_bytes, label=t.name, decision=decision)
-    d = {**res.as_dict(), "nvmeof": nvmeof, "namespace_write_guard": decision.as_dict()}
+    d = IntegrityRecord.of(res, nvmeof=nvmeof, namespace_write_guard=decision.as_dict())
     failed = [c for c in res.checks if c.error]
     ctx.progress(f"{name}: {res.checked_bytes} bytes read back through {dev} ({nvmeof.get('transport')}), "
                  f"{res.mismatched_bytes} differ")

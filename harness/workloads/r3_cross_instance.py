@@ -38,7 +38,7 @@ from ..engines.prompts import make_prompts
 from ..execute.fanout import fan_out
 from ..node import program_path
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
-from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
+from .base import (Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, Workload, WorkloadResult, register_workload,
                    target_path, write_summary, write_gate_file)
 from .engine import (FREE_PORT_CODE, LaunchedEngine, client_base_url, engine_port, engine_preflight, engine_values,
                      model_config_issues, node_engine_python, pool_contents, pool_files_argv, profile_issues,
@@ -88,9 +88,9 @@ class R3Evidence(Evidence):
     seed: int | None = None
     layout: dict[str, dict[str, Any]] = {}
     lmcache_config: dict[str, Any] | None = None
-    pool_after_writer: dict[str, Any] | None = None
-    pool_seen_from_reader_before: dict[str, Any] | None = None
-    pool_seen_from_reader_after: dict[str, Any] | None = None
+    pool_after_writer: PoolSnapshot | None = None
+    pool_seen_from_reader_before: PoolSnapshot | None = None
+    pool_seen_from_reader_after: PoolSnapshot | None = None
     writer_hit_tokens: float | None = None
     writer_query_tokens: float | None = None
     reader_hit_tokens: float | None = None
@@ -314,7 +314,7 @@ class R3CrossInstance(Workload):
         finally:
             logs = runner.close(parallel=True, logs=True)
 
-        res = evaluate_r3(w, r, prof.hit_metrics, int(pool.get("bytes", 0)), expected, ev, logs=logs,
+        res = evaluate_r3(w, r, prof.hit_metrics, pool.bytes, expected, ev, logs=logs,
                           fallback_patterns=prof.fallback_patterns)
         write_summary(ctx.gate_dir, "r3-summary.json", res)
         return res

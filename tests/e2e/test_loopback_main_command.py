@@ -2,6 +2,7 @@
 through connect: managed targets -> bundle verifies -> down -> no qemu."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,5 +63,9 @@ def test_run_loopback_suite_script(tmp_path):
     assert all(m["disconnected"] == m["controllers"] != [] for m in managed)
     report = (bundle / "report.md").read_text()
     assert "over **rdma**, RDMA device kvgate-eth0 port 1 on eth0" in report and "| kvgate-eth0 | 1 | ACTIVE |" in report
+    for gate in ("L1-tcp", "L1-rdma"):  # the integrity gates say what they proved, their figures readable
+        row = next(line for line in report.splitlines() if line.startswith(f"| {gate} |"))
+        assert row.endswith("| data proven; no mismatch proven |"), row
+    assert re.search(r"\| `checked_bytes` \| \d+\.\d MiB \(\d+ bytes\) \|", report), report
     assert "guest stopped" in r.stderr
     assert set(qemu_running()) - before == set(), "qemu left running"

@@ -207,7 +207,7 @@ def test_attached_engine_is_made_cold_by_the_operators_command_then_read_back(tm
     assert ev.attached and ev.engine_restarted is True and ev.page_cache_dropped is True
     assert ev.cold_procedure[0]["node"] == "ctl" and ev.cold_procedure[0]["rc"] == 0
     # the pool already held earlier runs' 3 files and the warm-up prompt's: only what the phase added counts
-    assert ev.pool_before_recompute["files"] == 3 + 1 and ev.pool_after_populate["bytes_added"] == 2 * 64 * 2048
+    assert ev.pool_before_recompute.files == 3 + 1 and ev.pool_after_populate.bytes_added == 2 * 64 * 2048
     assert result.metrics["hit_rate"] == 1.0 and ev.recompute_hit_tokens == 0
     # order: re-compute requests, restart on ctl, drop on gpu1, health, read-back
     def idx(pred, after=-1):

@@ -228,6 +228,19 @@ def test_g2_metrics_and_valid_readback():
 def test_g2_readback_without_proof_is_invalid(hit, query, read, why):
     r = evaluate_g2([rec("a", 10.0)], [rec("a", 1.0)], hit, query, read, 0.95, 4096)
     assert why in r.invalid_reason
+    # the evaluator's validity list says which proof failed: the report shows it, and guesses nothing
+    failed = [c.name for c in r.evidence.validity if not c.ok]
+    assert failed == (["hits"] if read else ["cold"])
+
+
+def test_g2_validity_states_each_proof_with_its_figure_and_unit():
+    r = evaluate_g2([rec("a", 10.0)], [rec("a", 1.0)], 190, 200, 2 << 20, 0.95, 4096)
+    checks = {c.name: c for c in r.evidence.validity}
+    assert r.invalid_reason is None and all(c.ok for c in checks.values())
+    assert list(checks) == ["hits", "cold", "no fall-back", "new prompts"]
+    assert (checks["hits"].value, checks["hits"].unit) == (0.95, "ratio") and "190 of 200" in checks["hits"].how
+    assert (checks["cold"].value, checks["cold"].unit) == (2 << 20, "B")
+    assert checks["cold"].figure_text() == "bytes the pool device read during read-back: 2.0 MiB (2097152 bytes)"
 
 
 def test_g2_failed_requests_are_an_error_not_a_faster_p50():

@@ -235,3 +235,28 @@ def test_g3_evidence_carries_the_series_and_line_rate_the_report_draws(tmp_path)
                "evidence": res.evidence_dict()}
     caption, svg = gate_charts(verdict)["series"]
     assert all(f'id="{g}"' in svg for g in ("series-n1", "series-n2", "aggregate-line", "nic-ceiling-line"))
+    # the evaluator says what the aggregate rests on; the report shows exactly that
+    checks = {c.name: c for c in res.evidence.validity}
+    assert all(c.ok for c in checks.values()) and checks["cold"].how == "n1: O_DIRECT; n2: O_DIRECT"
+    assert (checks["nodes"].value, checks["common window"].unit) == (2, "s")
+
+
+def test_g3_reader_without_o_direct_or_a_dropped_cache_is_invalid_and_its_validity_says_which():
+    from harness.execute.fanout import FailurePolicy
+    from harness.parsers.g3series import PortRate
+    from harness.report.render import validity
+    from harness.workloads.base import CacheDrop
+    from harness.workloads.g3_shared_read import G3Evidence, evaluate_g3
+
+    series = {n: steady(n, 100, 110, 0.5e9) for n in ("n1", "n2")}
+    ev = G3Evidence(readers=["n1", "n2"], nodes={"n1": {"direct_used": False}, "n2": {"direct_used": False}},
+                    page_cache_dropped={"n1": CacheDrop(dropped=True), "n2": CacheDrop(dropped=False, error="EPERM")})
+    res = evaluate_g3(ev, series, PortRate(8.0, None, None, 8.0), FailurePolicy(), 1.0, 0.0, 100.0)
+    assert res.invalid_reason == "not cold: no O_DIRECT and the page cache was not dropped on n2"
+    cold = next(c for c in res.evidence.validity if c.name == "cold")
+    assert not cold.ok and cold.how == "n1: page cache dropped; n2: NEITHER O_DIRECT NOR a dropped page cache"
+    shown = validity({"evidence": res.evidence_dict()})
+    assert [(c["name"], c["proven"]) for c in shown] == [("nodes", True), ("common window", True), ("cold", False)]
+    # the records stay the JSON the readers know: page_cache_dropped.<node>.dropped, nodes.<node>.direct_used
+    d = res.evidence_dict()
+    assert d["page_cache_dropped"]["n2"] == {"dropped": False, "error": "EPERM"} and d["nodes"]["n1"]["direct_used"] is False

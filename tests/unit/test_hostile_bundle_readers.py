@@ -93,6 +93,8 @@ def test_library_page_autoescapes():
     ("actual", 10 ** 400, "predicate.verdicts[0].actual: expected a number or null, got a number too large"),
     ("outcome", "PASSED", "predicate.verdicts[0].outcome: 'PASSED' is not an outcome"),
     ("metrics", {"x": None}, "predicate.verdicts[0].metrics.x: expected a number, got null"),
+    ("metric_units", {"x": 5}, "predicate.verdicts[0].metric_units.x: expected a unit string, got a number"),
+    ("metric_units", ["B"], "predicate.verdicts[0].metric_units: expected an object or null, got an array"),
     ("reference", {"value": 5}, "predicate.verdicts[0].reference.value: expected a string or null, got a number"),
     ("evidence", [], "predicate.verdicts[0].evidence: expected an object or null, got an array"),
 ])
@@ -138,11 +140,12 @@ def fixed_run_pred():
 
 def test_odd_evidence_leaves_read_as_unknown_not_a_crash():
     v = {"gate_id": "G2", "metric": "m", "outcome": "PASS",
-         "evidence": {"validity": {"cold": {"proven": ["x"]}}, "x_proven": {"a": 1}}}
-    assert render.validity(v) == [{"name": "cold", "proven": None, "detail": ""}]
-    assert render.validity_text(render.validity(v)) == "cold unknown"
-    v["evidence"] = {"readback_hit_tokens": "many", "readback_query_tokens": [1], "readback_device_read_bytes": "1"}
-    assert [i["proven"] for i in render.validity(v)] == [False, False]
+         "evidence": {"validity": [{"name": "cold", "ok": ["x"]}, "x", {"name": "data", "ok": True, "claim": "c",
+                                                                           "how": "h", "value": "many", "unit": 5}]}}
+    assert [(i["name"], i["proven"]) for i in render.validity(v)] == [("cold", None), ("?", None), ("data", None)]
+    assert render.validity_text(render.validity(v)) == "cold unknown; ? unknown; data unknown"
+    v["evidence"] = {"validity": {"cold": {"proven": ["x"]}}, "x_proven": {"a": 1}}
+    assert render.validity(v) == []
     v["evidence"] = {"nodes": {"n1": {"nvmeof": {"managed": ["yes"], "paths": "p"}}}}
     assert render.nvmeof_rows(v)[0]["managed"] is False
     v["evidence"] = {"streams": [{"node": "n1", "label": "g", "read_gb_s": float("inf")}]}

@@ -156,7 +156,7 @@ def evidence(read_fixture: str, with_fio: bool = True) -> KvReadEvidence:
     fio = parse_fio_json(fixture("fio-2streams.json")) if with_fio else None
     rec = KvNodeEvidence(target="scratch", kind="file", pool_dir="/var/tmp/kvgate-work/kvgate-kv-read",
                          pool_device="/dev/vda", page_cache_dropped=True,
-                         layout={"chunks": 16, "reused": False})
+                         layout={"chunks": 16, "reused": False, "kv_bytes": 536870912, "file_bytes": 536871360})
     record_checks(rec, run)
     rows, details = connector_rows("localhost", run, fio)
     return KvReadEvidence(engine_profile="vllm-lmcache", backend="fs", model="llama-3-8b", kv_bytes_per_token=131072,
@@ -181,7 +181,9 @@ def test_cold_read_with_every_chunk_equal_passes_with_its_fio_comparison():
     assert m["mismatched_chunks"] == m["missing_chunks"] == 0
     # each connector bar carries the same stream's fio figure, for the side-by-side chart
     assert [s.fio_read_gb_s for s in result.evidence.streams] == pytest.approx([0.547827461, 0.618514875])
-    assert result.evidence.validity["cold"]["proven"] and result.evidence.validity["data"]["proven"]
+    checks = {c.name: c for c in result.evidence.validity}
+    assert checks["cold"].ok and checks["data"].ok and checks["data"].value == 0
+    assert checks["cold"].unit == "B" and checks["cold"].value >= result.metrics["kv_bytes_read"]
     _, gate = g1c_gate()
     assert evaluate(gate, result, "GB/s").outcome is Outcome.PASS
 
@@ -193,7 +195,8 @@ def test_a_chunk_read_back_different_is_fail_naming_its_key_whatever_the_bandwid
     v = evaluate(gate, result, "GB/s")
     assert v.outcome is Outcome.FAIL and KEY in v.reason
     assert result.metrics["connector_read_gb_s"] > 0.05  # above the pass threshold, still FAIL
-    assert result.evidence.validity["data"]["proven"] is False
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert data.ok is False and KEY in data.how and data.value >= 1
 
 
 def test_a_chunk_stored_but_not_retrieved_is_fail_naming_its_key():
@@ -350,6 +353,10 @@ def test_reevaluation_from_the_raw_files_gives_the_same_result():
     clean = reevaluate_kv_read(first.evidence.as_dict(), {"localhost": (fixture("read-fs-2streams.json"),
                                                                         fixture("fio-2streams.json"))})
     assert clean.failed_check is None and clean.metrics != first.metrics
+    # a bundle of an older kvgate recorded validity as a mapping: it re-evaluates, and says validity again
+    older = {**first.evidence.as_dict(), "validity": {"cold": {"proven": True, "detail": "older shape"}}}
+    again = reevaluate_kv_read(older, {"localhost": (fixture("read-fs-mismatch.json"), fixture("fio-2streams.json"))})
+    assert again.failed_check == first.failed_check and again.evidence.validity == first.evidence.validity
 
 
 # -------------------------------------------------------------------------------------------------- report

@@ -157,10 +157,10 @@ def test_the_pool_poll_waits_on_the_gates_clock_until_the_kv_is_there_or_its_tim
     node = engine_node("n1", pool_files(lambda: next(looks)))
     ctx = gate_context(tmp_path, transports={"n1": node}, clock=clock)
     info = pool_contents(ctx, node, "/p", 200, 60, "pool")
-    assert (info["bytes"], info["files"]) == (200, 2) and clock.waits == [0.5, 0.5]
+    assert (info.bytes, info.files) == (200, 2) and clock.waits == [0.5, 0.5]
     # never enough: the last look at the timeout is the record (a logged step), and the wait is the timeout's
     node = engine_node("n1", pool_files([100]))
     ctx = gate_context(tmp_path / "again", transports={"n1": node}, clock=clock)
     info = pool_contents(ctx, node, "/p", 10 ** 6, 3, "pool")
-    assert info["bytes"] == 100 and clock.waits[2:] == [0.5] * 6
+    assert info.bytes == 100 and clock.waits[2:] == [0.5] * 6
     assert len(list((tmp_path / "again" / "steps").iterdir())) == 1

@@ -172,5 +172,5 @@ def test_an_engine_whose_log_says_it_fell_back_makes_the_run_invalid(tmp_path):
 
 def test_a_reader_that_sees_none_of_the_writers_files_is_recorded(tmp_path):
     _, _, _, result = run_r3(tmp_path, reader_sees=0)
-    assert result.evidence.pool_seen_from_reader_before["files"] == 0
-    assert result.evidence.pool_after_writer["files"] == 2
+    assert result.evidence.pool_seen_from_reader_before.files == 0
+    assert result.evidence.pool_after_writer.files == 2

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.report.bundle import verify_bundle, write_bundle
-from harness.report.render import render_bundle_reports, threshold_in, validity, write_reports
+from harness.report.render import render_bundle_reports, threshold_in, validity, validity_text, write_reports
 from report_fixture import FIXED, FIXED_ID, fixed_run
 
 SNAPSHOT = FIXED / "report.md.snap"
@@ -111,14 +111,35 @@ def test_bundle_signs_the_rendered_reports(tmp_path):
     assert "charts/G1-streams.svg" in verify_bundle(info.path, public_key=key.public_key()).error
 
 
-def test_validity_shapes():
-    assert validity({"evidence": {"direct": False, "nodes": {"a": {"page_cache_dropped": True},
-                                                             "b": {"page_cache_dropped": False}}}}) == [
-        {"name": "cold", "proven": False, "detail": "O_DIRECT off; page cache dropped on a; page cache NOT dropped on b"}]
-    assert validity({"evidence": {"hits_proven": False, "hits_detail": "3/24 hit"}}) == [
-        {"name": "hits", "proven": False, "detail": "3/24 hit"}]
-    assert validity({"evidence": {"nodes": {"a": {"direct_used": True}, "b": {"direct_used": False}}}})[0]["proven"] is False
-    assert validity({"evidence": {}}) == []
+def test_validity_is_what_the_evaluator_recorded_and_nothing_else():
+    check = {"name": "data", "ok": True, "claim": "what was read equals what was written",
+             "how": "a pattern written on one path, read back on the other", "figure": "bytes compared",
+             "value": 2097152.0, "unit": "B"}
+    assert validity({"evidence": {"validity": [check]}}) == [
+        {"name": "data", "proven": True, "detail": "what was read equals what was written. Checked: a pattern "
+                                                   "written on one path, read back on the other; bytes compared: "
+                                                   "2.0 MiB (2097152 bytes)"}]
+    # the shapes the report used to guess from say nothing now: an older bundle reads "not recorded"
+    for ev in ({"direct": False, "nodes": {"a": {"page_cache_dropped": True}, "b": {"page_cache_dropped": False}}},
+               {"hits_proven": False, "hits_detail": "3/24 hit"},
+               {"nodes": {"a": {"direct_used": True}}},
+               {"readback_hit_tokens": 0.0, "readback_query_tokens": 1000.0, "readback_device_read_bytes": 5},
+               {"validity": {"cold": {"proven": True, "detail": "kv-read's older mapping"}}},
+               {}):
+        assert validity({"evidence": ev}) == [] and validity_text(validity({"evidence": ev})) == "not recorded"
+
+
+def test_a_bundle_without_validity_renders_not_recorded_per_gate(tmp_path):
+    """A bundle an older kvgate wrote (no validity list on any gate) renders, each gate saying "not recorded"."""
+    run, pred = fixed_run(tmp_path)
+    for v in pred["verdicts"]:
+        v["evidence"].pop("validity", None)
+    write_reports(FIXED_ID, run, pred, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    rows = [line for line in md.splitlines() if re.match(r"\| G\d ", line)]
+    assert len(rows) == 3 and all(row.endswith("| not recorded |") for row in rows)
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.count('<span class="unknown">not recorded</span>') == 3
 
 
 def test_threshold_in_converts_units():

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.units import UnitError, parse_quantity, parse_threshold
+from harness.units import UnitError, format_quantity, parse_quantity, parse_threshold
 
 
 @pytest.mark.parametrize("text,unit,value", [
@@ -43,3 +43,35 @@ def test_bad_quantities(bad):
 def test_bad_thresholds(bad):
     with pytest.raises(UnitError):
         parse_threshold(bad)
+
+
+@pytest.mark.parametrize("value,unit,text", [
+    # the loopback report showed nvme-integrity's checked_bytes as 2.09715e+06
+    (2097152.0, "B", "2.0 MiB (2097152 bytes)"),
+    (0.0, "B", "0 bytes"),
+    (512, "B", "512 bytes"),
+    (1, "B", "1 byte"),
+    (1.5, "GiB", "1.5 GiB (1610612736 bytes)"),
+    (1e9, "B", "953.7 MiB (1000000000 bytes)"),
+    # times in ms below a second, s above; a long one with its minutes
+    (0.94, "s", "940 ms"),
+    (11.85, "s", "11.85 s"),
+    (250, "ms", "250 ms"),
+    (2e-5, "s", "20 µs"),
+    (3600, "s", "3600 s (60.0 min)"),
+    (0.0, "s", "0 s"),
+    # rates in the unit declared; ratios with their percentage; factors; counts as integers
+    (5.2345678, "GB/s", "5.235 GB/s"),
+    (0.953, "ratio", "0.953 (95.3 %)"),
+    (12.6, "x", "12.6 x"),
+    (8.0, "count", "8"),
+    (3.0, "", "3"),
+    # not recorded, unknown or not finite: shown, never raised
+    (2097152.0, None, "2.09715e+06"),
+    (1.5, "furlongs", "1.5 furlongs"),
+    (float("nan"), "B", "nan"),
+    (None, "B", "—"),
+    ("n/a", "B", "n/a"),
+])
+def test_format_quantity(value, unit, text):
+    assert format_quantity(value, unit) == text

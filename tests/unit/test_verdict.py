@@ -113,3 +113,23 @@ def test_an_inconclusive_verdict_says_how_many_trials_would_separate_them():
 def test_interval_thresholds_convert_units_like_single_values():
     assert evaluate(gate(), ci(5500, 5100, 5900), "MB/s").outcome is Outcome.PASS
     assert evaluate(gate(), ci(5500, 4900, 5900), "MB/s").outcome is Outcome.FAIL
+
+
+def test_the_verdict_records_each_metric_with_its_declared_unit():
+    """The report shows every metric with the unit its workload declares (METRICS), the interval's bounds in
+    the metric's unit and its trials as a count; a metric the table lacks gets no unit (shown as a number)."""
+    from harness.report.render import metric_rows
+    from harness.workloads.fio_read import FioRead
+    metrics = {"per_gpu_read_gb_s": 5.2, "per_gpu_read_gb_s_ci_low": 5.1, "per_gpu_read_gb_s_ci_high": 5.3,
+               "per_gpu_read_gb_s_ci_trials": 3.0, "total_read_gb_s": 41.6, "extra_bytes": 2097152.0}
+    v = evaluate(gate(), WorkloadResult(metrics), "GB/s", FioRead.METRICS)
+    assert v.metric_units == {"per_gpu_read_gb_s": "GB/s", "per_gpu_read_gb_s_ci_low": "GB/s",
+                              "per_gpu_read_gb_s_ci_high": "GB/s", "per_gpu_read_gb_s_ci_trials": "count",
+                              "total_read_gb_s": "GB/s"}
+    shown = {r["name"]: r["value"] for r in metric_rows(v.to_dict())}
+    assert shown == {"extra_bytes": "2.09715e+06", "per_gpu_read_gb_s": "5.2 GB/s", "per_gpu_read_gb_s_ci_high":
+                     "5.3 GB/s", "per_gpu_read_gb_s_ci_low": "5.1 GB/s", "per_gpu_read_gb_s_ci_trials": "3",
+                     "total_read_gb_s": "41.6 GB/s"}
+    # a verdict of an older kvgate (no metric_units): the gate's metric keeps its unit, the others their number
+    old = {**v.to_dict(), "metric_units": None}
+    assert {r["name"]: r["value"] for r in metric_rows(old)}["per_gpu_read_gb_s"] == "5.2 GB/s"

@@ -188,8 +188,11 @@ def test_nvme_integrity_writes_on_one_path_and_reads_back_on_the_other(tmp_path)
     result = WORKLOADS["nvme-integrity"]().run(ctx)
     assert result.error is None
     assert result.metrics == {"mismatched_bytes": 0.0, "checked_bytes": float(2 * (1 << 20))}
-    checks = result.evidence.nodes["guest"]["checks"]
-    assert [c["direction"] for c in checks] == ["backing->nvme", "nvme->backing"]
+    checks = result.evidence.nodes["guest"].checks
+    assert [c.direction for c in checks] == ["backing->nvme", "nvme->backing"]
+    # the evaluator says what the read-backs proved, with the figure the report shows (2.0 MiB compared)
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert data.ok and data.value == 2 * (1 << 20) and data.unit == "B" and "backing->nvme" in data.how
     # the pattern went to the node, was written with O_DIRECT through one path and read through the other
     dds = [c for c in node.commands if c[0] == "dd"]
     assert [("oflag=direct" in d, "iflag=direct" in d) for d in dds] == [(True, False), (False, True)] * 2
@@ -226,6 +229,8 @@ def test_nvme_integrity_never_writes_into_kv_reads_mounted_pool_or_a_device_kvga
     else:
         assert saved["write_guard"] is None and not any(c[0] == "lsblk" for c in node.commands)
     assert result.error is None and evaluate(ctx.gate, result, "B").outcome is Outcome.PASS
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert data.ok and "read-only compare: nothing written" in data.how  # it proves less, and says so
 
 
 def test_nvme_integrity_counts_every_differing_byte_and_stops_the_suite(tmp_path):
@@ -234,6 +239,17 @@ def test_nvme_integrity_counts_every_differing_byte_and_stops_the_suite(tmp_path
     result = WORKLOADS["nvme-integrity"]().run(ctx)
     assert result.metrics["mismatched_bytes"] == 1.0  # one byte flipped on the read through NVMe/TCP
     assert evaluate(ctx.gate, result, "B").outcome is Outcome.STOP
+    checks = {c.name: c for c in result.evidence.validity}
+    assert not checks["data"].ok and not checks["no mismatch"].ok
+    assert checks["no mismatch"].figure_text() == "bytes that differ: 1 byte"
+
+
+def test_nvme_integrity_on_a_target_that_is_not_up_says_nothing_was_proven(tmp_path):
+    cfg, _ = loopback_node()
+    node = ScriptedTransport(lambda call: Reply(rc=1), name="guest")
+    result = WORKLOADS["nvme-integrity"]().run(context(cfg, "L1", {"guest": node}, tmp_path))
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert not data.ok and data.how.startswith("no node was checked") and data.value == 0
 
 
 def test_nvme_integrity_on_a_target_that_is_not_up_is_an_error_naming_the_fix(tmp_path):
@@ -294,7 +310,7 @@ def test_g2_cold_procedure_runs_in_order(tmp_path):
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     assert ev.recompute_hit_tokens == 0 and ev.page_cache_dropped is True
     assert result.metrics["hit_rate"] == 1.0 and result.metrics["readback_device_read_bytes"] == 40000 * 512
-    assert ev.pool_after_populate["bytes"] >= ev.expected_kv_bytes
+    assert ev.pool_after_populate.bytes >= ev.expected_kv_bytes
     assert ev.versions["lmcache"] == "0.5.6"
     summary = json.loads((ctx.gate_dir / "g2-summary.json").read_text())
     # a device-mapper pool is counted by its MAJ:MIN (its name in /sys/class/block is dm-3, not vg0-kvpool)
