@@ -572,10 +572,10 @@ class G2Load(Workload):
         """Every point × trial in the order the run sends them: trial by trial, each the whole ladder."""
         return [(t, label, load) for t in range(1, p.trials + 1) for label, load in p.load.points()]
 
-    def _point_text(self, p: G2LoadParams, label: str, load: float) -> str:
+    def _point_text(self, p: G2LoadParams, label: str, load: float, trial: int) -> str:
         k = p.load.kind
         if k == "closed":
-            what = f"closed loop: {int(load)} users, {p.requests_per_point} requests"
+            what = f"closed loop: {int(load)} user{'s' if load != 1 else ''}, {p.requests_per_point} requests"
         elif k == "open":
             what = (f"open loop: {p.requests_per_point} requests at {load:g} requests/s, gamma arrivals (burstiness "
                     f"{p.load.burstiness or 1.0:g}), sent on schedule")
@@ -588,7 +588,7 @@ class G2Load(Workload):
         shape = ("" if k == "trace" else f", prompts of {p.prompt_tokens} tokens sharing {p.shared_prefix_tokens} "
                  f"per {p.prefix_groups} prefix group(s)")
         return (f"{what}{shape}, {p.max_tokens} output tokens at most; the engine's counters before and after; "
-                f"every request to requests-{label}-t<trial>.jsonl")
+                f"every request to requests-{label}-t{trial}.jsonl")
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2LoadParams = ctx.params
@@ -631,7 +631,7 @@ class G2Load(Workload):
                 steps.append(PlannedStep(pool_node, f"trial {t}/{p.trials}, {label}: the pool device's read and write "
                                          "counters before", pool_blockstat_argv(pool_dir)))
             steps.append(PlannedStep("(control host)", f"trial {t}/{p.trials}, {label}: "
-                                     + self._point_text(p, label, load)))
+                                     + self._point_text(p, label, load, t)))
             if pool_dir:
                 steps.append(PlannedStep(pool_node, f"trial {t}/{p.trials}, {label}: the pool device's counters after",
                                          pool_blockstat_argv(pool_dir)))
