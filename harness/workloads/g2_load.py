@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import STOP_POLL_S, CompletionRequest
@@ -56,6 +56,7 @@ from ..load.traces import Trace, cut, read_trace, scale_time
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, read_bytes_between
 from ..parsers.prometheus import Sample, counter_delta
 from ..stats import bootstrap_ci
+from .attach import AttachParams, NodeCommand
 from .base import Evidence, GateContext, PlannedStep, Workload, WorkloadResult, register_workload, write_gate_file, \
     write_summary
 from .engine import fallback_reason, fallbacks_between, random_model_dir
@@ -113,10 +114,31 @@ class LoadSpec(BaseModel):
         return [("trace", 0.0)]
 
 
+class LoadAttachParams(BaseModel):
+    """g2-load's ``attach:``: the engine's URL (and metrics URL), its log command, how soon it must answer. No cold
+    procedure: g2-load never makes the engine cold (its prompts are new at every point instead)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    metrics_url: str | None = None
+    log: NodeCommand | None = None
+    connect_timeout_s: float = Field(default=30.0, gt=0)
+
+    _url = field_validator("url", "metrics_url")(AttachParams._url.__func__)
+
+    def as_g2(self) -> AttachParams:
+        """The same engine as g2-ttft's set-up takes it (an empty cold procedure, never run)."""
+        return AttachParams.model_construct(url=self.url, metrics_url=self.metrics_url, restart=[], log=self.log,
+                                            drop_caches_on=None, connect_timeout_s=self.connect_timeout_s,
+                                            ready_timeout_s=None)
+
+
 class G2LoadParams(G2EngineParams):
     """g2-load's ``params:``: the engine (as every G2 workload: launched or ``attach:``), the load, the SLOs and
     the bounds that make a point valid, and the shape of the synthetic prompts."""
 
+    attach: LoadAttachParams | None = None  # type: ignore[assignment]
     load: LoadSpec
     requests_per_point: int = Field(default=16, ge=1, le=100_000)  # closed and open loops
     trials: int = Field(default=3, ge=1, le=100)
@@ -520,6 +542,8 @@ def g2_view(p: G2LoadParams, longest_prompt: int) -> G2Params:
     """The G2 parameters g2-ttft's engine set-up reads, for this run: the engine as given (only the fields the
     gate set, so validation says what it says for g2-ttft) and one prompt as long as the longest of the run."""
     given = {name: getattr(p, name) for name in p.model_fields_set if name in G2EngineParams.model_fields}
+    if p.attach is not None:
+        given["attach"] = p.attach.as_g2()
     if "model_config_path" in given:
         given["model_config"] = given.pop("model_config_path")
     return G2Params.model_validate({**given, "prompt_tokens": [longest_prompt], "prompts_per_length": 1,

@@ -316,3 +316,21 @@ def test_an_open_loop_sends_on_its_schedule_and_records_due_and_sent_times(tmp_p
     assert [r["due_s"] for r in recs] == pytest.approx(arrival_offsets(3, 50.0, 1.0, p.seed))
     assert all(r["sent_s"] >= r["due_s"] for r in recs)
     assert result.metrics["knee_rate_rps"] == 50.0
+
+
+def test_the_plan_of_a_ladder_against_a_deployed_stack_lists_every_point_and_trial_with_its_device_probes(tmp_path):
+    """docs/g2.md's attach example: nothing launched, the pool device probed on its node around every point."""
+    params = {"engine": "vllm-attach", "served_model_name": "Qwen/Qwen3-Coder-480B-A35B-Instruct",
+              "model_config_inline": {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 2,
+                                      "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000,
+                                      "torch_dtype": "bfloat16"},
+              "attach": {"url": "http://10.0.0.21:8000"}, "pool_path": "/mnt/kvpool/lmcache",
+              "load": {"rates_rps": [1, 2, 4, 8, 16]}, "trials": 2, "ttft_slo_s": 2.0, "tpot_slo_s": 0.05}
+    d = gate_config(tmp_path, params, metric="knee_rate_rps", pass_=">= 4 /s", stop="< 1 /s")
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    steps = gate_plan(cfg, cfg.suite.gates[0])
+    probes = [s for s in steps if "kvgate-pool-blockstat" in s.argv]
+    assert len(probes) == 5 * 2 * 2 and all(s.node == "n1" and s.argv[-1] == "/mnt/kvpool/lmcache" for s in probes)
+    loads = [s.description.split(":")[0] for s in steps if s.node == "(control host)" and "open loop" in s.description]
+    assert loads == [f"trial {t}/2, r{r}" for t in (1, 2) for r in (1, 2, 4, 8, 16)]
+    assert not any(s.argv and s.argv[0] == "mkdir" for s in steps)  # nothing is launched
