@@ -41,6 +41,7 @@ import posixpath
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -52,9 +53,10 @@ from ..engines.load import LoadPoint, LoadRecord, arrival_offsets, closed_loop, 
 from ..engines.preflight import preflight_argv
 from ..errors import ConfigError, WorkloadError
 from ..load.prompts import block_ids, prompt_ids
-from ..load.traces import Trace, cut, read_trace, scale_time
+from ..load.traces import MAX_TRACE_BYTES, Trace, cut, read_trace, scale_time
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, read_bytes_between
 from ..parsers.prometheus import Sample, counter_delta
+from ..safeio import InputFileError, read_bytes
 from ..stats import bootstrap_ci
 from .attach import AttachParams, NodeCommand
 from .base import Evidence, GateContext, PlannedStep, Workload, WorkloadResult, register_workload, write_gate_file, \
@@ -573,7 +575,9 @@ class G2Load(Workload):
 
     def validate_against(self, params, nodes):
         issues = []
-        if params.load.path is not None:
+        # A trace that is there is checked now (every bad line named); one that is not is the run's ERROR, so a
+        # bundle re-evaluated on a machine without the trace still loads its suite (the run recorded its sha256).
+        if params.load.path is not None and Path(params.load.path).exists():
             try:
                 load_trace(params.load)
             except ConfigError as exc:
@@ -697,10 +701,10 @@ class G2Load(Workload):
         if p.load.path is not None:
             try:
                 trace = load_trace(p.load)
-            except (ConfigError, ValueError) as exc:
+                raw = read_bytes(p.load.path, max_bytes=MAX_TRACE_BYTES, what="trace")
+            except (ConfigError, InputFileError, ValueError) as exc:
                 return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
             per = p.load.tokens_per_block or trace.block_tokens
-            raw = open(p.load.path, "rb").read()
             ev.trace = TraceInfo(path=p.load.path, format=trace.format, block_tokens=trace.block_tokens,
                                  tokens_per_block=per, time_scale=p.load.time_scale or 1.0,
                                  requests=len(trace.requests), duration_s=trace.duration_s,

@@ -222,6 +222,7 @@ class PrefixEngine:
         self.prompt = self.gpu_hit = 0
         self.seen: set[tuple[int, ...]] = set()
         self.paths: list[str] = []
+        self.prompts: list[list[int]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.paths.append(request.url.path)
@@ -233,11 +234,11 @@ class PrefixEngine:
                             ("external_query", self.prompt)))
             return httpx.Response(200, text=text)
         ids = json.loads(request.content)["prompt"]
-        if len(ids) == 64:  # a measured prompt (the warm-up prompt is longer)
-            self.prompt += len(ids)
-            head = tuple(ids[:32])
-            self.gpu_hit += 32 if head in self.seen else 0
-            self.seen.add(head)
+        self.prompts.append(ids)
+        self.prompt += len(ids)
+        head = tuple(ids[:32])
+        self.gpu_hit += 32 if head in self.seen else 0
+        self.seen.add(head)
         body = 'data: {"choices": [{"text": " a"}]}\n\ndata: {"choices": [{"text": " b"}]}\n\ndata: [DONE]\n\n'
         return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
 
@@ -334,3 +335,54 @@ def test_the_plan_of_a_ladder_against_a_deployed_stack_lists_every_point_and_tri
     loads = [s.description.split(":")[0] for s in steps if s.node == "(control host)" and "open loop" in s.description]
     assert loads == [f"trial {t}/2, r{r}" for t in (1, 2) for r in (1, 2, 4, 8, 16)]
     assert not any(s.argv and s.argv[0] == "mkdir" for s in steps)  # nothing is launched
+
+
+def test_a_trace_that_is_not_there_is_the_runs_error_not_a_suite_that_no_longer_loads(tmp_path):
+    """A bundle re-evaluated where its trace is gone still loads its suite; the run itself says what is missing."""
+    d = gate_config(tmp_path, {**BASE, "load": {"path": str(tmp_path / "gone.jsonl")}}, metric="ttft_p95_s@trace",
+                    pass_="<= 1 s", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    gate = cfg.suite.gates[0]
+    (tmp_path / "gates" / "L").mkdir(parents=True)
+    node = scripted_node()
+    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=tmp_path / "gates" / "L")
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error.startswith(f"trace {tmp_path / 'gone.jsonl'}: ") and "gone.jsonl" in result.error
+    assert node.commands == []  # nothing started
+
+
+def test_a_trace_is_replayed_by_its_scaled_timestamps_with_prompts_sharing_exactly_their_shared_blocks(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 40, "output_length": 9, "hash_ids": [1, 2, 3]}\n'
+                     '{"timestamp": 100, "input_length": 64, "output_length": 1, "hash_ids": [1, 2, 4, 5]}\n'
+                     '{"timestamp": 300, "input_length": 30, "output_length": 3, "hash_ids": [7, 8]}\n')
+    load = {"path": str(trace), "format": "mooncake", "time_scale": 0.5}
+    d = gate_config(tmp_path, {**BASE, "load": {**load, "tokens_per_block": 16}, "trials": 1,
+                               "max_client_lag_p99_s": 1.0}, metric="ttft_p95_s@trace", pass_="<= 1 s", stop=None)
+    # the trace's own blocks are 512 tokens (Mooncake); re-mapped to 16-token blocks: 40 tokens -> 2 blocks
+    with pytest.raises(ConfigError):  # 40 tokens in 512-token blocks need 1 hash id, not 3
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    trace.write_text('{"timestamp": 0, "input_length": 1200, "output_length": 9, "hash_ids": [1, 2, 3]}\n'
+                     '{"timestamp": 100, "input_length": 1600, "output_length": 1, "hash_ids": [1, 2, 4, 5]}\n'
+                     '{"timestamp": 300, "input_length": 900, "output_length": 3, "hash_ids": [7, 8]}\n')
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    gate = cfg.suite.gates[0]
+    (tmp_path / "gates" / "L").mkdir(parents=True)
+    engine = PrefixEngine()
+    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"n1": scripted_node()}, steps=StepLog(tmp_path), gate_dir=tmp_path / "gates" / "L",
+                      http=httpx.MockTransport(engine))
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    (p,) = result.evidence.points
+    assert p.label == "trace" and result.evidence.trace.requests == 3 and result.evidence.knee is None
+    recs = [json.loads(line) for line in (ctx.gate_dir / p.requests_file).read_text().splitlines()]
+    assert [r["due_s"] for r in recs] == pytest.approx([0.0, 0.05, 0.15])  # timestamps (ms) x 0.5
+    # 512-token blocks re-mapped to 16: 1200 -> 38 tokens, 1600 -> 50, 900 -> 29 (blocks of 16, the last cut)
+    a, b, c = engine.prompts[-3:]
+    assert (len(a), len(b), len(c)) == (38, 50, 29)
+    assert a[:32] == b[:32] and a[32:] != b[32:38]      # hash ids 1, 2 shared: exactly those two blocks
+    assert a[:16] != c[:16]                               # hash ids 7, 8: nothing shared
+    assert p.accounting.memory_hit_tokens == 32  # the engine found the shared blocks once
+    assert "ttft_p95_s@trace" in result.metrics and "knee_rate_rps" not in result.metrics
