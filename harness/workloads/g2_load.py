@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import posixpath
 import re
 import time
 from dataclasses import dataclass
@@ -50,7 +49,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import STOP_POLL_S, CompletionRequest
 from ..engines.load import LoadPoint, LoadRecord, arrival_offsets, closed_loop, knee, load_point, open_loop
-from ..engines.preflight import preflight_argv
 from ..errors import ConfigError, WorkloadError
 from ..load.prompts import block_ids, prompt_ids
 from ..load.traces import MAX_TRACE_BYTES, Trace, cut, read_trace, scale_time
@@ -61,7 +59,7 @@ from ..stats import bootstrap_ci
 from .attach import AttachParams, NodeCommand
 from .base import Evidence, GateContext, PlannedStep, Workload, WorkloadResult, register_workload, write_gate_file, \
     write_summary
-from .engine import fallback_reason, fallbacks_between, random_model_dir
+from .engine import fallback_reason, fallbacks_between
 from .g2_ttft import G2EngineParams, G2Evidence, G2Params, G2Ttft, launch_values
 
 # ------------------------------------------------------------------------------------------------- params
@@ -629,20 +627,7 @@ class G2Load(Workload):
                               node.engine_python)
             argv = prof.render_argv(v)
             pool_node, pool_dir = node.name, v["pool_dir"]
-            steps += [PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares",
-                                  tuple(preflight_argv(v["python"], prof))),
-                      PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
-                                  ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")))]
-            if p.random_weights:
-                try:
-                    model_dir = random_model_dir(node.work_dir, G2Ttft()._model_config(view), p.seed,
-                                                 p.random_weights_dtype)
-                except (OSError, ValueError):
-                    model_dir = posixpath.join(node.work_dir, "kvgate-models", "<config hash>")
-                script = posixpath.join(v["run_dir"], "make_model.py")
-                steps.append(PlannedStep(node.name, f"build (or find) the random-weight model in {model_dir}",
-                                         (v["python"], script, "--config", v["model_config"], "--out", model_dir,
-                                          "--seed", str(p.seed), "--dtype", p.random_weights_dtype)))
+            steps += G2Ttft()._plan_launch_setup(view, prof, node, v)
             steps.append(PlannedStep(node.name, f"start {prof.name} once for the whole ladder, in its own process "
                                      f"group: {shell_line(argv, prof.render_env(v))}", tuple(argv)))
         else:
