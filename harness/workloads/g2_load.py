@@ -51,6 +51,7 @@ from ..engines.client import STOP_POLL_S, CompletionRequest
 from ..engines.load import LoadPoint, LoadRecord, arrival_offsets, closed_loop, knee, load_point, open_loop
 from ..errors import ConfigError, WorkloadError
 from ..load.prompts import block_ids, prompt_ids
+from ..load.reuse import reuse_stats
 from ..load.traces import MAX_TRACE_BYTES, Trace, cut, read_trace, scale_time
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, read_bytes_between
 from ..parsers.prometheus import Sample, counter_delta
@@ -78,7 +79,8 @@ class LoadSpec(BaseModel):
     time_scale: float | None = Field(default=None, gt=0)   # trace: timestamps x this (0.5: twice as fast)
     max_requests: int | None = Field(default=None, ge=1)   # trace: its first requests only
     max_duration_s: float | None = Field(default=None, gt=0)  # trace: the requests arriving within this time
-    tokens_per_block: int | None = Field(default=None, ge=1)  # trace: tokens per hash id (default: the format's)
+    block_tokens: int | None = Field(default=None, ge=1)  # trace: its tokens per hash id (default: the format's)
+    tokens_per_block: int | None = Field(default=None, ge=1)  # trace: re-mapped to this many tokens per hash id
 
     @model_validator(mode="after")
     def _one_shape(self) -> "LoadSpec":
@@ -95,7 +97,8 @@ class LoadSpec(BaseModel):
                 raise ValueError("a load appears twice in the ladder")
         if self.burstiness is not None and self.rates_rps is None:
             raise ValueError("burstiness belongs to an open loop (rates_rps)")
-        trace_only = [k for k in ("format", "time_scale", "max_requests", "max_duration_s", "tokens_per_block")
+        trace_only = [k for k in ("format", "time_scale", "max_requests", "max_duration_s", "block_tokens",
+                                  "tokens_per_block")
                       if getattr(self, k) is not None]
         if trace_only and self.path is None:
             raise ValueError(f"{', '.join(trace_only)}: only for a trace (path)")
@@ -238,6 +241,9 @@ class TraceInfo(LoadModel):
     requests: int
     duration_s: float
     sha256: str
+    # the hit rate of an unbounded prefix cache over the trace (harness/load/reuse.py): the bound the measured
+    # memory + tier hit shares are compared with
+    unbounded_hit_rate: float | None = None
 
 
 class G2LoadEvidence(Evidence):
@@ -528,7 +534,7 @@ def trace_requests(p: G2LoadParams, trace: Trace, tokens_per_block: int, label: 
 
 def load_trace(spec: LoadSpec) -> Trace:
     """The trace of a ``load:`` block, cut and time-scaled (ConfigError naming file:line: field)."""
-    trace = read_trace(spec.path, spec.format or "auto")
+    trace = read_trace(spec.path, spec.format or "auto", spec.block_tokens)
     trace = cut(trace, spec.max_requests, spec.max_duration_s)
     if not trace.requests:
         raise ValueError(f"{spec.path}: no requests left after max_requests / max_duration_s")
@@ -693,7 +699,8 @@ class G2Load(Workload):
             ev.trace = TraceInfo(path=p.load.path, format=trace.format, block_tokens=trace.block_tokens,
                                  tokens_per_block=per, time_scale=p.load.time_scale or 1.0,
                                  requests=len(trace.requests), duration_s=trace.duration_s,
-                                 sha256=hashlib.sha256(raw).hexdigest())
+                                 sha256=hashlib.sha256(raw).hexdigest(),
+                                 unbounded_hit_rate=reuse_stats(trace).unbounded_hit_rate)
         view = g2_view(p, self._longest_prompt(p))
         g2 = G2Ttft()
         setup = (g2._setup_attached(ctx, view, prof) if p.attach is not None

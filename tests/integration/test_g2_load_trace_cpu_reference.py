@@ -58,6 +58,8 @@ def test_a_synthesised_trace_replayed_through_lmcache_lands_in_a_signed_bundle_w
         # system prompt, in the tier: at least the system prompt's two chunks for each of the 8 later turns
         assert acc["tier_hit_tokens"] >= 8 * 512 and acc["memory_hit_tokens"] == 0
         assert acc["device_write_bytes"] is not None
+        # the trace's own reuse bounds what any cache finds in it
+        assert acc["tier_hit_share"] <= ev["trace"]["unbounded_hit_rate"]
     vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith(f"OK {report_id}"), vr.stdout + vr.stderr
     wait_no_process(str(tmp_path / "work") + "/")

@@ -377,6 +377,7 @@ def test_a_trace_is_replayed_by_its_scaled_timestamps_with_prompts_sharing_exact
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     (p,) = result.evidence.points
     assert p.label == "trace" and result.evidence.trace.requests == 3 and result.evidence.knee is None
+    assert result.evidence.trace.unbounded_hit_rate == pytest.approx(1024 / 3700)  # ids 1, 2 again in request 2
     recs = [json.loads(line) for line in (ctx.gate_dir / p.requests_file).read_text().splitlines()]
     assert [r["due_s"] for r in recs] == pytest.approx([0.0, 0.05, 0.15])  # timestamps (ms) x 0.5
     # 512-token blocks re-mapped to 16: 1200 -> 38 tokens, 1600 -> 50, 900 -> 29 (blocks of 16, the last cut)
