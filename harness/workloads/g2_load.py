@@ -722,8 +722,12 @@ class G2Load(Workload):
                 return WorkloadResult(evidence=ev, error=err)
             start = eng.start_mark()
             if p.warmup:
+                mw = eng.metrics() if counters.any else None
                 g2._warm_up(ctx, view, prof, eng.base_url, "load", setup.warm[0], setup.ev)
                 ev.warmup = dict(setup.ev.warmup)
+                # counted before the first point's counters are read, or it would count in the first point
+                ok = setup.ev.warmup.get("error") is None
+                self._settled_metrics(ctx, eng, counters, mw, (setup.warm[0].prompt_tokens or 0) if ok else 0)
             for t, label, load in self._schedule(p):
                 ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}")
                 points.append(self._point(ctx, p, prof, eng, setup, counters, t, label, load, trace, seed, vocab, ev))
@@ -773,7 +777,8 @@ class G2Load(Workload):
         s0 = self._pool_stat(ctx, setup, ev)
         pt.started_unix_s = time.time()
         records = self._send(ctx, p, prof, eng.base_url, reqs, offsets, load)
-        m1 = self._settled_metrics(ctx, eng, counters, m0, records)
+        m1 = self._settled_metrics(ctx, eng, counters, m0,
+                                   sum(r.record.prompt_tokens or 0 for r in records if r.record.ok))
         s1 = self._pool_stat(ctx, setup, ev)
         write_gate_file(ctx.gate_dir / name, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
         if not records:
@@ -814,14 +819,14 @@ class G2Load(Workload):
         return records
 
     @staticmethod
-    def _settled_metrics(ctx: GateContext, eng, counters: Counters, m0: list[Sample] | None,
-                         records: list[LoadRecord], tries: int = 10) -> list[Sample] | None:
-        """The engine's counters after a point. An engine may answer the last token before it counts the request
-        (vLLM records its statistics after the output is sent): read again, briefly, until its prompt-token
-        counter covers what the point's successful requests sent."""
+    def _settled_metrics(ctx: GateContext, eng, counters: Counters, m0: list[Sample] | None, sent: int,
+                         tries: int = 10) -> list[Sample] | None:
+        """The engine's counters after requests of ``sent`` prompt tokens (those that succeeded). An engine may
+        answer the last token before it counts the request (vLLM records its statistics after the output is
+        sent): read again, 0.2 s apart on the gate's clock and ``tries`` times at most, until its prompt-token
+        counter grew by what was sent since ``m0``."""
         if m0 is None:
             return None
-        sent = sum(r.record.prompt_tokens or 0 for r in records if r.record.ok)
         m1 = eng.metrics()
         for _ in range(tries):
             got = counter_delta(m0, m1, counters.prompt_tokens)
