@@ -156,6 +156,10 @@ class G2LoadParams(G2EngineParams):
 
     @model_validator(mode="after")
     def _prefix(self) -> "G2LoadParams":
+        synthetic = ("requests_per_point", "prompt_tokens", "shared_prefix_tokens", "prefix_groups")
+        given = [k for k in synthetic if k in self.model_fields_set]
+        if self.load.path is not None and given:
+            raise ValueError(f"{', '.join(given)}: shape synthetic prompts; a trace's requests are its own")
         if self.shared_prefix_tokens >= self.prompt_tokens:
             raise ValueError(f"shared_prefix_tokens ({self.shared_prefix_tokens}) must be below prompt_tokens "
                              f"({self.prompt_tokens}): every prompt has tokens of its own")

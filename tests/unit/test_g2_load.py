@@ -134,9 +134,10 @@ def gate_config(tmp_path: Path, params: dict, metric: str = "knee_concurrency", 
     return tmp_path
 
 
-BASE = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000, "load": {"concurrency": [1, 2]},
-        "trials": 2, "requests_per_point": 3, "ttft_slo_s": 1.0, "prompt_tokens": 64, "shared_prefix_tokens": 32,
-        "max_tokens": 2}
+ENGINE = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000, "trials": 2, "ttft_slo_s": 1.0,
+          "max_tokens": 2}
+BASE = {**ENGINE, "load": {"concurrency": [1, 2]}, "requests_per_point": 3, "prompt_tokens": 64,
+        "shared_prefix_tokens": 32}
 
 
 def test_an_interval_straddling_the_threshold_is_an_inconclusive_fail_through_the_real_verdict_code(tmp_path):
@@ -179,6 +180,10 @@ def test_a_point_figure_is_a_gate_metric_in_its_unit(tmp_path):
     ({"shared_prefix_tokens": 64}, "knee_concurrency", "gates[0].params", "must be below prompt_tokens"),
     ({"knee_percentile": 97}, "knee_concurrency", "gates[0].params.knee_percentile", ""),
     ({}, "ttft_p95_s@x4", "gates[0].metric", "has no metric 'ttft_p95_s@x4'"),
+    ({"load": {"path": "t.jsonl"}}, "ttft_p95_s@trace", "gates[0].params",
+     "requests_per_point, prompt_tokens, shared_prefix_tokens: shape synthetic prompts"),
+    ({"load": {"concurrency": [2], "time_scale": 0.5}}, "knee_concurrency", "gates[0].params.load",
+     "time_scale: only for a trace"),
 ])
 def test_bad_load_params_are_config_errors_naming_file_line_and_field(tmp_path, params, metric, where, message):
     d = gate_config(tmp_path, {**BASE, **params}, metric=metric)
@@ -194,7 +199,7 @@ def test_a_bad_trace_line_is_named_by_the_trace_file_line_and_field(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
                      '{"timestamp": 10, "input_length": 600, "output_length": 4, "hash_ids": [1]}\n')
-    d = gate_config(tmp_path, {**BASE, "load": {"path": str(trace), "format": "mooncake"}}, metric="ttft_p95_s@trace",
+    d = gate_config(tmp_path, {**ENGINE, "load": {"path": str(trace), "format": "mooncake"}}, metric="ttft_p95_s@trace",
                     pass_="<= 1 s", stop=None)
     with pytest.raises(ConfigError) as e:
         load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
@@ -340,7 +345,7 @@ def test_the_plan_of_a_ladder_against_a_deployed_stack_lists_every_point_and_tri
 
 def test_a_trace_that_is_not_there_is_the_runs_error_not_a_suite_that_no_longer_loads(tmp_path):
     """A bundle re-evaluated where its trace is gone still loads its suite; the run itself says what is missing."""
-    d = gate_config(tmp_path, {**BASE, "load": {"path": str(tmp_path / "gone.jsonl")}}, metric="ttft_p95_s@trace",
+    d = gate_config(tmp_path, {**ENGINE, "load": {"path": str(tmp_path / "gone.jsonl")}}, metric="ttft_p95_s@trace",
                     pass_="<= 1 s", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
     gate = cfg.suite.gates[0]
@@ -359,7 +364,7 @@ def test_a_trace_is_replayed_by_its_scaled_timestamps_with_prompts_sharing_exact
                      '{"timestamp": 100, "input_length": 64, "output_length": 1, "hash_ids": [1, 2, 4, 5]}\n'
                      '{"timestamp": 300, "input_length": 30, "output_length": 3, "hash_ids": [7, 8]}\n')
     load = {"path": str(trace), "format": "mooncake", "time_scale": 0.5}
-    d = gate_config(tmp_path, {**BASE, "load": {**load, "tokens_per_block": 16}, "trials": 1,
+    d = gate_config(tmp_path, {**ENGINE, "load": {**load, "tokens_per_block": 16}, "trials": 1,
                                "max_client_lag_p99_s": 1.0}, metric="ttft_p95_s@trace", pass_="<= 1 s", stop=None)
     # the trace's own blocks are 512 tokens (Mooncake); re-mapped to 16-token blocks: 40 tokens -> 2 blocks
     with pytest.raises(ConfigError):  # 40 tokens in 512-token blocks need 1 hash id, not 3
