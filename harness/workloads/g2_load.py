@@ -54,7 +54,7 @@ from ..load.prompts import block_ids, prompt_ids
 from ..load.reuse import reuse_stats
 from ..load.traces import MAX_TRACE_BYTES, Trace, cut, read_trace, scale_time
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, read_bytes_between
-from ..parsers.prometheus import Sample, counter_delta
+from ..parsers.prometheus import Sample, counter_delta, metric_total
 from ..safeio import InputFileError, read_bytes
 from ..stats import bootstrap_ci
 from .attach import AttachParams, NodeCommand
@@ -208,6 +208,8 @@ class PointTrial(LoadModel):
     seed: int                                    # of its prompts (and of its arrivals, open loop)
     requests: int
     requests_file: str                           # requests-<label>-t<trial>.jsonl in the gate's directory
+    counters_file: str | None = None             # counters-<label>-t<trial>.json: the engine's counters read
+                                                 # before and after (what the accounting is computed from)
     started_unix_s: float | None = None          # wall clock at the point's start (sent_s counts from it)
     figures: LoadPoint | None = None
     accounting: TokenAccounting | None = None
@@ -785,6 +787,12 @@ class G2Load(Workload):
                                    sum(r.record.prompt_tokens or 0 for r in records if r.record.ok))
         s1 = self._pool_stat(ctx, setup, ev)
         write_gate_file(ctx.gate_dir / name, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
+        if m0 is not None and m1 is not None:
+            names = counters.prompt_tokens + counters.memory_hit_tokens + counters.tier_hit_tokens
+            pt.counters_file = f"counters-{label}-t{t}.json"
+            write_gate_file(ctx.gate_dir / pt.counters_file, json.dumps(
+                {when: {n: metric_total(m, [n]) for n in names} for when, m in (("before", m0), ("after", m1))},
+                indent=1))
         if not records:
             pt.error = "no request was sent"
             return pt

@@ -296,6 +296,9 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_and_accounts_every_po
         assert acc.prompt_tokens == 192 and acc.prompt_tokens_source == "engine"
         assert (acc.memory_hit_tokens, acc.tier_hit_tokens, acc.recomputed_tokens) == (64, 0, 128)
         assert acc.device_write_bytes == 2048 * 512 and acc.device_read_bytes == 0
+        counters = json.loads((gate_dir / p.counters_file).read_text())  # what the accounting came from
+        assert (counters["after"]["kvgate_cpu_ref_prompt_tokens_total"]
+                - counters["before"]["kvgate_cpu_ref_prompt_tokens_total"]) == acc.prompt_tokens
     assert ev.knee_per_trial == [2.0, 2.0] and result.metrics["knee_concurrency"] == 2.0
     assert result.metrics["recomputed_share@c1"] == pytest.approx(128 / 192)
     assert ev.warmup["load"]["error"] is None
