@@ -448,7 +448,7 @@ def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "tra
     bootstrap 95 % CI (``FIGURE@LABEL``); per trial the knee (the highest load whose TTFT percentile stays within
     ``ttft_slo_s`` with every request served; 0 when even the lowest misses it) and the highest goodput, then
     their median and CI over trials. INVALID: the engine's log says the tier fell back (``fallback``), or a point
-    is INVALID (the first one named); ERROR when not one request of the run succeeded."""
+    is INVALID (the first one named); ERROR only when not one request of the run succeeded."""
     ev = (evidence or G2LoadEvidence()).model_copy(deep=True)
     metrics: dict[str, float] = {}
     order: list[str] = []
@@ -496,12 +496,10 @@ def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "tra
             invalid = f"load point {bad.label}, trial {bad.trial}: {bad.invalid_reason}{more}"
     ok = sum(p.figures.ok for p in points if p.figures is not None)
     error = None
-    errs = [p for p in points if p.error]
-    if not ok:
-        first = errs[0].error if errs else "no request succeeded"
-        error = f"not one request of the run succeeded; first: {first}"
-    elif errs:  # a point that could not run at all: the ladder is incomplete
-        error = f"load point {errs[0].label}, trial {errs[0].trial}: {errs[0].error}"
+    if not ok:  # the engine served nothing: not a measurement of load. A point whose requests all failed
+        # (an overloaded server refusing) is data: the knee stops below it, its error in the evidence.
+        errs = [p for p in points if p.error]
+        error = f"not one request of the run succeeded; first: {errs[0].error if errs else 'no request was sent'}"
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
 
 

@@ -122,6 +122,19 @@ def test_a_trial_whose_lowest_load_misses_the_slo_has_knee_zero_and_a_point_with
     assert res.metrics["knee_concurrency"] == 0.5  # the median of 0 and 1
 
 
+def test_a_point_whose_requests_all_failed_is_data_the_knee_stops_below_it_and_only_a_run_that_served_nothing_errs():
+    pts = ladder([(0.2, 0.5, 0.5)])
+    top = LoadPoint(**{**fig().to_dict(), "ok": 0, "failed": 4, "ttft_p95_s": None, "goodput_rps": 0.0})
+    pts[2] = point("c4", 4, 1, top).model_copy(update={"error": "every request failed; first: HTTP 503"})
+    res = evaluate_load(pts, "closed", ttft_slo_s=1.0)
+    assert res.error is None and res.evidence.knee_per_trial == [2.0]
+    assert res.evidence.points[2].error.endswith("HTTP 503")
+    dead = [point(p.label, p.load, 1, top).model_copy(update={"error": "every request failed; first: refused"})
+            for p in pts]
+    res = evaluate_load(dead, "closed", ttft_slo_s=1.0)
+    assert res.error == "not one request of the run succeeded; first: every request failed; first: refused"
+
+
 def gate_config(tmp_path: Path, params: dict, metric: str = "knee_concurrency", pass_: str = ">= 3",
                 stop: str | None = "< 1") -> Path:
     gate = {"id": "L", "title": "load", "workload": "g2-load", "params": params, "metric": metric, "pass": pass_}
