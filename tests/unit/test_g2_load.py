@@ -277,16 +277,24 @@ def scripted_node() -> ScriptedTransport:
     return ScriptedTransport(handler, name="n1")
 
 
+def gate_context(tmp_path: Path, cfg, node: ScriptedTransport, engine=None, clock=None) -> GateContext:
+    """The gate L of ``cfg`` on the scripted node ``n1``, its engine (an httpx handler) and clock."""
+    gate = cfg.suite.gates[0]
+    gate_dir = tmp_path / "gates" / "L"
+    gate_dir.mkdir(parents=True)
+    kw = {} if clock is None else {"clock": clock}
+    return GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                       transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
+                       http=None if engine is None else httpx.MockTransport(engine), **kw)
+
+
 def test_a_scripted_run_sends_exactly_the_planned_commands_and_accounts_every_point(tmp_path):
     d = gate_config(tmp_path, BASE, pass_=">= 2", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
     gate = cfg.suite.gates[0]
-    node, engine = scripted_node(), PrefixEngine()
-    gate_dir = tmp_path / "gates" / "L"
-    gate_dir.mkdir(parents=True)
-    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
-                      http=httpx.MockTransport(engine))
+    node = scripted_node()
+    ctx = gate_context(tmp_path, cfg, node, PrefixEngine())
+    gate_dir = ctx.gate_dir
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
 
@@ -324,13 +332,8 @@ def test_an_open_loop_sends_on_its_schedule_and_records_due_and_sent_times(tmp_p
     d = gate_config(tmp_path, {**BASE, "load": {"rates_rps": [50.0]}, "trials": 1, "max_client_lag_p99_s": 1.0},
                     metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
-    gate = cfg.suite.gates[0]
-    node = scripted_node()
-    gate_dir = tmp_path / "gates" / "L"
-    gate_dir.mkdir(parents=True)
-    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
-                      http=httpx.MockTransport(PrefixEngine()))
+    ctx = gate_context(tmp_path, cfg, scripted_node(), PrefixEngine())
+    gate_dir = ctx.gate_dir
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.error is None and result.invalid_reason is None
     (p,) = result.evidence.points
@@ -364,11 +367,8 @@ def test_a_trace_that_is_not_there_is_the_runs_error_not_a_suite_that_no_longer_
     d = gate_config(tmp_path, {**ENGINE, "load": {"path": str(tmp_path / "gone.jsonl")}}, metric="ttft_p95_s@trace",
                     pass_="<= 1 s", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
-    gate = cfg.suite.gates[0]
-    (tmp_path / "gates" / "L").mkdir(parents=True)
     node = scripted_node()
-    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=tmp_path / "gates" / "L")
+    ctx = gate_context(tmp_path, cfg, node)
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.error.startswith(f"trace {tmp_path / 'gone.jsonl'}: ") and "gone.jsonl" in result.error
     assert node.commands == []  # nothing started
@@ -389,12 +389,8 @@ def test_a_trace_is_replayed_by_its_scaled_timestamps_with_prompts_sharing_exact
                      '{"timestamp": 100, "input_length": 1600, "output_length": 1, "hash_ids": [1, 2, 4, 5]}\n'
                      '{"timestamp": 300, "input_length": 900, "output_length": 3, "hash_ids": [7, 8]}\n')
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
-    gate = cfg.suite.gates[0]
-    (tmp_path / "gates" / "L").mkdir(parents=True)
     engine = PrefixEngine()
-    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"n1": scripted_node()}, steps=StepLog(tmp_path), gate_dir=tmp_path / "gates" / "L",
-                      http=httpx.MockTransport(engine))
+    ctx = gate_context(tmp_path, cfg, scripted_node(), engine)
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     (p,) = result.evidence.points
@@ -439,12 +435,8 @@ class LateCountingEngine(PrefixEngine):
 def test_counters_read_after_a_point_wait_on_the_gates_clock_until_the_engine_counted_it(tmp_path, late, settled):
     d = gate_config(tmp_path, {**BASE, "load": {"concurrency": [1]}, "trials": 1})
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
-    gate = cfg.suite.gates[0]
-    (tmp_path / "gates" / "L").mkdir(parents=True)
     clock = ScriptedClock()
-    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"n1": scripted_node()}, steps=StepLog(tmp_path), gate_dir=tmp_path / "gates" / "L",
-                      http=httpx.MockTransport(LateCountingEngine(late)), clock=clock)
+    ctx = gate_context(tmp_path, cfg, scripted_node(), LateCountingEngine(late), clock)
     result = WORKLOADS["g2-load"]().run(ctx)
     (p,) = result.evidence.points
     settle_waits = [w for w in clock.waits if w == 0.2]
