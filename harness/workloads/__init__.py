@@ -1,6 +1,7 @@
 """Workloads: one module per workload, each a command builder plus a pure parser/evaluator, and the parts
 they share (``base``: the contract, typed evidence, targets, cache drops, summaries; ``engine``: an engine
-process's lifecycle). Importing this package registers every built-in workload in :data:`WORKLOADS`."""
+process's lifecycle and the engine handle; ``attach``: an engine someone else runs; ``phases``: the one phase
+runner engine workloads share). Importing this package registers every built-in workload in :data:`WORKLOADS`."""
 
 from .base import (WORKLOADS, Evidence, GateContext, PlannedStep, Workload, WorkloadResult,  # noqa: F401
                    register_workload)

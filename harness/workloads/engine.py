@@ -209,11 +209,6 @@ class EngineProcess:
         except Exception:  # noqa: BLE001 - a missing log is reported by its absence, not a crash
             pass
 
-    def fallbacks(self) -> list[LogMatch]:
-        """The lines of this engine's log so far that say the KV tier silently did nothing (the built-in
-        LMCache / vLLM fall-back and connector-failure lines, and the profile's own patterns)."""
-        return fallbacks_between(LogMark(0, ""), LogMark(1, self.log_text()), self.profile.fallback_patterns)
-
     def log_text(self) -> str | None:
         """The engine's log so far (fetched from the node), None when there is none yet."""
         self.fetch_log()

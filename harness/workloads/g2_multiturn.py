@@ -18,7 +18,10 @@ their context in engine memory (both phases; else the workload did not test what
 in the tier phase at least ``min_tier_hit_rate`` of their earlier context came from the tier (INVALID
 otherwise). Greedy outputs of both phases are compared (same KV, same tokens).
 
-Engines: ``cpu-reference`` (its ``--gpu-cache-tokens`` and ``--no-kv-tier`` flags make the two modes).
+Engines: any whose profile declares ``capabilities`` ``engine_cache_flag`` and ``no_tier_flag`` (the two modes)
+and ``level_counters`` (the per-level counters), e.g. ``cpu-reference``. Both instances are handles of the one
+phase runner (``workloads/phases.py``): opened in turn, one interleaved phase, their logs checked for fall-back
+lines.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import posixpath
 import random
 import time
 import uuid
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import httpx
 from pydantic import Field
@@ -41,9 +44,10 @@ from ..execute.cancel import Cancellation
 from ..parsers.prometheus import Sample, counter_delta
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
                    write_gate_file, write_summary)
-from .engine import (EngineProcess, client_base_url, engine_node, engine_port, engine_preflight, engine_values,
-                     fallback_reason, model_config_issues, node_engine_python, profile_issues, stage_engine_files,
-                     start_engine)
+from .engine import (FREE_PORT_CODE, EngineHandle, LaunchedEngine, client_base_url, engine_node, engine_port,
+                     engine_preflight, engine_values, model_config_issues, node_engine_python, profile_issues,
+                     stage_engine_files)
+from .phases import EngineLog, PhaseRunner, first_fallback
 
 # what the profile must declare (capabilities): the two switches the comparison needs and the level counters
 NEEDS = ("engine_cache_flag", "no_tier_flag", "level_counters")
@@ -114,9 +118,11 @@ def request_order(prompts: list[list[list[int]]]) -> list[tuple[int, int, list[i
 
 
 def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: float, max_memory_reuse: float,
-                       evidence: MultiTurnEvidence | None = None, fallback: str | None = None) -> WorkloadResult:
+                       evidence: MultiTurnEvidence | None = None, logs: Mapping[str, EngineLog] | None = None,
+                       fallback_patterns: Sequence[str] = ()) -> WorkloadResult:
     """Pure. ``phases['no_tier'|'tier']`` = {wall_s, tokens, records: [{turn, prior_tokens, delta: {...}, ok,
-    output_text}]}; ``fallback``: an instance's log said the tier silently did nothing (the first such reason).
+    output_text}]} (the interleaved phase's output); ``logs``: each instance's whole log, a line of the built-in
+    fall-back rules or the profile's ``fallback_patterns`` in either is INVALID (the first instance's reason).
     Metrics, validity and the evidence summary (added to a copy of ``evidence``)."""
     metrics: dict[str, float] = {}
     ev: dict[str, Any] = {}
@@ -148,7 +154,8 @@ def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: flo
     b = [r.get("output_text") for r in phases.get("tier", {}).get("records", [])]
     ev["outputs_matching"] = sum(x == y for x, y in zip(a, b))
     error = f"{len(failed)} requests failed; first: {failed[0]}" if failed else None
-    invalid = fallback  # the engine's own word that the tier did nothing outranks every figure
+    # the engine's own word that the tier did nothing outranks every figure
+    invalid, _ = first_fallback(logs or {}, fallback_patterns, lambda name: f"{name} instance's")
     for name in ("no_tier", "tier"):
         reuse = ev.get(name, {}).get("memory_reuse")
         if reuse is not None and reuse > max_memory_reuse:
@@ -204,24 +211,38 @@ class G2MultiTurn(Workload):
         cap = prof.capabilities
         return prof.render_argv(v) + [cap.engine_cache_flag, str(p.gpu_cache_tokens)] + ([] if tier else [cap.no_tier_flag])
 
+    def _ports_planned(self, p: MultiTurnParams) -> dict[str, int]:
+        base = p.port or 8000
+        return {"no_tier": base, "tier": base + 1}
+
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
+        """Every command the run sends, in its order (ports 8000 and 8001 here unless the gate sets one, free ones in
+        the run; the run's tag is ``<run>``)."""
         p: MultiTurnParams = ctx.params
         prof = load_profile(p.engine)
         node = next(iter(ctx.nodes.values()))
-        v = self._values(p, prof, node, ctx.gate.id, p.port or 8000, "<run>")
+        ports = self._ports_planned(p)
+        v = self._values(p, prof, node, ctx.gate.id, ports["no_tier"], "<run>")
         n = p.sessions * p.turns
         order = f"{p.sessions} sessions x {p.turns} turns round-robin ({n} requests, one at a time)"
-        return [
-            PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares",
-                        tuple(preflight_argv(v["python"], prof))),
+        steps = [PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares",
+                             tuple(preflight_argv(v["python"], prof)))]
+        if not p.port and getattr(node, "transport", "local") != "local":  # a local node's ports are found here
+            steps += [PlannedStep(node.name, f"a free port on the node for the instance {name}",
+                                  (v["python"], "-c", FREE_PORT_CODE)) for name in ("without", "with the tier")]
+        steps += [
             PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
-                        ("mkdir", "-p", v["run_dir"], v["pool_dir"])),
-            PlannedStep(node.name, "start an instance without the tier", tuple(self._argv(prof, v, p, False))),
-            PlannedStep(node.name, "start an instance with the tier (next port)", tuple(self._argv(prof, v, p, True))),
+                        ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus"))),
+            PlannedStep(node.name, "start an instance without the tier",
+                        tuple(self._argv(prof, v, p, False))),
+            PlannedStep(node.name, "start an instance with the tier (next port)",
+                        tuple(self._argv(prof, {**v, "port": ports["tier"]}, p, True))),
             PlannedStep(node.name, f"{order}, each request to both instances in turn; engine counters before and "
-                        "after each request"),
-            PlannedStep(node.name, "stop both instances (kill their process groups)"),
+                        "after each request (HTTP)"),
+            PlannedStep(node.name, "stop both instances (kill their process groups); their logs are checked for "
+                        "fall-back lines (a match is INVALID)"),
         ]
+        return steps
 
     @staticmethod
     def _values(p: MultiTurnParams, prof, node, gate_id: str, port: int, run_tag: str) -> dict[str, Any]:
@@ -265,37 +286,34 @@ class G2MultiTurn(Workload):
 
         # Both instances run side by side and get the same request one after the other (no-tier, then tier),
         # so that load from elsewhere on the machine falls on both alike.
-        engines: dict[str, EngineProcess] = {}
+        handles: dict[str, EngineHandle] = {}
+        for name, tier in (("no_tier", False), ("tier", True)):
+            vv = {**v, "port": ports[name]}
+            handles[name] = LaunchedEngine(ctx, transport, prof, self._argv(prof, vv, p, tier), prof.render_env(vv),
+                                           urls[name], v["run_dir"], (name,), [])
+        # the counters are read around every request, inside the phase (the level counters of each instance)
+        runner = PhaseRunner(ctx, handles)
+        logs: dict[str, EngineLog] = {}
         try:
-            for name, tier in (("no_tier", False), ("tier", True)):
-                vv = {**v, "port": ports[name]}
-                engines[name] = EngineProcess(ctx, transport, prof, self._argv(prof, vv, p, tier), prof.render_env(vv),
-                                              urls[name], posixpath.join(v["run_dir"], f"engine-{name}.log"),
-                                              gate_dir / f"engine-{name}.log")
-            for name, eng in engines.items():
-                err = start_engine(eng, name)
-                if err:
-                    return WorkloadResult(evidence=ev, error=err)
+            err = runner.open()
+            if err:
+                return WorkloadResult(evidence=ev, error=err)
             ctx.progress(f"{ctx.gate.id}: {len(order)} requests on each instance, interleaved")
-            phases = self._interleaved(engines, p, order, prof.capabilities.level_counters, ctx.http, ctx.cancel)
+            phases = runner.phase("interleaved", lambda: self._interleaved(
+                handles, p, order, prof.capabilities.level_counters, ctx.http, ctx.cancel)).output
         except (httpx.HTTPError, WorkloadError, OSError) as exc:
-            tails = "\n".join(f"--- {n}:\n{e.log_tail()}" for n, e in engines.items())
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{tails}")
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}")
         finally:
-            for eng in engines.values():
-                eng.stop()
+            logs = runner.close(logs=True)
         for name, ph in phases.items():
             write_gate_file(gate_dir / f"requests-{name}.jsonl", "".join(json.dumps(r) + "\n" for r in ph["records"]))
-
-        # an engine that fell back silently: the tier was not used (the first instance's reason)
-        fallback = next((r for r in (fallback_reason(e.fallbacks(), f"{n} instance's") for n, e in engines.items())
-                         if r), None)
-        result = evaluate_multiturn(phases, p.min_tier_hit_rate, p.max_memory_reuse, ev, fallback=fallback)
+        result = evaluate_multiturn(phases, p.min_tier_hit_rate, p.max_memory_reuse, ev, logs=logs,
+                                    fallback_patterns=prof.fallback_patterns)
         write_summary(gate_dir, "g2-multiturn-summary.json", result)
         return result
 
     @staticmethod
-    def _interleaved(engines: dict[str, EngineProcess], p: MultiTurnParams, order, level_counters: str, http=None,
+    def _interleaved(engines: dict[str, EngineHandle], p: MultiTurnParams, order, level_counters: str, http=None,
                      cancel: Cancellation | None = None) -> dict[str, dict[str, Any]]:
         """Each request to every instance in turn, one at a time; counters around each request (their
         reads are outside the measured time). The gate's cancellation ends the loop (Cancelled)."""

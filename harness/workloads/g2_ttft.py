@@ -37,15 +37,14 @@ from ..errors import WorkloadError
 from ..node import program_path
 from ..parsers.pooldev import PoolDeviceStat, parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..parsers.engine_log import LogHits, count_log_hits, new_log_lines
-from ..parsers.prometheus import counter_delta
 from ..stats import percentile
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult,
                    drop_caches, register_workload, write_gate_file, write_summary)
 from .attach import AttachedEngine, AttachParams, attach_issues, restarted
 from .engine import (EngineHandle, LaunchedEngine, client_base_url, engine_node, engine_port, engine_preflight,
-                     engine_python, engine_values, fallback_reason, fallbacks_between, model_config_issues,
-                     pool_contents, pool_files_argv, profile_issues, random_model_dir, stage_engine_files,
-                     stored_kv_tokens)
+                     engine_python, engine_values, model_config_issues, pool_contents, pool_files_argv,
+                     profile_issues, random_model_dir, stage_engine_files, stored_kv_tokens)
+from .phases import PhaseRecord, PhaseRunner, first_fallback
 
 
 # Warm-up prompts are drawn from seeds this far from the gate's, so they are never among its prompts.
@@ -485,15 +484,22 @@ class G2Ttft(Workload):
         lines, _continuous = new_log_lines(before, after)
         return LogProof(count_log_hits(lines, prof.hit_log.pattern), sent, tokens)
 
-    def _finish(self, ctx: GateContext, p: G2Params, prof: EngineProfile, recompute, readback, m0, m1, s0, s1,
-                log: LogProof | None, expected_bytes: int, ev: G2Evidence, fallback: str | None) -> WorkloadResult:
+    def _finish(self, ctx: GateContext, p: G2Params, prof: EngineProfile, rc: PhaseRecord | None,
+                rb: PhaseRecord | None, log: LogProof | None, expected_bytes: int, ev: G2Evidence, fallback: str | None) -> WorkloadResult:
+        """Pure evaluation of the phase records with the profile's proofs; the summary written."""
         counters = prof.hit_metrics is not None
+        recompute = rc.output if rc is not None else []
+        readback = rb.output if rb is not None else []
         hit = query = None
-        if readback and counters and m0 is not None and m1 is not None:
-            ev.engine_reported_read_bytes = counter_delta(m0, m1, prof.hit_metrics.read_bytes)
-            hit = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
-            query = counter_delta(m0, m1, prof.hit_metrics.query_tokens)
-        read_bytes = read_bytes_between(s0, s1)
+        read_bytes = None
+        if rb is not None and readback:
+            r = rb.engines["engine"]
+            if counters:
+                ev.engine_reported_read_bytes = r.delta(prof.hit_metrics.read_bytes)
+                hit = r.delta(prof.hit_metrics.hit_tokens)
+                query = r.delta(prof.hit_metrics.query_tokens)
+        if rb is not None:
+            read_bytes = read_bytes_between(rb.device_before, rb.device_after)
         result = evaluate_g2(recompute, readback, hit, query, read_bytes, p.min_hit_rate, expected_bytes, ev,
                              fallback=fallback, counters=counters, log=log if readback else None,
                              device_reads=prof.device_reads, min_read_fraction=p.min_read_fraction)
@@ -565,50 +571,52 @@ class G2Ttft(Workload):
         return G2Setup(engine, ev, prompts, warm, expected_bytes, pool_transport, pool_dir)
 
     def _phases(self, ctx: GateContext, p: G2Params, prof: EngineProfile, s: "G2Setup") -> WorkloadResult:
-        """The one G2 procedure, on any engine handle: re-compute phase (never-seen prompts, which stores their
-        KV) -> the pool holds it -> the engine forgets (stop / the operator's restart) and the page cache is
-        dropped -> the engine serves again -> read-back phase. Counters, log and the pool device's bytes are read
-        around each phase; a fall-back in the log ends the gate INVALID before the next step."""
-        eng, ev, prompts, warm = s.engine, s.ev, s.prompts, s.warm
+        """The one G2 procedure, on any engine handle, through the shared phase runner: re-compute phase
+        (never-seen prompts, which stores their KV) -> the pool holds it -> the engine forgets (stop / the
+        operator's restart) and the page cache is dropped -> the engine serves again -> read-back phase. Counters,
+        log and the pool device's bytes are read around each phase; a fall-back in the log ends the gate INVALID
+        before the next step."""
+        eng, ev, prompts = s.engine, s.ev, s.prompts
         counters = prof.hit_metrics is not None
         where = " on the attached engine" if eng.persistent else ""
+        warm = dict(zip(("recompute", "readback"), s.warm))
+        runner = PhaseRunner(ctx, {"engine": eng}, counters=counters, warm_up=(
+            lambda _n, h, label: self._warm_up(ctx, p, prof, h.base_url, label, warm[label], ev)))
         fallback = None
-        recompute: list[RequestRecord] = []
-        readback: list[RequestRecord] = []
-        m0 = m1 = s0 = s1 = None
-        log = None
-        try:
-            err = eng.open()
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
-            start = eng.start_mark()
-            self._warm_up(ctx, p, prof, eng.base_url, "recompute", warm[0], ev)
-            m0 = eng.metrics() if counters else None
-            l0 = eng.log_mark()
-            before = 0
+        rc = rb = log = None
+        pool_before = [0]
+
+        def recompute() -> list[RequestRecord]:
             if eng.persistent:  # earlier runs' chunks are in the pool: only what this run adds counts
                 ev.pool_before_recompute = pool_contents(ctx, s.pool_transport, s.pool_dir, 0, 0, "g2-pool-before",
                                                          prof.pool_files)
-                before = ev.pool_before_recompute["bytes"]
+                pool_before[0] = ev.pool_before_recompute["bytes"]
             ctx.progress(f"{ctx.gate.id}: re-compute phase{where}, {len(prompts)} prompts")
-            recompute = self._send(ctx, p, prof, eng.base_url, prompts)
-            # an engine kvgate does not restart itself must show it did: its start time is the marker
-            m1 = self._optional_metrics(eng, counters) if eng.persistent else eng.metrics() if counters else None
-            l1 = eng.log_mark()
-            if counters and m0 is not None and m1 is not None:
-                ev.recompute_hit_tokens = counter_delta(m0, m1, prof.hit_metrics.hit_tokens)
-            self._recompute_log_hits(prof, l0.text, l1.text, prompts, ev)
-            self._save(ctx.gate_dir / "requests-recompute.jsonl", recompute)
-            pool = pool_contents(ctx, s.pool_transport, s.pool_dir, before + s.expected_bytes, p.populate_timeout_s,
-                                 "g2-pool-after-populate", prof.pool_files)
+            return self._send(ctx, p, prof, eng.base_url, prompts)
+
+        def readback() -> list[RequestRecord]:
+            ctx.progress(f"{ctx.gate.id}: cold read-back phase{where}, {len(prompts)} prompts")
+            return self._send(ctx, p, prof, eng.base_url, prompts)
+
+        try:
+            err = runner.open()
+            if err:
+                return WorkloadResult(evidence=ev, error=err)
+            rc = runner.phase("recompute", recompute)
+            r = rc.engines["engine"]
+            if counters:
+                ev.recompute_hit_tokens = r.delta(prof.hit_metrics.hit_tokens)
+            self._recompute_log_hits(prof, r.log_before.text, r.log_after.text, prompts, ev)
+            self._save(ctx.gate_dir / "requests-recompute.jsonl", rc.output)
+            pool = pool_contents(ctx, s.pool_transport, s.pool_dir, pool_before[0] + s.expected_bytes,
+                                 p.populate_timeout_s, "g2-pool-after-populate", prof.pool_files)
             if eng.persistent:
-                pool["bytes_added"] = pool["bytes"] - before
+                pool["bytes_added"] = pool["bytes"] - pool_before[0]
             ev.pool_after_populate = pool
-            found = fallbacks_between(start, l1, prof.fallback_patterns)
+            fallback, found = first_fallback(rc.engines, prof.fallback_patterns, lambda _n: "re-compute")
             ev.fallback_lines = [m.quote() for m in found]
-            fallback = fallback_reason(found, "re-compute")
-            if fallback is None and any(r.ok for r in recompute):  # all failed: an ERROR, nothing to read back
-                err = eng.forget()
+            if fallback is None and any(x.ok for x in rc.output):  # all failed: an ERROR, nothing to read back
+                err = runner.forget()
                 if err:
                     return WorkloadResult(evidence=ev, error=err)
                 if p.drop_caches:
@@ -617,53 +625,31 @@ class G2Ttft(Workload):
                     ev.page_cache_drop_error = "; ".join(d.error for d in drops if d.error) or None
                 else:
                     ev.page_cache_dropped = False
-                err = eng.resume()
+                err = runner.resume()
                 if err:
                     return WorkloadResult(evidence=ev, error=err)
-                start = eng.start_mark()
-                self._warm_up(ctx, p, prof, eng.base_url, "readback", warm[1], ev)
-                s0 = self._pool_stat(ctx, s.pool_transport, s.pool_dir, ev)
-                if eng.persistent:
-                    m_cold = self._optional_metrics(eng, counters)  # also the restart marker
-                    ev.engine_restarted = restarted(m1, m_cold)
-                    m0 = m_cold if counters else None
-                else:
-                    m0 = eng.metrics() if counters else None
-                l0 = eng.log_mark()
-                ctx.progress(f"{ctx.gate.id}: cold read-back phase{where}, {len(prompts)} prompts")
-                readback = self._send(ctx, p, prof, eng.base_url, prompts)
-                m1 = eng.metrics() if counters else None
-                s1 = self._pool_stat(ctx, s.pool_transport, s.pool_dir, ev)
-                l1 = eng.log_mark()
-                log = self._log_proof(prof, l0.text, l1.text, prompts)
-                self._save(ctx.gate_dir / "requests-readback.jsonl", readback)
-                found = fallbacks_between(start, l1, prof.fallback_patterns)
+                rb = runner.phase("readback", readback,
+                                  device=lambda: self._pool_stat(ctx, s.pool_transport, s.pool_dir, ev))
+                if eng.persistent:  # its process start time is the marker of a restart
+                    ev.engine_restarted = restarted(r.metrics_after, rb.engines["engine"].metrics_before)
+                rr = rb.engines["engine"]
+                log = self._log_proof(prof, rr.log_before.text, rr.log_after.text, prompts)
+                self._save(ctx.gate_dir / "requests-readback.jsonl", rb.output)
+                fallback, found = first_fallback(rb.engines, prof.fallback_patterns, lambda _n: "read-back")
                 ev.fallback_lines += [m.quote() for m in found]
-                fallback = fallback_reason(found, "read-back")
         except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{eng.error_context()}".strip())
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
         finally:
-            eng.close()
+            runner.close()
             if eng.persistent:
                 ev.cold_procedure = eng.cold_steps
-        return self._finish(ctx, p, prof, recompute, readback, m0, m1, s0, s1, log, s.expected_bytes, ev, fallback)
+        return self._finish(ctx, p, prof, rc, rb, log, s.expected_bytes, ev, fallback)
 
     def _recompute_log_hits(self, prof: EngineProfile, before: str | None, after: str | None, prompts: list,
                             ev: G2Evidence) -> None:
         proof = self._log_proof(prof, before, after, prompts)
         if proof is not None and proof.hits is not None:
             ev.recompute_log_hit_lines = proof.hits.lines
-
-    @staticmethod
-    def _optional_metrics(eng: EngineHandle, wanted: bool):
-        """The engine's metrics when the profile's proof needs them (errors raise); otherwise a
-        best-effort read for its process start time (None when it has no metrics endpoint)."""
-        if wanted:
-            return eng.metrics()
-        try:
-            return eng.metrics()
-        except (httpx.HTTPError, ValueError):
-            return None
 
     def _build_model(self, ctx, transport, python: str, node, v: dict[str, Any], p: G2Params,
                      model_cfg: dict[str, Any], ev: G2Evidence) -> tuple[str | None, str | None]:

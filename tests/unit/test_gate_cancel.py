@@ -13,24 +13,22 @@ import pytest
 
 from harness.engines import load_profile
 from harness.engines.client import CANCELLED, CompletionRequest, run_requests_sync
-from harness.execute.cancel import Cancellation, Cancelled, GateEnded
+from harness.execute.cancel import Cancelled, GateEnded
 from harness.execute.clock import ScriptedClock
 from harness.suite.runner import gate_context, run_gate_workload
 from harness.transport import ScopedTransport
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.transport.steps import StepLog
 from harness.workloads.attach import AttachedEngine, AttachParams
-from harness.workloads.base import GateContext, WorkloadResult, write_gate_file, write_summary
+from harness.workloads.base import WorkloadResult, write_gate_file, write_summary
+import doubles
 
 
 def attached(clock: ScriptedClock, answers: list[str], timeout_s: float | None = None) -> AttachedEngine:
     def engine(request: httpx.Request) -> httpx.Response:
         answers.append(request.url.path)
         return httpx.Response(503)
-    gate = SimpleNamespace(id="G2", timeout_s=timeout_s)
-    ctx = GateContext(gate=gate, params=None, nodes={}, transports={}, steps=None, gate_dir=None,
-                      http=httpx.MockTransport(engine), clock=clock,
-                      cancel=Cancellation(clock, timeout_s=timeout_s, what="gate G2"))
+    ctx = doubles.gate_context(None, gate_id="G2", http=engine, clock=clock, timeout_s=timeout_s)
     attach = AttachParams(url="http://10.0.0.5:8000", restart=[{"node": "n1", "run": "true"}])
     return AttachedEngine(ctx, load_profile("vllm-attach"), attach)
 

@@ -1,52 +1,88 @@
-"""R3 evaluation from both engines' counters (captured from a real cpu-reference + LMCache 0.5.6 run on
-the rig), validity rules, and the suite's config checks against an inventory."""
+"""R3: the evaluation from both phases' records (the node client's output, captured from a real cpu-reference +
+LMCache 0.5.6 run on the rig), validity rules, the suite's config checks against an inventory, the plan, and a
+scripted run through the engine handles and the one phase runner that sends exactly the planned commands."""
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 import harness.workloads.r3_cross_instance  # noqa: F401  (registers r3-cross-instance)
+from doubles import EngineServer, Router, argv_starts, gate_context, normalized, ok, pool_files, preflight, spawned
 from harness.config import load_config
-from harness.workloads import WORKLOADS
 from harness.engines import load_profile
-from harness.parsers.prometheus import metric_total, parse_prometheus
 from harness.errors import ConfigError
+from harness.gates.verdict import Outcome, evaluate
+from harness.suite.plan import gate_plan
+from harness.transport.doubles import Reply, ScriptedTransport
+from harness.workloads import WORKLOADS
+from harness.workloads.engine import LogMark
+from harness.workloads.phases import EngineLog, PhaseRecord
 from harness.workloads.r3_cross_instance import evaluate_r3
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "r3"
 REPO = Path(__file__).resolve().parents[2]
-HM = load_profile("cpu-reference").hit_metrics
+PROF = load_profile("cpu-reference")
+HM = PROF.hit_metrics
+DEGRADED = ". System will operate in degraded mode (recompute). (manager.py:107:lmcache.v1.manager)"
 
 
-def delta(role, names):
-    a = metric_total(parse_prometheus((FIX / f"metrics-{role}-before.prom").read_text()), names)
-    b = metric_total(parse_prometheus((FIX / f"metrics-{role}-after.prom").read_text()), names)
-    return b - a
+def captured(role: str, failed: int = 0) -> PhaseRecord:
+    """A phase as the node client printed it on the rig: the engine's counters before and after, its records."""
+    records = [{"id": f"p{i}", "ok": i >= failed, "error": None if i >= failed else "timeout"} for i in range(2)]
+    return PhaseRecord(role, {"metrics_before": (FIX / f"metrics-{role}-before.prom").read_text(),
+                              "metrics_after": (FIX / f"metrics-{role}-after.prom").read_text(),
+                              "records": records}, {})
+
+
+def counters(hit, query, read=0):
+    if hit is None:
+        return "kvgate_cpu_ref_requests_total 1\n"
+    return (f"kvgate_cpu_ref_external_hit_tokens_total {hit}\nkvgate_cpu_ref_external_query_tokens_total {query}\n"
+            f"kvgate_cpu_ref_external_read_bytes_total {read}\n")
+
+
+def phase(role, hit, query, before=(0, 0), records=({"id": "p0", "ok": True},)):
+    return PhaseRecord(role, {"metrics_before": counters(*before) if hit is not None else counters(None, None),
+                              "metrics_after": counters(hit, query), "records": list(records)}, {})
 
 
 def test_captured_run_reader_hit_every_token_the_writer_stored():
-    wh, wq = delta("writer", HM.hit_tokens), delta("writer", HM.query_tokens)
-    rh, rq = delta("reader", HM.hit_tokens), delta("reader", HM.query_tokens)
-    assert (wh, wq, rh, rq) == (0, 3072, 3072, 3072)
-    res = evaluate_r3(wh, wq, rh, rq, [], 18874704, 18874368)
+    res = evaluate_r3(captured("writer"), captured("reader"), HM, 18874704, 18874368)
     assert res.metrics == {"hit_rate": 1.0}
     assert res.error is None and res.invalid_reason is None
+    ev = res.evidence
+    assert (ev.writer_hit_tokens, ev.writer_query_tokens, ev.reader_hit_tokens, ev.reader_query_tokens) == \
+        (0, 3072, 3072, 3072)
     # The writer stored what the reader then read: same bytes through LMCache's counters.
-    assert delta("reader", HM.read_bytes) == 3072 * 6144
+    assert ev.reader_read_bytes == 3072 * 6144 and ev.reader_query_tokens_before == 0
 
 
 def test_partial_hits_give_the_ratio_and_a_writer_hit_is_invalid():
-    assert evaluate_r3(0, 3072, 2816, 3072, [], 1, 1).metrics["hit_rate"] == pytest.approx(2816 / 3072)
-    res = evaluate_r3(512, 3072, 3072, 3072, [], 1, 1)
+    assert evaluate_r3(phase("writer", 0, 3072), phase("reader", 2816, 3072), HM, 1, 1).metrics["hit_rate"] == \
+        pytest.approx(2816 / 3072)
+    res = evaluate_r3(phase("writer", 512, 3072), phase("reader", 3072, 3072), HM, 1, 1)
     assert "not new" in res.invalid_reason
 
 
 def test_no_pool_bytes_is_a_miss_not_an_excuse_and_failed_requests_are_error():
-    res = evaluate_r3(0, 3072, 0, 3072, [], 0, 18874368)
+    res = evaluate_r3(phase("writer", 0, 3072), phase("reader", 0, 3072), HM, 0, 18874368)
     assert res.metrics["hit_rate"] == 0.0 and res.invalid_reason is None and res.error is None
-    assert evaluate_r3(0, 3072, 3072, 3072, ["reader s1: timeout"], 1, 1).error.startswith("1 request(s) failed")
-    assert "no hit/query counters" in evaluate_r3(0, 3072, None, None, [], 1, 1).error
+    assert evaluate_r3(captured("writer"), captured("reader", failed=1), HM, 1, 1).error == \
+        "1 request(s) failed; first: reader p0: timeout"
+    assert "no hit/query counters" in evaluate_r3(phase("writer", 0, 3072), phase("reader", None, None), HM, 1, 1).error
+
+
+def test_an_engines_fall_back_and_a_reader_that_looked_up_before_are_invalid_the_fall_back_first():
+    w, r = phase("writer", 0, 3072), phase("reader", 3072, 3072)
+    fell = {"writer": EngineLog(LogMark(1, ""), LogMark(1, "ready\n")),
+            "reader": EngineLog(LogMark(1, ""), LogMark(1, f"ready\n{DEGRADED}\n"))}
+    res = evaluate_r3(w, r, HM, 1, 1, logs=fell, fallback_patterns=PROF.fallback_patterns)
+    assert res.invalid_reason.startswith("the engine fell back in the reader engine's phase")
+    looked = phase("reader", 3072, 6144, before=(0, 3072))
+    assert evaluate_r3(w, looked, HM, 1, 1).invalid_reason.startswith("the reader engine had looked up")
+    assert evaluate_r3(w, looked, HM, 1, 1, logs=fell).invalid_reason.startswith("the engine fell back")
 
 
 def test_suite_against_an_inventory_without_the_shared_pool_names_file_line_field(tmp_path):
@@ -61,17 +97,12 @@ def test_suite_against_an_inventory_without_the_shared_pool_names_file_line_fiel
 
 
 def test_plan_names_both_engines_the_shared_pool_run_dir_and_runs_nothing(tmp_path):
-    from harness.workloads import WORKLOADS, GateContext
-
     inv = tmp_path / "inv.yaml"
     inv.write_text(yaml.safe_dump({"nodes": [
         {"name": n, "transport": "local", "targets": [{"name": "kvpool", "kind": "directory", "path": "/mnt/pool"}]}
         for n in ("n1", "n2")]}))
     cfg = load_config(inv, REPO / "gates" / "r3-cpu-reference.yaml", WORKLOADS)
-    gate = cfg.suite.gates[0]
-    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={}, steps=None, gate_dir=tmp_path)
-    steps = WORKLOADS["r3-cross-instance"]().plan(ctx)
+    steps = WORKLOADS["r3-cross-instance"]().plan(gate_context(None, cfg))
     starts = [s for s in steps if "start a fresh" in s.description]
     assert [s.node for s in starts] == ["n1", "n2"]
     # the engine is the program kvgate puts into each node's run directory: the node needs no kvgate
@@ -82,3 +113,64 @@ def test_plan_names_both_engines_the_shared_pool_run_dir_and_runs_nothing(tmp_pa
     assert all("fs://localhost:0/mnt/pool/kvgate-r3/run-<run>" in "".join(s.files.values())
                for s in steps if s.files)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inv.yaml"]  # nothing was written or run
+
+
+# ------------------------------------------------------------------------------------------ a scripted run
+
+def r3_config(tmp_path, nodes=("n1", "n2")):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"nodes": [
+        {"name": n, "transport": "local", "work_dir": "/w",
+         "targets": [{"name": "kvpool", "kind": "directory", "path": "/mnt/pool"}]} for n in nodes]}))
+    suite = yaml.safe_load((REPO / "gates" / "r3-cpu-reference.yaml").read_text())
+    suite["gates"][0]["params"].update(python="/engine/bin/python", populate_timeout_s=5)
+    (tmp_path / "r3.yaml").write_text(yaml.safe_dump(suite))
+    return load_config(inv, tmp_path / "r3.yaml", WORKLOADS)
+
+
+def r3_node(name: str, role: str, engine_log: str = "ready\n", reader_sees: int = 2) -> ScriptedTransport:
+    """A rig node: its engine's client prints what the real client printed on the rig (writer: 3072 new tokens;
+    reader: all 3072 hit), the pool holds the writer's chunk files (the reader sees ``reader_sees`` of them)."""
+    out = {"metrics_before": (FIX / f"metrics-{role}-before.prom").read_text(),
+           "metrics_after": (FIX / f"metrics-{role}-after.prom").read_text(),
+           "records": [{"id": f"p{i}", "ok": True, "elapsed_s": 0.5, "usage": None} for i in range(2)]}
+    files = [9437352] * (2 if role == "writer" else reader_sees)
+    return ScriptedTransport(Router(preflight(), pool_files(files), (spawned, Reply(stdout=engine_log)),
+                                    (lambda c: c.argv[1].endswith("/r3_client.py"), Reply(stdout=json.dumps(out))),
+                                    *ok(argv_starts("mkdir"))), name=name)
+
+
+def run_r3(tmp_path, **kw):
+    cfg = r3_config(tmp_path)
+    nodes = {"n1": r3_node("n1", "writer", **kw), "n2": r3_node("n2", "reader", **kw)}
+    ctx = gate_context(tmp_path / "run", cfg, transports=nodes, http=EngineServer())
+    return cfg, ctx, nodes, WORKLOADS["r3-cross-instance"]().run(ctx)
+
+
+def test_a_scripted_run_sends_exactly_the_planned_commands_on_each_node_and_passes(tmp_path):
+    cfg, ctx, nodes, result = run_r3(tmp_path)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    assert evaluate(ctx.gate, result, "ratio").outcome is Outcome.PASS and result.metrics["hit_rate"] == 1.0
+    ev = result.evidence
+    plan = gate_plan(cfg, ctx.gate)
+    for name, node in nodes.items():
+        # the run's own values (its tag, the free port found for its engine) are the plan's placeholders
+        sent = normalized(node.commands, {ev.run_tag: "<run>", str(ev.layout[name]["port"]): "8000"})
+        assert sent == [s.argv for s in plan if s.argv and s.node == name], name
+    # the client the plan names is the one put into the run directory, and the engines ran from there too
+    client = next(s.argv[1] for s in plan if s.argv[1:2] and s.argv[1].endswith("/r3_client.py") and s.node == "n1")
+    assert any(e.kind == "put" and e.path == client.replace("<run>", ev.run_tag) for e in nodes["n1"].events)
+    assert all(sum(e.kind == "kill" for e in n.events) == 1 for n in nodes.values())  # both engines stopped
+    assert (ctx.gate_dir / "metrics-reader-after.prom").read_text() == (FIX / "metrics-reader-after.prom").read_text()
+
+
+def test_an_engine_whose_log_says_it_fell_back_makes_the_run_invalid(tmp_path):
+    _, _, _, result = run_r3(tmp_path, engine_log=f"ready\n{DEGRADED}\n")
+    assert result.invalid_reason.startswith("the engine fell back in the writer engine's phase")
+    assert result.metrics["hit_rate"] == 1.0  # measured, and still not a PASS
+
+
+def test_a_reader_that_sees_none_of_the_writers_files_is_recorded(tmp_path):
+    _, _, _, result = run_r3(tmp_path, reader_sees=0)
+    assert result.evidence.pool_seen_from_reader_before["files"] == 0
+    assert result.evidence.pool_after_writer["files"] == 2

