@@ -60,7 +60,7 @@ from ..stats import bootstrap_ci
 from .attach import AttachParams, NodeCommand
 from .base import Evidence, GateContext, PlannedStep, Workload, WorkloadResult, register_workload, write_gate_file, \
     write_summary
-from .engine import fallback_reason, fallbacks_between
+from .phases import PhaseRunner, first_fallback
 from .g2_ttft import G2EngineParams, G2Evidence, G2Params, G2Ttft, launch_values
 
 # ------------------------------------------------------------------------------------------------- params
@@ -649,15 +649,20 @@ class G2Load(Workload):
                 steps.append(PlannedStep(a.log.node, "the engine's log before the ladder", ("sh", "-c", a.log.run)))
         if p.warmup:
             steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt (recorded, not in the statistics)"))
+        # an attached engine's log is its operator's command, read where the runner marks it around each point
+        log = ([PlannedStep(p.attach.log.node, "the engine's log (fall-back lines)", ("sh", "-c", p.attach.log.run))]
+               if p.attach is not None and p.attach.log else [])
         for t, label, load in self._schedule(p):
             if pool_dir:
                 steps.append(PlannedStep(pool_node, f"trial {t}/{p.trials}, {label}: the pool device's read and write "
                                          "counters before", pool_blockstat_argv(pool_dir)))
+            steps += log
             steps.append(PlannedStep("(control host)", f"trial {t}/{p.trials}, {label}: "
                                      + self._point_text(p, label, load, t)))
             if pool_dir:
                 steps.append(PlannedStep(pool_node, f"trial {t}/{p.trials}, {label}: the pool device's counters after",
                                          pool_blockstat_argv(pool_dir)))
+            steps += log
         if p.attach is None:
             steps.append(PlannedStep(next(iter(ctx.nodes)), "stop the engine (its process group); its log is checked "
                                      "for fall-back / connector-failure lines (a match is INVALID)"))
@@ -718,31 +723,35 @@ class G2Load(Workload):
         ev.prompt_seed = seed
         eng = setup.engine
         counters = accounting_counters(prof)
+        # the one phase runner: each point x trial is a phase (counters, pool device and log marks around it)
+        runner = PhaseRunner(ctx, {"engine": eng}, counters=counters.any)
         points: list[PointTrial] = []
         fallback = None
+        closed = False
         try:
-            err = eng.open()
+            err = runner.open()
             if err:
                 return WorkloadResult(evidence=ev, error=err)
-            start = eng.start_mark()
-            if p.warmup:
+            if p.warmup:  # once for the ladder, counted by the engine before the first point's counters are read
                 mw = eng.metrics() if counters.any else None
                 g2._warm_up(ctx, view, prof, eng.base_url, "load", setup.warm[0], setup.ev)
                 ev.warmup = dict(setup.ev.warmup)
-                # counted before the first point's counters are read, or it would count in the first point
                 ok = setup.ev.warmup.get("error") is None
                 self._settled_metrics(ctx, eng, counters, mw, (setup.warm[0].prompt_tokens or 0) if ok else 0)
             for t, label, load in self._schedule(p):
                 ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}")
-                points.append(self._point(ctx, p, prof, eng, setup, counters, t, label, load, trace, seed, vocab, ev))
-            found = fallbacks_between(start, eng.log_mark(), prof.fallback_patterns)
+                points.append(self._point(ctx, p, prof, runner, setup, counters, t, label, load, trace, seed, vocab,
+                                          ev))
+            logs = runner.close(logs=True)
+            closed = True
+            fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "load")
             ev.fallback_lines = [m.quote() for m in found]
-            fallback = fallback_reason(found, "load")
         except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
             ev.points = points
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{eng.error_context()}".strip())
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
         finally:
-            eng.close()
+            if not closed:
+                runner.close()
         result = evaluate_load(points, p.load.kind, p.ttft_slo_s, p.knee_percentile, ev, fallback=fallback)
         write_summary(ctx.gate_dir, "g2-load-summary.json", result)
         return result
@@ -765,10 +774,11 @@ class G2Load(Workload):
             return reqs, arrival_offsets(len(reqs), load, p.load.burstiness or 1.0, seed)
         return reqs, None
 
-    def _point(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, eng, setup, counters: Counters, t: int,
-               label: str, load: float, trace: Trace | None, seed: int, vocab: int,
+    def _point(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, runner: PhaseRunner, setup,
+               counters: Counters, t: int, label: str, load: float, trace: Trace | None, seed: int, vocab: int,
                ev: G2LoadEvidence) -> PointTrial:
-        """One point × trial: counters and device before, the requests, counters and device after."""
+        """One point × trial, a phase of the runner: counters, pool device and log before, the requests (and the
+        engine's counting of them), the same after."""
         pseed = point_seed(seed, label, t)
         reqs, offsets = self._requests(p, label, load, t, pseed, vocab, trace)
         kind = {"closed": "concurrency", "open": "rate_rps", "trace": "trace"}[p.load.kind]
@@ -777,13 +787,20 @@ class G2Load(Workload):
         name = f"requests-{label}-t{t}.jsonl"
         pt = PointTrial(label=label, load=load, load_kind=kind, trial=t, seed=pseed, requests=len(reqs),
                         requests_file=name)
-        m0 = eng.metrics() if counters.any else None
-        s0 = self._pool_stat(ctx, setup, ev)
-        pt.started_unix_s = time.time()
-        records = self._send(ctx, p, prof, eng.base_url, reqs, offsets, load)
-        m1 = self._settled_metrics(ctx, eng, counters, m0,
-                                   sum(r.record.prompt_tokens or 0 for r in records if r.record.ok))
-        s1 = self._pool_stat(ctx, setup, ev)
+        eng = setup.engine
+
+        def send() -> list[LoadRecord]:
+            base = eng.metrics() if counters.any else None
+            pt.started_unix_s = time.time()
+            out = self._send(ctx, p, prof, eng.base_url, reqs, offsets, load)
+            # the runner reads the counters after this returns: once the engine has counted these requests
+            self._settled_metrics(ctx, eng, counters, base, sum(r.record.prompt_tokens or 0 for r in out
+                                                                 if r.record.ok))
+            return out
+
+        rec = runner.phase(f"{label}-t{t}", send, device=lambda: self._pool_stat(ctx, setup, ev))
+        records, reading = rec.output, rec.engines["engine"]
+        m0, m1, s0, s1 = reading.metrics_before, reading.metrics_after, rec.device_before, rec.device_after
         write_gate_file(ctx.gate_dir / name, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
         if m0 is not None and m1 is not None:
             names = counters.prompt_tokens + counters.memory_hit_tokens + counters.tier_hit_tokens
@@ -797,9 +814,7 @@ class G2Load(Workload):
         fig = load_point(records, p.ttft_slo_s, p.tpot_slo_s)
         pt.figures = fig
 
-        def delta(names: list[str]) -> float | None:
-            return counter_delta(m0, m1, names) if m0 is not None and m1 is not None else None
-
+        delta = reading.delta
         sent = sum(r.record.prompt_tokens or 0 for r in records if r.record.ok)
         writes = None if s0 is None or s1 is None or s0.maj_min != s1.maj_min \
             else s1.stat.write_bytes - s0.stat.write_bytes

@@ -447,3 +447,29 @@ def test_counters_read_after_a_point_wait_on_the_gates_clock_until_the_engine_co
     else:  # an engine that never catches up is read 10 times more (after the warm-up, after the point), then
         # taken as it is: the shortfall shows
         assert p.accounting.prompt_tokens < 192 and len(settle_waits) == 20
+
+
+def test_a_ladder_against_an_attached_engine_sends_exactly_its_plan_including_the_operators_log_command(tmp_path):
+    params = {**BASE, "engine": "vllm-attach", "pool_path": "/mnt/kvpool",
+              "attach": {"url": "http://10.0.0.21:8000", "log": {"node": "n1", "run": "journalctl -u vllm"}},
+              "model_config_inline": {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+                                      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+                                      "torch_dtype": "bfloat16"}}
+    for launch_only in ("python", "port"):
+        params.pop(launch_only)
+    d = gate_config(tmp_path, params)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+
+    def handler(call):
+        if call.argv == ("sh", "-c", "journalctl -u vllm"):
+            return Reply(stdout="INFO engine serving\n")
+        if "kvgate-pool-blockstat" in call.argv:
+            return Reply(stdout="kvgate-pool-device 8:1 /dev/sda1\n1 0 5000 0 1 0 4096 0 0 0 0\n")
+        return Reply(rc=127, stderr=f"{call.argv[0]}: not expected")
+
+    node = ScriptedTransport(handler, name="n1")
+    ctx = gate_context(tmp_path, cfg, node, PrefixEngine())
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    assert node.commands == [s.argv for s in gate_plan(cfg, cfg.suite.gates[0]) if s.argv]
+    assert result.evidence.attached is True and len(result.evidence.points) == 4
