@@ -9,6 +9,7 @@ import httpx
 import pytest
 import yaml
 
+import doubles  # tests/doubles.py: the shared gate context
 from harness.config import load_config
 from harness.engines.load import LoadPoint, arrival_offsets
 from harness.errors import ConfigError
@@ -16,14 +17,13 @@ from harness.execute.clock import ScriptedClock
 from harness.gates.verdict import Outcome, evaluate
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Reply, ScriptedTransport
-from harness.transport.steps import StepLog
 from harness.workloads import WORKLOADS
 from harness.workloads.base import GateContext
 from harness.workloads.g2_load import (G2LoadEvidence, PointTrial, evaluate_load, point_invalid, synthetic_requests,
                                        token_accounting)
 
 ROOT = Path(__file__).resolve().parents[2]
-PREFLIGHT_CPU_REFERENCE = (ROOT / "tests" / "fixtures" / "preflight" / "cpu-reference.stdout").read_text()
+PREFLIGHT_CPU_REFERENCE = doubles.PREFLIGHT_CPU_REFERENCE
 
 
 def fig(ttft_p95_s: float = 0.1, lag_s: float = 0.0, failed: int = 0, goodput_rps: float = 2.0) -> LoadPoint:
@@ -278,14 +278,8 @@ def scripted_node() -> ScriptedTransport:
 
 
 def gate_context(tmp_path: Path, cfg, node: ScriptedTransport, engine=None, clock=None) -> GateContext:
-    """The gate L of ``cfg`` on the scripted node ``n1``, its engine (an httpx handler) and clock."""
-    gate = cfg.suite.gates[0]
-    gate_dir = tmp_path / "gates" / "L"
-    gate_dir.mkdir(parents=True)
-    kw = {} if clock is None else {"clock": clock}
-    return GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                       transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
-                       http=None if engine is None else httpx.MockTransport(engine), **kw)
+    """The gate of ``cfg`` on the scripted node ``n1``, with its engine (an httpx handler) and clock."""
+    return doubles.gate_context(tmp_path, cfg, transports={"n1": node}, http=engine, clock=clock)
 
 
 def test_a_scripted_run_sends_exactly_the_planned_commands_and_accounts_every_point(tmp_path):
