@@ -47,7 +47,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..engines import EngineProfile, load_profile, shell_line
-from ..engines.client import STOP_POLL_S, CompletionRequest
+from ..engines.client import STOP_POLL_S, CompletionRequest, RequestRecord
 from ..engines.load import LoadPoint, LoadRecord, arrival_offsets, closed_loop, knee, load_point, open_loop
 from ..errors import ConfigError, WorkloadError
 from ..load.prompts import block_ids, prompt_ids
@@ -501,6 +501,63 @@ def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "tra
         errs = [p for p in points if p.error]
         error = f"not one request of the run succeeded; first: {errs[0].error if errs else 'no request was sent'}"
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
+
+
+def records_from_jsonl(text: str) -> list[LoadRecord]:
+    """Pure: a point's ``requests-<point>-t<trial>.jsonl`` back into its records (as LoadRecord.to_dict wrote
+    them)."""
+    out = []
+    fields = set(RequestRecord.__dataclass_fields__)
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        d = json.loads(line)
+        rec = {k: v for k, v in d.items() if k in fields}
+        rec["itl_s"] = tuple(rec.get("itl_s") or ())
+        out.append(LoadRecord(float(d["due_s"]), float(d["sent_s"]), RequestRecord(**rec)))
+    return out
+
+
+def reevaluate_load(evidence: dict[str, Any], requests: dict[str, str], counters_text: dict[str, str],
+                    counters: Counters, device_reads: bool, fallback: str | None = None) -> WorkloadResult:
+    """Pure: a bundle's g2-load result again from its raw files: every point's figures from its requests file
+    (``requests``: file name -> text), its accounting from the engine counters before and after
+    (``counters_text``: file name -> text; ``counters``: which of them are prompt tokens, memory and tier hits)
+    with the device bytes the run recorded, then the same evaluation as the run (:func:`evaluate_load`)."""
+    ev = G2LoadEvidence.model_validate(evidence)
+    points = []
+    for pt in ev.points:
+        text = requests.get(pt.requests_file)
+        if text is None:
+            raise ValueError(f"{pt.requests_file}: missing from the bundle")
+        records = records_from_jsonl(text)
+        if not records:
+            points.append(pt)
+            continue
+        fig = load_point(records, ev.ttft_slo_s, ev.tpot_slo_s)
+        acc = pt.accounting
+        if acc is not None:
+            deltas: dict[str, float | None] = {"prompt": None, "memory": None, "tier": None}
+            if pt.counters_file is not None:
+                c = json.loads(counters_text[pt.counters_file])
+
+                def delta(names: list[str]) -> float | None:
+                    for n in names:
+                        a, b = c["before"].get(n), c["after"].get(n)
+                        if a is not None and b is not None:
+                            return b - a
+                    return None
+                deltas = {"prompt": delta(counters.prompt_tokens), "memory": delta(counters.memory_hit_tokens),
+                          "tier": delta(counters.tier_hit_tokens)}
+            sent = sum(r.record.prompt_tokens or 0 for r in records if r.record.ok)
+            acc = token_accounting(sent, deltas["prompt"], deltas["memory"], deltas["tier"], acc.kv_bytes_per_token,
+                                   acc.device_read_bytes, acc.device_write_bytes, fig.duration_s)
+        invalid = point_invalid(fig, acc, ev.max_client_lag_p99_s or 0.001,
+                                ev.min_read_fraction if ev.min_read_fraction is not None else 0.5,
+                                device_reads, ev.pool_device_error)
+        points.append(pt.model_copy(update={"figures": fig, "accounting": acc, "invalid_reason": invalid}))
+    return evaluate_load(points, ev.load_kind or "closed", ev.ttft_slo_s or 0.0, ev.knee_percentile or 95, ev,
+                         fallback=fallback)
 
 
 # ----------------------------------------------------------------------------------------------- prompts

@@ -467,3 +467,23 @@ def test_a_ladder_against_an_attached_engine_sends_exactly_its_plan_including_th
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     assert node.commands == [s.argv for s in gate_plan(cfg, cfg.suite.gates[0]) if s.argv]
     assert result.evidence.attached is True and len(result.evidence.points) == 4
+
+
+def test_a_bundle_re_derives_the_same_metrics_and_verdict_from_its_requests_and_counters_files(tmp_path):
+    from harness.gates.reevaluate import REDERIVERS
+    d = gate_config(tmp_path, BASE, pass_=">= 2", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    ctx = gate_context(tmp_path, cfg, scripted_node(), PrefixEngine())
+    result = WORKLOADS["g2-load"]().run(ctx)
+    signed = json.loads(json.dumps(result.as_dict()))  # result.json as the bundle holds it
+    metrics, invalid = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    assert invalid is None and metrics.keys() == result.metrics.keys()
+    assert all(metrics[k] == pytest.approx(v) for k, v in result.metrics.items())
+    # a request file edited after the run: its point's figures follow the raw file, not the recorded ones
+    first = ctx.gate_dir / signed["evidence"]["points"][0]["requests_file"]
+    lines = [json.loads(line) for line in first.read_text().splitlines()]
+    lines[0]["ttft_s"], lines[0]["sent_s"] = 9.0, lines[0]["due_s"] + 0.5
+    first.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    metrics, invalid = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    assert metrics["ttft_p99_s@c1"] > result.metrics["ttft_p99_s@c1"]
+    assert invalid is not None and invalid.startswith("load point c1, trial 1: client lag p99")
