@@ -24,7 +24,9 @@ from ..parsers.fio import parse_fio_json
 from ..safeio import MAX_JSON_BYTES, InputFileError, check_keys, json_type, key_line, parse_json, read_text
 from ..workloads import WORKLOADS
 from ..workloads.base import RecordedEvidence, WorkloadResult
+from ..engines import load_profile
 from ..workloads.fio_read import reevaluate_fio_read
+from ..workloads.g2_load import accounting_counters, reevaluate_load
 from ..workloads.kv_read import reevaluate_kv_read
 from .verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 
@@ -240,3 +242,24 @@ def _kv_read(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str,
         raise HarnessError(f"{gate_dir.name}: the evidence names no node")
     again = reevaluate_kv_read(ev, raw)
     return again.metrics, again.invalid_reason, again.failed_check
+
+
+@rederiver("g2-load")
+def _g2_load(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """g2-load from every point's raw requests file (its figures, the knee) and the engine counters the run read
+    around it (its accounting), through the workload's own pure functions (harness.workloads.g2_load
+    .reevaluate_load); the device bytes as the run recorded them, an engine fall-back as the run judged it."""
+    ev = result.get("evidence") or {}
+    texts: dict[str, dict[str, str]] = {"requests": {}, "counters": {}}
+    for pt in ev.get("points") or []:
+        for key, kind, what in (("requests_file", "requests", "a load point's requests"),
+                                ("counters_file", "counters", "a load point's engine counters")):
+            name = pt.get(key)
+            if name:
+                texts[kind][name] = read_text(gate_dir / name, max_bytes=1 << 30, what=what, follow_symlinks=False,
+                                              display_name=f"gates/{gate_dir.name}/{name}")
+    prof = load_profile(params.engine)
+    fallback = result.get("invalid_reason") if ev.get("fallback_lines") else None
+    again = reevaluate_load(ev, texts["requests"], texts["counters"], accounting_counters(prof), prof.device_reads,
+                            fallback)
+    return again.metrics, again.invalid_reason

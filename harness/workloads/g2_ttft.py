@@ -52,23 +52,19 @@ from .phases import PhaseRecord, PhaseRunner, first_fallback
 WARMUP_SEED_OFFSET = 1_000_003
 
 
-class G2Params(StrictModel):
+class G2EngineParams(StrictModel):
+    """The engine a G2 workload measures and how it is run (launched, or attached with ``attach:``): the
+    parameters G2's workloads share (g2-ttft, g2-load)."""
+
     engine: str = "cpu-reference"
     model: str = "kvgate-cpu-reference"
     served_model_name: str = "kvgate-g2"
     model_config_path: str | None = Field(default=None, alias="model_config")
     model_config_inline: dict[str, Any] | None = Field(default=None, alias="model_config_inline")
-    prompt_tokens: list[int] = Field(default_factory=lambda: [2048], min_length=1)
-    prompts_per_length: int = Field(default=2, ge=1, le=1000)
-    max_tokens: int = Field(default=2, ge=1, le=4096)
-    concurrency: int = Field(default=1, ge=1, le=1024)
     seed: int = 0
     pool_dir: str = "kvgate-kv-pool"
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535)
-    drop_caches: bool = True
-    min_hit_rate: float = Field(default=0.95, ge=0, le=1)
-    populate_timeout_s: float = Field(default=120.0, gt=0)
     request_timeout_s: float = Field(default=1800.0, gt=0)
     # the engine's interpreter; default: this interpreter on a local node, python3 on an SSH node
     python: str | None = None
@@ -90,6 +86,16 @@ class G2Params(StrictModel):
     # The pool's device must read at least this share of the KV the read-back hits claim (profiles with
     # device_reads): fewer bytes mean the KV came from the engine's memory or a cache, not the tier.
     min_read_fraction: float = Field(default=0.5, ge=0, le=1)
+
+
+class G2Params(G2EngineParams):
+    prompt_tokens: list[int] = Field(default_factory=lambda: [2048], min_length=1)
+    prompts_per_length: int = Field(default=2, ge=1, le=1000)
+    max_tokens: int = Field(default=2, ge=1, le=4096)
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    drop_caches: bool = True
+    min_hit_rate: float = Field(default=0.95, ge=0, le=1)
+    populate_timeout_s: float = Field(default=120.0, gt=0)
 
     @field_validator("prompt_tokens")
     @classmethod
@@ -392,25 +398,8 @@ class G2Ttft(Workload):
         v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
                           node.engine_python)
         argv, env = prof.render_argv(v), prof.render_env(v)
-        files = {}
-        if prof.lmcache is not None:
-            files[v["lmcache_config"]] = json.dumps(lmcache_config(prof.lmcache, v), indent=1)
         n = len(p.prompt_tokens) * p.prompts_per_length
-        steps = [
-            PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares and "
-                        "reports its versions", tuple(preflight_argv(v["python"], prof))),
-            PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
-                        ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
-                        files=files)]
-        if p.random_weights:
-            try:
-                model_dir = random_model_dir(node.work_dir, self._model_config(p), p.seed, p.random_weights_dtype)
-            except (OSError, ValueError):
-                model_dir = posixpath.join(node.work_dir, "kvgate-models", "<config hash>")
-            script = posixpath.join(v["run_dir"], "make_model.py")
-            steps.append(PlannedStep(node.name, f"build (or find) the random-weight model and its tokenizer in {model_dir}",
-                                     (v["python"], script, "--config", v["model_config"], "--out", model_dir,
-                                      "--seed", str(p.seed), "--dtype", p.random_weights_dtype)))
+        steps = self._plan_launch_setup(p, prof, node, v)
         warm = "; one unrelated warm-up prompt first (recorded, not in the statistics)" if p.warmup else ""
         check = "; its log is checked for fall-back / connector-failure lines (a match is INVALID)"
         steps += [
@@ -429,6 +418,30 @@ class G2Ttft(Workload):
             PlannedStep(node.name, "the pool device's read counters after the read-back",
                         pool_blockstat_argv(v["pool_dir"])),
         ]
+        return steps
+
+    def _plan_launch_setup(self, p: G2EngineParams, prof: EngineProfile, node: Any,
+                           v: dict[str, Any]) -> list[PlannedStep]:
+        """What a launched engine's set-up sends before its start (pre-flight, directories and files, the
+        random-weight model): the plan of every G2 workload that launches its engine."""
+        files = {}
+        if prof.lmcache is not None:
+            files[v["lmcache_config"]] = json.dumps(lmcache_config(prof.lmcache, v), indent=1)
+        steps = [
+            PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares and "
+                        "reports its versions", tuple(preflight_argv(v["python"], prof))),
+            PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
+                        ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
+                        files=files)]
+        if p.random_weights:
+            try:
+                model_dir = random_model_dir(node.work_dir, self._model_config(p), p.seed, p.random_weights_dtype)
+            except (OSError, ValueError):
+                model_dir = posixpath.join(node.work_dir, "kvgate-models", "<config hash>")
+            script = posixpath.join(v["run_dir"], "make_model.py")
+            steps.append(PlannedStep(node.name, f"build (or find) the random-weight model and its tokenizer in {model_dir}",
+                                     (v["python"], script, "--config", v["model_config"], "--out", model_dir,
+                                      "--seed", str(p.seed), "--dtype", p.random_weights_dtype)))
         return steps
 
     def _plan_attached(self, p: G2Params, prof: EngineProfile, ctx: GateContext) -> list[PlannedStep]:
@@ -577,9 +590,10 @@ class G2Ttft(Workload):
 
     # ------------------------------------------------------------------------- an engine kvgate launches
 
-    def _setup_launched(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> "G2Setup | WorkloadResult":
+    def _setup_launched(self, ctx: GateContext, p: G2Params, prof: EngineProfile,
+                        labels: tuple[str, ...] = ("recompute", "readback")) -> "G2Setup | WorkloadResult":
         """An engine kvgate launches: pre-flight, a port, the run's files on the node, the random-weight model
-        when asked, the prompts; the engine itself starts in the phases."""
+        when asked, the prompts; the engine itself starts in the phases (``labels``: its starts' log names)."""
         node, transport, prof, python = engine_node(ctx, p.engine, p.python)
         # Can the node's interpreter run this engine at all? (and the engine's versions, for the evidence)
         versions, err = engine_preflight(ctx, transport, node.name, prof, python, "g2-preflight")
@@ -609,7 +623,7 @@ class G2Ttft(Workload):
             if err:
                 return WorkloadResult(evidence=ev, error=err)
         engine = LaunchedEngine(ctx, transport, prof, prof.render_argv(v), prof.render_env(v), base_url, v["run_dir"],
-                                ("recompute", "readback"), [node.name])
+                                labels, [node.name])
         return self._setup(p, prof, ev, engine, tok_spec, vocab, bpt, p.seed, transport, v["pool_dir"])
 
     def _setup_attached(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> "G2Setup | WorkloadResult":
