@@ -76,11 +76,15 @@ TextTemplate = Annotated[str, AfterValidator(_text_template)]
 
 
 class HitMetrics(_Strict):
-    """Prometheus counters whose deltas over the read-back phase give the hit rate and bytes read."""
+    """Prometheus counters whose deltas over the read-back phase give the hit rate and bytes read; for
+    g2-load's token accounting also the prompt tokens and the hits from the engine's own memory (its prefix
+    cache), so prompt tokens = engine-memory hits + tier hits (``hit_tokens``) + recomputed."""
 
     hit_tokens: list[str]
     query_tokens: list[str]
     read_bytes: list[str] = Field(default_factory=list)
+    memory_hit_tokens: list[str] = Field(default_factory=list)
+    prompt_tokens: list[str] = Field(default_factory=list)
 
 
 class HitLog(_Strict):

@@ -52,23 +52,19 @@ from .engine import (EngineHandle, LaunchedEngine, client_base_url, engine_node,
 WARMUP_SEED_OFFSET = 1_000_003
 
 
-class G2Params(StrictModel):
+class G2EngineParams(StrictModel):
+    """The engine a G2 workload measures and how it is run (launched, or attached with ``attach:``): the
+    parameters G2's workloads share (g2-ttft, g2-load)."""
+
     engine: str = "cpu-reference"
     model: str = "kvgate-cpu-reference"
     served_model_name: str = "kvgate-g2"
     model_config_path: str | None = Field(default=None, alias="model_config")
     model_config_inline: dict[str, Any] | None = Field(default=None, alias="model_config_inline")
-    prompt_tokens: list[int] = Field(default_factory=lambda: [2048], min_length=1)
-    prompts_per_length: int = Field(default=2, ge=1, le=1000)
-    max_tokens: int = Field(default=2, ge=1, le=4096)
-    concurrency: int = Field(default=1, ge=1, le=1024)
     seed: int = 0
     pool_dir: str = "kvgate-kv-pool"
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535)
-    drop_caches: bool = True
-    min_hit_rate: float = Field(default=0.95, ge=0, le=1)
-    populate_timeout_s: float = Field(default=120.0, gt=0)
     request_timeout_s: float = Field(default=1800.0, gt=0)
     # the engine's interpreter; default: this interpreter on a local node, python3 on an SSH node
     python: str | None = None
@@ -90,6 +86,16 @@ class G2Params(StrictModel):
     # The pool's device must read at least this share of the KV the read-back hits claim (profiles with
     # device_reads): fewer bytes mean the KV came from the engine's memory or a cache, not the tier.
     min_read_fraction: float = Field(default=0.5, ge=0, le=1)
+
+
+class G2Params(G2EngineParams):
+    prompt_tokens: list[int] = Field(default_factory=lambda: [2048], min_length=1)
+    prompts_per_length: int = Field(default=2, ge=1, le=1000)
+    max_tokens: int = Field(default=2, ge=1, le=4096)
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    drop_caches: bool = True
+    min_hit_rate: float = Field(default=0.95, ge=0, le=1)
+    populate_timeout_s: float = Field(default=120.0, gt=0)
 
     @field_validator("prompt_tokens")
     @classmethod
@@ -489,9 +495,10 @@ class G2Ttft(Workload):
 
     # ------------------------------------------------------------------------- an engine kvgate launches
 
-    def _setup_launched(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> "G2Setup | WorkloadResult":
+    def _setup_launched(self, ctx: GateContext, p: G2Params, prof: EngineProfile,
+                        labels: tuple[str, ...] = ("recompute", "readback")) -> "G2Setup | WorkloadResult":
         """An engine kvgate launches: pre-flight, a port, the run's files on the node, the random-weight model
-        when asked, the prompts; the engine itself starts in the phases."""
+        when asked, the prompts; the engine itself starts in the phases (``labels``: its starts' log names)."""
         node, transport, prof, python = engine_node(ctx, p.engine, p.python)
         # Can the node's interpreter run this engine at all? (and the engine's versions, for the evidence)
         versions, err = engine_preflight(ctx, transport, node.name, prof, python, "g2-preflight")
@@ -521,7 +528,7 @@ class G2Ttft(Workload):
             if err:
                 return WorkloadResult(evidence=ev, error=err)
         engine = LaunchedEngine(ctx, transport, prof, prof.render_argv(v), prof.render_env(v), base_url, v["run_dir"],
-                                ("recompute", "readback"), [node.name])
+                                labels, [node.name])
         return self._setup(p, prof, ev, engine, tok_spec, vocab, bpt, p.seed, transport, v["pool_dir"])
 
     def _setup_attached(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> "G2Setup | WorkloadResult":

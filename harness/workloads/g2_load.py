@@ -1,0 +1,821 @@
+"""G2 under load (``g2-load``): TTFT tails, goodput at an SLO and the knee of a load ladder, with the tokens of
+every load point accounted for (engine memory, tier, re-computed) and the tier's device bytes beside them,
+judged on confidence intervals over repeated trials.
+
+One engine start for the whole run (launched, or attached with ``attach:``), one warm-up prompt, then for each
+trial (``trials``, default 3) each load point of ``load:`` in turn:
+
+- closed loop, ``{concurrency: [1, 2, 4]}``: that many users, each sending its next request when its last one
+  finished (``requests_per_point`` requests per point);
+- open loop, ``{rates_rps: [1, 2, 4], burstiness: 1.0}``: requests sent on a Poisson (burstiness 1) or gamma
+  schedule at that mean rate, whatever the responses (no coordinated omission);
+- trace replay, ``{path, format, time_scale, max_requests, max_duration_s}``: a Mooncake or Qwen-Bailian trace
+  (harness/load/traces.py) sent by its own timestamps times ``time_scale``; prompts sharing hash ids share
+  exactly those token blocks (harness/load/prompts.py).
+
+Around each point × trial: the engine's counters (prompt tokens, engine-memory hits, tier hits) and the pool
+device's read and write bytes are read before and after; every request (when it was due, when it was sent, what
+it measured) goes to ``requests-<point>-t<trial>.jsonl``. Synthetic prompts are new to the engine at every point
+and trial (seeded by both, and by a per-run nonce on an attached engine), so one point's cache never serves the
+next one; within a point they share ``shared_prefix_tokens`` per prefix group, the reuse the engine's memory and
+the tier can serve.
+
+A point is INVALID when its client lag p99 exceeds ``max_client_lag_p99_s`` (the client set the send times,
+not the server), or when it had tier hits and the pool's device read less than ``min_read_fraction`` of the KV
+they claim (the KV came from a cache, not the tier). One INVALID point makes the gate INVALID, naming it.
+
+Metrics (``METRICS``): every point figure as ``FIGURE@LOAD`` (``ttft_p95_s@c4``: closed loop, 4 users;
+``goodput_rps@r2``: open loop at 2 requests/s; ``ttft_p99_s@trace``), and over the ladder ``knee_concurrency`` /
+``knee_rate_rps`` (the highest load whose ``knee_percentile`` TTFT stays within ``ttft_slo_s``, every request
+served) and ``max_goodput_rps``. Each is the median over trials with a bootstrap 95 % confidence interval
+(``_ci_low``, ``_ci_high``, ``_ci_trials``), on which the gate's thresholds are judged
+(harness.gates.verdict.judge_interval: PASS only when the whole interval clears ``pass``, else inconclusive FAIL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import posixpath
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..engines import EngineProfile, load_profile, shell_line
+from ..engines.client import STOP_POLL_S, CompletionRequest
+from ..engines.load import LoadPoint, LoadRecord, arrival_offsets, closed_loop, knee, load_point, open_loop
+from ..engines.preflight import preflight_argv
+from ..errors import ConfigError, WorkloadError
+from ..load.prompts import block_ids, prompt_ids
+from ..load.traces import Trace, cut, read_trace, scale_time
+from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, read_bytes_between
+from ..parsers.prometheus import Sample, counter_delta
+from ..stats import bootstrap_ci
+from .base import Evidence, GateContext, PlannedStep, Workload, WorkloadResult, register_workload, write_gate_file, \
+    write_summary
+from .engine import fallback_reason, fallbacks_between, random_model_dir
+from .g2_ttft import G2EngineParams, G2Evidence, G2Params, G2Ttft, launch_values
+
+# ------------------------------------------------------------------------------------------------- params
+
+
+class LoadSpec(BaseModel):
+    """The ``load:`` block: exactly one of a concurrency ladder, a rate ladder or a trace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrency: list[int] | None = Field(default=None, min_length=1)
+    rates_rps: list[float] | None = Field(default=None, min_length=1)
+    burstiness: float | None = Field(default=None, gt=0)  # open loop: gamma shape of the gaps (1: Poisson)
+    path: str | None = None                                # trace: its file on the control host
+    format: Literal["mooncake", "bailian"] | None = None   # trace: its format (default: from its first line)
+    time_scale: float | None = Field(default=None, gt=0)   # trace: timestamps x this (0.5: twice as fast)
+    max_requests: int | None = Field(default=None, ge=1)   # trace: its first requests only
+    max_duration_s: float | None = Field(default=None, gt=0)  # trace: the requests arriving within this time
+    tokens_per_block: int | None = Field(default=None, ge=1)  # trace: tokens per hash id (default: the format's)
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> "LoadSpec":
+        given = [k for k in ("concurrency", "rates_rps", "path") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of concurrency (closed loop), rates_rps (open loop) or path (a trace)"
+                             + (f"; got {', '.join(given)}" if given else ""))
+        if self.concurrency is not None and any(c < 1 for c in self.concurrency):
+            raise ValueError("concurrency: every level must be >= 1")
+        if self.rates_rps is not None and any(not r > 0 for r in self.rates_rps):
+            raise ValueError("rates_rps: every rate must be > 0")
+        for ladder in (self.concurrency, self.rates_rps):
+            if ladder is not None and len(set(ladder)) != len(ladder):
+                raise ValueError("a load appears twice in the ladder")
+        if self.burstiness is not None and self.rates_rps is None:
+            raise ValueError("burstiness belongs to an open loop (rates_rps)")
+        trace_only = [k for k in ("format", "time_scale", "max_requests", "max_duration_s", "tokens_per_block")
+                      if getattr(self, k) is not None]
+        if trace_only and self.path is None:
+            raise ValueError(f"{', '.join(trace_only)}: only for a trace (path)")
+        return self
+
+    @property
+    def kind(self) -> Literal["closed", "open", "trace"]:
+        return "closed" if self.concurrency is not None else "open" if self.rates_rps is not None else "trace"
+
+    def points(self) -> list[tuple[str, float]]:
+        """The ladder in ascending load: (label, load); a trace is one point."""
+        if self.concurrency is not None:
+            return [(f"c{c}", float(c)) for c in sorted(self.concurrency)]
+        if self.rates_rps is not None:
+            return [(f"r{r:g}", float(r)) for r in sorted(self.rates_rps)]
+        return [("trace", 0.0)]
+
+
+class G2LoadParams(G2EngineParams):
+    """g2-load's ``params:``: the engine (as every G2 workload: launched or ``attach:``), the load, the SLOs and
+    the bounds that make a point valid, and the shape of the synthetic prompts."""
+
+    load: LoadSpec
+    requests_per_point: int = Field(default=16, ge=1, le=100_000)  # closed and open loops
+    trials: int = Field(default=3, ge=1, le=100)
+    ttft_slo_s: float = Field(gt=0)
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    knee_percentile: Literal[50, 90, 95, 99] = 95
+    max_client_lag_p99_s: float = Field(default=0.001, gt=0)
+    prompt_tokens: int = Field(default=512, ge=2)
+    shared_prefix_tokens: int = Field(default=256, ge=0)  # per prefix group, at the start of every prompt
+    prefix_groups: int = Field(default=1, ge=1)           # distinct shared prefixes, requests round-robin
+    max_tokens: int = Field(default=16, ge=1, le=4096)    # output tokens per request (a trace's are cut to it)
+
+    @model_validator(mode="after")
+    def _prefix(self) -> "G2LoadParams":
+        if self.shared_prefix_tokens >= self.prompt_tokens:
+            raise ValueError(f"shared_prefix_tokens ({self.shared_prefix_tokens}) must be below prompt_tokens "
+                             f"({self.prompt_tokens}): every prompt has tokens of its own")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------- evidence
+
+
+class LoadModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenAccounting(LoadModel):
+    """One point × trial's prompt tokens by where their KV came from, from the engine's counters read before and
+    after it: ``prompt_tokens`` = ``memory_hit_tokens`` + ``tier_hit_tokens`` + ``recomputed_tokens`` (None where
+    the engine does not expose the counter; recomputed then unknown). The tier's hits are reconciled with the
+    pool device's read bytes over the same window (``read_fraction``); its write bytes while serving give the
+    store bandwidth."""
+
+    prompt_tokens: float
+    prompt_tokens_source: Literal["engine", "sent"]  # the engine's counter, or the prompts kvgate sent
+    memory_hit_tokens: float | None = None
+    tier_hit_tokens: float | None = None
+    recomputed_tokens: float | None = None
+    memory_hit_share: float | None = None
+    tier_hit_share: float | None = None
+    recomputed_share: float | None = None
+    kv_bytes_per_token: int | None = None
+    tier_hit_kv_bytes: float | None = None     # tier hit tokens x KV bytes per token
+    device_read_bytes: int | None = None       # the pool's device over the point's window
+    read_fraction: float | None = None         # device_read_bytes / tier_hit_kv_bytes
+    device_write_bytes: int | None = None
+    window_s: float | None = None              # the point's duration (first send to last stream end)
+    store_write_gb_s: float | None = None      # device_write_bytes / window_s, decimal GB/s
+
+
+class PointTrial(LoadModel):
+    """One load point in one trial: its load, its figures (harness.engines.load.LoadPoint), its token
+    accounting, the file of its requests, and why it is INVALID (or failed), if it is."""
+
+    label: str                                   # c4, r2.5, trace: the suffix of its metrics (ttft_p95_s@c4)
+    load: float                                  # users (closed), requests/s (open), the trace's mean rate
+    load_kind: Literal["concurrency", "rate_rps", "trace"]
+    trial: int                                   # 1-based
+    seed: int                                    # of its prompts (and of its arrivals, open loop)
+    requests: int
+    requests_file: str                           # requests-<label>-t<trial>.jsonl in the gate's directory
+    started_unix_s: float | None = None          # wall clock at the point's start (sent_s counts from it)
+    figures: LoadPoint | None = None
+    accounting: TokenAccounting | None = None
+    invalid_reason: str | None = None
+    error: str | None = None
+
+
+class MetricInterval(LoadModel):
+    """A figure over trials: its median and bootstrap 95 % confidence interval, and how many trials gave it."""
+
+    median: float
+    ci_low: float
+    ci_high: float
+    trials: int
+
+
+class PointSummary(LoadModel):
+    """One load point over its trials: each figure (``FIGURES``) as a :class:`MetricInterval`."""
+
+    label: str
+    load: float
+    load_kind: Literal["concurrency", "rate_rps", "trace"]
+    figures: dict[str, MetricInterval] = {}
+    invalid_trials: int = 0
+
+
+class TraceInfo(LoadModel):
+    """The trace replayed: where from, how it was cut and scaled, and its shape after that."""
+
+    path: str
+    format: str
+    block_tokens: int
+    tokens_per_block: int
+    time_scale: float
+    requests: int
+    duration_s: float
+    sha256: str
+
+
+class G2LoadEvidence(Evidence):
+    """g2-load's evidence: the engine, the load and its bounds, every point × trial (figures, accounting, its
+    requests file, why INVALID) and the points over trials (median, CI), the knee per trial and over trials."""
+
+    # the engine, as g2-ttft records it
+    engine_profile: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    versions: dict[str, str] = {}
+    base_url: str | None = None
+    client_path: str | None = None
+    attached: bool = False
+    pool_dir: str | None = None
+    pool_device: str | None = None
+    pool_device_maj_min: str | None = None
+    pool_device_error: str | None = None
+    kv_bytes_per_token: int | None = None
+    random_model: dict[str, Any] | None = None
+    warmup: dict[str, Any] = {}
+    fallback_lines: list[str] = []
+    # the load
+    load_kind: Literal["closed", "open", "trace"] | None = None
+    loads: list[float] = []
+    burstiness: float | None = None
+    trace: TraceInfo | None = None
+    trials: int | None = None
+    requests_per_point: int | None = None
+    prompt_tokens: int | None = None
+    shared_prefix_tokens: int | None = None
+    prefix_groups: int | None = None
+    max_tokens: int | None = None
+    prompt_seed: int | None = None
+    # the bounds
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    knee_percentile: int | None = None
+    knee_figure: str | None = None               # the figure the knee is judged on: ttft_p95_s
+    max_client_lag_p99_s: float | None = None
+    min_read_fraction: float | None = None
+    # the results
+    points: list[PointTrial] = []
+    summary: list[PointSummary] = []
+    knee_per_trial: list[float | None] = []      # None: even the lowest load missed the SLO
+    knee: MetricInterval | None = None
+    max_goodput_per_trial: list[float] = []
+    max_goodput: MetricInterval | None = None
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+
+
+# Per point (FIGURE@LABEL) -> unit. The LoadPoint figures, then the accounting's.
+FIGURES: dict[str, str] = {
+    "ttft_p50_s": "s", "ttft_p90_s": "s", "ttft_p95_s": "s", "ttft_p99_s": "s", "tpot_p50_s": "s",
+    "e2e_p50_s": "s", "e2e_p99_s": "s", "request_rate_rps": "/s", "output_token_rate_tps": "tokens/s",
+    "goodput_rps": "/s", "client_lag_p99_s": "s",
+    "memory_hit_share": "ratio", "tier_hit_share": "ratio", "recomputed_share": "ratio", "read_fraction": "ratio",
+    "device_write_bytes": "B", "store_write_gb_s": "GB/s",
+}
+SUMMARY_METRICS: dict[str, str] = {"knee_concurrency": "count", "knee_rate_rps": "/s", "max_goodput_rps": "/s"}
+LABEL_RE = re.compile(r"c[0-9]+|r[0-9][0-9.e+-]*|trace")
+
+
+class MetricTable(dict):
+    """g2-load's METRICS: the ladder's summary metrics (its keys), and every point figure as ``FIGURE@LABEL``
+    (``ttft_p95_s@c4``, ``goodput_rps@r2.5``, ``ttft_p99_s@trace``) in ``FIGURES[FIGURE]``'s unit: a gate names
+    the point its threshold is on."""
+
+    @staticmethod
+    def point_unit(key: Any) -> str | None:
+        if not isinstance(key, str) or "@" not in key:
+            return None
+        fig, _, label = key.partition("@")
+        return FIGURES.get(fig) if LABEL_RE.fullmatch(label) else None
+
+    def __missing__(self, key: Any) -> str:
+        unit = self.point_unit(key)
+        if unit is None:
+            raise KeyError(key)
+        return unit
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        unit = self.point_unit(key)
+        return default if unit is None else unit
+
+    def __contains__(self, key: Any) -> bool:
+        return dict.__contains__(self, key) or self.point_unit(key) is not None
+
+
+# --------------------------------------------------------------------------------------- pure evaluation
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The engine counter names g2-load's accounting reads (empty: not exposed)."""
+
+    prompt_tokens: list[str]
+    memory_hit_tokens: list[str]
+    tier_hit_tokens: list[str]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.prompt_tokens or self.memory_hit_tokens or self.tier_hit_tokens)
+
+
+def accounting_counters(prof: EngineProfile) -> Counters:
+    """Pure: what the profile declares: ``hit_metrics`` (tier hits; prompt tokens and engine-memory hits where
+    it names them), else its per-level counters (``capabilities.level_counters``)."""
+    hm = prof.hit_metrics
+    level = prof.capabilities.level_counters
+    prompt = list(hm.prompt_tokens) if hm and hm.prompt_tokens else [level + "prompt_tokens_total"] if level else []
+    memory = (list(hm.memory_hit_tokens) if hm and hm.memory_hit_tokens
+              else [level + "gpu_hit_tokens_total"] if level else [])
+    tier = list(hm.hit_tokens) if hm else [level + "external_hit_tokens_total"] if level else []
+    return Counters(prompt, memory, tier)
+
+
+def token_accounting(sent_prompt_tokens: int, prompt_delta: float | None, memory_delta: float | None,
+                     tier_delta: float | None, kv_bytes_per_token: int | None, read_bytes: int | None,
+                     write_bytes: int | None, window_s: float | None) -> TokenAccounting:
+    """Pure: a point's accounting from its counter deltas and device bytes. Prompt tokens are the engine's
+    count, or what was sent when it has none; recomputed = prompt - memory hits - tier hits (known only when
+    both hit counters are); shares of the prompt tokens."""
+    prompt = prompt_delta if prompt_delta is not None else float(sent_prompt_tokens)
+    recomputed = None if memory_delta is None or tier_delta is None else prompt - memory_delta - tier_delta
+
+    def share(x: float | None) -> float | None:
+        return None if x is None or prompt <= 0 else x / prompt
+
+    tier_bytes = None if tier_delta is None or kv_bytes_per_token is None else tier_delta * kv_bytes_per_token
+    fraction = None if read_bytes is None or not tier_bytes else read_bytes / tier_bytes
+    store = None if write_bytes is None or not window_s else write_bytes / window_s / 1e9
+    return TokenAccounting(
+        prompt_tokens=prompt, prompt_tokens_source="engine" if prompt_delta is not None else "sent",
+        memory_hit_tokens=memory_delta, tier_hit_tokens=tier_delta, recomputed_tokens=recomputed,
+        memory_hit_share=share(memory_delta), tier_hit_share=share(tier_delta), recomputed_share=share(recomputed),
+        kv_bytes_per_token=kv_bytes_per_token, tier_hit_kv_bytes=tier_bytes, device_read_bytes=read_bytes,
+        read_fraction=fraction, device_write_bytes=write_bytes, window_s=window_s, store_write_gb_s=store)
+
+
+def point_invalid(fig: LoadPoint, acc: TokenAccounting | None, max_client_lag_p99_s: float,
+                  min_read_fraction: float, device_reads: bool, device_error: str | None = None) -> str | None:
+    """Pure: why a point's figures would not mean what they claim: the client's lag, or tier hits the pool's
+    device did not read (None when valid)."""
+    if fig.client_lag_p99_s > max_client_lag_p99_s:
+        return (f"client lag p99 {fig.client_lag_p99_s * 1e3:.3f} ms exceeds the {max_client_lag_p99_s * 1e3:g} ms "
+                f"bound: requests left later than scheduled, so the client, not the server, set the load")
+    if acc is None or not device_reads or min_read_fraction <= 0 or not acc.tier_hit_tokens:
+        return None
+    if acc.device_read_bytes is None:
+        why = f" ({device_error})" if device_error else ""
+        return (f"bytes read from the pool's device could not be measured{why}: {acc.tier_hit_tokens:.0f} tier hit "
+                f"tokens are unproven")
+    if acc.read_fraction is None or acc.read_fraction < min_read_fraction:
+        return (f"read fraction {0.0 if acc.read_fraction is None else acc.read_fraction:.4f} is below "
+                f"{min_read_fraction}: the pool's device read {acc.device_read_bytes} B for "
+                f"{acc.tier_hit_kv_bytes or 0:.0f} B of KV the {acc.tier_hit_tokens:.0f} tier hit tokens claim "
+                f"(the KV came from a cache, not the tier)")
+    return None
+
+
+def figure_values(pt: PointTrial) -> dict[str, float]:
+    """Pure: a point × trial's figures (``FIGURES``) that it has."""
+    out: dict[str, float] = {}
+    src: dict[str, Any] = {}
+    if pt.figures is not None:
+        src.update(pt.figures.to_dict())
+    if pt.accounting is not None:
+        src.update(pt.accounting.model_dump())
+    for name in FIGURES:
+        v = src.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = float(v)
+    return out
+
+
+def interval(values: list[float]) -> MetricInterval:
+    med, lo, hi = bootstrap_ci(values)
+    return MetricInterval(median=med, ci_low=lo, ci_high=hi, trials=len(values))
+
+
+def _emit(metrics: dict[str, float], name: str, iv: MetricInterval) -> None:
+    metrics[name] = iv.median
+    metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = iv.ci_low, iv.ci_high
+    metrics[f"{name}_ci_trials"] = float(iv.trials)
+
+
+def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "trace"], ttft_slo_s: float,
+                  knee_percentile: int = 95, evidence: G2LoadEvidence | None = None,
+                  fallback: str | None = None) -> WorkloadResult:
+    """Pure: metrics and validity from every point × trial. Each point's figures over trials as median and
+    bootstrap 95 % CI (``FIGURE@LABEL``); per trial the knee (the highest load whose TTFT percentile stays within
+    ``ttft_slo_s`` with every request served; 0 when even the lowest misses it) and the highest goodput, then
+    their median and CI over trials. INVALID: the engine's log says the tier fell back (``fallback``), or a point
+    is INVALID (the first one named); ERROR when not one request of the run succeeded."""
+    ev = (evidence or G2LoadEvidence()).model_copy(deep=True)
+    metrics: dict[str, float] = {}
+    order: list[str] = []
+    by_label: dict[str, list[PointTrial]] = {}
+    for pt in points:
+        if pt.label not in by_label:
+            order.append(pt.label)
+        by_label.setdefault(pt.label, []).append(pt)
+    ev.summary = []
+    for label in order:
+        pts = by_label[label]
+        values: dict[str, list[float]] = {}
+        for pt in pts:
+            for name, v in figure_values(pt).items():
+                values.setdefault(name, []).append(v)
+        figs = {name: interval(vs) for name, vs in values.items()}
+        for name, iv in figs.items():
+            _emit(metrics, f"{name}@{label}", iv)
+        ev.summary.append(PointSummary(label=label, load=pts[0].load, load_kind=pts[0].load_kind, figures=figs,
+                                       invalid_trials=sum(1 for p in pts if p.invalid_reason)))
+    key = f"ttft_p{knee_percentile}_s"
+    ev.knee_figure = key
+    trials = sorted({p.trial for p in points})
+    if kind != "trace":
+        ev.knee_per_trial, ev.max_goodput_per_trial = [], []
+        for t in trials:
+            ladder = [(p.load, p.figures) for p in points if p.trial == t and p.figures is not None]
+            ev.knee_per_trial.append(knee(ladder, ttft_slo_s, key=key) if ladder else None)
+            goodputs = [f.goodput_rps for _, f in ladder]
+            if goodputs:
+                ev.max_goodput_per_trial.append(max(goodputs))
+        ev.knee = interval([k if k is not None else 0.0 for k in ev.knee_per_trial]) if ev.knee_per_trial else None
+        if ev.knee is not None:
+            _emit(metrics, "knee_concurrency" if kind == "closed" else "knee_rate_rps", ev.knee)
+        if ev.max_goodput_per_trial:
+            ev.max_goodput = interval(ev.max_goodput_per_trial)
+            _emit(metrics, "max_goodput_rps", ev.max_goodput)
+    ev.points = list(points)
+    invalid = fallback
+    if invalid is None:
+        bad = next((p for p in points if p.invalid_reason), None)
+        if bad is not None:
+            n = sum(1 for p in points if p.invalid_reason)
+            more = f" ({n - 1} more INVALID points)" if n > 1 else ""
+            invalid = f"load point {bad.label}, trial {bad.trial}: {bad.invalid_reason}{more}"
+    ok = sum(p.figures.ok for p in points if p.figures is not None)
+    error = None
+    errs = [p for p in points if p.error]
+    if not ok:
+        first = errs[0].error if errs else "no request succeeded"
+        error = f"not one request of the run succeeded; first: {first}"
+    elif errs:  # a point that could not run at all: the ladder is incomplete
+        error = f"load point {errs[0].label}, trial {errs[0].trial}: {errs[0].error}"
+    return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
+
+
+# ----------------------------------------------------------------------------------------------- prompts
+
+
+def point_seed(seed: int, label: str, trial: int) -> int:
+    """Pure: the seed of a point × trial's prompts (and arrivals): new prompts at every point and trial."""
+    return int(hashlib.sha256(f"kvgate-g2-load:{seed}:{label}:{trial}".encode()).hexdigest()[:12], 16)
+
+
+def synthetic_requests(p: G2LoadParams, label: str, trial: int, seed: int, vocab_size: int) -> list[CompletionRequest]:
+    """Pure: a point × trial's prompts: ``prompt_tokens`` token ids each, the first ``shared_prefix_tokens`` shared
+    by the requests of one prefix group (round-robin), the rest the request's own."""
+    out = []
+    own = p.prompt_tokens - p.shared_prefix_tokens
+    for j in range(p.requests_per_point):
+        prefix = block_ids(j % p.prefix_groups, p.shared_prefix_tokens, vocab_size, seed)
+        ids = prefix + block_ids(1_000_000 + j, own, vocab_size, seed)
+        out.append(CompletionRequest(request_id=f"{label}-t{trial}-{j}", prompt=ids, max_tokens=p.max_tokens,
+                                     prompt_tokens=len(ids)))
+    return out
+
+
+def trace_requests(p: G2LoadParams, trace: Trace, tokens_per_block: int, label: str, trial: int, seed: int,
+                   vocab_size: int) -> tuple[list[CompletionRequest], list[float]]:
+    """Pure: a trace's requests (prompts from its hash ids, outputs cut to ``max_tokens``) and send times (s)."""
+    reqs, offsets = [], []
+    for j, r in enumerate(trace.requests):
+        ids = prompt_ids(r, trace.block_tokens, vocab_size, seed, tokens_per_block)
+        reqs.append(CompletionRequest(request_id=f"{label}-t{trial}-{j}", prompt=ids,
+                                      max_tokens=max(1, min(r.output_tokens, p.max_tokens)), prompt_tokens=len(ids)))
+        offsets.append(r.t_ms / 1000.0)
+    return reqs, offsets
+
+
+def load_trace(spec: LoadSpec) -> Trace:
+    """The trace of a ``load:`` block, cut and time-scaled (ConfigError naming file:line: field)."""
+    trace = read_trace(spec.path, spec.format or "auto")
+    trace = cut(trace, spec.max_requests, spec.max_duration_s)
+    if not trace.requests:
+        raise ValueError(f"{spec.path}: no requests left after max_requests / max_duration_s")
+    return scale_time(trace, 1.0 / (spec.time_scale or 1.0))
+
+
+# ------------------------------------------------------------------------------------------------ the workload
+
+
+def g2_view(p: G2LoadParams, longest_prompt: int) -> G2Params:
+    """The G2 parameters g2-ttft's engine set-up reads, for this run: the engine as given (only the fields the
+    gate set, so validation says what it says for g2-ttft) and one prompt as long as the longest of the run."""
+    given = {name: getattr(p, name) for name in p.model_fields_set if name in G2EngineParams.model_fields}
+    if "model_config_path" in given:
+        given["model_config"] = given.pop("model_config_path")
+    return G2Params.model_validate({**given, "prompt_tokens": [longest_prompt], "prompts_per_length": 1,
+                                    "max_tokens": p.max_tokens})
+
+
+async def _until_stopped(coro, stop) -> list[LoadRecord]:
+    """Run a load point's requests; once the gate's cancellation is set, drop them (Cancelled raised by the
+    caller's check)."""
+    task = asyncio.ensure_future(coro)
+    while not task.done():
+        if stop.is_set():
+            task.cancel()
+            break
+        await asyncio.wait({task}, timeout=STOP_POLL_S)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return []
+
+
+@register_workload("g2-load")
+class G2Load(Workload):
+    Params = G2LoadParams
+    EvidenceModel = G2LoadEvidence
+    METRICS = MetricTable(SUMMARY_METRICS)
+
+    def validate_against(self, params, nodes):
+        issues = []
+        if params.load.path is not None:
+            try:
+                load_trace(params.load)
+            except ConfigError as exc:
+                issues.append((("load", "path"), str(exc.issues[0])))
+            except ValueError as exc:
+                issues.append((("load", "path"), str(exc)))
+        try:
+            prof = load_profile(params.engine)
+        except ConfigError:
+            prof = None
+        if prof is not None and prof.api.kind != "completions":
+            issues.append((("engine",), f"g2-load sends token-id prompts through the completions API; profile "
+                           f"{prof.name!r} speaks {prof.api.kind}"))
+        g2 = G2Ttft().validate_against(g2_view(params, params.prompt_tokens), nodes)
+        return issues + [(path, msg.replace("g2-ttft", "g2-load")) for path, msg in g2]
+
+    # ----------------------------------------------------------------------------------------------- plan
+
+    def _schedule(self, p: G2LoadParams) -> list[tuple[int, str, float]]:
+        """Every point × trial in the order the run sends them: trial by trial, each the whole ladder."""
+        return [(t, label, load) for t in range(1, p.trials + 1) for label, load in p.load.points()]
+
+    def _point_text(self, p: G2LoadParams, label: str, load: float) -> str:
+        k = p.load.kind
+        if k == "closed":
+            what = f"closed loop: {int(load)} users, {p.requests_per_point} requests"
+        elif k == "open":
+            what = (f"open loop: {p.requests_per_point} requests at {load:g} requests/s, gamma arrivals (burstiness "
+                    f"{p.load.burstiness or 1.0:g}), sent on schedule")
+        else:
+            cuts = [f"first {p.load.max_requests} requests" if p.load.max_requests else "",
+                    f"within {p.load.max_duration_s:g} s" if p.load.max_duration_s else ""]
+            what = (f"trace replay of {p.load.path} ({p.load.format or 'format from its first line'}"
+                    f"{', ' + ', '.join(c for c in cuts if c) if any(cuts) else ''}), timestamps x "
+                    f"{p.load.time_scale or 1.0:g}")
+        shape = ("" if k == "trace" else f", prompts of {p.prompt_tokens} tokens sharing {p.shared_prefix_tokens} "
+                 f"per {p.prefix_groups} prefix group(s)")
+        return (f"{what}{shape}, {p.max_tokens} output tokens at most; the engine's counters before and after; "
+                f"every request to requests-{label}-t<trial>.jsonl")
+
+    def plan(self, ctx: GateContext) -> list[PlannedStep]:
+        p: G2LoadParams = ctx.params
+        prof = load_profile(p.engine)
+        view = g2_view(p, self._longest_prompt(p))
+        steps: list[PlannedStep] = []
+        if p.attach is None:
+            node = next(iter(ctx.nodes.values()))
+            v = launch_values(view, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
+                              node.engine_python)
+            argv = prof.render_argv(v)
+            pool_node, pool_dir = node.name, v["pool_dir"]
+            steps += [PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares",
+                                  tuple(preflight_argv(v["python"], prof))),
+                      PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
+                                  ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")))]
+            if p.random_weights:
+                try:
+                    model_dir = random_model_dir(node.work_dir, G2Ttft()._model_config(view), p.seed,
+                                                 p.random_weights_dtype)
+                except (OSError, ValueError):
+                    model_dir = posixpath.join(node.work_dir, "kvgate-models", "<config hash>")
+                script = posixpath.join(v["run_dir"], "make_model.py")
+                steps.append(PlannedStep(node.name, f"build (or find) the random-weight model in {model_dir}",
+                                         (v["python"], script, "--config", v["model_config"], "--out", model_dir,
+                                          "--seed", str(p.seed), "--dtype", p.random_weights_dtype)))
+            steps.append(PlannedStep(node.name, f"start {prof.name} once for the whole ladder, in its own process "
+                                     f"group: {shell_line(argv, prof.render_env(v))}", tuple(argv)))
+        else:
+            a = p.attach
+            pool_node, pool_dir = p.pool_node or next(iter(ctx.nodes)), p.pool_path
+            steps.append(PlannedStep("(control host)", f"attach: {prof.name} already running at {a.url}; its "
+                                     f"{prof.health_path} must answer 200 within {a.connect_timeout_s:.0f} s"))
+            if a.log:
+                steps.append(PlannedStep(a.log.node, "the engine's log before the ladder", ("sh", "-c", a.log.run)))
+        if p.warmup:
+            steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt (recorded, not in the statistics)"))
+        for t, label, load in self._schedule(p):
+            if pool_dir:
+                steps.append(PlannedStep(pool_node, f"trial {t}/{p.trials}, {label}: the pool device's read and write "
+                                         "counters before", pool_blockstat_argv(pool_dir)))
+            steps.append(PlannedStep("(control host)", f"trial {t}/{p.trials}, {label}: "
+                                     + self._point_text(p, label, load)))
+            if pool_dir:
+                steps.append(PlannedStep(pool_node, f"trial {t}/{p.trials}, {label}: the pool device's counters after",
+                                         pool_blockstat_argv(pool_dir)))
+        if p.attach is None:
+            steps.append(PlannedStep(next(iter(ctx.nodes)), "stop the engine (its process group); its log is checked "
+                                     "for fall-back / connector-failure lines (a match is INVALID)"))
+        elif p.attach.log:
+            steps.append(PlannedStep(p.attach.log.node, "the engine's log after the ladder (fall-back lines)",
+                                     ("sh", "-c", p.attach.log.run)))
+        return steps
+
+    # ------------------------------------------------------------------------------------------------ run
+
+    @staticmethod
+    def _longest_prompt(p: G2LoadParams) -> int:
+        if p.load.path is None:
+            return p.prompt_tokens
+        try:
+            trace = load_trace(p.load)
+        except (ConfigError, ValueError):
+            return p.prompt_tokens
+        per = p.load.tokens_per_block or trace.block_tokens
+        return max(-(-r.input_tokens * per // trace.block_tokens) for r in trace.requests)
+
+    def run(self, ctx: GateContext) -> WorkloadResult:
+        p: G2LoadParams = ctx.params
+        prof = load_profile(p.engine)
+        ev = G2LoadEvidence(
+            load_kind=p.load.kind, loads=[load for _, load in p.load.points()] if p.load.kind != "trace" else [],
+            burstiness=(p.load.burstiness or 1.0) if p.load.kind == "open" else None, trials=p.trials,
+            requests_per_point=p.requests_per_point if p.load.kind != "trace" else None,
+            prompt_tokens=p.prompt_tokens if p.load.kind != "trace" else None,
+            shared_prefix_tokens=p.shared_prefix_tokens if p.load.kind != "trace" else None,
+            prefix_groups=p.prefix_groups if p.load.kind != "trace" else None, max_tokens=p.max_tokens,
+            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, knee_percentile=p.knee_percentile,
+            knee_figure=f"ttft_p{p.knee_percentile}_s", max_client_lag_p99_s=p.max_client_lag_p99_s,
+            min_read_fraction=p.min_read_fraction)
+        trace = None
+        if p.load.path is not None:
+            try:
+                trace = load_trace(p.load)
+            except (ConfigError, ValueError) as exc:
+                return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
+            per = p.load.tokens_per_block or trace.block_tokens
+            raw = open(p.load.path, "rb").read()
+            ev.trace = TraceInfo(path=p.load.path, format=trace.format, block_tokens=trace.block_tokens,
+                                 tokens_per_block=per, time_scale=p.load.time_scale or 1.0,
+                                 requests=len(trace.requests), duration_s=trace.duration_s,
+                                 sha256=hashlib.sha256(raw).hexdigest())
+        view = g2_view(p, self._longest_prompt(p))
+        g2 = G2Ttft()
+        setup = (g2._setup_attached(ctx, view, prof) if p.attach is not None
+                 else g2._setup_launched(ctx, view, prof, labels=("load",)))
+        if isinstance(setup, WorkloadResult):
+            self._engine_evidence(ev, setup.evidence)
+            return WorkloadResult(evidence=ev, error=setup.error, invalid_reason=setup.invalid_reason)
+        self._engine_evidence(ev, setup.ev)
+        _, _, vocab = g2._kv_shape(view, prof)
+        seed = setup.ev.prompt_seed if setup.ev.prompt_seed is not None else p.seed
+        ev.prompt_seed = seed
+        eng = setup.engine
+        counters = accounting_counters(prof)
+        points: list[PointTrial] = []
+        fallback = None
+        try:
+            err = eng.open()
+            if err:
+                return WorkloadResult(evidence=ev, error=err)
+            start = eng.start_mark()
+            if p.warmup:
+                g2._warm_up(ctx, view, prof, eng.base_url, "load", setup.warm[0], setup.ev)
+                ev.warmup = dict(setup.ev.warmup)
+            for t, label, load in self._schedule(p):
+                ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}")
+                points.append(self._point(ctx, p, prof, eng, setup, counters, t, label, load, trace, seed, vocab, ev))
+            found = fallbacks_between(start, eng.log_mark(), prof.fallback_patterns)
+            ev.fallback_lines = [m.quote() for m in found]
+            fallback = fallback_reason(found, "load")
+        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+            ev.points = points
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{eng.error_context()}".strip())
+        finally:
+            eng.close()
+        result = evaluate_load(points, p.load.kind, p.ttft_slo_s, p.knee_percentile, ev, fallback=fallback)
+        write_summary(ctx.gate_dir, "g2-load-summary.json", result)
+        return result
+
+    @staticmethod
+    def _engine_evidence(ev: G2LoadEvidence, g: G2Evidence | None) -> None:
+        if g is None:
+            return
+        for name in ("engine_profile", "engine", "engine_version", "versions", "base_url", "client_path", "attached",
+                     "pool_dir", "kv_bytes_per_token", "random_model"):
+            setattr(ev, name, getattr(g, name))
+
+    def _requests(self, p: G2LoadParams, label: str, load: float, t: int, seed: int, vocab: int,
+                  trace: Trace | None) -> tuple[list[CompletionRequest], list[float] | None]:
+        if trace is not None:
+            per = p.load.tokens_per_block or trace.block_tokens
+            return trace_requests(p, trace, per, label, t, seed, vocab)
+        reqs = synthetic_requests(p, label, t, seed, vocab)
+        if p.load.kind == "open":
+            return reqs, arrival_offsets(len(reqs), load, p.load.burstiness or 1.0, seed)
+        return reqs, None
+
+    def _point(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, eng, setup, counters: Counters, t: int,
+               label: str, load: float, trace: Trace | None, seed: int, vocab: int,
+               ev: G2LoadEvidence) -> PointTrial:
+        """One point × trial: counters and device before, the requests, counters and device after."""
+        pseed = point_seed(seed, label, t)
+        reqs, offsets = self._requests(p, label, load, t, pseed, vocab, trace)
+        kind = {"closed": "concurrency", "open": "rate_rps", "trace": "trace"}[p.load.kind]
+        if trace is not None:
+            load = len(reqs) / trace.duration_s if trace.duration_s > 0 else 0.0
+        name = f"requests-{label}-t{t}.jsonl"
+        pt = PointTrial(label=label, load=load, load_kind=kind, trial=t, seed=pseed, requests=len(reqs),
+                        requests_file=name)
+        m0 = eng.metrics() if counters.any else None
+        s0 = self._pool_stat(ctx, setup, ev)
+        pt.started_unix_s = time.time()
+        records = self._send(ctx, p, prof, eng.base_url, reqs, offsets, load)
+        m1 = self._settled_metrics(ctx, eng, counters, m0, records)
+        s1 = self._pool_stat(ctx, setup, ev)
+        write_gate_file(ctx.gate_dir / name, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
+        if not records:
+            pt.error = "no request was sent"
+            return pt
+        fig = load_point(records, p.ttft_slo_s, p.tpot_slo_s)
+        pt.figures = fig
+
+        def delta(names: list[str]) -> float | None:
+            return counter_delta(m0, m1, names) if m0 is not None and m1 is not None else None
+
+        sent = sum(r.record.prompt_tokens or 0 for r in records if r.record.ok)
+        writes = None if s0 is None or s1 is None or s0.maj_min != s1.maj_min \
+            else s1.stat.write_bytes - s0.stat.write_bytes
+        pt.accounting = token_accounting(sent, delta(counters.prompt_tokens), delta(counters.memory_hit_tokens),
+                                         delta(counters.tier_hit_tokens), setup.ev.kv_bytes_per_token,
+                                         read_bytes_between(s0, s1), writes, fig.duration_s)
+        pt.invalid_reason = point_invalid(fig, pt.accounting, p.max_client_lag_p99_s, p.min_read_fraction,
+                                          prof.device_reads, ev.pool_device_error)
+        if not fig.ok:
+            first = next(r.record.error for r in records if not r.record.ok)
+            pt.error = f"every request failed; first: {first}"
+        return pt
+
+    def _send(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, base_url: str,
+              reqs: list[CompletionRequest], offsets: list[float] | None, load: float) -> list[LoadRecord]:
+        """A point's requests, open loop on their schedule or closed loop by users; the gate's cancellation drops
+        them and raises Cancelled."""
+        ctx.cancel.check()
+        kw = dict(transport=ctx.http, timeout_s=ctx.cancel.bound_timeout_s(p.request_timeout_s),
+                  path=prof.api.request_path, api=prof.api.shape())
+        if offsets is not None:
+            coro = open_loop(base_url, reqs, offsets, p.served_model_name, **kw)
+        else:
+            coro = closed_loop(base_url, reqs, int(load), p.served_model_name, **kw)
+        records = asyncio.run(_until_stopped(coro, ctx.cancel))
+        ctx.cancel.check()
+        return records
+
+    @staticmethod
+    def _settled_metrics(ctx: GateContext, eng, counters: Counters, m0: list[Sample] | None,
+                         records: list[LoadRecord], tries: int = 10) -> list[Sample] | None:
+        """The engine's counters after a point. An engine may answer the last token before it counts the request
+        (vLLM records its statistics after the output is sent): read again, briefly, until its prompt-token
+        counter covers what the point's successful requests sent."""
+        if m0 is None:
+            return None
+        sent = sum(r.record.prompt_tokens or 0 for r in records if r.record.ok)
+        m1 = eng.metrics()
+        for _ in range(tries):
+            got = counter_delta(m0, m1, counters.prompt_tokens)
+            if got is None or got >= sent:
+                break
+            ctx.cancel.sleep(0.2)
+            m1 = eng.metrics()
+        return m1
+
+    @staticmethod
+    def _pool_stat(ctx: GateContext, setup, ev: G2LoadEvidence) -> PoolDeviceStat | None:
+        if not setup.pool_dir:
+            return None
+        dev = G2Ttft()._pool_stat(ctx, setup.pool_transport, setup.pool_dir, setup.ev)
+        ev.pool_device, ev.pool_device_maj_min = setup.ev.pool_device, setup.ev.pool_device_maj_min
+        ev.pool_device_error = setup.ev.pool_device_error
+        return dev
