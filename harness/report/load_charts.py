@@ -7,7 +7,7 @@ across trials and the low and high ends of its spread (the confidence interval, 
 one trial is that trial's value three times. SVG ids: ``ttft-<pct>`` (the median line) and ``band-<pct>`` (its
 spread) per percentile, ``throughput-line`` / ``band-throughput``, ``goodput-line`` / ``band-goodput``,
 ``offered-line`` (an open loop's offered rate), ``cdf-<point label>`` per load point, ``slo-line``,
-``knee-line`` and ``knee-marker`` (at the knee's load), ``knee-none`` (a note when no load met the SLO).
+``knee-line`` (at the knee's load) and ``knee-marker`` (where it meets the SLO line), ``knee-none`` (a note when no load met the SLO).
 """
 
 from __future__ import annotations
@@ -48,15 +48,15 @@ def _load_axis(ax, loads: Sequence[float], label: str) -> None:
     ax.set_xlabel(label)
 
 
-def _knee(ax, knee: float | None, slo_s: float | None, unit: str, ymax: float) -> None:
-    """The knee as a vertical line at its load, a marker where it meets the SLO line; a note when there is an
-    SLO and no load met it."""
+def _knee(ax, knee: float | None, slo_s: float | None, unit: str) -> None:
+    """The knee as a vertical line at its load, a marker where it meets the SLO line (where there is one); a note
+    when there is an SLO and no load met it."""
     if knee is not None and math.isfinite(knee):
         ax.axvline(knee, color=KNEE_COLOR, linestyle="-.", linewidth=1.1,
                    label=f"knee {knee:g} {unit}").set_gid("knee-line")
-        y = slo_s if slo_s is not None else ymax
-        (m,) = ax.plot([knee], [y], marker="D", markersize=6, color=KNEE_COLOR, linestyle="none")
-        m.set_gid("knee-marker")
+        if slo_s is not None:
+            (m,) = ax.plot([knee], [slo_s], marker="D", markersize=6, color=KNEE_COLOR, linestyle="none")
+            m.set_gid("knee-marker")
     elif slo_s is not None:
         ax.text(0.02, 0.97, "no load point met the SLO (no knee)", transform=ax.transAxes, fontsize=8,
                 color=STOP_COLOR, va="top", gid="knee-none")
@@ -88,7 +88,7 @@ def ttft_vs_load_svg(loads: Sequence[float], percentiles: Mapping[str, Sequence[
                        label=f"SLO {slo_name} ≤ {slo_s:.3g} s").set_gid("slo-line")
             tops.append(slo_s)
         ymax = (max(tops) if tops else 1.0) * 1.12 or 1.0
-        _knee(ax, knee, slo_s, load_unit, ymax)
+        _knee(ax, knee, slo_s, load_unit)
         ax.set_ylim(0, ymax)
         _load_axis(ax, loads, load_label)
         ax.set_ylabel("time to first token (s)")
@@ -127,7 +127,7 @@ def throughput_vs_load_svg(loads: Sequence[float], throughput_rps: Sequence[Band
             line.set_gid("offered-line")
             tops += xs
         ymax = (max(tops) if tops else 1.0) * 1.12 or 1.0
-        _knee(ax, knee, None, load_unit, ymax)
+        _knee(ax, knee, None, load_unit)
         ax.set_ylim(0, ymax)
         _load_axis(ax, loads, load_label)
         ax.set_ylabel("requests per second")
