@@ -12,6 +12,8 @@ placeholder: harness.report.bundle):
   tables/verdicts.csv        one row per gate
   tables/<gate>-<key>.csv    every per-stream / per-request / per-job / per-second series of a gate
   charts/<gate>-<kind>.svg   per-GPU bars, TTFT distributions, per-node time series
+  llmd/<gate>-<point>-t<trial>.json   a load gate's points as llm-d Benchmark Reports (harness.report.load_section,
+                             which also gives a load gate's charts, tables and the view of reports/_load.*.j2)
   (a gate ID or key that is not a plain name is written through :func:`file_part`; every path is checked to
   stay inside the output directory: :func:`confined`)
 

@@ -238,3 +238,41 @@ def test_evidence_that_is_not_a_load_gates_draws_no_load_section(tmp_path):
     pred["verdicts"][-1]["evidence"]["points"] = "not a list"
     files = write_reports(RID, run, pred, tmp_path / "out")
     assert not any(f.startswith("llmd/") or "load-" in f or "accounting" in f for f in files)
+
+
+def test_a_trace_replay_gets_its_cdf_accounting_and_a_valid_llmd_report_but_no_ladder_charts(tmp_path):
+    run, pred = fixed_run(tmp_path)
+    gate = run / "gates" / "TR"
+    gate.mkdir()
+    pt, recs = point("trace", 3.0, 1)
+    pt = pt.model_copy(update={"load_kind": "trace", "requests_file": "requests-trace-t1.jsonl"})
+    (gate / pt.requests_file).write_text("".join(json.dumps(r.to_dict()) + "\n" for r in recs))
+    ev = G2LoadEvidence(engine="cpu-reference", load_kind="trace", trials=1, ttft_slo_s=SLO_S, knee_percentile=95)
+    result = evaluate_load([pt], "trace", SLO_S, 95, ev)
+    assert result.evidence.knee is None
+    pred["verdicts"].append(Verdict("TR", "trace replay", "ttft_p99_s@trace", "<= 2 s", None, 0.3, "s", Outcome.PASS,
+                                    "ok", evidence=result.evidence_dict(), metrics=result.metrics).to_dict())
+    files = write_reports(RID, run, pred, tmp_path / "out")
+    assert "charts/TR-load-cdf.svg" in files and "tables/TR-accounting.csv" in files
+    assert not any(f.startswith(("charts/TR-load-ttft", "charts/TR-load-throughput")) for f in files)
+    doc = json.loads((tmp_path / "out" / "llmd" / "TR-trace-t1.json").read_text())
+    br.load_benchmark_report(doc)
+    assert "rate_qps" not in doc["scenario"]["load"]["standardized"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Load: trace replay;" in md and "Knee (" not in md
+
+
+def test_hostile_point_labels_and_request_file_names_stay_inside_and_inert(tmp_path):
+    run, pred, _, _ = load_run(tmp_path)
+    ev = pred["verdicts"][-1]["evidence"]
+    ev["points"][0]["label"] = "../../escaped"
+    ev["points"][1]["requests_file"] = "../../../G1/result.json"
+    ev["summary"][0]["label"] = "<script>alert(1)</script>|`x`"
+    files = write_reports(RID, run, pred, tmp_path / "out")
+    assert "llmd/G2L-point0.json" in files and not any("escaped" in f for f in files)
+    assert not any(f.startswith("llmd/G2L-r2-t1") for f in files)  # its file name leads out: not read
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "out" / "escaped").exists()
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<script>alert" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "\\<script>alert(1)\\</script>\\|\\`x\\`" in md
