@@ -62,6 +62,48 @@ def _knee(ax, knee: float | None, slo_s: float | None, unit: str) -> None:
                 color=STOP_COLOR, va="top", gid="knee-none")
 
 
+def _finish(fig, ax, plt, title: str) -> str:
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    fig.tight_layout()
+    svg = svg_text(fig)
+    plt.close(fig)
+    return svg
+
+
+def _ladder_svg(loads: Sequence[float], series: Sequence[tuple[str, str, str, str, Sequence[Band | None]]], *,
+                ylabel: str, title: str, load_label: str, load_unit: str, knee: float | None,
+                slo: tuple[float, str] | None = None, offered: bool = False) -> str:
+    """Figures against load: per series ``(line gid, band gid, legend label, color, bands)`` a median line and its
+    band; the SLO line ``(seconds, the figure judged on it)``; the offered rate as a diagonal; the knee."""
+    mpl, plt = _plt()
+    with mpl.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        tops: list[float] = []
+        for line_gid, band_gid, name, color, bands in series:
+            xs, med, lo, hi = _series(loads, bands)
+            if not xs:
+                continue
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0).set_gid(band_gid)
+            (line,) = ax.plot(xs, med, marker="o", markersize=3.5, color=color, linewidth=1.4, label=name)
+            line.set_gid(line_gid)
+            tops += hi
+        if slo is not None:
+            ax.axhline(slo[0], color=STOP_COLOR, linestyle="--", linewidth=1.2,
+                       label=f"SLO {slo[1]} ≤ {slo[0]:.3g} s").set_gid("slo-line")
+            tops.append(slo[0])
+        xs = sorted(set(_finite(loads)))
+        if offered and xs:
+            (line,) = ax.plot(xs, xs, color=REF_COLOR, linestyle=":", linewidth=1.0, label="offered rate")
+            line.set_gid("offered-line")
+            tops += xs
+        _knee(ax, knee, slo[0] if slo is not None else None, load_unit)
+        ax.set_ylim(0, (max(tops) if tops else 1.0) * 1.12 or 1.0)
+        _load_axis(ax, loads, load_label)
+        ax.set_ylabel(ylabel)
+        return _finish(fig, ax, plt, title)
+
+
 def ttft_vs_load_svg(loads: Sequence[float], percentiles: Mapping[str, Sequence[Band | None]], *,
                      slo_s: float | None = None, slo_name: str = "p95", knee: float | None = None,
                      load_label: str = "request rate (req/s)", load_unit: str = "req/s",
@@ -69,35 +111,10 @@ def ttft_vs_load_svg(loads: Sequence[float], percentiles: Mapping[str, Sequence[
     """TTFT percentiles (``{"p50": [band per load], "p90": ..., "p99": ...}``, seconds) against the load
     (``loads``: a rate or a concurrency per point), each a median line over trials with its spread as a band;
     the SLO line (``slo_s``, the figure named ``slo_name`` is judged on it) and the knee at its load."""
-    mpl, plt = _plt()
-    with mpl.rc_context(RC):
-        fig, ax = plt.subplots(figsize=(8, 4))
-        tops: list[float] = []
-        for name, bands in percentiles.items():
-            xs, med, lo, hi = _series(loads, bands)
-            if not xs:
-                continue
-            color = PCT_COLORS.get(name, REF_COLOR)
-            ax.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0).set_gid(f"band-{_gid(name)}")
-            (line,) = ax.plot(xs, med, marker="o", markersize=3.5, color=color, linewidth=1.4,
-                              label=f"TTFT {name}")
-            line.set_gid(f"ttft-{_gid(name)}")
-            tops += hi
-        if slo_s is not None:
-            ax.axhline(slo_s, color=STOP_COLOR, linestyle="--", linewidth=1.2,
-                       label=f"SLO {slo_name} ≤ {slo_s:.3g} s").set_gid("slo-line")
-            tops.append(slo_s)
-        ymax = (max(tops) if tops else 1.0) * 1.12 or 1.0
-        _knee(ax, knee, slo_s, load_unit)
-        ax.set_ylim(0, ymax)
-        _load_axis(ax, loads, load_label)
-        ax.set_ylabel("time to first token (s)")
-        ax.set_title(title)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
-        fig.tight_layout()
-        svg = svg_text(fig)
-        plt.close(fig)
-    return svg
+    series = [(f"ttft-{_gid(name)}", f"band-{_gid(name)}", f"TTFT {name}", PCT_COLORS.get(name, REF_COLOR), bands)
+              for name, bands in percentiles.items()]
+    return _ladder_svg(loads, series, ylabel="time to first token (s)", title=title, load_label=load_label,
+                       load_unit=load_unit, knee=knee, slo=(slo_s, slo_name) if slo_s is not None else None)
 
 
 def throughput_vs_load_svg(loads: Sequence[float], throughput_rps: Sequence[Band | None],
@@ -107,36 +124,10 @@ def throughput_vs_load_svg(loads: Sequence[float], throughput_rps: Sequence[Band
     """Completed requests per second and goodput (requests within the SLOs per second) against the load, each a
     median line with its spread; with ``offered`` (an open loop, whose load is a rate) the offered rate as the
     diagonal a server that keeps up follows; the knee at its load."""
-    mpl, plt = _plt()
-    with mpl.rc_context(RC):
-        fig, ax = plt.subplots(figsize=(8, 4))
-        tops: list[float] = []
-        for name, gid, color, bands in (("throughput", "throughput", THROUGHPUT_COLOR, throughput_rps),
-                                        ("goodput", "goodput", GOODPUT_COLOR, goodput_rps)):
-            xs, med, lo, hi = _series(loads, bands)
-            if not xs:
-                continue
-            ax.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0).set_gid(f"band-{gid}")
-            (line,) = ax.plot(xs, med, marker="o", markersize=3.5, color=color, linewidth=1.4,
-                              label=f"{name} (req/s)")
-            line.set_gid(f"{gid}-line")
-            tops += hi
-        xs = sorted(set(_finite(loads)))
-        if offered and xs:
-            (line,) = ax.plot(xs, xs, color=REF_COLOR, linestyle=":", linewidth=1.0, label="offered rate")
-            line.set_gid("offered-line")
-            tops += xs
-        ymax = (max(tops) if tops else 1.0) * 1.12 or 1.0
-        _knee(ax, knee, None, load_unit)
-        ax.set_ylim(0, ymax)
-        _load_axis(ax, loads, load_label)
-        ax.set_ylabel("requests per second")
-        ax.set_title(title)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
-        fig.tight_layout()
-        svg = svg_text(fig)
-        plt.close(fig)
-    return svg
+    series = [("throughput-line", "band-throughput", "throughput (req/s)", THROUGHPUT_COLOR, throughput_rps),
+              ("goodput-line", "band-goodput", "goodput (req/s)", GOODPUT_COLOR, goodput_rps)]
+    return _ladder_svg(loads, series, ylabel="requests per second", title=title, load_label=load_label,
+                       load_unit=load_unit, knee=knee, offered=offered)
 
 
 def ttft_cdf_svg(points: Sequence[tuple[str, Sequence[float]]], *, slo_s: float | None = None,
@@ -166,9 +157,4 @@ def ttft_cdf_svg(points: Sequence[tuple[str, Sequence[float]]], *, slo_s: float 
         ax.set_xlabel("time to first token (s)")
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
-        ax.set_title(title)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
-        fig.tight_layout()
-        svg = svg_text(fig)
-        plt.close(fig)
-    return svg
+        return _finish(fig, ax, plt, title)
