@@ -37,28 +37,30 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import posixpath
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import STOP_POLL_S, CompletionRequest
 from ..engines.load import LoadPoint, LoadRecord, arrival_offsets, closed_loop, knee, load_point, open_loop
-from ..engines.preflight import preflight_argv
 from ..errors import ConfigError, WorkloadError
 from ..load.prompts import block_ids, prompt_ids
-from ..load.traces import Trace, cut, read_trace, scale_time
+from ..load.reuse import reuse_stats
+from ..load.traces import MAX_TRACE_BYTES, Trace, cut, read_trace, scale_time
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, read_bytes_between
 from ..parsers.prometheus import Sample, counter_delta
+from ..safeio import InputFileError, read_bytes
 from ..stats import bootstrap_ci
+from .attach import AttachParams, NodeCommand
 from .base import Evidence, GateContext, PlannedStep, Workload, WorkloadResult, register_workload, write_gate_file, \
     write_summary
-from .engine import fallback_reason, fallbacks_between, random_model_dir
+from .engine import fallback_reason, fallbacks_between
 from .g2_ttft import G2EngineParams, G2Evidence, G2Params, G2Ttft, launch_values
 
 # ------------------------------------------------------------------------------------------------- params
@@ -77,7 +79,8 @@ class LoadSpec(BaseModel):
     time_scale: float | None = Field(default=None, gt=0)   # trace: timestamps x this (0.5: twice as fast)
     max_requests: int | None = Field(default=None, ge=1)   # trace: its first requests only
     max_duration_s: float | None = Field(default=None, gt=0)  # trace: the requests arriving within this time
-    tokens_per_block: int | None = Field(default=None, ge=1)  # trace: tokens per hash id (default: the format's)
+    block_tokens: int | None = Field(default=None, ge=1)  # trace: its tokens per hash id (default: the format's)
+    tokens_per_block: int | None = Field(default=None, ge=1)  # trace: re-mapped to this many tokens per hash id
 
     @model_validator(mode="after")
     def _one_shape(self) -> "LoadSpec":
@@ -94,7 +97,8 @@ class LoadSpec(BaseModel):
                 raise ValueError("a load appears twice in the ladder")
         if self.burstiness is not None and self.rates_rps is None:
             raise ValueError("burstiness belongs to an open loop (rates_rps)")
-        trace_only = [k for k in ("format", "time_scale", "max_requests", "max_duration_s", "tokens_per_block")
+        trace_only = [k for k in ("format", "time_scale", "max_requests", "max_duration_s", "block_tokens",
+                                  "tokens_per_block")
                       if getattr(self, k) is not None]
         if trace_only and self.path is None:
             raise ValueError(f"{', '.join(trace_only)}: only for a trace (path)")
@@ -113,10 +117,31 @@ class LoadSpec(BaseModel):
         return [("trace", 0.0)]
 
 
+class LoadAttachParams(BaseModel):
+    """g2-load's ``attach:``: the engine's URL (and metrics URL), its log command, how soon it must answer. No cold
+    procedure: g2-load never makes the engine cold (its prompts are new at every point instead)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    metrics_url: str | None = None
+    log: NodeCommand | None = None
+    connect_timeout_s: float = Field(default=30.0, gt=0)
+
+    _url = field_validator("url", "metrics_url")(AttachParams._url.__func__)
+
+    def as_g2(self) -> AttachParams:
+        """The same engine as g2-ttft's set-up takes it (an empty cold procedure, never run)."""
+        return AttachParams.model_construct(url=self.url, metrics_url=self.metrics_url, restart=[], log=self.log,
+                                            drop_caches_on=None, connect_timeout_s=self.connect_timeout_s,
+                                            ready_timeout_s=None)
+
+
 class G2LoadParams(G2EngineParams):
     """g2-load's ``params:``: the engine (as every G2 workload: launched or ``attach:``), the load, the SLOs and
     the bounds that make a point valid, and the shape of the synthetic prompts."""
 
+    attach: LoadAttachParams | None = None  # type: ignore[assignment]
     load: LoadSpec
     requests_per_point: int = Field(default=16, ge=1, le=100_000)  # closed and open loops
     trials: int = Field(default=3, ge=1, le=100)
@@ -216,6 +241,9 @@ class TraceInfo(LoadModel):
     requests: int
     duration_s: float
     sha256: str
+    # the hit rate of an unbounded prefix cache over the trace (harness/load/reuse.py): the bound the measured
+    # memory + tier hit shares are compared with
+    unbounded_hit_rate: float | None = None
 
 
 class G2LoadEvidence(Evidence):
@@ -506,7 +534,7 @@ def trace_requests(p: G2LoadParams, trace: Trace, tokens_per_block: int, label: 
 
 def load_trace(spec: LoadSpec) -> Trace:
     """The trace of a ``load:`` block, cut and time-scaled (ConfigError naming file:line: field)."""
-    trace = read_trace(spec.path, spec.format or "auto")
+    trace = read_trace(spec.path, spec.format or "auto", spec.block_tokens)
     trace = cut(trace, spec.max_requests, spec.max_duration_s)
     if not trace.requests:
         raise ValueError(f"{spec.path}: no requests left after max_requests / max_duration_s")
@@ -520,6 +548,8 @@ def g2_view(p: G2LoadParams, longest_prompt: int) -> G2Params:
     """The G2 parameters g2-ttft's engine set-up reads, for this run: the engine as given (only the fields the
     gate set, so validation says what it says for g2-ttft) and one prompt as long as the longest of the run."""
     given = {name: getattr(p, name) for name in p.model_fields_set if name in G2EngineParams.model_fields}
+    if p.attach is not None:
+        given["attach"] = p.attach.as_g2()
     if "model_config_path" in given:
         given["model_config"] = given.pop("model_config_path")
     return G2Params.model_validate({**given, "prompt_tokens": [longest_prompt], "prompts_per_length": 1,
@@ -549,7 +579,9 @@ class G2Load(Workload):
 
     def validate_against(self, params, nodes):
         issues = []
-        if params.load.path is not None:
+        # A trace that is there is checked now (every bad line named); one that is not is the run's ERROR, so a
+        # bundle re-evaluated on a machine without the trace still loads its suite (the run recorded its sha256).
+        if params.load.path is not None and Path(params.load.path).exists():
             try:
                 load_trace(params.load)
             except ConfigError as exc:
@@ -572,10 +604,10 @@ class G2Load(Workload):
         """Every point × trial in the order the run sends them: trial by trial, each the whole ladder."""
         return [(t, label, load) for t in range(1, p.trials + 1) for label, load in p.load.points()]
 
-    def _point_text(self, p: G2LoadParams, label: str, load: float) -> str:
+    def _point_text(self, p: G2LoadParams, label: str, load: float, trial: int) -> str:
         k = p.load.kind
         if k == "closed":
-            what = f"closed loop: {int(load)} users, {p.requests_per_point} requests"
+            what = f"closed loop: {int(load)} user{'s' if load != 1 else ''}, {p.requests_per_point} requests"
         elif k == "open":
             what = (f"open loop: {p.requests_per_point} requests at {load:g} requests/s, gamma arrivals (burstiness "
                     f"{p.load.burstiness or 1.0:g}), sent on schedule")
@@ -588,7 +620,7 @@ class G2Load(Workload):
         shape = ("" if k == "trace" else f", prompts of {p.prompt_tokens} tokens sharing {p.shared_prefix_tokens} "
                  f"per {p.prefix_groups} prefix group(s)")
         return (f"{what}{shape}, {p.max_tokens} output tokens at most; the engine's counters before and after; "
-                f"every request to requests-{label}-t<trial>.jsonl")
+                f"every request to requests-{label}-t{trial}.jsonl")
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2LoadParams = ctx.params
@@ -601,20 +633,7 @@ class G2Load(Workload):
                               node.engine_python)
             argv = prof.render_argv(v)
             pool_node, pool_dir = node.name, v["pool_dir"]
-            steps += [PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares",
-                                  tuple(preflight_argv(v["python"], prof))),
-                      PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
-                                  ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")))]
-            if p.random_weights:
-                try:
-                    model_dir = random_model_dir(node.work_dir, G2Ttft()._model_config(view), p.seed,
-                                                 p.random_weights_dtype)
-                except (OSError, ValueError):
-                    model_dir = posixpath.join(node.work_dir, "kvgate-models", "<config hash>")
-                script = posixpath.join(v["run_dir"], "make_model.py")
-                steps.append(PlannedStep(node.name, f"build (or find) the random-weight model in {model_dir}",
-                                         (v["python"], script, "--config", v["model_config"], "--out", model_dir,
-                                          "--seed", str(p.seed), "--dtype", p.random_weights_dtype)))
+            steps += G2Ttft()._plan_launch_setup(view, prof, node, v)
             steps.append(PlannedStep(node.name, f"start {prof.name} once for the whole ladder, in its own process "
                                      f"group: {shell_line(argv, prof.render_env(v))}", tuple(argv)))
         else:
@@ -631,7 +650,7 @@ class G2Load(Workload):
                 steps.append(PlannedStep(pool_node, f"trial {t}/{p.trials}, {label}: the pool device's read and write "
                                          "counters before", pool_blockstat_argv(pool_dir)))
             steps.append(PlannedStep("(control host)", f"trial {t}/{p.trials}, {label}: "
-                                     + self._point_text(p, label, load)))
+                                     + self._point_text(p, label, load, t)))
             if pool_dir:
                 steps.append(PlannedStep(pool_node, f"trial {t}/{p.trials}, {label}: the pool device's counters after",
                                          pool_blockstat_argv(pool_dir)))
@@ -673,14 +692,15 @@ class G2Load(Workload):
         if p.load.path is not None:
             try:
                 trace = load_trace(p.load)
-            except (ConfigError, ValueError) as exc:
+                raw = read_bytes(p.load.path, max_bytes=MAX_TRACE_BYTES, what="trace")
+            except (ConfigError, InputFileError, ValueError) as exc:
                 return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
             per = p.load.tokens_per_block or trace.block_tokens
-            raw = open(p.load.path, "rb").read()
             ev.trace = TraceInfo(path=p.load.path, format=trace.format, block_tokens=trace.block_tokens,
                                  tokens_per_block=per, time_scale=p.load.time_scale or 1.0,
                                  requests=len(trace.requests), duration_s=trace.duration_s,
-                                 sha256=hashlib.sha256(raw).hexdigest())
+                                 sha256=hashlib.sha256(raw).hexdigest(),
+                                 unbounded_hit_rate=reuse_stats(trace).unbounded_hit_rate)
         view = g2_view(p, self._longest_prompt(p))
         g2 = G2Ttft()
         setup = (g2._setup_attached(ctx, view, prof) if p.attach is not None

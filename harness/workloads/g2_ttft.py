@@ -335,25 +335,8 @@ class G2Ttft(Workload):
         v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
                           node.engine_python)
         argv, env = prof.render_argv(v), prof.render_env(v)
-        files = {}
-        if prof.lmcache is not None:
-            files[v["lmcache_config"]] = json.dumps(lmcache_config(prof.lmcache, v), indent=1)
         n = len(p.prompt_tokens) * p.prompts_per_length
-        steps = [
-            PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares and "
-                        "reports its versions", tuple(preflight_argv(v["python"], prof))),
-            PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
-                        ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
-                        files=files)]
-        if p.random_weights:
-            try:
-                model_dir = random_model_dir(node.work_dir, self._model_config(p), p.seed, p.random_weights_dtype)
-            except (OSError, ValueError):
-                model_dir = posixpath.join(node.work_dir, "kvgate-models", "<config hash>")
-            script = posixpath.join(v["run_dir"], "make_model.py")
-            steps.append(PlannedStep(node.name, f"build (or find) the random-weight model and its tokenizer in {model_dir}",
-                                     (v["python"], script, "--config", v["model_config"], "--out", model_dir,
-                                      "--seed", str(p.seed), "--dtype", p.random_weights_dtype)))
+        steps = self._plan_launch_setup(p, prof, node, v)
         warm = "; one unrelated warm-up prompt first (recorded, not in the statistics)" if p.warmup else ""
         check = "; its log is checked for fall-back / connector-failure lines (a match is INVALID)"
         steps += [
@@ -370,6 +353,30 @@ class G2Ttft(Workload):
             PlannedStep(node.name, f"read back: the same {n} prompts, TTFT each{warm}; hit counters and "
                         f"/sys/class/block/DEV/stat of the pool's device before and after{check}"),
         ]
+        return steps
+
+    def _plan_launch_setup(self, p: G2EngineParams, prof: EngineProfile, node: Any,
+                           v: dict[str, Any]) -> list[PlannedStep]:
+        """What a launched engine's set-up sends before its start (pre-flight, directories and files, the
+        random-weight model): the plan of every G2 workload that launches its engine."""
+        files = {}
+        if prof.lmcache is not None:
+            files[v["lmcache_config"]] = json.dumps(lmcache_config(prof.lmcache, v), indent=1)
+        steps = [
+            PlannedStep(node.name, "pre-flight: the engine's interpreter imports what the profile declares and "
+                        "reports its versions", tuple(preflight_argv(v["python"], prof))),
+            PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
+                        ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
+                        files=files)]
+        if p.random_weights:
+            try:
+                model_dir = random_model_dir(node.work_dir, self._model_config(p), p.seed, p.random_weights_dtype)
+            except (OSError, ValueError):
+                model_dir = posixpath.join(node.work_dir, "kvgate-models", "<config hash>")
+            script = posixpath.join(v["run_dir"], "make_model.py")
+            steps.append(PlannedStep(node.name, f"build (or find) the random-weight model and its tokenizer in {model_dir}",
+                                     (v["python"], script, "--config", v["model_config"], "--out", model_dir,
+                                      "--seed", str(p.seed), "--dtype", p.random_weights_dtype)))
         return steps
 
     def _plan_attached(self, p: G2Params, prof: EngineProfile, ctx: GateContext) -> list[PlannedStep]:

