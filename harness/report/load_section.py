@@ -206,6 +206,13 @@ def _interval_view(iv: MetricInterval | None) -> dict[str, Any] | None:
     return None if iv is None else iv.model_dump()
 
 
+def load_text(load: float, kind: str | None) -> str:
+    """A load for people: ``1 user``, ``4 users``, ``2.5 req/s`` (a trace: its mean rate)."""
+    if kind == "closed":
+        return f"{load:g} user" + ("" if load == 1 else "s")
+    return f"{load:.4g} req/s" + (" (mean)" if kind == "trace" else "")
+
+
 def view(ev: G2LoadEvidence, llmd_paths: list[str]) -> dict[str, Any]:
     """What the templates print: the load, the bounds, the knee and the highest goodput over trials, a row per
     point (figures over trials) and per point × trial (accounting)."""
@@ -219,7 +226,8 @@ def view(ev: G2LoadEvidence, llmd_paths: list[str]) -> dict[str, Any]:
     points = []
     for s in ev.summary:
         f = s.figures
-        points.append({"label": s.label, "load": s.load, "invalid_trials": s.invalid_trials,
+        points.append({"label": s.label, "load": s.load, "load_text": load_text(s.load, ev.load_kind),
+                       "invalid_trials": s.invalid_trials,
                        **{k: _interval_view(f.get(k)) for k in (
                            "ttft_p50_s", "ttft_p90_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "e2e_p99_s",
                            "request_rate_rps", "goodput_rps", "client_lag_p99_s")}})
@@ -227,6 +235,7 @@ def view(ev: G2LoadEvidence, llmd_paths: list[str]) -> dict[str, Any]:
         "kind": ev.load_kind, "kind_text": kind, "load_label": label, "unit": unit, "trials": ev.trials,
         "ttft_slo_s": ev.ttft_slo_s, "tpot_slo_s": ev.tpot_slo_s, "knee_percentile": ev.knee_percentile,
         "knee": _interval_view(ev.knee), "knee_per_trial": list(ev.knee_per_trial),
+        "knee_text": load_text(ev.knee.median, ev.load_kind) if ev.knee is not None else None,
         "max_goodput": _interval_view(ev.max_goodput), "max_client_lag_p99_s": ev.max_client_lag_p99_s,
         "min_read_fraction": ev.min_read_fraction, "points": points, "accounting": accounting_rows(ev),
         "llmd": llmd_paths,

@@ -276,3 +276,10 @@ def test_hostile_point_labels_and_request_file_names_stay_inside_and_inert(tmp_p
     assert "<script>alert" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     md = (tmp_path / "out" / "report.md").read_text()
     assert "\\<script>alert(1)\\</script>\\|\\`x\\`" in md
+
+
+def test_loads_read_as_people_say_them():
+    from harness.report.load_section import load_text
+
+    assert [load_text(1.0, "closed"), load_text(4.0, "closed"), load_text(2.5, "open"), load_text(0.8333, "trace")] \
+        == ["1 user", "4 users", "2.5 req/s", "0.8333 req/s (mean)"]
