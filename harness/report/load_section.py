@@ -255,6 +255,12 @@ class LoadSection:
     title: str = ""
     gate_id: str = ""
 
+    def gate_view(self) -> dict[str, Any]:
+        """What the gate's entry in the report's view gets: the load section, and no list of metrics: a load gate
+        has hundreds (``FIGURE@POINT`` with its interval), which its figures table holds and the load section
+        sums up. (``metric_rows``: the name a metric list may go by in the view; empty where it is absent.)"""
+        return {"load": self.view, "metrics": {}, "metric_rows": []}
+
     def files(self, report_id: str) -> dict[str, bytes]:
         """``llmd/<name>.json`` -> the JSON of that point × trial's Benchmark Report, its uid naming the report
         ID, the gate, the point and the trial (so the report ID binds it like every rendered file)."""

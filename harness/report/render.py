@@ -44,7 +44,7 @@ from pydantic import ValidationError
 from ..errors import BundleError
 from ..parsers.rdma import rdma_devices
 from ..paths import data_path
-from ..safeio import MAX_JSON_BYTES, InputFileError, load_json, read_bytes
+from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_bytes
 from ..units import UnitError, parse_quantity, parse_threshold
 from ..workloads.base import ChartInputs
 from . import charts as rc
@@ -531,7 +531,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             "nvmeof": nvmeof_rows(v),
             "duration_s": (finished - started) if isinstance(started, (int, float)) and
             isinstance(finished, (int, float)) else None,
-            "streams": [s.model_dump() for s in chart_inputs(v).streams], "load": load.view if load else None,
+            "streams": [s.model_dump() for s in chart_inputs(v).streams], **(load.gate_view() if load else {}),
         })
     view = {
         "report_id": report_id, "suite": predicate.get("suite") or {}, "overall": predicate.get("overall"),

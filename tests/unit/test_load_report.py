@@ -13,13 +13,23 @@ from harness.engines.client import RequestRecord
 from harness.engines.load import LoadRecord, load_point
 from harness.gates.verdict import Outcome, Verdict
 from harness.report.bundle import verify_bundle, write_bundle
-from harness.report.render import render_bundle_reports, write_reports
+from harness.report.render import _env, render_bundle_reports, write_reports
 from harness.safeio import InputFileError
 from harness.workloads.g2_load import G2LoadEvidence, PointTrial, evaluate_load, point_invalid, token_accounting
 from report_fixture import fixed_run
 from test_load_charts import vertices
 
 RID = "KVG-20261201-" + "ab" * 32
+FORMAT = _env(False).globals  # the formatters the report's templates are given
+
+
+def size_text(n: float) -> str:
+    """Bytes as the load section prints them: the report's byte formatter, else its formatter with a unit."""
+    return FORMAT["fmt_bytes"](n) if "fmt_bytes" in FORMAT else FORMAT["fmt"](n, "B")
+
+
+def rate_text(gb_s: float) -> str:
+    return FORMAT["fmt_bytes"](gb_s * 1e9) + "/s" if "fmt_bytes" in FORMAT else FORMAT["fmt"](gb_s, "GB/s")
 LADDER = [("r1", 1.0), ("r2", 2.0), ("r4", 4.0)]
 SLO_S = 0.5
 KV_BYTES_PER_TOKEN = 1024
@@ -145,20 +155,24 @@ def test_the_accounting_table_in_html_markdown_and_csv_with_readable_units(rende
     html = (out / "report.html").read_text()
     table = html[html.index('<table class="accounting">'):]
     table = table[:table.index("</table>")]
-    # r1, trial 2: 4,096 prompt tokens, 1,024 (25.0 %) from memory, 2,048 (50.0 %) from the tier, 1.89 MB read of
-    # 2.1 MB expected (0.900), 6 MB written at 840 kB/s
+    # r1, trial 2: 4,096 prompt tokens, 1,024 (25.0 %) from memory, 2,048 (50.0 %) from the tier, 1887436 bytes
+    # read of 2097152 expected (0.900), 6 MB written at 840 kB/s; sizes and rates as the report's formatter says them
+    acc2 = result.evidence.points[3].accounting  # r1, trial 2
+    read, expected = size_text(1887436), size_text(2097152)
+    written, store = size_text(6_000_000), rate_text(acc2.store_write_gb_s)
+    assert acc2.device_read_bytes == 1887436 and acc2.tier_hit_kv_bytes == 2097152
     assert "4,096" in table and "1,024 (25.0 %)" in table and "2,048 (50.0 %)" in table
-    assert "1.89 MB" in table and "2.1 MB" in table and "0.900" in table and "6 MB" in table
-    store = result.evidence.points[3].accounting.store_write_gb_s  # r1, trial 2
-    assert f"{store * 1e6:.3g} kB/s" == "840 kB/s" and "840 kB/s" in table
+    assert read in table and expected in table and "0.900" in table and written in table and store in table
     md = (out / "report.md").read_text()
-    assert ("| r1 | 2 | 4,096 | 1,024 (25.0 %) | 2,048 (50.0 %) | 1,024 (25.0 %) | 1.89 MB | 2.1 MB | 0.900 | 6 MB "
-            "| 840 kB/s |") in md
+    assert (f"| r1 | 2 | 4,096 | 1,024 (25.0 %) | 2,048 (50.0 %) | 1,024 (25.0 %) | {read} | {expected} | 0.900 "
+            f"| {written} | {store} |") in md
     # the knee over trials, with its interval, in both
     assert "Knee" in md and "**2 req/s**" in md and "<strong>2 req/s</strong>" in html
     p95 = result.evidence.summary[1].figures["ttft_p95_s"]
-    assert f"{p95.median:.4g} s ({p95.ci_low:.4g}–{p95.ci_high:.4g})" in md
-    assert "| r2 | 2 req/s |" in md and "| 0.2 ms (0.2–0.2) | 0 |" in md  # client lag in ms, no INVALID trial
+    fmt = FORMAT["fmt"]
+    assert f"{fmt(p95.median, 's')} ({fmt(p95.ci_low, 's')}–{fmt(p95.ci_high, 's')})" in md
+    lag = fmt(0.2, "ms")  # 0.2 ms: every request left 0.2 ms after it was due
+    assert "| r2 | 2 req/s |" in md and f"| {lag} ({lag}–{lag}) | 0 |" in md  # no INVALID trial
 
 
 def test_the_gates_metrics_are_one_long_table_not_a_list_of_hundreds(rendered):
