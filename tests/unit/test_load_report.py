@@ -13,7 +13,7 @@ from harness.engines.client import RequestRecord
 from harness.engines.load import LoadRecord, load_point
 from harness.gates.verdict import Outcome, Verdict
 from harness.report.bundle import verify_bundle, write_bundle
-from harness.report.render import _env, render_bundle_reports, write_reports
+from harness.report.render import _env, render_bundle_reports, signed_render_differences, write_reports
 from harness.safeio import InputFileError
 from harness.workloads.g2_load import G2LoadEvidence, PointTrial, evaluate_load, point_invalid, token_accounting
 from report_fixture import fixed_run
@@ -227,6 +227,9 @@ def test_the_bundle_signs_the_llmd_reports_and_its_id_binds_them(tmp_path):
         doc = json.loads((info.path / f).read_text())
         br.load_benchmark_report(doc)
         assert doc["run"]["uid"].startswith(info.report_id + "/G2L/")  # the signed file names its bundle
+    # kvgate report renders the verified bundle again and finds every signed file, llm-d's too, byte for byte
+    mine, differ = signed_render_differences(info.report_id, info.path, res.statement["predicate"], tmp_path / "rr")
+    assert differ == [] and set(llmd) <= set(mine)
     copy = tmp_path / "copy"
     shutil.copytree(info.path, copy / info.report_id)
     target = copy / info.report_id / llmd[0]
