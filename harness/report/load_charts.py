@@ -63,12 +63,14 @@ def _knee(ax, knee: float | None, slo_s: float | None, unit: str) -> None:
 
 
 def _finish(fig, ax, plt, title: str) -> str:
-    ax.set_title(title)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
-    fig.tight_layout()
-    svg = svg_text(fig)
-    plt.close(fig)
-    return svg
+    """Title, legend beside the axes, the SVG text; the figure is closed whatever happens."""
+    try:
+        ax.set_title(title)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+        fig.tight_layout()
+        return svg_text(fig)
+    finally:
+        plt.close(fig)
 
 
 def _ladder_svg(loads: Sequence[float], series: Sequence[tuple[str, str, str, str, Sequence[Band | None]]], *,
