@@ -54,7 +54,7 @@ from ..load.prompts import block_ids, prompt_ids
 from ..load.reuse import reuse_stats
 from ..load.traces import MAX_TRACE_BYTES, Trace, cut, read_trace, scale_time
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, read_bytes_between
-from ..parsers.prometheus import Sample, counter_delta
+from ..parsers.prometheus import Sample, counter_delta, metric_total
 from ..safeio import InputFileError, read_bytes
 from ..stats import bootstrap_ci
 from .attach import AttachParams, NodeCommand
@@ -156,6 +156,10 @@ class G2LoadParams(G2EngineParams):
 
     @model_validator(mode="after")
     def _prefix(self) -> "G2LoadParams":
+        synthetic = ("requests_per_point", "prompt_tokens", "shared_prefix_tokens", "prefix_groups")
+        given = [k for k in synthetic if k in self.model_fields_set]
+        if self.load.path is not None and given:
+            raise ValueError(f"{', '.join(given)}: shape synthetic prompts; a trace's requests are its own")
         if self.shared_prefix_tokens >= self.prompt_tokens:
             raise ValueError(f"shared_prefix_tokens ({self.shared_prefix_tokens}) must be below prompt_tokens "
                              f"({self.prompt_tokens}): every prompt has tokens of its own")
@@ -204,6 +208,8 @@ class PointTrial(LoadModel):
     seed: int                                    # of its prompts (and of its arrivals, open loop)
     requests: int
     requests_file: str                           # requests-<label>-t<trial>.jsonl in the gate's directory
+    counters_file: str | None = None             # counters-<label>-t<trial>.json: the engine's counters read
+                                                 # before and after (what the accounting is computed from)
     started_unix_s: float | None = None          # wall clock at the point's start (sent_s counts from it)
     figures: LoadPoint | None = None
     accounting: TokenAccounting | None = None
@@ -442,7 +448,7 @@ def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "tra
     bootstrap 95 % CI (``FIGURE@LABEL``); per trial the knee (the highest load whose TTFT percentile stays within
     ``ttft_slo_s`` with every request served; 0 when even the lowest misses it) and the highest goodput, then
     their median and CI over trials. INVALID: the engine's log says the tier fell back (``fallback``), or a point
-    is INVALID (the first one named); ERROR when not one request of the run succeeded."""
+    is INVALID (the first one named); ERROR only when not one request of the run succeeded."""
     ev = (evidence or G2LoadEvidence()).model_copy(deep=True)
     metrics: dict[str, float] = {}
     order: list[str] = []
@@ -490,12 +496,10 @@ def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "tra
             invalid = f"load point {bad.label}, trial {bad.trial}: {bad.invalid_reason}{more}"
     ok = sum(p.figures.ok for p in points if p.figures is not None)
     error = None
-    errs = [p for p in points if p.error]
-    if not ok:
-        first = errs[0].error if errs else "no request succeeded"
-        error = f"not one request of the run succeeded; first: {first}"
-    elif errs:  # a point that could not run at all: the ladder is incomplete
-        error = f"load point {errs[0].label}, trial {errs[0].trial}: {errs[0].error}"
+    if not ok:  # the engine served nothing: not a measurement of load. A point whose requests all failed
+        # (an overloaded server refusing) is data: the knee stops below it, its error in the evidence.
+        errs = [p for p in points if p.error]
+        error = f"not one request of the run succeeded; first: {errs[0].error if errs else 'no request was sent'}"
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
 
 
@@ -722,8 +726,12 @@ class G2Load(Workload):
                 return WorkloadResult(evidence=ev, error=err)
             start = eng.start_mark()
             if p.warmup:
+                mw = eng.metrics() if counters.any else None
                 g2._warm_up(ctx, view, prof, eng.base_url, "load", setup.warm[0], setup.ev)
                 ev.warmup = dict(setup.ev.warmup)
+                # counted before the first point's counters are read, or it would count in the first point
+                ok = setup.ev.warmup.get("error") is None
+                self._settled_metrics(ctx, eng, counters, mw, (setup.warm[0].prompt_tokens or 0) if ok else 0)
             for t, label, load in self._schedule(p):
                 ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}")
                 points.append(self._point(ctx, p, prof, eng, setup, counters, t, label, load, trace, seed, vocab, ev))
@@ -773,9 +781,16 @@ class G2Load(Workload):
         s0 = self._pool_stat(ctx, setup, ev)
         pt.started_unix_s = time.time()
         records = self._send(ctx, p, prof, eng.base_url, reqs, offsets, load)
-        m1 = self._settled_metrics(ctx, eng, counters, m0, records)
+        m1 = self._settled_metrics(ctx, eng, counters, m0,
+                                   sum(r.record.prompt_tokens or 0 for r in records if r.record.ok))
         s1 = self._pool_stat(ctx, setup, ev)
         write_gate_file(ctx.gate_dir / name, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
+        if m0 is not None and m1 is not None:
+            names = counters.prompt_tokens + counters.memory_hit_tokens + counters.tier_hit_tokens
+            pt.counters_file = f"counters-{label}-t{t}.json"
+            write_gate_file(ctx.gate_dir / pt.counters_file, json.dumps(
+                {when: {n: metric_total(m, [n]) for n in names} for when, m in (("before", m0), ("after", m1))},
+                indent=1))
         if not records:
             pt.error = "no request was sent"
             return pt
@@ -814,14 +829,14 @@ class G2Load(Workload):
         return records
 
     @staticmethod
-    def _settled_metrics(ctx: GateContext, eng, counters: Counters, m0: list[Sample] | None,
-                         records: list[LoadRecord], tries: int = 10) -> list[Sample] | None:
-        """The engine's counters after a point. An engine may answer the last token before it counts the request
-        (vLLM records its statistics after the output is sent): read again, briefly, until its prompt-token
-        counter covers what the point's successful requests sent."""
+    def _settled_metrics(ctx: GateContext, eng, counters: Counters, m0: list[Sample] | None, sent: int,
+                         tries: int = 10) -> list[Sample] | None:
+        """The engine's counters after requests of ``sent`` prompt tokens (those that succeeded). An engine may
+        answer the last token before it counts the request (vLLM records its statistics after the output is
+        sent): read again, 0.2 s apart on the gate's clock and ``tries`` times at most, until its prompt-token
+        counter grew by what was sent since ``m0``."""
         if m0 is None:
             return None
-        sent = sum(r.record.prompt_tokens or 0 for r in records if r.record.ok)
         m1 = eng.metrics()
         for _ in range(tries):
             got = counter_delta(m0, m1, counters.prompt_tokens)

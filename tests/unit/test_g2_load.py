@@ -12,6 +12,7 @@ import yaml
 from harness.config import load_config
 from harness.engines.load import LoadPoint, arrival_offsets
 from harness.errors import ConfigError
+from harness.execute.clock import ScriptedClock
 from harness.gates.verdict import Outcome, evaluate
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Reply, ScriptedTransport
@@ -121,6 +122,19 @@ def test_a_trial_whose_lowest_load_misses_the_slo_has_knee_zero_and_a_point_with
     assert res.metrics["knee_concurrency"] == 0.5  # the median of 0 and 1
 
 
+def test_a_point_whose_requests_all_failed_is_data_the_knee_stops_below_it_and_only_a_run_that_served_nothing_errs():
+    pts = ladder([(0.2, 0.5, 0.5)])
+    top = LoadPoint(**{**fig().to_dict(), "ok": 0, "failed": 4, "ttft_p95_s": None, "goodput_rps": 0.0})
+    pts[2] = point("c4", 4, 1, top).model_copy(update={"error": "every request failed; first: HTTP 503"})
+    res = evaluate_load(pts, "closed", ttft_slo_s=1.0)
+    assert res.error is None and res.evidence.knee_per_trial == [2.0]
+    assert res.evidence.points[2].error.endswith("HTTP 503")
+    dead = [point(p.label, p.load, 1, top).model_copy(update={"error": "every request failed; first: refused"})
+            for p in pts]
+    res = evaluate_load(dead, "closed", ttft_slo_s=1.0)
+    assert res.error == "not one request of the run succeeded; first: every request failed; first: refused"
+
+
 def gate_config(tmp_path: Path, params: dict, metric: str = "knee_concurrency", pass_: str = ">= 3",
                 stop: str | None = "< 1") -> Path:
     gate = {"id": "L", "title": "load", "workload": "g2-load", "params": params, "metric": metric, "pass": pass_}
@@ -133,9 +147,10 @@ def gate_config(tmp_path: Path, params: dict, metric: str = "knee_concurrency", 
     return tmp_path
 
 
-BASE = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000, "load": {"concurrency": [1, 2]},
-        "trials": 2, "requests_per_point": 3, "ttft_slo_s": 1.0, "prompt_tokens": 64, "shared_prefix_tokens": 32,
-        "max_tokens": 2}
+ENGINE = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000, "trials": 2, "ttft_slo_s": 1.0,
+          "max_tokens": 2}
+BASE = {**ENGINE, "load": {"concurrency": [1, 2]}, "requests_per_point": 3, "prompt_tokens": 64,
+        "shared_prefix_tokens": 32}
 
 
 def test_an_interval_straddling_the_threshold_is_an_inconclusive_fail_through_the_real_verdict_code(tmp_path):
@@ -178,6 +193,10 @@ def test_a_point_figure_is_a_gate_metric_in_its_unit(tmp_path):
     ({"shared_prefix_tokens": 64}, "knee_concurrency", "gates[0].params", "must be below prompt_tokens"),
     ({"knee_percentile": 97}, "knee_concurrency", "gates[0].params.knee_percentile", ""),
     ({}, "ttft_p95_s@x4", "gates[0].metric", "has no metric 'ttft_p95_s@x4'"),
+    ({"load": {"path": "t.jsonl"}}, "ttft_p95_s@trace", "gates[0].params",
+     "requests_per_point, prompt_tokens, shared_prefix_tokens: shape synthetic prompts"),
+    ({"load": {"concurrency": [2], "time_scale": 0.5}}, "knee_concurrency", "gates[0].params.load",
+     "time_scale: only for a trace"),
 ])
 def test_bad_load_params_are_config_errors_naming_file_line_and_field(tmp_path, params, metric, where, message):
     d = gate_config(tmp_path, {**BASE, **params}, metric=metric)
@@ -193,7 +212,7 @@ def test_a_bad_trace_line_is_named_by_the_trace_file_line_and_field(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}\n'
                      '{"timestamp": 10, "input_length": 600, "output_length": 4, "hash_ids": [1]}\n')
-    d = gate_config(tmp_path, {**BASE, "load": {"path": str(trace), "format": "mooncake"}}, metric="ttft_p95_s@trace",
+    d = gate_config(tmp_path, {**ENGINE, "load": {"path": str(trace), "format": "mooncake"}}, metric="ttft_p95_s@trace",
                     pass_="<= 1 s", stop=None)
     with pytest.raises(ConfigError) as e:
         load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
@@ -258,16 +277,24 @@ def scripted_node() -> ScriptedTransport:
     return ScriptedTransport(handler, name="n1")
 
 
+def gate_context(tmp_path: Path, cfg, node: ScriptedTransport, engine=None, clock=None) -> GateContext:
+    """The gate L of ``cfg`` on the scripted node ``n1``, its engine (an httpx handler) and clock."""
+    gate = cfg.suite.gates[0]
+    gate_dir = tmp_path / "gates" / "L"
+    gate_dir.mkdir(parents=True)
+    kw = {} if clock is None else {"clock": clock}
+    return GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                       transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
+                       http=None if engine is None else httpx.MockTransport(engine), **kw)
+
+
 def test_a_scripted_run_sends_exactly_the_planned_commands_and_accounts_every_point(tmp_path):
     d = gate_config(tmp_path, BASE, pass_=">= 2", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
     gate = cfg.suite.gates[0]
-    node, engine = scripted_node(), PrefixEngine()
-    gate_dir = tmp_path / "gates" / "L"
-    gate_dir.mkdir(parents=True)
-    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
-                      http=httpx.MockTransport(engine))
+    node = scripted_node()
+    ctx = gate_context(tmp_path, cfg, node, PrefixEngine())
+    gate_dir = ctx.gate_dir
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
 
@@ -290,6 +317,9 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_and_accounts_every_po
         assert acc.prompt_tokens == 192 and acc.prompt_tokens_source == "engine"
         assert (acc.memory_hit_tokens, acc.tier_hit_tokens, acc.recomputed_tokens) == (64, 0, 128)
         assert acc.device_write_bytes == 2048 * 512 and acc.device_read_bytes == 0
+        counters = json.loads((gate_dir / p.counters_file).read_text())  # what the accounting came from
+        assert (counters["after"]["kvgate_cpu_ref_prompt_tokens_total"]
+                - counters["before"]["kvgate_cpu_ref_prompt_tokens_total"]) == acc.prompt_tokens
     assert ev.knee_per_trial == [2.0, 2.0] and result.metrics["knee_concurrency"] == 2.0
     assert result.metrics["recomputed_share@c1"] == pytest.approx(128 / 192)
     assert ev.warmup["load"]["error"] is None
@@ -302,13 +332,8 @@ def test_an_open_loop_sends_on_its_schedule_and_records_due_and_sent_times(tmp_p
     d = gate_config(tmp_path, {**BASE, "load": {"rates_rps": [50.0]}, "trials": 1, "max_client_lag_p99_s": 1.0},
                     metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
-    gate = cfg.suite.gates[0]
-    node = scripted_node()
-    gate_dir = tmp_path / "gates" / "L"
-    gate_dir.mkdir(parents=True)
-    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=gate_dir,
-                      http=httpx.MockTransport(PrefixEngine()))
+    ctx = gate_context(tmp_path, cfg, scripted_node(), PrefixEngine())
+    gate_dir = ctx.gate_dir
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.error is None and result.invalid_reason is None
     (p,) = result.evidence.points
@@ -339,14 +364,11 @@ def test_the_plan_of_a_ladder_against_a_deployed_stack_lists_every_point_and_tri
 
 def test_a_trace_that_is_not_there_is_the_runs_error_not_a_suite_that_no_longer_loads(tmp_path):
     """A bundle re-evaluated where its trace is gone still loads its suite; the run itself says what is missing."""
-    d = gate_config(tmp_path, {**BASE, "load": {"path": str(tmp_path / "gone.jsonl")}}, metric="ttft_p95_s@trace",
+    d = gate_config(tmp_path, {**ENGINE, "load": {"path": str(tmp_path / "gone.jsonl")}}, metric="ttft_p95_s@trace",
                     pass_="<= 1 s", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
-    gate = cfg.suite.gates[0]
-    (tmp_path / "gates" / "L").mkdir(parents=True)
     node = scripted_node()
-    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"n1": node}, steps=StepLog(tmp_path), gate_dir=tmp_path / "gates" / "L")
+    ctx = gate_context(tmp_path, cfg, node)
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.error.startswith(f"trace {tmp_path / 'gone.jsonl'}: ") and "gone.jsonl" in result.error
     assert node.commands == []  # nothing started
@@ -358,7 +380,7 @@ def test_a_trace_is_replayed_by_its_scaled_timestamps_with_prompts_sharing_exact
                      '{"timestamp": 100, "input_length": 64, "output_length": 1, "hash_ids": [1, 2, 4, 5]}\n'
                      '{"timestamp": 300, "input_length": 30, "output_length": 3, "hash_ids": [7, 8]}\n')
     load = {"path": str(trace), "format": "mooncake", "time_scale": 0.5}
-    d = gate_config(tmp_path, {**BASE, "load": {**load, "tokens_per_block": 16}, "trials": 1,
+    d = gate_config(tmp_path, {**ENGINE, "load": {**load, "tokens_per_block": 16}, "trials": 1,
                                "max_client_lag_p99_s": 1.0}, metric="ttft_p95_s@trace", pass_="<= 1 s", stop=None)
     # the trace's own blocks are 512 tokens (Mooncake); re-mapped to 16-token blocks: 40 tokens -> 2 blocks
     with pytest.raises(ConfigError):  # 40 tokens in 512-token blocks need 1 hash id, not 3
@@ -367,12 +389,8 @@ def test_a_trace_is_replayed_by_its_scaled_timestamps_with_prompts_sharing_exact
                      '{"timestamp": 100, "input_length": 1600, "output_length": 1, "hash_ids": [1, 2, 4, 5]}\n'
                      '{"timestamp": 300, "input_length": 900, "output_length": 3, "hash_ids": [7, 8]}\n')
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
-    gate = cfg.suite.gates[0]
-    (tmp_path / "gates" / "L").mkdir(parents=True)
     engine = PrefixEngine()
-    ctx = GateContext(gate=gate, params=cfg.params["L"], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"n1": scripted_node()}, steps=StepLog(tmp_path), gate_dir=tmp_path / "gates" / "L",
-                      http=httpx.MockTransport(engine))
+    ctx = gate_context(tmp_path, cfg, scripted_node(), engine)
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     (p,) = result.evidence.points
@@ -387,3 +405,45 @@ def test_a_trace_is_replayed_by_its_scaled_timestamps_with_prompts_sharing_exact
     assert a[:16] != c[:16]                               # hash ids 7, 8: nothing shared
     assert p.accounting.memory_hit_tokens == 32  # the engine found the shared blocks once
     assert "ttft_p95_s@trace" in result.metrics and "knee_rate_rps" not in result.metrics
+
+
+class LateCountingEngine(PrefixEngine):
+    """An engine that answers a request's last token before it counts the request (vLLM records its statistics
+    after the output is sent): a request's tokens reach /metrics only ``late`` reads of /metrics later."""
+
+    def __init__(self, late: int):
+        super().__init__()
+        self.late = late
+        self.pending: list[list[int]] = []  # [reads left, prompt tokens, gpu hits]
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            for p in self.pending:
+                p[0] -= 1
+            for p in [p for p in self.pending if p[0] < 0]:
+                self.prompt, self.gpu_hit = self.prompt + p[1], self.gpu_hit + p[2]
+                self.pending.remove(p)
+        before = (self.prompt, self.gpu_hit)
+        resp = super().__call__(request)
+        if request.url.path.startswith("/v1/"):
+            self.pending.append([self.late, self.prompt - before[0], self.gpu_hit - before[1]])
+            self.prompt, self.gpu_hit = before
+        return resp
+
+
+@pytest.mark.parametrize("late,settled", [(3, True), (50, False)])
+def test_counters_read_after_a_point_wait_on_the_gates_clock_until_the_engine_counted_it(tmp_path, late, settled):
+    d = gate_config(tmp_path, {**BASE, "load": {"concurrency": [1]}, "trials": 1})
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    clock = ScriptedClock()
+    ctx = gate_context(tmp_path, cfg, scripted_node(), LateCountingEngine(late), clock)
+    result = WORKLOADS["g2-load"]().run(ctx)
+    (p,) = result.evidence.points
+    settle_waits = [w for w in clock.waits if w == 0.2]
+    if settled:  # read again, 0.2 s apart on the gate's clock, until the prompt tokens sent are counted: the
+        # warm-up's before the point's counters are read (else it would count in the point), then the point's
+        assert p.accounting.prompt_tokens == 192 and p.accounting.memory_hit_tokens == 64
+        assert 2 <= len(settle_waits) < 20
+    else:  # an engine that never catches up is read 10 times more (after the warm-up, after the point), then
+        # taken as it is: the shortfall shows
+        assert p.accounting.prompt_tokens < 192 and len(settle_waits) == 20
