@@ -43,7 +43,7 @@ def records(label: str, rate: float, trial: int) -> list[LoadRecord]:
     for j in range(8):
         ttft = 0.04 * rate * rate + 0.01 * j + 0.002 * trial
         itl = (0.01,) * 3
-        err = "HTTP 503: overloaded" if (label, trial, j) == ("r4", 3, 7) else None
+        err = "HTTP 503: overloaded" if (label, trial, j) == ("r4", 3, 7) or label == "r8" else None
         lat = None if err else ttft + sum(itl)
         rec = RequestRecord(f"{label}-t{trial}-{j}", PROMPT, 0.0, None if err else ttft, () if err else itl, lat,
                             None if err else lat + 0.001, 0 if err else 4, "", 503 if err else 200, err)
@@ -68,7 +68,7 @@ def point(label: str, rate: float, trial: int, read_fraction: float = 0.9) -> tu
     return pt, recs
 
 
-def load_run(tmp_path, bad_point: str | None = None):
+def load_run(tmp_path, bad_point: str | None = None, ladder=LADDER):
     """The fixed run with a g2-load gate G2L added: a 3-point open-loop ladder x 3 trials, its requests files in
     gates/G2L/, its verdict from g2-load's own evaluator. ``bad_point``: that point reads 0.1 of its tier hits."""
     run, pred = fixed_run(tmp_path)
@@ -76,13 +76,13 @@ def load_run(tmp_path, bad_point: str | None = None):
     gate.mkdir()
     points, by_file = [], {}
     for trial in (1, 2, 3):
-        for label, rate in LADDER:
+        for label, rate in ladder:
             pt, recs = point(label, rate, trial, 0.1 if label == bad_point else 0.9)
             points.append(pt)
             by_file[pt.requests_file] = recs
             (gate / pt.requests_file).write_text("".join(json.dumps(r.to_dict()) + "\n" for r in recs))
     ev = G2LoadEvidence(engine="vllm", engine_version="0.11.0+cpu", engine_profile="vllm-cpu-prefix", load_kind="open",
-                        loads=[r for _, r in LADDER], burstiness=1.0, trials=3, requests_per_point=8,
+                        loads=[r for _, r in ladder], burstiness=1.0, trials=3, requests_per_point=8,
                         ttft_slo_s=SLO_S, knee_percentile=95, max_client_lag_p99_s=0.001, min_read_fraction=0.5,
                         kv_bytes_per_token=KV_BYTES_PER_TOKEN)
     result = evaluate_load(points, "open", SLO_S, 95, ev)
@@ -300,3 +300,20 @@ def test_loads_read_as_people_say_them():
 
     assert [load_text(1.0, "closed"), load_text(4.0, "closed"), load_text(2.5, "open"), load_text(0.8333, "trace")] \
         == ["1 user", "4 users", "2.5 req/s", "0.8333 req/s (mean)"]
+
+
+def test_a_point_whose_requests_all_failed_is_shown_not_drawn_at_zero(tmp_path):
+    """8 req/s: the server refused every request (r8 in records()). Its row and accounting are there; the TTFT
+    chart has no vertex for it, its llm-d report says 8 failures of 8 and is valid."""
+    run, pred, result, _ = load_run(tmp_path, ladder=LADDER + [("r8", 8.0)])
+    assert result.metrics["knee_rate_rps"] == 2.0 and result.error is None
+    files = write_reports(RID, run, pred, tmp_path / "out")
+    svg = (tmp_path / "out" / "charts" / "G2L-load-ttft.svg").read_text()
+    assert len(vertices(svg, "ttft-p50")) == 3
+    assert len(vertices((tmp_path / "out" / "charts" / "G2L-load-throughput.svg").read_text(), "goodput-line")) == 4
+    doc = json.loads((tmp_path / "out" / "llmd" / "G2L-r8-t2.json").read_text())
+    br.load_benchmark_report(doc)
+    reqs = doc["results"]["request_performance"]["aggregate"]["requests"]
+    assert (reqs["total"], reqs["failures"]) == (8, 8)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| r8 | 8 req/s | — | — | — | — |" in md and "tables/G2L-requests.csv" in files
