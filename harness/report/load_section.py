@@ -194,7 +194,7 @@ def charts(ev: G2LoadEvidence, ttfts: dict[str, list[float]], gid: str) -> dict[
                                   + ("; the dotted diagonal is the offered rate" if ev.load_kind == "open" else ""),
                                   svg)
     if any(ttfts.values()):
-        names = {s.label: f"{s.label} ({s.load:g} {unit})".replace(" )", ")") for s in ev.summary}
+        names = {s.label: f"{s.label} ({load_text(s.load, ev.load_kind)})" for s in ev.summary}
         svg = lc.ttft_cdf_svg([(names.get(k, k), v) for k, v in ttfts.items()], slo_s=ev.ttft_slo_s,
                               title=f"{gid}: TTFT distribution per load point")
         out["load-cdf"] = ("Distribution of the time to first token at every load point (successful requests of "
@@ -313,5 +313,5 @@ def load_section(verdict: dict[str, Any], gate_dir: Path | None, gate_part: str)
                         args={k: v for k, v in (("engine_profile", ev.engine_profile),
                                                 ("attached", ev.attached)) if v is not None})
     return LoadSection(view=view(ev, [f"llmd/{n}.json" for n in reports]), tables=tables,
-                       charts=charts(ev, {k: v for k, v in ttfts.items()}, gid), reports=reports, engine=engine,
+                       charts=charts(ev, ttfts, gid), reports=reports, engine=engine,
                        title=str(verdict.get("title") or ""), gate_id=gid)
