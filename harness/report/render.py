@@ -12,6 +12,8 @@ placeholder: harness.report.bundle):
   tables/verdicts.csv        one row per gate
   tables/<gate>-<key>.csv    every per-stream / per-request / per-job / per-second series of a gate
   charts/<gate>-<kind>.svg   per-GPU bars, TTFT distributions, per-node time series
+  llmd/<gate>-<point>-t<trial>.json   a load gate's points as llm-d Benchmark Reports (harness.report.load_section,
+                             which also gives a load gate's charts, tables and the view of reports/_load.*.j2)
   (a gate ID or key that is not a plain name is written through :func:`file_part`; every path is checked to
   stay inside the output directory: :func:`confined`)
 
@@ -47,7 +49,9 @@ from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, par
 from ..units import UnitError, format_quantity, parse_quantity, parse_threshold
 from ..workloads.base import ChartInputs, ValidityCheck
 from . import charts as rc
+from .jsonl import jsonl_objects
 from .junit import verdicts_to_junit
+from .load_section import load_section
 from .predicate import check_predicate, finite
 
 TABLES_DIR = "tables"
@@ -205,27 +209,9 @@ def request_records(gate_dir: Path | None) -> dict[str, list[dict[str, Any]]]:
     if gate_dir is None:
         return out
     for phase, name in REQUEST_FILES.items():
-        p = gate_dir / name
-        if not p.is_file():
-            continue
-        rel = f"gates/{gate_dir.name}/{name}"
-        try:
-            data = read_bytes(p, max_bytes=MAX_JSON_BYTES, what="request log", follow_symlinks=False,
-                              display_name=rel)
-        except InputFileError:
-            continue
-        recs = []
-        for n, line in enumerate(decode_utf8(data, rel).splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = parse_json(line, rel)
-            except InputFileError as exc:
-                raise InputFileError(rel, n, exc.message) from None
-            if not isinstance(rec, dict):
-                raise InputFileError(rel, n, f"expected a JSON object per line, got {type(rec).__name__}")
-            recs.append(rec)
-        out[phase] = recs
+        recs = jsonl_objects(gate_dir / name, f"gates/{gate_dir.name}/{name}")
+        if recs is not None:
+            out[phase] = recs
     return out
 
 
@@ -464,6 +450,7 @@ class Rendered:
     view: dict[str, Any]
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # relative path -> frame
     charts: dict[str, str] = field(default_factory=dict)  # relative path -> svg
+    files: dict[str, bytes] = field(default_factory=dict)  # relative path -> bytes (llm-d reports)
 
 
 def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Rendered:
@@ -473,21 +460,24 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
     verdicts = [dict(v) for v in predicate.get("verdicts") or []]
     tables: dict[str, pd.DataFrame] = {f"{TABLES_DIR}/verdicts.csv": verdicts_frame(verdicts)}
     charts: dict[str, str] = {}
+    files: dict[str, bytes] = {}
     gates = []
     for v in verdicts:
         gid = v["gate_id"]
         gate_dir = gate_dir_of(bundle_dir, gid)
         result = (_read_json(gate_dir / "result.json") if gate_dir else None) or {}
         g_tables = []
-        for key, frame in gate_tables(v, gate_dir).items():
+        load = load_section(v, gate_dir, file_part(gid))  # None unless a load gate (harness.report.load_section)
+        for key, frame in {**gate_tables(v, gate_dir), **(load.tables if load else {})}.items():
             rel = f"{TABLES_DIR}/{file_part(gid)}-{file_part(key)}.csv"
             tables[rel] = frame
             g_tables.append({"path": rel, "rows": len(frame), "key": key})
         g_charts = []
-        for kind, (caption, svg) in gate_charts(v, gate_dir).items():
+        for kind, (caption, svg) in {**gate_charts(v, gate_dir), **(load.charts if load else {})}.items():
             rel = f"{CHARTS_DIR}/{file_part(gid)}-{kind}.svg"
             charts[rel] = svg
             g_charts.append({"path": rel, "kind": kind, "caption": caption, "id": f"chart-{gid}-{kind}"})
+        files.update(load.files(report_id) if load else {})
         started, finished = result.get("started_unix_s"), result.get("finished_unix_s")
         ref = v.get("reference") or {}
         gates.append({
@@ -498,7 +488,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             "nvmeof": nvmeof_rows(v), "metric_rows": metric_rows(v),
             "duration_s": (finished - started) if isinstance(started, (int, float)) and
             isinstance(finished, (int, float)) else None,
-            "streams": [s.model_dump() for s in chart_inputs(v).streams],
+            "streams": [s.model_dump() for s in chart_inputs(v).streams], **(load.gate_view() if load else {}),
         })
     view = {
         "report_id": report_id, "suite": predicate.get("suite") or {}, "overall": predicate.get("overall"),
@@ -510,7 +500,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
         "signers": (predicate.get("rerender_signers") or {}).get("signatures"),
         "signers_checked_with": (predicate.get("rerender_signers") or {}).get("checked_with"),
     }
-    return Rendered(view, tables, charts)
+    return Rendered(view, tables, charts, files)
 
 
 class MdText(str):
@@ -599,6 +589,7 @@ def write_reports(report_id: str, bundle_dir: Path, predicate: dict[str, Any], o
         files[rel] = to_csv_bytes(frame)
     for rel, svg in r.charts.items():
         files[rel] = svg.encode()
+    files.update(r.files)
     for rel, data in files.items():
         confined(out_dir, rel).write_bytes(data)
     return sorted(files)
