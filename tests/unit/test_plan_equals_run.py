@@ -25,6 +25,7 @@ from harness.workloads import WORKLOADS
 from harness.workloads.base import PlannedStep
 from doubles import EngineServer, engine_node, pool_blockstat
 from test_g2_attach import attach_config, pool_node
+from test_g2_load import BASE as G2_LOAD_LADDER, PrefixEngine, gate_config, scripted_node
 from test_kv_read import g1c_context, g1c_gate, reader_node
 from test_r3 import r3_config, r3_node
 from test_workload_runs import context, fio_node, g2_config, local_suite, loopback_node
@@ -135,9 +136,17 @@ def g2_ttft_attached(tmp_path) -> Scenario:
     return Scenario(cfg, "G2", nodes, http=httpx.MockTransport(engine))
 
 
+def g2_load(tmp_path) -> Scenario:
+    """A concurrency ladder (2 loads x 2 trials) on the cpu-reference engine, as test_g2_load scripts it."""
+    d = gate_config(tmp_path, G2_LOAD_LADDER, pass_=">= 2", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    return Scenario(cfg, "L", {"n1": scripted_node()}, http=httpx.MockTransport(PrefixEngine()))
+
+
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
     "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
     "g2-multiturn": g2_multiturn, "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
+    "g2-load": g2_load,
 }
 # More ways to run a workload than its first scenario: (workload, id, scenario)
 MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached)]
