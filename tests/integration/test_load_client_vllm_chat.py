@@ -50,7 +50,7 @@ def served(tmp_path_factory):
     srv = subprocess.Popen([str(ENGINE_PYTHON), "-m", "vllm.entrypoints.cli.main", "serve", str(d / "model"),
                             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
                             "--max-model-len", "1024", "--gpu-memory-utilization", "0.25", "--seed", "0",
-                            "--enforce-eager"]  # no ~80 s torch.compile per start (see vllm-cpu-disk.yaml),
+                            "--enforce-eager"],  # no ~80 s torch.compile per start (see vllm-cpu-disk.yaml)
                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
 
