@@ -42,8 +42,8 @@ from ..engines.preflight import preflight_argv
 from ..errors import WorkloadError
 from ..execute.cancel import Cancellation
 from ..parsers.prometheus import Sample, counter_delta
-from .base import (Evidence, GateContext, PlannedStep, StrictModel, Workload, WorkloadResult, register_workload,
-                   write_gate_file, write_summary)
+from .base import (Evidence, GateContext, PlannedStep, StrictModel, ValidityCheck, Workload, WorkloadResult,
+                   register_workload, write_gate_file, write_summary)
 from .engine import (FREE_PORT_CODE, EngineHandle, LaunchedEngine, client_base_url, engine_node, engine_port,
                      engine_preflight, engine_values, model_config_issues, node_engine_python, profile_issues,
                      stage_engine_files)
@@ -156,6 +156,7 @@ def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: flo
     error = f"{len(failed)} requests failed; first: {failed[0]}" if failed else None
     # the engine's own word that the tier did nothing outranks every figure
     invalid, _ = first_fallback(logs or {}, fallback_patterns, lambda name: f"{name} instance's")
+    fallback = invalid
     for name in ("no_tier", "tier"):
         reuse = ev.get(name, {}).get("memory_reuse")
         if reuse is not None and reuse > max_memory_reuse:
@@ -169,8 +170,43 @@ def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: flo
     elif rate < min_tier_hit_rate:
         invalid = invalid or (f"the tier served {rate:.1%} of the returning sessions' context "
                               f"(below {min_tier_hit_rate:.0%}): the gain is not the tier's")
+    ev["validity"] = multiturn_validity(ev, failed, fallback, min_tier_hit_rate, max_memory_reuse)
     return WorkloadResult(metrics=metrics, evidence=(evidence or MultiTurnEvidence()).model_copy(update=ev),
                           invalid_reason=invalid, error=error)
+
+
+def multiturn_validity(ev: dict[str, Any], failed: list[str], fallback: str | None, min_tier_hit_rate: float,
+                       max_memory_reuse: float) -> list[ValidityCheck]:
+    """Pure: what the gain rests on, as :func:`evaluate_multiturn` judges it: every request served, neither
+    instance fell back, the returning sessions' context gone from each instance's engine memory (so it was
+    recomputed or read from the tier), no tier hits without the tier, and the tier serving the returning context."""
+    out = [ValidityCheck(name="requests", ok=not failed, claim="every turn was served by both instances",
+                         how=failed[0] if failed else "every request ok", figure="failed requests",
+                         value=float(len(failed)), unit="count"),
+           ValidityCheck(name="no fall-back", ok=fallback is None,
+                         claim="neither instance fell back to re-computing behind a configured tier",
+                         how=fallback or "both instances' whole logs scanned for the built-in and the profile's "
+                                         "fall-back patterns: none")]
+    for name, words in (("no_tier", "without the tier"), ("tier", "with the tier")):
+        reuse = ev.get(name, {}).get("memory_reuse")
+        out.append(ValidityCheck(
+            name=f"evicted ({words})", ok=reuse is not None and reuse <= max_memory_reuse,
+            claim=f"the returning sessions' context was no longer in the engine memory of the instance {words}",
+            how=f"the instance's engine-memory hit counter over the returning turns against their prior context "
+                f"(at most {max_memory_reuse} allowed)", figure="share of the context still in engine memory",
+            value=reuse, unit="ratio"))
+    stray = ev.get("no_tier", {}).get("returning_tier_hit_tokens")
+    out.append(ValidityCheck(name="no tier without the tier", ok=not stray,
+                             claim="the instance without the tier got no tier hits (the two modes are what they claim)",
+                             how="its tier hit counter over the returning turns", figure="tier hit tokens",
+                             value=stray, unit="count"))
+    rate = ev.get("tier", {}).get("tier_hit_rate")
+    out.append(ValidityCheck(name="tier served", ok=rate is not None and rate >= min_tier_hit_rate,
+                             claim="the tier served the returning sessions' context (the gain is the tier's)",
+                             how=f"the tier instance's tier hit counter against the returning turns' prior context "
+                                 f"(at least {min_tier_hit_rate} required)", figure="tier hit rate", value=rate,
+                             unit="ratio"))
+    return out
 
 
 def _delta(before: list[Sample], after: list[Sample], prefix: str) -> dict[str, float]:

@@ -38,8 +38,10 @@ from ..engines.prompts import make_prompts
 from ..execute.fanout import fan_out
 from ..node import program_path
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
-from .base import (Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, Workload, WorkloadResult, register_workload,
-                   target_path, write_summary, write_gate_file)
+from ..units import format_quantity
+from .base import (Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, ValidityCheck,
+                   Workload, WorkloadResult, register_workload, target_path, write_summary,
+                   write_gate_file)
 from .engine import (FREE_PORT_CODE, LaunchedEngine, client_base_url, engine_port, engine_preflight, engine_values,
                      model_config_issues, node_engine_python, pool_contents, pool_files_argv, profile_issues,
                      stage_engine_files)
@@ -102,6 +104,42 @@ class R3Evidence(Evidence):
     note: str | None = None
 
 
+def r3_validity(ev: "R3Evidence", fallback: str | None, reader_hit: float | None, reader_query: float | None,
+                writer_hit: float | None, pool_bytes: int, expected_kv_bytes: int) -> list[ValidityCheck]:
+    """Pure: what R3's figure rests on, as :func:`evaluate_r3` judges it: the requests served, neither engine fell
+    back, the prompts new to the pool (the writer hit none), the reader fresh (no lookups before its phase), the
+    reader's counters measured its phase, and the writer's KV in the pool (not a validity condition: a pool the
+    writer never reached is the failure R3 exists to catch, shown here as not holding)."""
+    before = ev.reader_query_tokens_before or 0
+    return [
+        ValidityCheck(name="requests", ok=not ev.failed_requests, claim="every prompt was served on both nodes",
+                      how=ev.failed_requests[0] if ev.failed_requests else "each node's client: every request ok",
+                      figure="failed requests", value=float(len(ev.failed_requests)), unit="count"),
+        ValidityCheck(name="no fall-back", ok=fallback is None,
+                      claim="neither engine fell back to re-computing (the tier was in use)",
+                      how=fallback or "both engines' whole logs scanned for the built-in and the profile's fall-back "
+                                      "patterns: none"),
+        ValidityCheck(name="new prompts", ok=writer_hit is not None and writer_hit == 0,
+                      claim="the prompts were new to the pool (the writer computed every one)",
+                      how="the writer engine's hit counters over its phase", figure="writer hit tokens",
+                      value=writer_hit, unit="count"),
+        ValidityCheck(name="fresh reader", ok=not before,
+                      claim="the reader engine had looked up nothing before its phase (its hits are the writer's KV)",
+                      how="the reader engine's lookup counter before its phase", figure="reader lookups before",
+                      value=float(before), unit="count"),
+        ValidityCheck(name="reader measured", ok=reader_hit is not None and bool(reader_query),
+                      claim="the reader's hits and lookups were counted over its phase",
+                      how="the reader engine's hit and lookup counters before and after its phase",
+                      figure="reader hit rate", value=reader_hit / reader_query if reader_hit is not None
+                      and reader_query else None, unit="ratio"),
+        ValidityCheck(name="pool populated", ok=pool_bytes >= expected_kv_bytes > 0,
+                      claim="the writer's KV reached the shared pool, as the writer's node saw it",
+                      how=f"finished chunk files in the pool after the writer's phase, "
+                          f"{format_quantity(expected_kv_bytes, 'B')} expected",
+                      figure="pool bytes after the writer", value=float(pool_bytes), unit="B"),
+    ]
+
+
 def evaluate_r3(writer: PhaseRecord, reader: PhaseRecord, hit: HitMetrics, pool_bytes: int, expected_kv_bytes: int,
                 evidence: R3Evidence | None = None, logs: Mapping[str, EngineLog] | None = None,
                 fallback_patterns: Sequence[str] = ()) -> WorkloadResult:
@@ -125,6 +163,7 @@ def evaluate_r3(writer: PhaseRecord, reader: PhaseRecord, hit: HitMetrics, pool_
         reader_query_tokens_before=before))
     # an engine that fell back silently: the tier was not used (the first engine's reason)
     invalid, _ = first_fallback(logs or {}, fallback_patterns, lambda role: f"{role} engine's")
+    ev.validity = r3_validity(ev, invalid, reader_hit, reader_query, writer_hit, pool_bytes, expected_kv_bytes)
     if invalid is None and before:
         invalid = "the reader engine had looked up prompts before its phase"
     if reader_hit is not None and reader_query:

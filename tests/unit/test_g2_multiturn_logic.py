@@ -53,6 +53,19 @@ def test_invalid_cases(nt, t, why):
     assert why in evaluate_multiturn(_phases(nt, t), 0.9, 0.1).invalid_reason
 
 
+@pytest.mark.parametrize("nt,t,failing", [
+    ([_rec(1, 100)], [_rec(1, 100, tier=100)], set()),
+    ([_rec(1, 100, mem=50)], [_rec(1, 100, tier=100)], {"evicted (without the tier)"}),
+    ([_rec(1, 100)], [_rec(1, 100, tier=50)], {"tier served"}),
+    ([_rec(1, 100, tier=10)], [_rec(1, 100, tier=100)], {"no tier without the tier"}),
+    ([_rec(1, 100)], [_rec(1, 100, tier=100, ok=False)], {"requests"}),
+])
+def test_the_evaluator_states_each_proof_of_the_gain_in_its_validity_list(nt, t, failing):
+    checks = {c.name: c for c in evaluate_multiturn(_phases(nt, t), 0.9, 0.1).evidence.validity}
+    assert {n for n, c in checks.items() if not c.ok} == failing
+    assert checks["tier served"].unit == "ratio" and checks["evicted (with the tier)"].figure
+
+
 def test_failed_request_is_an_error():
     r = evaluate_multiturn(_phases([_rec(1, 100)], [_rec(1, 100, tier=100, ok=False)]), 0.9, 0.1)
     assert r.error and "boom" in r.error

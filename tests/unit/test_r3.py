@@ -74,6 +74,23 @@ def test_no_pool_bytes_is_a_miss_not_an_excuse_and_failed_requests_are_error():
     assert "no hit/query counters" in evaluate_r3(phase("writer", 0, 3072), phase("reader", None, None), HM, 1, 1).error
 
 
+def test_the_evaluator_states_what_r3_proved_in_its_validity_list():
+    def checks(res):
+        return {c.name: c for c in res.evidence.validity}
+    ok = checks(evaluate_r3(captured("writer"), captured("reader"), HM, 18874704, 18874368))
+    assert all(c.ok for c in ok.values()) and set(ok) == {"requests", "no fall-back", "new prompts", "fresh reader",
+                                                          "reader measured", "pool populated"}
+    assert ok["pool populated"].figure_text() == "pool bytes after the writer: 18.0 MiB (18874704 bytes)"
+    assert ok["reader measured"].value == 1.0
+    # the writer hit some (the prompts were not new), the pool never got the writer's KV (a FAIL, shown as not
+    # holding), a failed request: each check says so with its figure
+    bad = checks(evaluate_r3(phase("writer", 512, 3072), phase("reader", 0, 3072), HM, 0, 18874368))
+    assert not bad["new prompts"].ok and bad["new prompts"].value == 512
+    assert not bad["pool populated"].ok and bad["pool populated"].value == 0
+    failed = checks(evaluate_r3(captured("writer"), captured("reader", failed=1), HM, 1, 1))
+    assert not failed["requests"].ok and "timeout" in failed["requests"].how
+
+
 def test_an_engines_fall_back_and_a_reader_that_looked_up_before_are_invalid_the_fall_back_first():
     w, r = phase("writer", 0, 3072), phase("reader", 3072, 3072)
     fell = {"writer": EngineLog(LogMark(1, ""), LogMark(1, "ready\n")),
