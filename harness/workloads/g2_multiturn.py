@@ -80,6 +80,24 @@ class MultiTurnParams(StrictModel):
     engine_values: dict[str, str] = Field(default_factory=dict)
 
 
+class MultiTurnPhase(StrictModel):
+    """One instance's run of the conversation (with or without the tier): its wall time and tokens, and what the
+    returning turns found in engine memory and in the tier (sums of the engine's level counters around every
+    request)."""
+
+    wall_s: float
+    tokens: int
+    requests: int
+    returning_prior_tokens: int
+    returning_memory_hit_tokens: float
+    returning_tier_hit_tokens: float
+    prefill_tokens: float
+    memory_evicted_tokens: float
+    tier_read_bytes: float
+    memory_reuse: float | None = None   # share of the returning turns' prior context still in engine memory
+    tier_hit_rate: float | None = None  # share of it the tier served
+
+
 class MultiTurnEvidence(Evidence):
     """G2-multiturn's evidence: both instances, the conversation's shape, and per phase what the returning
     sessions found in engine memory and in the tier (from the engine's counters around every request)."""
@@ -94,8 +112,8 @@ class MultiTurnEvidence(Evidence):
     kv_bytes_per_token: int | None = None
     context_tokens_per_session_last_turn: int | None = None
     lmcache_config: dict[str, Any] | None = None
-    no_tier: dict[str, Any] | None = None
-    tier: dict[str, Any] | None = None
+    no_tier: MultiTurnPhase | None = None
+    tier: MultiTurnPhase | None = None
     outputs_matching: int | None = None
 
 
@@ -171,6 +189,9 @@ def evaluate_multiturn(phases: dict[str, dict[str, Any]], min_tier_hit_rate: flo
         invalid = invalid or (f"the tier served {rate:.1%} of the returning sessions' context "
                               f"(below {min_tier_hit_rate:.0%}): the gain is not the tier's")
     ev["validity"] = multiturn_validity(ev, failed, fallback, min_tier_hit_rate, max_memory_reuse)
+    for name in ("no_tier", "tier"):
+        if name in ev:
+            ev[name] = MultiTurnPhase(**ev[name])
     return WorkloadResult(metrics=metrics, evidence=(evidence or MultiTurnEvidence()).model_copy(update=ev),
                           invalid_reason=invalid, error=error)
 

@@ -158,7 +158,7 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_and_measures_the_tier
     cfg, ctx, node, result = multiturn_run(tmp_path)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     assert result.metrics["tier_hit_rate"] == 1.0 and result.evidence.outputs_matching == 4
-    assert result.evidence.no_tier["returning_tier_hit_tokens"] == 0
+    assert result.evidence.no_tier.returning_tier_hit_tokens == 0
     ports = {name: str(urlsplit(url).port) for name, url in result.evidence.base_urls.items()}
     tag = result.evidence.pool_dir.rsplit("run-", 1)[1]
     sent = normalized(node.commands, {tag: "<run>", ports["no_tier"]: "<port>", ports["tier"]: "<tier port>"})
