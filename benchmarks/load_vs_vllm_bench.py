@@ -65,7 +65,8 @@ def server_mean_ms(before: tuple[float, float], after: tuple[float, float]) -> f
     return (after[0] - before[0]) / n * 1e3 if n else None
 
 
-def start_server(work: Path, tokens: int) -> tuple[subprocess.Popen, str]:
+def start_server(work: Path, tokens: int, extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """vllm serve on the random-weight test model (prefix caching off), ``extra_args`` appended; waits for /health."""
     cfg = yaml.safe_load((ROOT / "gates" / "g2-vllm-cpu.yaml").read_text())["gates"][0]["params"]["model_config_inline"]
     (work / "config.json").write_text(json.dumps(cfg))
     subprocess.run([str(ENGINE_PYTHON), str(program_path("make_model.py")), "--config", str(work / "config.json"),
@@ -75,7 +76,7 @@ def start_server(work: Path, tokens: int) -> tuple[subprocess.Popen, str]:
     srv = subprocess.Popen([str(ENGINE_PYTHON), "-m", "vllm.entrypoints.cli.main", "serve", str(work / "model"),
                             "--port", str(port), "--host", "127.0.0.1", "--served-model-name", "m",
                             "--max-model-len", str(tokens + 64), "--no-enable-prefix-caching", "--seed", "0",
-                            "--gpu-memory-utilization", "0.25"],
+                            "--gpu-memory-utilization", "0.25", *extra_args],
                            stdout=open(work / "serve.log", "w"), stderr=subprocess.STDOUT, env=env,
                            start_new_session=True)
     base = f"http://127.0.0.1:{port}"

