@@ -39,7 +39,7 @@ import math
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -532,6 +532,23 @@ def pool_dir(node, target, p: KvReadParams) -> str:
     return posixpath.join(base, p.pool_subdir)
 
 
+def _reader_step(steps: Any, tr: Any, nd: Path, step: str, argv: list[str], timeout_s: float, name: str,
+                 parse: Callable[[str], Any], failed: str) -> Any:
+    """Run one kv_reader.py mode as a logged step, keep its stdout and stderr in the node's directory
+    (``name``.json / .stderr) and return its parsed output; raise WorkloadError starting with ``failed`` when
+    the program failed or printed no result."""
+    r = steps.run(tr, step, argv, timeout_s=timeout_s, env=READER_ENV)
+    write_gate_file(nd / f"{name}.json", r.stdout)
+    write_gate_file(nd / f"{name}.stderr", r.stderr)
+    try:
+        out = parse(r.stdout)
+    except WorkloadError as exc:
+        raise WorkloadError(f"{failed}: {r.summary()} ({exc})") from None
+    if out.error or not r.ok:
+        raise WorkloadError(f"{failed}: {out.error or r.summary()}")
+    return out
+
+
 def _run_dir(node, gate_id: str) -> str:
     return posixpath.join(node.work_dir, f"kvgate-kvread-{gate_id}-{node.name}")
 
@@ -786,15 +803,8 @@ class KvRead(Workload):
 
         ctx.progress(f"{ctx.gate.id} {node.name}: laying out {sz.kv_bytes / 1e9:.3f} GB of KV through LMCache "
                      f"{p.backend} in {s.pool}")
-        r = steps.run(tr, "kv-layout", self._argv(s, "layout"), timeout_s=p.layout_timeout_s, env=READER_ENV)
-        write_gate_file(nd / "layout.json", r.stdout)
-        write_gate_file(nd / "layout.stderr", r.stderr)
-        try:
-            lay = parse_layout(r.stdout)
-        except WorkloadError as exc:
-            raise WorkloadError(f"layout failed: {r.summary()} ({exc})") from None
-        if lay.error or not r.ok:
-            raise WorkloadError(f"layout failed: {lay.error or r.summary()}")
+        lay = _reader_step(steps, tr, nd, "kv-layout", self._argv(s, "layout"), p.layout_timeout_s, "layout",
+                           parse_layout, "layout failed")
         rec.layout = KvLayoutRecord(reused=lay.reused, chunks=lay.chunks, kv_bytes=lay.kv_bytes,
                                     file_bytes=lay.file_bytes, elapsed_s=lay.elapsed_s,
                                     engine_init_s=lay.engine_init_s, layout_id=s.layout_id)
@@ -806,15 +816,8 @@ class KvRead(Workload):
             drop = drop_caches(ctx, tr, "kv-drop-caches", timeout_s=300)
             rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
         ctx.progress(f"{ctx.gate.id} {node.name}: {node.stream_count} reader(s) retrieving through LMCache")
-        r = steps.run(tr, "kv-read", self._argv(s, "read"), timeout_s=p.read_timeout_s + 600, env=READER_ENV)
-        write_gate_file(nd / "read.json", r.stdout)
-        write_gate_file(nd / "read.stderr", r.stderr)
-        try:
-            run = parse_read(r.stdout)
-        except WorkloadError as exc:
-            raise WorkloadError(f"readers failed: {r.summary()} ({exc})") from None
-        if run.error or not r.ok:
-            raise WorkloadError(f"readers failed: {run.error or r.summary()}")
+        run = _reader_step(steps, tr, nd, "kv-read", self._argv(s, "read"), p.read_timeout_s + 600, "read",
+                           parse_read, "readers failed")
         record_checks(rec, run)
         acc["rows"], acc["details"] = connector_rows(node.name, run, None)
 
