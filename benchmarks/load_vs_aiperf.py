@@ -39,15 +39,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import httpx  # noqa: E402
 
 from harness.engines.client import CompletionRequest  # noqa: E402
 from harness.engines.load import arrival_offsets, open_loop  # noqa: E402
 from harness.load.prompts import trace_prompts  # noqa: E402
 from harness.load.traces import Trace, TraceRequest, read_trace, trace_lines  # noqa: E402
-from harness.parsers.prometheus import metric_total, parse_prometheus  # noqa: E402
+from harness.parsers.prometheus import metric_total  # noqa: E402
 from harness.stats import percentile  # noqa: E402
-from load_vs_vllm_bench import ENGINE_PYTHON, server_mean_ms, server_ttft, start_server, ttft_cells  # noqa: E402
+from load_vs_vllm_bench import (ENGINE_PYTHON, server_mean_ms, server_metrics, start_server, ttft_cells,  # noqa: E402
+                                ttft_totals)
 
 AIPERF = ROOT / ".venv-bench" / "aiperf" / "bin" / "aiperf"
 
@@ -65,9 +65,17 @@ def make_trace(n: int, rate_rps: float, lengths: list[int], seed: int) -> Trace:
     return Trace(format="mooncake", block_tokens=512, requests=tuple(reqs))
 
 
-def server_prompt_tokens(base: str) -> float:
-    s = parse_prometheus(httpx.get(base + "/metrics", timeout=30).text)
-    return metric_total(s, ["vllm:prompt_tokens_total"]) or 0.0
+def server_reading(base: str) -> tuple[tuple[float, float], float]:
+    """The server's TTFT histogram (sum s, count) and prompt tokens so far, from one read of its metrics."""
+    s = server_metrics(base)
+    return ttft_totals(s), metric_total(s, ["vllm:prompt_tokens_total"]) or 0.0
+
+
+def server_window(before: tuple[tuple[float, float], float], after: tuple[tuple[float, float], float]) -> dict:
+    """What the server saw between two readings: its mean TTFT (ms), requests, prompt tokens per request."""
+    n = after[0][1] - before[0][1]
+    return {"server_ms": server_mean_ms(before[0], after[0]), "server_n": n,
+            "prompt_tokens_mean": (after[1] - before[1]) / n if n else None}
 
 
 def run_aiperf(aiperf: Path, base: str, work: Path, trace_path: Path, tag: str, seed: int) -> dict:
@@ -90,9 +98,9 @@ def run_aiperf(aiperf: Path, base: str, work: Path, trace_path: Path, tag: str, 
         (snap.parent.parent / "refs").mkdir()
         (snap.parent.parent / "refs" / "main").write_text("0" * 40)
     env = dict(os.environ, HF_HOME=str(work / "hf"), HF_HUB_OFFLINE="1")
-    before, tokens0 = server_ttft(base), server_prompt_tokens(base)
+    before = server_reading(base)
     cp = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
-    after, tokens1 = server_ttft(base), server_prompt_tokens(base)
+    after = server_reading(base)
     (work / f"aiperf-{tag}.log").write_text(cp.stdout + cp.stderr)
     if cp.returncode != 0:
         raise SystemExit(f"aiperf failed (rc {cp.returncode}): {(cp.stdout + cp.stderr)[-3000:]}")
@@ -106,9 +114,7 @@ def run_aiperf(aiperf: Path, base: str, work: Path, trace_path: Path, tag: str, 
         ttfts.append(m["value"] / {"ms": 1e3, "s": 1.0, "ns": 1e9, "us": 1e6}[m["unit"]])
     # AIPerf fails a request whose stream carried no text ("No responses with actual content"): the random test
     # model's tokens can decode to nothing; kvgate times the first chunk that carries a token. Counted, shown.
-    n = after[1] - before[1]
-    return {"ttfts": ttfts, "errors": errors, "server_ms": server_mean_ms(before, after), "server_n": n,
-            "prompt_tokens_mean": (tokens1 - tokens0) / n if n else None}
+    return {"ttfts": ttfts, "errors": errors, **server_window(before, after)}
 
 
 def run_kvgate(base: str, trace: Trace, vocab: int, seed: int, tag: str) -> dict:
@@ -116,15 +122,13 @@ def run_kvgate(base: str, trace: Trace, vocab: int, seed: int, tag: str) -> dict
     reqs = [CompletionRequest(f"{tag}-{i}", ids, max_tokens=r.output_tokens, prompt_tokens=len(ids))
             for i, (r, ids) in enumerate(zip(trace.requests, prompts))]
     offsets = [(r.t_ms - trace.requests[0].t_ms) / 1000.0 for r in trace.requests]
-    before, tokens0 = server_ttft(base), server_prompt_tokens(base)
+    before = server_reading(base)
     recs = asyncio.run(open_loop(base, reqs, offsets, "m"))
-    after, tokens1 = server_ttft(base), server_prompt_tokens(base)
+    after = server_reading(base)
     bad = [r for r in recs if not r.record.ok]
     if bad:
         raise SystemExit(f"kvgate request failed: {bad[0].record.error}")
-    n = after[1] - before[1]
-    return {"ttfts": [r.record.ttft_s for r in recs], "server_ms": server_mean_ms(before, after), "server_n": n,
-            "prompt_tokens_mean": (tokens1 - tokens0) / n if n else None,
+    return {"ttfts": [r.record.ttft_s for r in recs], **server_window(before, after),
             "lag_p99_ms": percentile([max(r.lag_s, 0.0) for r in recs], 99) * 1e3}
 
 

