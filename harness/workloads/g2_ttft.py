@@ -666,13 +666,10 @@ class G2Ttft(Workload):
             lambda _n, h, label: self._warm_up(ctx, p, prof, h.base_url, label, warm[label], ev)))
         fallback = None
         rc = rb = log = None
-        pool_before = [0]
-
         def recompute() -> list[RequestRecord]:
             if eng.persistent:  # earlier runs' chunks are in the pool: only what this run adds counts
                 ev.pool_before_recompute = pool_contents(ctx, s.pool_transport, s.pool_dir, 0, 0, "g2-pool-before",
                                                          prof.pool_files)
-                pool_before[0] = ev.pool_before_recompute.bytes
             ctx.progress(f"{ctx.gate.id}: re-compute phase{where}, {len(prompts)} prompts")
             return self._send(ctx, p, prof, eng.base_url, prompts)
 
@@ -690,10 +687,11 @@ class G2Ttft(Workload):
                 ev.recompute_hit_tokens = r.delta(prof.hit_metrics.hit_tokens)
             self._recompute_log_hits(prof, r.log_before.text, r.log_after.text, prompts, ev)
             self._save(ctx.gate_dir / "requests-recompute.jsonl", rc.output)
-            pool = pool_contents(ctx, s.pool_transport, s.pool_dir, pool_before[0] + s.expected_bytes,
+            before = ev.pool_before_recompute.bytes if ev.pool_before_recompute is not None else 0
+            pool = pool_contents(ctx, s.pool_transport, s.pool_dir, before + s.expected_bytes,
                                  p.populate_timeout_s, "g2-pool-after-populate", prof.pool_files)
             # a pool that held earlier runs' chunks: what this run's re-compute added is the figure
-            ev.pool_after_populate = pool.model_copy(update={"bytes_added": pool.bytes - pool_before[0]}) \
+            ev.pool_after_populate = pool.model_copy(update={"bytes_added": pool.bytes - before}) \
                 if eng.persistent else pool
             fallback, found = first_fallback(rc.engines, prof.fallback_patterns, lambda _n: "re-compute")
             ev.fallback_lines = [m.quote() for m in found]
