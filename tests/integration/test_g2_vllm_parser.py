@@ -79,7 +79,9 @@ def test_profile_argv_accepted_by_vllm(vllm_serve, name):
     kvt = args.kv_transfer_config
     want = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert type(kvt).__name__ == "KVTransferConfig"
-    assert kvt.kv_connector == want["kv_connector"] and kvt.kv_role == "kv_both"
+    assert kvt.kv_connector == want["kv_connector"] and kvt.kv_role == want["kv_role"]
+    # both roles on one instance, but for the two sides of pd-handoff's prefill/decode hand-off
+    assert kvt.kv_role == {"vllm-cpu-producer": "kv_producer", "vllm-cpu-consumer": "kv_consumer"}.get(name, "kv_both")
     assert kvt.kv_connector_module_path == want.get("kv_connector_module_path")
 
 

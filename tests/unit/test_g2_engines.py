@@ -172,7 +172,9 @@ def test_every_shipped_profile_loads_and_renders():
             continue
         if p.engine in ("vllm", "dynamo-vllm"):
             kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-            assert kv["kv_role"] == "kv_both"
+            # both roles on one instance, but for the two sides of pd-handoff's prefill/decode hand-off
+            assert kv["kv_role"] == {"vllm-cpu-producer": "kv_producer",
+                                     "vllm-cpu-consumer": "kv_consumer"}.get(p.name, "kv_both")
             # prefix caching is set explicitly: off where G2's hits must come from the tier, on only in the profile
             # g2-load's CI ladder runs (vllm-cpu-prefix: the engine's memory is one of the levels it accounts)
             on = "--enable-prefix-caching" in argv
