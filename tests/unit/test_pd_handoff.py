@@ -215,3 +215,11 @@ def test_a_fall_back_line_outranks_every_figure():
 def test_a_failed_request_is_an_error_with_its_text():
     res = _eval(errors=["handoff: HTTP 500"])
     assert res.error == "1 request(s) failed; first: s13-n4098-i0: handoff: HTTP 500"
+
+
+def test_the_gpu_profiles_pair_validates_and_plans_with_their_roles(tmp_path):
+    # not run here (no GPU): vLLM + LMCache as producer and consumer on a shared fs:// pool
+    cfg = pd_config(tmp_path, producer_engine="vllm-lmcache-producer", consumer_engine="vllm-lmcache-consumer")
+    text = "\n".join(s.description for s in gate_plan(cfg, cfg.suite.gates[0]))
+    assert "producer (kv_producer): start a fresh vllm-lmcache-producer" in text
+    assert "consumer (kv_consumer): start a fresh vllm-lmcache-consumer" in text
