@@ -64,6 +64,7 @@ ROLES = ("producer", "consumer")
 # Fresh (recompute) and warm-up prompts are drawn from seeds this far from the gate's: never among its prompts.
 FRESH_SEED_OFFSET = 2_000_003
 WARMUP_SEED_OFFSET = 1_000_003
+SYNC_ARGV = ("sync",)
 
 
 class PdParams(StrictModel):
@@ -441,6 +442,9 @@ class PdHandoff(Workload):
             if p.drop_caches:
                 out += [PlannedStep(d, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV)
                         for d in drop_on]
+            else:
+                out.append(PlannedStep(pn, "sync (the store's writes reach the device before they are counted)",
+                                       SYNC_ARGV))
             out.append(PlannedStep(pn, "the producer's pool device counters after the prefill (writes)",
                                    pool_blockstat_argv(pr["pool_dir"])))
             out.append(PlannedStep(cn, "the consumer's pool device counters before the hand-off",
@@ -580,6 +584,9 @@ class PdHandoff(Workload):
                 ev.page_cache_dropped = all(d.dropped for d in drops) and ev.page_cache_dropped is not False
                 ev.page_cache_drop_error = ev.page_cache_drop_error or \
                     ("; ".join(d.error for d in drops if d.error) or None)
+            else:  # the store's writes reach the device before the producer's counters are read again
+                ev.page_cache_dropped = False
+                ctx.steps.run(pt, f"pd-sync-{i}", SYNC_ARGV, timeout_s=300)
             store["cold_s"] = clock.now() - store["t"]
             return rec
 

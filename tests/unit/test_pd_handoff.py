@@ -79,7 +79,8 @@ class Tier:
             preflight(PREFLIGHT_VLLM), (argv_has("kvgate-pool-blockstat"), stat),
             (argv_starts("find"), lambda c: Reply(stdout="".join(f"{n}\n" for n in self.files))),
             (spawned, self.spawn), (argv_has("make_model.py"), Reply(stdout='{"model_type": "llama"}\n')),
-            *ok(argv_starts("mkdir"), argv_is("sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"))), name=name)
+            *ok(argv_starts("mkdir"), argv_is("sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"),
+                argv_is("sync"))), name=name)
 
 
 def run_pd(tmp_path, tier: Tier, nodes=("n1",), **params):
@@ -126,6 +127,14 @@ def test_a_consumer_that_recomputed_is_invalid_never_pass(tmp_path):
     assert res.invalid_reason is not None and res.invalid_reason.startswith("hand-off hits"), res.invalid_reason
     bad = {c.name for c in res.evidence.validity if not c.ok}
     assert bad == {"hand-off hits", "consumer read the tier"}
+
+
+def test_without_dropping_the_page_cache_the_store_is_still_synced_before_its_writes_are_counted(tmp_path):
+    cfg, nodes, res = run_pd(tmp_path, Tier(), drop_caches=False)
+    assert res.error is None and res.evidence.page_cache_dropped is False
+    sent = nodes["n1"].commands
+    assert ("sync",) in sent and not any("drop_caches" in " ".join(c) for c in sent)
+    assert plan_mismatch([s for s in gate_plan(cfg, cfg.suite.gates[0]) if s.node == "n1"], sent) is None
 
 
 def test_on_two_nodes_each_side_is_probed_on_its_own_node(tmp_path):
