@@ -493,6 +493,8 @@ class PdHandoff(Workload):
                 checked[key] = versions
             ev.versions[role] = checked[key]
             v["port"] = engine_port(ctx, t, node, 0, python, f"pd-{role}-port")
+            if role == "consumer" and name == roles["producer"] and v["port"] == lay["producer"]["port"]:
+                v["port"] = engine_port(ctx, t, node, 0, python, "pd-consumer-port-again")  # the kernel gave it twice
             err, _ = stage_engine_files(ctx, t, prof, v, ctx.gate_dir / role, model_cfg, prof.lmcache,
                                         f"pd-{role}-mkdir")
             if err:
