@@ -35,10 +35,11 @@ import dataclasses
 import json
 import posixpath
 import uuid
-from typing import Any, Literal, Mapping, Sequence
+from urllib.parse import urlsplit
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import httpx
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..engines import EngineProfile, kv_bytes_per_token, load_profile, shell_line
 from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
@@ -48,11 +49,13 @@ from ..errors import WorkloadError
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, pool_device_probe, read_bytes_between, \
     write_bytes_between
 from ..parsers.prometheus import metric_total
+from ..redact import redact_url, register_url
 from ..stats import percentile
 from ..units import format_quantity
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, TtftEvidence,
                    ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path,
                    write_gate_file, write_summary)
+from .attach import AttachedEngine, NodeCommand
 from .engine import (FREE_PORT_CODE, LaunchedEngine, build_random_model, build_random_model_argv, client_base_url,
                      engine_port, engine_preflight, engine_values, model_config_issues, node_engine_python,
                      pool_contents, pool_files_argv, profile_issues, random_model_dir, stage_engine_files,
@@ -65,6 +68,40 @@ ROLES = ("producer", "consumer")
 FRESH_SEED_OFFSET = 2_000_003
 WARMUP_SEED_OFFSET = 1_000_003
 SYNC_ARGV = ("sync",)
+
+
+class PdEndpoint(StrictModel):
+    """An instance someone else runs (attach mode): where kvgate reaches it, and a command that prints its log
+    (fall-back lines). kvgate never starts, restarts or stops it."""
+
+    url: str
+    metrics_url: str | None = None  # default: url + the profile's metrics_path
+    log: NodeCommand | None = None
+    connect_timeout_s: float = Field(default=30.0, gt=0)
+    # what attach.AttachedEngine reads of an attach block beyond these: a hand-off restarts nothing
+    restart: ClassVar[tuple] = ()
+    drop_caches_on: ClassVar[None] = None
+    ready_timeout_s: ClassVar[None] = None
+
+    @field_validator("url", "metrics_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        register_url(v)  # user:password@ is a secret: redacted wherever kvgate writes (harness.redact)
+        u = urlsplit(v)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"{redact_url(v)!r} is not an http(s) URL with a host (e.g. http://10.0.0.5:8000)")
+        return v.rstrip("/")
+
+
+class PdAttach(StrictModel):
+    """Attach mode: the prefill and the decode instance of a deployment, by URL, and the directory on the tier
+    both store KV in (on the producer's and the consumer's node: the pool's chunk files and its device)."""
+
+    producer: PdEndpoint
+    consumer: PdEndpoint
+    pool_path: str = Field(min_length=1)
 
 
 class PdParams(StrictModel):
@@ -91,6 +128,7 @@ class PdParams(StrictModel):
     min_write_fraction: float = Field(default=0.5, ge=0, le=1)
     populate_timeout_s: float = Field(default=120.0, gt=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
+    attach: PdAttach | None = None  # the two instances already run (a deployment's prefill and decode workers)
 
     @model_validator(mode="after")
     def _lengths(self):
@@ -106,8 +144,8 @@ class PdInstance(StrictModel):
     node: str
     profile: str
     base_url: str
-    run_dir: str
-    pid: int | None = None
+    run_dir: str | None = None  # on its node (launched)
+    pid: int | None = None      # of the process kvgate launched
     start_time_s: float | None = None  # its process_start_time_seconds, where it exposes one
 
 
@@ -143,6 +181,7 @@ class PdEvidence(Evidence, TtftEvidence):
     versions: dict[str, dict[str, str]] = {}  # role -> the engine's distributions, read by the pre-flight
     instances: dict[str, PdInstance] = {}
     route: str | None = None
+    attached: bool = False
     pool_dir: str | None = None
     kv_bytes_per_token: int | None = None
     model_dir_on_node: dict[str, str] = {}
@@ -180,11 +219,18 @@ def distinct_instances(instances: Mapping[str, PdInstance]) -> tuple[bool, str]:
         return False, "an instance was not recorded"
     if p.base_url == c.base_url:
         return False, f"both roles were served at one URL ({p.base_url})"
-    if p.pid is None or c.pid is None:
-        return False, "a process id was not recorded"
-    if p.node == c.node and p.pid == c.pid:
-        return False, f"both roles are process {p.pid} on {p.node}"
-    return True, f"producer pid {p.pid} on {p.node} at {p.base_url}; consumer pid {c.pid} on {c.node} at {c.base_url}"
+    if p.pid is not None and c.pid is not None:  # launched: kvgate started both processes
+        if p.node == c.node and p.pid == c.pid:
+            return False, f"both roles are process {p.pid} on {p.node}"
+        return True, (f"producer pid {p.pid} on {p.node} at {p.base_url}; consumer pid {c.pid} on {c.node} at "
+                      f"{c.base_url}")
+    # attached: the engines' own restart markers (process_start_time_seconds) must tell them apart
+    if p.start_time_s is None or c.start_time_s is None:
+        return False, "no process ids, and an instance exposes no process start time to tell the two apart"
+    if p.start_time_s == c.start_time_s:
+        return False, f"both URLs report one process start time ({p.start_time_s})"
+    return True, (f"producer at {p.base_url} started at {p.start_time_s}, consumer at {c.base_url} at "
+                  f"{c.start_time_s} (process_start_time_seconds)")
 
 
 def pd_validity(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance], fallback: str | None,
@@ -311,6 +357,9 @@ class PdHandoff(Workload):
         "read_fraction": "ratio",
     }
 
+    # parameters only launched instances use: set with attach:, they would be accepted and ignored
+    LAUNCH_ONLY = ("python", "random_weights", "random_weights_dtype", "model", "pool_target", "pool_subdir")
+
     # ------------------------------------------------------------------------------------ validation
 
     def roles(self, p: PdParams, nodes: Mapping[str, Any]) -> dict[str, str | None]:
@@ -330,8 +379,12 @@ class PdHandoff(Workload):
             if prof is None:
                 continue
             profs[role] = prof
-            if not prof.launches:
-                issues.append(((key,), f"pd-handoff launches its {role}: profile {prof.name!r} has no argv"))
+            if params.attach is None and not prof.launches:
+                issues.append(((key,), f"profile {prof.name!r} has no argv (kvgate does not launch it): give "
+                                       "attach: with both instances' URLs"))
+            if params.attach is not None and prof.launches:
+                issues.append(((key,), f"profile {prof.name!r} launches its engine (argv); attach: takes a "
+                                       "profile without argv, which describes an engine someone else runs"))
             if prof.hit_metrics is None:
                 issues.append(((key,), f"pd-handoff proves hits from counters: profile {prof.name!r} declares no "
                                        "hit_metrics"))
@@ -341,12 +394,20 @@ class PdHandoff(Workload):
         issues += model_config_issues(params.model_config_inline, "model_config_inline", kv_dtype)
         if params.producer and params.consumer and params.producer == params.consumer and len(nodes) == 2:
             issues.append((("consumer",), "producer and consumer name one node of a two-node gate"))
+        if params.attach is not None:
+            issues += [((name,), "a launch parameter: kvgate does not launch attached instances")
+                       for name in self.LAUNCH_ONLY if name in params.model_fields_set]
+            for role in ROLES:
+                log = getattr(params.attach, role).log
+                if log is not None and log.node not in nodes:
+                    issues.append((("attach", role, "log", "node"), f"node {log.node!r} is not one of the gate's "
+                                   f"nodes ({', '.join(nodes)})"))
         for role, n in self.roles(params, nodes).items():
             if n is None or n not in nodes:
                 issues.append(((role,), f"{role} {n!r} is not among the gate's nodes ({', '.join(nodes)})"))
                 continue
             t = nodes[n].target(params.pool_target)
-            if t is None or t.kind != "directory":
+            if params.attach is None and (t is None or t.kind != "directory"):
                 issues.append((("pool_target",), f"node {n!r} has no directory target {params.pool_target!r}"))
         return issues
 
@@ -365,12 +426,12 @@ class PdHandoff(Workload):
         """One pre-flight per node, interpreter and declared check (two roles of one engine on one node share it)."""
         return node, v["python"], json.dumps(prof.preflight.model_dump() if prof.preflight else None, sort_keys=True)
 
-    def route(self, p: PdParams, roles: Mapping[str, str], lay: Mapping[str, dict[str, Any]]) -> str:
+    def route(self, p: PdParams, roles: Mapping[str, str], urls: Mapping[str, str],
+              pools: Mapping[str, str]) -> str:
         """The route every prompt takes, as the plan and the evidence say it."""
-        pr, co = lay["producer"], lay["consumer"]
-        return (f"prompt -> producer on {roles['producer']} (127.0.0.1:{pr['port']}, 1 output token; stores the KV "
-                f"in {pr['pool_dir']}) -> consumer on {roles['consumer']} (127.0.0.1:{co['port']}, "
-                f"{p.decode_tokens} output tokens; loads the KV from {co['pool_dir']})")
+        return (f"prompt -> producer on {roles['producer']} ({redact_url(urls['producer'])}, 1 output token; stores "
+                f"the KV in {pools['producer']}) -> consumer on {roles['consumer']} ({redact_url(urls['consumer'])}, "
+                f"{p.decode_tokens} output tokens; loads the KV from {pools['consumer']})")
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         """Every command the run sends, per node in the run's order (an engine's port is ``<port>``: a free one in the
@@ -378,6 +439,67 @@ class PdHandoff(Workload):
         p: PdParams = ctx.params
         roles = self.roles(p, ctx.nodes)
         profs = {"producer": load_profile(p.producer_engine), "consumer": load_profile(p.consumer_engine)}
+        if p.attach is not None:
+            out, urls, pools = self._plan_attached(p, profs)
+        else:
+            out, urls, pools = self._plan_launched(ctx, p, roles, profs)
+        route = self.route(p, roles, urls, pools)
+        out.append(PlannedStep("(control host)", f"route: {route}"))
+        n = len(p.prompt_tokens) * p.prompts_per_length
+        warm = "; one unrelated warm-up prompt to each instance first (recorded, not in the statistics)" \
+            if p.warmup else ""
+        out.append(PlannedStep("(control host)", f"{n} prompts of {p.prompt_tokens} tokens, one at a time{warm}"))
+        pn, cn = roles["producer"], roles["consumer"]
+        files = tuple(pool_files_argv(pools["producer"], profs["producer"].pool_files))
+        drop_on = list(dict.fromkeys([pn, cn]))
+
+        def log(role: str, where: str) -> list[PlannedStep]:  # an attached instance's log, where the run marks it
+            cmd = getattr(p.attach, role).log if p.attach is not None else None
+            return [PlannedStep(cmd.node, f"the {role}'s log {where} (fall-back lines)", ("sh", "-c", cmd.run))] \
+                if cmd is not None else []
+
+        for i in range(n):
+            out.append(PlannedStep(pn, f"prompt {i + 1}/{n}: the pool's chunk files before the prefill", files))
+            out.append(PlannedStep(pn, "the producer's pool device counters before the prefill",
+                                   pool_blockstat_argv(pools["producer"])))
+            out += log("producer", "before the prefill")
+            out.append(PlannedStep("(control host)", "producer: the prompt, 1 output token (prefill TTFT); its "
+                                   "counters before and after"))
+            out.append(PlannedStep(pn, "wait until the pool holds the prompt's KV (store complete)", files,
+                                   repeats=True))
+            if p.drop_caches:
+                out += [PlannedStep(d, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV)
+                        for d in drop_on]
+            else:
+                out.append(PlannedStep(pn, "sync (the store's writes reach the device before they are counted)",
+                                       SYNC_ARGV))
+            out.append(PlannedStep(pn, "the producer's pool device counters after the prefill (writes)",
+                                   pool_blockstat_argv(pools["producer"])))
+            out += log("producer", "after the prefill")
+            out.append(PlannedStep(cn, "the consumer's pool device counters before the hand-off",
+                                   pool_blockstat_argv(pools["consumer"])))
+            out += log("consumer", "before the hand-off")
+            out.append(PlannedStep("(control host)", f"consumer: the same prompt, {p.decode_tokens} output tokens "
+                                   "(hand-off TTFT); its hit and lookup counters before and after"))
+            out.append(PlannedStep(cn, "the consumer's pool device counters after the hand-off (reads)",
+                                   pool_blockstat_argv(pools["consumer"])))
+            out += log("consumer", "after the hand-off")
+            out += log("consumer", "before the fresh prompt")
+            out.append(PlannedStep("(control host)", "consumer: a fresh prompt of the same length (recompute TTFT); "
+                                   "its hit counters must not move"))
+            out += log("consumer", "after the fresh prompt")
+        out.append(PlannedStep(pn, "the pool's chunk files at the end", files))
+        if p.attach is None:
+            out.append(PlannedStep("(control host)", "stop both engines (process groups); their whole logs are "
+                                   "checked for fall-back / connector-failure lines (a match is INVALID)"))
+        else:
+            out += log("producer", "at the end (what it gained over the run is checked for fall-back lines)")
+            out += log("consumer", "at the end")
+        return out
+
+    def _plan_launched(self, ctx: GateContext, p: PdParams, roles: dict[str, str],
+                       profs: dict[str, EngineProfile]) -> tuple[list[PlannedStep], dict[str, str], dict[str, str]]:
+        """What a launched pair's set-up sends: pre-flight, directories, the model, both starts."""
         out: list[PlannedStep] = []
         lay: dict[str, dict[str, Any]] = {}
         checked: set[tuple] = set()
@@ -398,14 +520,14 @@ class PdHandoff(Workload):
             out.append(PlannedStep(name, f"{role}: create {v['run_dir']} and the shared pool directory {v['pool_dir']}",
                                    ("mkdir", "-p", v["run_dir"], v["pool_dir"],
                                     posixpath.join(v["run_dir"], "prometheus"))))
-            if p.random_weights and name not in built:
-                built.add(name)
-                model_dir = random_model_dir(node.work_dir, p.model_config_inline, p.seed, p.random_weights_dtype)
-                out.append(PlannedStep(name, f"{role}: build (or find) the random-weight model in {model_dir}",
-                                       build_random_model_argv(v["python"], v["run_dir"], v["model_config"],
-                                                               model_dir, p.seed, p.random_weights_dtype)))
             if p.random_weights:
-                v["model"] = random_model_dir(node.work_dir, p.model_config_inline, p.seed, p.random_weights_dtype)
+                model_dir = random_model_dir(node.work_dir, p.model_config_inline, p.seed, p.random_weights_dtype)
+                if name not in built:
+                    built.add(name)
+                    out.append(PlannedStep(name, f"{role}: build (or find) the random-weight model in {model_dir}",
+                                           build_random_model_argv(v["python"], v["run_dir"], v["model_config"],
+                                                                   model_dir, p.seed, p.random_weights_dtype)))
+                v["model"] = model_dir
         one_node = roles["producer"] == roles["consumer"]
         for role in ROLES:
             prof, v = profs[role], lay[role]
@@ -418,47 +540,25 @@ class PdHandoff(Workload):
             else:
                 out.append(PlannedStep(roles[role], what, tuple(argv)))
         if one_node:
-            pr = lay["producer"]
             out.append(PlannedStep(roles["producer"], "producer: (its start, when sent after the consumer's)",
-                                   tuple(profs["producer"].render_argv(pr)), optional=True))
-        route = self.route(p, roles, lay)
-        out.append(PlannedStep("(control host)", f"route: {route}"))
-        n = len(p.prompt_tokens) * p.prompts_per_length
-        warm = "; one unrelated warm-up prompt to each instance first (recorded, not in the statistics)" \
-            if p.warmup else ""
-        out.append(PlannedStep("(control host)", f"{n} prompts of {p.prompt_tokens} tokens, one at a time{warm}"))
-        pr, co = lay["producer"], lay["consumer"]
-        pn, cn = roles["producer"], roles["consumer"]
-        files = tuple(pool_files_argv(pr["pool_dir"], profs["producer"].pool_files))
-        drop_on = list(dict.fromkeys([pn, cn]))
-        for i in range(n):
-            out.append(PlannedStep(pn, f"prompt {i + 1}/{n}: the pool's chunk files before the prefill", files))
-            out.append(PlannedStep(pn, "the producer's pool device counters before the prefill",
-                                   pool_blockstat_argv(pr["pool_dir"])))
-            out.append(PlannedStep("(control host)", "producer: the prompt, 1 output token (prefill TTFT); its "
-                                   "counters before and after"))
-            out.append(PlannedStep(pn, "wait until the pool holds the prompt's KV (store complete)", files,
-                                   repeats=True))
-            if p.drop_caches:
-                out += [PlannedStep(d, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV)
-                        for d in drop_on]
-            else:
-                out.append(PlannedStep(pn, "sync (the store's writes reach the device before they are counted)",
-                                       SYNC_ARGV))
-            out.append(PlannedStep(pn, "the producer's pool device counters after the prefill (writes)",
-                                   pool_blockstat_argv(pr["pool_dir"])))
-            out.append(PlannedStep(cn, "the consumer's pool device counters before the hand-off",
-                                   pool_blockstat_argv(co["pool_dir"])))
-            out.append(PlannedStep("(control host)", f"consumer: the same prompt, {p.decode_tokens} output tokens "
-                                   "(hand-off TTFT); its hit and lookup counters before and after"))
-            out.append(PlannedStep(cn, "the consumer's pool device counters after the hand-off (reads)",
-                                   pool_blockstat_argv(co["pool_dir"])))
-            out.append(PlannedStep("(control host)", "consumer: a fresh prompt of the same length (recompute TTFT); "
-                                   "its hit counters must not move"))
-        out.append(PlannedStep(pn, "the pool's chunk files at the end", files))
-        out.append(PlannedStep("(control host)", "stop both engines (process groups); their whole logs are checked for "
-                               "fall-back / connector-failure lines (a match is INVALID)"))
-        return out
+                                   tuple(profs["producer"].render_argv(lay["producer"])), optional=True))
+        return (out, {r: f"http://127.0.0.1:{lay[r]['port']}" for r in ROLES},
+                {r: lay[r]["pool_dir"] for r in ROLES})
+
+    def _plan_attached(self, p: PdParams, profs: dict[str, EngineProfile]
+                       ) -> tuple[list[PlannedStep], dict[str, str], dict[str, str]]:
+        """An attached pair: each must answer its health endpoint; where each one's log stands at the start."""
+        a = p.attach
+        out = [PlannedStep("(control host)", f"attach: the {role} ({profs[role].name}) already running at "
+                           f"{redact_url(getattr(a, role).url)}; its {profs[role].health_path} must answer 200 within "
+                           f"{getattr(a, role).connect_timeout_s:.0f} s (else ERROR); prompts new to it (seed "
+                           f"{p.seed} + a per-run nonce, recorded)") for role in ROLES]
+        for role in ROLES:
+            cmd = getattr(a, role).log
+            if cmd is not None:
+                out.append(PlannedStep(cmd.node, f"the {role}'s log where it stands at the start (fall-backs count "
+                                       "from here)", ("sh", "-c", cmd.run)))
+        return out, {r: getattr(a, r).url for r in ROLES}, {r: a.pool_path for r in ROLES}
 
     # ------------------------------------------------------------------------------------------- run
 
@@ -466,17 +566,74 @@ class PdHandoff(Workload):
         p: PdParams = ctx.params
         roles = self.roles(p, ctx.nodes)
         profs = {"producer": load_profile(p.producer_engine), "consumer": load_profile(p.consumer_engine)}
-        tag = uuid.uuid4().hex[:8]
         model_cfg = dict(p.model_config_inline)
         bpt = kv_bytes_per_token(model_cfg, profs["producer"].capabilities.kv_dtype)
         vocab = int(model_cfg.get("vocab_size", 4096))
-        prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, vocab)
-        fresh = make_prompts(p.seed + FRESH_SEED_OFFSET, p.prompt_tokens, p.prompts_per_length, vocab)
-        warm = [make_prompts(p.seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, vocab)[0] for i in range(2)]
+        # attached instances and their pool outlive the run: prompts are new to them by a per-run nonce (recorded)
+        seed = p.seed + (int(uuid.uuid4().hex[:8], 16) if p.attach is not None else 0)
+        prompts = make_prompts(seed, p.prompt_tokens, p.prompts_per_length, vocab)
+        fresh = make_prompts(seed + FRESH_SEED_OFFSET, p.prompt_tokens, p.prompts_per_length, vocab)
+        warm = [make_prompts(seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, vocab)[0] for i in range(2)]
         ev = PdEvidence(producer_profile=profs["producer"].name, consumer_profile=profs["consumer"].name,
-                        kv_bytes_per_token=bpt, prompt_seed=p.seed)
+                        kv_bytes_per_token=bpt, prompt_seed=seed, attached=p.attach is not None)
+        if p.attach is not None:
+            a = p.attach
+            handles: dict[str, Any] = {r: AttachedEngine(ctx, profs[r], getattr(a, r), roles[r]) for r in ROLES}
+            lay = {r: {"pool_dir": a.pool_path, "run_dir": None} for r in ROLES}
+        else:
+            setup = self._setup_launched(ctx, p, roles, profs, model_cfg, ev)
+            if isinstance(setup, WorkloadResult):
+                return setup
+            lay, handles = setup
+        ev.pool_dir = lay["producer"]["pool_dir"]
+        ev.route = self.route(p, roles, {r: handles[r].base_url for r in ROLES}, {r: lay[r]["pool_dir"] for r in ROLES})
+        expected = [stored_kv_tokens(r.prompt_tokens or 0, profs["producer"].kv_block_tokens) * bpt for r in prompts]
 
-        # 1. Per role: pre-flight (once per node and check), a port, directories and files, the model (once per node).
+        runner = PhaseRunner(ctx, dict(handles), counters=True)
+        records: list[PdPrompt] = []
+        requests: dict[str, list[RequestRecord]] = {"prefill": [], "handoff": [], "recompute": []}
+        try:
+            # Both instances ready (launched: fresh, started at once; their start-up dominates the gate's time).
+            err = runner.open(parallel=True)
+            if err:
+                return WorkloadResult(evidence=ev, error=err)
+            for role, h in handles.items():
+                proc = h.current.proc if isinstance(h, LaunchedEngine) else None
+                ev.instances[role] = PdInstance(role=role, node=roles[role], profile=profs[role].name,
+                                                base_url=h.base_url, run_dir=lay[role]["run_dir"],
+                                                pid=getattr(proc, "pid", None))
+            if p.warmup:
+                for role, req in zip(ROLES, warm):
+                    rec = self._send(ctx, p, handles[role].base_url, req, 1)
+                    ev.warmup[role] = {"request_id": rec.request_id, "ttft_s": rec.ttft_s, "error": rec.error}
+            # Per prompt: prefill on the producer -> store complete -> cold -> hand-off -> a fresh prompt.
+            for i, (req, new, exp) in enumerate(zip(prompts, fresh, expected)):
+                ctx.progress(f"{ctx.gate.id}: prompt {i + 1}/{len(prompts)}: prefill -> tier -> decode")
+                records.append(self._one(ctx, p, profs, roles, lay, runner, handles, i, req, new, exp, ev, requests))
+            ev.pool_end = pool_contents(ctx, ctx.transports[roles["producer"]], lay["producer"]["pool_dir"], 0, 0,
+                                        "pd-pool-end", profs["producer"].pool_files)
+        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+            return WorkloadResult(evidence=ev.model_copy(update={"prompts": records}),
+                                  error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
+        finally:
+            logs = runner.close(parallel=True, logs=True)
+            for phase, recs in requests.items():
+                write_gate_file(ctx.gate_dir / f"requests-{phase}.jsonl",
+                                "".join(json.dumps(r.to_dict()) + "\n" for r in recs))
+        patterns = list(dict.fromkeys(profs["producer"].fallback_patterns + profs["consumer"].fallback_patterns))
+        fallback, found = first_fallback(logs, patterns, lambda role: f"{role} engine's")
+        ev.fallback_lines = [m.quote() for m in found]
+        res = evaluate_pd(records, ev.instances, bpt, p.min_hit_rate, p.min_read_fraction, p.min_write_fraction, ev,
+                          fallback=fallback)
+        write_summary(ctx.gate_dir, "pd-summary.json", res)
+        return res
+
+    def _setup_launched(self, ctx: GateContext, p: PdParams, roles: dict[str, str], profs: dict[str, EngineProfile],
+                        model_cfg: dict[str, Any], ev: PdEvidence
+                        ) -> tuple[dict[str, dict[str, Any]], dict[str, LaunchedEngine]] | WorkloadResult:
+        """Per role: pre-flight (once per node and check), a port, directories and files, the model (once per
+        node); the two engines' handles (they start in the phase runner)."""
+        tag = uuid.uuid4().hex[:8]
         lay: dict[str, dict[str, Any]] = {}
         checked: dict[tuple, dict[str, str]] = {}
         built: dict[str, str] = {}
@@ -509,58 +666,16 @@ class PdHandoff(Workload):
                     ev.random_model = desc
                 v["model"] = ev.model_dir_on_node[role] = built[name]
             lay[role] = v
-        ev.pool_dir = lay["producer"]["pool_dir"]
-        ev.route = self.route(p, roles, lay)
-        expected = [stored_kv_tokens(r.prompt_tokens or 0, profs["producer"].kv_block_tokens) * bpt for r in prompts]
-
         handles: dict[str, LaunchedEngine] = {}
         for role in ROLES:
             name, prof, v = roles[role], profs[role], lay[role]
             url, _ = client_base_url(ctx.transports[name], ctx.nodes[name], "127.0.0.1", v["port"])
             handles[role] = LaunchedEngine(ctx, ctx.transports[name], prof, prof.render_argv(v), prof.render_env(v),
                                            url, v["run_dir"], (role,), [])
-        runner = PhaseRunner(ctx, dict(handles), counters=True)
-        records: list[PdPrompt] = []
-        requests: dict[str, list[RequestRecord]] = {"prefill": [], "handoff": [], "recompute": []}
-        fallback = None
-        try:
-            # 2. Both instances, fresh, started at once (their start-up dominates the gate's time).
-            err = runner.open(parallel=True)
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
-            for role, h in handles.items():
-                proc = h.current.proc
-                ev.instances[role] = PdInstance(role=role, node=roles[role], profile=profs[role].name,
-                                                base_url=h.base_url, run_dir=lay[role]["run_dir"],
-                                                pid=getattr(proc, "pid", None))
-            if p.warmup:
-                for role, req in zip(ROLES, warm):
-                    rec = self._send(ctx, p, handles[role].base_url, req, 1)
-                    ev.warmup[role] = {"request_id": rec.request_id, "ttft_s": rec.ttft_s, "error": rec.error}
-            # 3. Per prompt: prefill on the producer -> store complete -> cold -> hand-off -> a fresh prompt.
-            for i, (req, new, exp) in enumerate(zip(prompts, fresh, expected)):
-                ctx.progress(f"{ctx.gate.id}: prompt {i + 1}/{len(prompts)}: prefill -> tier -> decode")
-                records.append(self._one(ctx, p, profs, roles, lay, runner, handles, i, req, new, exp, ev, requests))
-            ev.pool_end = pool_contents(ctx, ctx.transports[roles["producer"]], lay["producer"]["pool_dir"], 0, 0,
-                                        "pd-pool-end", profs["producer"].pool_files)
-        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
-            return WorkloadResult(evidence=ev.model_copy(update={"prompts": records}),
-                                  error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
-        finally:
-            logs = runner.close(parallel=True, logs=True)
-            for phase, recs in requests.items():
-                write_gate_file(ctx.gate_dir / f"requests-{phase}.jsonl",
-                                "".join(json.dumps(r.to_dict()) + "\n" for r in recs))
-        patterns = list(dict.fromkeys(profs["producer"].fallback_patterns + profs["consumer"].fallback_patterns))
-        fallback, found = first_fallback(logs, patterns, lambda role: f"{role} engine's")
-        ev.fallback_lines = [m.quote() for m in found]
-        res = evaluate_pd(records, ev.instances, bpt, p.min_hit_rate, p.min_read_fraction, p.min_write_fraction, ev,
-                          fallback=fallback)
-        write_summary(ctx.gate_dir, "pd-summary.json", res)
-        return res
+        return lay, handles
 
     def _one(self, ctx: GateContext, p: PdParams, profs: dict[str, EngineProfile], roles: dict[str, str],
-             lay: dict[str, dict[str, Any]], runner: PhaseRunner, handles: dict[str, LaunchedEngine], i: int,
+             lay: dict[str, dict[str, Any]], runner: PhaseRunner, handles: dict[str, Any], i: int,
              req: CompletionRequest, new: CompletionRequest, expected: int, ev: PdEvidence,
              requests: dict[str, list[RequestRecord]]) -> PdPrompt:
         """One prompt's hand-off, as the module's docstring describes it."""

@@ -25,10 +25,19 @@ PREFLIGHT_VLLM = (ROOT / "tests" / "fixtures" / "preflight" / "vllm-cpu-build.st
 BPT = 4 * 2 * 2 * 64 * 2  # the gate's model: 4 layers, K and V, 2 KV heads of 64, bfloat16
 
 
-def pd_config(tmp_path, nodes=("n1",), **params):
-    """The shipped gate on ``nodes`` (local, each with the kvpool directory target)."""
+def pd_config(tmp_path, nodes=("n1",), attach=None, **params):
+    """The shipped gate on ``nodes`` (local, each with the kvpool directory target); ``attach``: the attach block
+    given instead of the launch settings (True: two URLs on p1 and d1)."""
     suite = yaml.safe_load((ROOT / "gates" / "pd-vllm-cpu.yaml").read_text())
-    suite["gates"][0]["params"].update(python="/engine/bin/python", populate_timeout_s=5, **params)
+    gp = suite["gates"][0]["params"]
+    if attach is None:
+        gp.update(python="/engine/bin/python")
+    else:
+        for key in ("random_weights", "pool_target"):
+            del gp[key]
+        gp.update(producer_engine="vllm-attach", consumer_engine="vllm-attach",
+                  attach=ATTACH if attach is True else attach)
+    gp.update(populate_timeout_s=5, **params)
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
     (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [
         {"name": n, "transport": "local", "work_dir": "/w",
@@ -41,7 +50,8 @@ class Tier:
     appear in the pool and are written to the device); the consumer hits a stored prompt and reads it from the
     device (``consumer_hits=False``: a consumer without the connector, computing everything)."""
 
-    def __init__(self, consumer_hits: bool = True):
+    def __init__(self, consumer_hits: bool = True, block: int = 128):
+        self.block = block
         self.engines: dict[int, EngineServer] = {}
         self.roles: dict[int, str] = {}
         self.files: list[int] = []
@@ -64,11 +74,11 @@ class Tier:
             if role == "kv_producer":
                 if prompt not in self.stored:
                     self.stored.add(prompt)
-                    self.files.append(n // 128 * 128 * BPT + 100)
-                    self.write_sectors += (n // 128 * 128 * BPT) // 512 + 8
+                    self.files.append(n // self.block * self.block * BPT + 100)
+                    self.write_sectors += (n // self.block * self.block * BPT) // 512 + 8
             elif self.consumer_hits and prompt in self.stored:
                 eng.stored.add(prompt)  # the engine server counts it as a hit
-                self.read_sectors += (n // 128 * 128 * BPT) // 512
+                self.read_sectors += (n // self.block * self.block * BPT) // 512
         return eng(request)
 
     def node(self, name: str = "n1") -> ScriptedTransport:
@@ -232,3 +242,57 @@ def test_the_gpu_profiles_pair_validates_and_plans_with_their_roles(tmp_path):
     text = "\n".join(s.description for s in gate_plan(cfg, cfg.suite.gates[0]))
     assert "producer (kv_producer): start a fresh vllm-lmcache-producer" in text
     assert "consumer (kv_consumer): start a fresh vllm-lmcache-consumer" in text
+
+
+# ------------------------------------------------------------------------------- attach: two URLs, no launch
+
+ATTACH = {"producer": {"url": "http://10.0.0.1:8100", "log": {"node": "p1", "run": "journalctl -u vllm-prefill"}},
+          "consumer": {"url": "http://10.0.0.2:8200", "log": {"node": "d1", "run": "journalctl -u vllm-decode"}},
+          "pool_path": "/mnt/pool/kv"}
+
+
+def attached(tmp_path, same_start=False, **params):
+    """A deployment's prefill and decode instances on p1 and d1 (engines answering at two URLs, their logs by the
+    operator's command), the pool mounted on both."""
+    tier = Tier(block=1)
+    for port, role, start in ((8100, "kv_producer", 1000.0), (8200, "kv_consumer", 1000.0 if same_start else 2000.0)):
+        tier.engines[port], tier.roles[port] = EngineServer(), role
+        tier.engines[port].start = start
+    cfg = pd_config(tmp_path, ("p1", "d1"), attach=True, **params)
+    nodes = {n: tier.node(n) for n in ("p1", "d1")}
+    for node in nodes.values():
+        node.handler.on(lambda c: c.argv[:2] == ("sh", "-c") and c.argv[2].startswith("journalctl"),
+                        Reply(stdout="INFO serving\n"))
+    return cfg, tier, nodes
+
+
+def test_attached_instances_hand_off_through_the_tier_and_the_run_sends_exactly_the_plan(tmp_path):
+    cfg, tier, nodes = attached(tmp_path)
+    ctx = gate_context(tmp_path / "run", cfg, transports=nodes, http=tier.http)
+    res = WORKLOADS["pd-handoff"]().run(ctx)
+    assert res.error is None and res.invalid_reason is None, (res.error, res.invalid_reason)
+    ev = res.evidence
+    assert ev.attached and ev.prompt_seed != 13  # new to engines that outlive the run
+    assert ev.instances["producer"].pid is None and ev.instances["consumer"].start_time_s == 2000.0
+    assert "started at 1000.0" in next(c for c in ev.validity if c.name == "two instances").how
+    planned = gate_plan(cfg, cfg.suite.gates[0])
+    for n in ("p1", "d1"):
+        assert plan_mismatch([s for s in planned if s.node == n], nodes[n].commands) is None, n
+    assert not any(e.kind == "spawn" for n in nodes.values() for e in n.events)  # kvgate started nothing
+    text = "\n".join(s.description for s in planned)
+    assert "route: prompt -> producer on p1 (http://10.0.0.1:8100" in text
+
+
+def test_attached_urls_that_report_one_process_are_invalid(tmp_path):
+    cfg, tier, nodes = attached(tmp_path, same_start=True)
+    res = WORKLOADS["pd-handoff"]().run(gate_context(tmp_path / "run", cfg, transports=nodes, http=tier.http))
+    assert res.invalid_reason.startswith("two instances") and "one process start time" in res.invalid_reason
+
+
+def test_attach_refuses_launch_parameters_and_unknown_log_nodes(tmp_path):
+    bad = {**ATTACH, "consumer": {**ATTACH["consumer"], "log": {"node": "nope", "run": "true"}}}
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1"), attach=bad, python="/x/python")
+    msg = str(exc.value)
+    assert "attach.consumer.log.node: node 'nope' is not one of the gate's nodes" in msg
+    assert "python: a launch parameter: kvgate does not launch attached instances" in msg
