@@ -164,7 +164,8 @@ class G2Evidence(Evidence):
     recompute_log_hit_lines: int | None = None
 
 
-def _stats(xs: list[float], prefix: str) -> dict[str, float]:
+def ttft_stats(xs: list[float], prefix: str) -> dict[str, float]:
+    """Pure: ``PREFIX_p50_s``, ``_p90_s``, ``_p99_s`` of a list of times (s); nothing for an empty list."""
     if not xs:
         return {}
     return {f"{prefix}_p50_s": percentile(xs, 50), f"{prefix}_p90_s": percentile(xs, 90),
@@ -221,8 +222,8 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
     failed = [r for r in recompute + readback if not r.ok]
     rc = [r.ttft_s for r in recompute if r.ok]
     rb = [r.ttft_s for r in readback if r.ok]
-    metrics.update(_stats(rc, "ttft_recompute"))
-    metrics.update(_stats(rb, "ttft_readback"))
+    metrics.update(ttft_stats(rc, "ttft_recompute"))
+    metrics.update(ttft_stats(rb, "ttft_readback"))
     if rc and rb and metrics["ttft_readback_p50_s"] > 0:
         metrics["readback_speedup_p50"] = metrics["ttft_recompute_p50_s"] / metrics["ttft_readback_p50_s"]
     hit_rate = None

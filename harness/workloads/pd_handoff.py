@@ -35,7 +35,6 @@ import dataclasses
 import json
 import posixpath
 import uuid
-from urllib.parse import urlsplit
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import httpx
@@ -49,13 +48,14 @@ from ..errors import WorkloadError
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, pool_device_probe, read_bytes_between, \
     write_bytes_between
 from ..parsers.prometheus import metric_total
-from ..redact import redact_url, register_url
+from ..redact import redact_url
 from ..stats import percentile
 from ..units import format_quantity
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, TtftEvidence,
                    ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path,
                    write_gate_file, write_summary)
-from .attach import AttachedEngine, NodeCommand
+from .g2_ttft import ttft_stats
+from .attach import AttachedEngine, NodeCommand, engine_url
 from .engine import (FREE_PORT_CODE, LaunchedEngine, build_random_model, build_random_model_argv, client_base_url,
                      engine_port, engine_preflight, engine_values, model_config_issues, node_engine_python,
                      pool_contents, pool_files_argv, profile_issues, random_model_dir, stage_engine_files,
@@ -83,16 +83,7 @@ class PdEndpoint(StrictModel):
     drop_caches_on: ClassVar[None] = None
     ready_timeout_s: ClassVar[None] = None
 
-    @field_validator("url", "metrics_url")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        register_url(v)  # user:password@ is a secret: redacted wherever kvgate writes (harness.redact)
-        u = urlsplit(v)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"{redact_url(v)!r} is not an http(s) URL with a host (e.g. http://10.0.0.5:8000)")
-        return v.rstrip("/")
+    _url = field_validator("url", "metrics_url")(classmethod(lambda cls, v: engine_url(v)))
 
 
 class PdAttach(StrictModel):
@@ -200,13 +191,6 @@ class PdEvidence(Evidence, TtftEvidence):
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _stats(xs: list[float], prefix: str) -> dict[str, float]:
-    if not xs:
-        return {}
-    return {f"{prefix}_p50_s": percentile(xs, 50), f"{prefix}_p90_s": percentile(xs, 90),
-            f"{prefix}_p99_s": percentile(xs, 99)}
-
-
 def _sum(xs: Sequence[float | None]) -> float | None:
     """The sum, or None when any part was not measured (a partial sum would prove too little as if it proved all)."""
     return None if not xs or any(x is None for x in xs) else float(sum(xs))  # type: ignore[arg-type]
@@ -305,10 +289,10 @@ def evaluate_pd(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance]
     rec = [x.recompute_ttft_s for x in prompts if x.recompute_ttft_s is not None]
     gap = [x.store_to_first_token_s for x in prompts if x.store_to_first_token_s is not None]
     metrics: dict[str, float] = {}
-    metrics.update(_stats(pre, "ttft_prefill"))
-    metrics.update(_stats(hand, "ttft_handoff"))
-    metrics.update(_stats(rec, "ttft_recompute"))
-    metrics.update(_stats(gap, "store_to_first_token"))
+    metrics.update(ttft_stats(pre, "ttft_prefill"))
+    metrics.update(ttft_stats(hand, "ttft_handoff"))
+    metrics.update(ttft_stats(rec, "ttft_recompute"))
+    metrics.update(ttft_stats(gap, "store_to_first_token"))
     if hand and rec and metrics["ttft_handoff_p50_s"] > 0:
         metrics["handoff_speedup_p50"] = metrics["ttft_recompute_p50_s"] / metrics["ttft_handoff_p50_s"]
     added = [x.pool_bytes_added for x in prompts if x.pool_bytes_added is not None]
