@@ -443,7 +443,10 @@ class PdHandoff(Workload):
                 if cmd is not None else []
 
         for i in range(n):
-            out.append(PlannedStep(pn, f"prompt {i + 1}/{n}: the pool's chunk files before the prefill", files))
+            out += [PlannedStep(d, f"prompt {i + 1}/{n}: sync (what earlier requests stored, the consumer's fresh "
+                                "prompts included, reaches the device before the producer's writes are counted)",
+                                SYNC_ARGV) for d in drop_on]
+            out.append(PlannedStep(pn, "the pool's chunk files before the prefill", files))
             out.append(PlannedStep(pn, "the producer's pool device counters before the prefill",
                                    pool_blockstat_argv(pools["producer"])))
             out += log("producer", "before the prefill")
@@ -668,6 +671,10 @@ class PdHandoff(Workload):
         pool_p, pool_c = lay["producer"]["pool_dir"], lay["consumer"]["pool_dir"]
         pattern = profs["producer"].pool_files
         clock = ctx.clock
+        # earlier stores (the warm-ups', the consumer's of its fresh prompts) reach the device now, so the producer's
+        # write counters around its prefill count its own store
+        for n in dict.fromkeys([pn, cn]):
+            ctx.steps.run(ctx.transports[n], f"pd-sync-before-{i}-{n}", SYNC_ARGV, timeout_s=300)
         before = pool_contents(ctx, pt, pool_p, 0, 0, f"pd-pool-before-{i}", pattern)
         store: dict[str, Any] = {}
 

@@ -83,7 +83,8 @@ def test_the_hand_off_passes_with_hits_proven_and_device_bytes_on_both_sides(pas
     m, ev = result["metrics"], result["evidence"]
     assert all(c["ok"] for c in ev["validity"]), ev["validity"]
     assert m["hit_rate"] >= 0.95  # vLLM's own external-prefix-cache counters on the consumer
-    assert m["producer_device_write_bytes"] >= m["kv_bytes_per_request"] * 3 * 0.5
+    # the producer's writes are its own stores: the consumer's (its fresh prompts) are synced before they are counted
+    assert m["kv_bytes_per_request"] * 3 * 0.5 <= m["producer_device_write_bytes"] <= m["kv_bytes_per_request"] * 3 * 1.5
     assert m["consumer_device_read_bytes"] > 0 and m["read_fraction"] >= 0.5
     assert m["ttft_handoff_p50_s"] < m["ttft_recompute_p50_s"]
     inst = ev["instances"]
