@@ -320,7 +320,7 @@ def evaluate_pd(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance]
     if not prompts:
         error = error or "no prompt was handed off"
     # the engine's own word that the tier did nothing outranks every figure; then the first proof that failed
-    invalid = fallback or next((f"{c.name}: {c.claim} does not hold ({c.how})" for c in checks if not c.ok), None)
+    invalid = fallback or next((f"{c.name}: not shown that {c.claim} ({c.how})" for c in checks if not c.ok), None)
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
 
 

@@ -103,7 +103,7 @@ def test_a_consumer_without_the_connector_recomputes_and_is_invalid(passed, rig,
     prof["name"] = "vllm-cpu-no-connector"
     path = rig["dir"] / "vllm-cpu-no-connector.yaml"
     path.write_text(yaml.safe_dump(prof, sort_keys=False))
-    v, result = _run(rig, "invalid", consumer_engine=str(path), prompts_per_length=1)
+    v, result = _run(rig, "invalid", consumer_engine=str(path), prompts_per_length=1, warmup=False)
     assert v.outcome is Outcome.INVALID, (v.reason, result)
     assert "hand-off hits" in v.reason, v.reason
     failed = {c["name"] for c in result["evidence"]["validity"] if not c["ok"]}
