@@ -75,3 +75,10 @@ def read_bytes_between(before: PoolDeviceStat | None, after: PoolDeviceStat | No
     if before is None or after is None or before.maj_min != after.maj_min:
         return None
     return after.stat.read_bytes - before.stat.read_bytes
+
+
+def write_bytes_between(before: PoolDeviceStat | None, after: PoolDeviceStat | None) -> int | None:
+    """Pure: bytes written to the pool's device between two probes; None unless both name the same device."""
+    if before is None or after is None or before.maj_min != after.maj_min:
+        return None
+    return after.stat.write_bytes - before.stat.write_bytes

@@ -43,6 +43,18 @@ class NodeCommand(StrictModel):
         return v
 
 
+def engine_url(v: str | None) -> str | None:
+    """An attached engine's URL as a gate gives it: http(s) with a host, its user:password@ registered as a secret
+    (redacted wherever kvgate writes), without a trailing slash. ValueError otherwise."""
+    if v is None:
+        return v
+    register_url(v)
+    u = urlsplit(v)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"{redact_url(v)!r} is not an http(s) URL with a host (e.g. http://10.0.0.5:8000)")
+    return v.rstrip("/")
+
+
 class AttachParams(StrictModel):
     url: str  # the engine's base URL as the control host reaches it, e.g. http://10.0.0.5:8000
     metrics_url: str | None = None  # default: url + the profile's metrics_path
@@ -52,16 +64,7 @@ class AttachParams(StrictModel):
     connect_timeout_s: float = Field(default=30.0, gt=0)  # the engine must answer this soon at the start
     ready_timeout_s: float | None = Field(default=None, gt=0)  # after the restart; default: the profile's
 
-    @field_validator("url", "metrics_url")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        register_url(v)  # user:password@ is a secret: redacted wherever kvgate writes (harness.redact)
-        u = urlsplit(v)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"{redact_url(v)!r} is not an http(s) URL with a host (e.g. http://10.0.0.5:8000)")
-        return v.rstrip("/")
+    _url = field_validator("url", "metrics_url")(classmethod(lambda cls, v: engine_url(v)))
 
     def named_nodes(self) -> list[tuple[tuple, str]]:
         """(param path, node name) of every node this attach block names."""

@@ -29,6 +29,7 @@ from ..engines import ArchError, EngineProfile, LMCacheSettings, arch_from_confi
 from ..engines.preflight import parse_preflight, preflight_argv, preflight_hint, preflight_problem
 from ..engines.profiles import program_file
 from ..errors import ConfigError
+from ..node import program_path
 from ..parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
 from ..parsers.prometheus import Sample, parse_prometheus
 from ..transport.local import free_port
@@ -363,6 +364,31 @@ def random_model_dir(work_dir: str, model_cfg: dict[str, Any], seed: int, dtype:
     directory per distinct model, so a second run finds it built)."""
     key = json.dumps({"config": model_cfg, "seed": seed, "dtype": dtype}, sort_keys=True).encode()
     return posixpath.join(work_dir, "kvgate-models", hashlib.sha256(key).hexdigest()[:16])
+
+
+def build_random_model(ctx: GateContext, transport: Any, python: str, node: Any, run_dir: str, model_config: str,
+                       model_cfg: dict[str, Any], seed: int, dtype: str, step: str) -> tuple[str | None, str, Any]:
+    """Build (or find, cached by config, seed and dtype) a random-weight model on a node with
+    ``harness/node/make_model.py`` run by the engine's interpreter: (error or None, the model's directory on the
+    node, the description make_model printed)."""
+    model_dir = random_model_dir(node.work_dir, model_cfg, seed, dtype)
+    argv = build_random_model_argv(python, run_dir, model_config, model_dir, seed, dtype)
+    transport.put(program_path("make_model.py"), argv[1])
+    ctx.progress(f"{ctx.gate.id}: random-weight model in {model_dir} on {node.name}")
+    res = ctx.steps.run(transport, step, list(argv), timeout_s=1800)
+    if not res.ok:
+        return f"could not build the random-weight model on {node.name}: {res.summary()}", model_dir, None
+    try:
+        return None, model_dir, json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"make_model printed no description: {res.stdout[-300:]!r}", model_dir, None
+
+
+def build_random_model_argv(python: str, run_dir: str, model_config: str, model_dir: str, seed: int,
+                            dtype: str) -> tuple[str, ...]:
+    """Pure: the command :func:`build_random_model` sends (for a plan)."""
+    return (python, posixpath.join(run_dir, "make_model.py"), "--config", model_config, "--out", model_dir,
+            "--seed", str(seed), "--dtype", dtype)
 
 
 def fallback_reason(matches: list[LogMatch], label: str) -> str | None:

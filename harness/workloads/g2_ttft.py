@@ -34,7 +34,6 @@ from ..engines.client import RequestRecord, run_requests_sync
 from ..engines.preflight import preflight_argv
 from ..engines.prompts import load_tokenizer, make_prompts, make_text_prompts
 from ..errors import WorkloadError
-from ..node import program_path
 from ..parsers.pooldev import PoolDeviceStat, parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..parsers.engine_log import LogHits, count_log_hits, new_log_lines
 from ..stats import percentile
@@ -44,7 +43,8 @@ from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, PoolSna
 from .attach import AttachedEngine, AttachParams, attach_issues, restarted
 from .engine import (EngineHandle, LaunchedEngine, client_base_url, engine_node, engine_port, engine_preflight,
                      engine_python, engine_values, model_config_issues, pool_contents, pool_files_argv,
-                     profile_issues, random_model_dir, stage_engine_files, stored_kv_tokens)
+                     profile_issues, random_model_dir, stage_engine_files, stored_kv_tokens,
+                     build_random_model, build_random_model_argv)
 from .phases import PhaseRecord, PhaseRunner, first_fallback
 
 
@@ -164,7 +164,8 @@ class G2Evidence(Evidence):
     recompute_log_hit_lines: int | None = None
 
 
-def _stats(xs: list[float], prefix: str) -> dict[str, float]:
+def ttft_stats(xs: list[float], prefix: str) -> dict[str, float]:
+    """Pure: ``PREFIX_p50_s``, ``_p90_s``, ``_p99_s`` of a list of times (s); nothing for an empty list."""
     if not xs:
         return {}
     return {f"{prefix}_p50_s": percentile(xs, 50), f"{prefix}_p90_s": percentile(xs, 90),
@@ -221,8 +222,8 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
     failed = [r for r in recompute + readback if not r.ok]
     rc = [r.ttft_s for r in recompute if r.ok]
     rb = [r.ttft_s for r in readback if r.ok]
-    metrics.update(_stats(rc, "ttft_recompute"))
-    metrics.update(_stats(rb, "ttft_readback"))
+    metrics.update(ttft_stats(rc, "ttft_recompute"))
+    metrics.update(ttft_stats(rb, "ttft_readback"))
     if rc and rb and metrics["ttft_readback_p50_s"] > 0:
         metrics["readback_speedup_p50"] = metrics["ttft_recompute_p50_s"] / metrics["ttft_readback_p50_s"]
     hit_rate = None
@@ -438,10 +439,9 @@ class G2Ttft(Workload):
                 model_dir = random_model_dir(node.work_dir, self._model_config(p), p.seed, p.random_weights_dtype)
             except (OSError, ValueError):
                 model_dir = posixpath.join(node.work_dir, "kvgate-models", "<config hash>")
-            script = posixpath.join(v["run_dir"], "make_model.py")
             steps.append(PlannedStep(node.name, f"build (or find) the random-weight model and its tokenizer in {model_dir}",
-                                     (v["python"], script, "--config", v["model_config"], "--out", model_dir,
-                                      "--seed", str(p.seed), "--dtype", p.random_weights_dtype)))
+                                     build_random_model_argv(v["python"], v["run_dir"], v["model_config"], model_dir,
+                                                             p.seed, p.random_weights_dtype)))
         return steps
 
     def _plan_attached(self, p: G2Params, prof: EngineProfile, ctx: GateContext) -> list[PlannedStep]:
@@ -734,19 +734,11 @@ class G2Ttft(Workload):
     def _build_model(self, ctx, transport, python: str, node, v: dict[str, Any], p: G2Params,
                      model_cfg: dict[str, Any], ev: G2Evidence) -> tuple[str | None, str | None]:
         """Build (or find, cached) the random-weight model on the node; fetch its tokenizer. Sets {model}."""
-        model_dir = random_model_dir(node.work_dir, model_cfg, p.seed, p.random_weights_dtype)
-        script = posixpath.join(v["run_dir"], "make_model.py")
-        transport.put(program_path("make_model.py"), script)
-        ctx.progress(f"{ctx.gate.id}: random-weight model in {model_dir} on {node.name}")
-        res = ctx.steps.run(transport, "g2-make-model",
-                            [python, script, "--config", v["model_config"], "--out", model_dir,
-                             "--seed", str(p.seed), "--dtype", p.random_weights_dtype], timeout_s=1800)
-        if not res.ok:
-            return f"could not build the random-weight model on {node.name}: {res.summary()}", None
-        try:
-            ev.random_model = json.loads(res.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return f"make_model printed no description: {res.stdout[-300:]!r}", None
+        err, model_dir, ev.random_model = build_random_model(ctx, transport, python, node, v["run_dir"],
+                                                             v["model_config"], model_cfg, p.seed,
+                                                             p.random_weights_dtype, "g2-make-model")
+        if err:
+            return err, None
         local_tok = ctx.gate_dir / "tokenizer.json"
         transport.get(posixpath.join(model_dir, "tokenizer.json"), local_tok)
         v["model"] = model_dir

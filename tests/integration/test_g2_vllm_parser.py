@@ -60,6 +60,11 @@ def _values(**over):
     return launch_values(p, load_profile(p.engine), "/var/tmp/kvgate", "g2-vllm", 8000, "abcd1234")
 
 
+def _pd_role(name: str) -> str:
+    """The KV role a shipped profile's name promises: the two sides of pd-handoff, else both."""
+    return {"producer": "kv_producer", "consumer": "kv_consumer"}.get(name.rsplit("-", 1)[-1], "kv_both")
+
+
 def test_there_are_vllm_profiles():
     assert "vllm-lmcache" in VLLM_PROFILES and "dynamo-kvbm" in VLLM_PROFILES
 
@@ -79,7 +84,9 @@ def test_profile_argv_accepted_by_vllm(vllm_serve, name):
     kvt = args.kv_transfer_config
     want = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert type(kvt).__name__ == "KVTransferConfig"
-    assert kvt.kv_connector == want["kv_connector"] and kvt.kv_role == "kv_both"
+    assert kvt.kv_connector == want["kv_connector"] and kvt.kv_role == want["kv_role"]
+    # both roles on one instance, but for the two sides of pd-handoff's prefill/decode hand-off
+    assert kvt.kv_role == _pd_role(name)
     assert kvt.kv_connector_module_path == want.get("kv_connector_module_path")
 
 

@@ -19,6 +19,11 @@ from harness.workloads.g2_ttft import evaluate_g2, make_prompts
 
 # ------------------------------------------------------------------------------------------- metrics
 
+def _pd_role(name: str) -> str:
+    """The KV role a shipped profile's name promises: the two sides of pd-handoff, else both."""
+    return {"producer": "kv_producer", "consumer": "kv_consumer"}.get(name.rsplit("-", 1)[-1], "kv_both")
+
+
 def test_vllm_metrics_sum_over_engines_and_ignore_created_series(fixtures):
     samples = parse_prometheus((fixtures / "g2" / "vllm_style_metrics_prometheus_client.txt").read_text())
     assert metric_total(samples, ["vllm:external_prefix_cache_hits_total"]) == 31744 + 32768
@@ -172,7 +177,8 @@ def test_every_shipped_profile_loads_and_renders():
             continue
         if p.engine in ("vllm", "dynamo-vllm"):
             kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-            assert kv["kv_role"] == "kv_both"
+            # both roles on one instance, but for the two sides of pd-handoff's prefill/decode hand-off
+            assert kv["kv_role"] == _pd_role(p.name)
             # prefix caching is set explicitly: off where G2's hits must come from the tier, on only in the profile
             # g2-load's CI ladder runs (vllm-cpu-prefix: the engine's memory is one of the levels it accounts)
             on = "--enable-prefix-caching" in argv

@@ -27,6 +27,7 @@ from doubles import EngineServer, engine_node, pool_blockstat
 from test_g2_attach import attach_config, pool_node
 from test_g2_load import BASE as G2_LOAD_LADDER, PrefixEngine, gate_config, scripted_node
 from test_kv_read import g1c_context, g1c_gate, reader_node
+from test_pd_handoff import Tier, attached, pd_config
 from test_r3 import r3_config, r3_node
 from test_workload_runs import context, fio_node, g2_config, local_suite, loopback_node
 
@@ -143,13 +144,34 @@ def g2_load(tmp_path) -> Scenario:
     return Scenario(cfg, "L", {"n1": scripted_node()}, http=httpx.MockTransport(PrefixEngine()))
 
 
+def pd_handoff(tmp_path) -> Scenario:
+    """A producer and a consumer vllm serve on one node sharing one pool, as test_pd_handoff scripts them."""
+    tier = Tier()
+    return Scenario(pd_config(tmp_path), "PD", {"n1": tier.node("n1")}, http=httpx.MockTransport(tier.http))
+
+
+def pd_handoff_two_nodes(tmp_path) -> Scenario:
+    """The producer on one node, the consumer on another, the pool mounted on both."""
+    tier = Tier()
+    return Scenario(pd_config(tmp_path, ("p1", "d1")), "PD", {n: tier.node(n) for n in ("p1", "d1")},
+                    http=httpx.MockTransport(tier.http))
+
+
+def pd_handoff_attached(tmp_path) -> Scenario:
+    """A deployment's prefill and decode instances by URL, their logs by the operator's command."""
+    cfg, tier, nodes = attached(tmp_path)
+    return Scenario(cfg, "PD", nodes, http=httpx.MockTransport(tier.http))
+
+
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
     "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
     "g2-multiturn": g2_multiturn, "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
-    "g2-load": g2_load,
+    "g2-load": g2_load, "pd-handoff": pd_handoff,
 }
 # More ways to run a workload than its first scenario: (workload, id, scenario)
-MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached)]
+MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached),
+                  ("pd-handoff", "pd-handoff-two-nodes", pd_handoff_two_nodes),
+                  ("pd-handoff", "pd-handoff-attached", pd_handoff_attached)]
 
 
 def _params():

@@ -1,0 +1,298 @@
+"""pd-handoff: the prefill/decode hand-off's run on scripted nodes and engines (the plan is what it sends, a
+hand-off that loads from the tier PASSes its proofs), and its evaluator on captured counters for each proof that
+can fail: a consumer that re-computed, one process serving both roles, a device that read nothing, a producer
+whose store never reached the pool's device, prompts that were not new."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from harness.config import load_config
+from harness.errors import ConfigError
+from harness.suite.plan import gate_plan, plan_mismatch
+from harness.transport.doubles import Call, Reply, ScriptedTransport
+from harness.workloads import WORKLOADS
+from harness.workloads.pd_handoff import PdInstance, PdPrompt, evaluate_pd
+from doubles import EngineServer, Router, argv_has, argv_is, argv_starts, gate_context, ok, preflight, spawned
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFLIGHT_VLLM = (ROOT / "tests" / "fixtures" / "preflight" / "vllm-cpu-build.stdout").read_text()
+BPT = 4 * 2 * 2 * 64 * 2  # the gate's model: 4 layers, K and V, 2 KV heads of 64, bfloat16
+
+
+def pd_config(tmp_path, nodes=("n1",), attach=None, **params):
+    """The shipped gate on ``nodes`` (local, each with the kvpool directory target); ``attach``: the attach block
+    given instead of the launch settings (True: two URLs on p1 and d1)."""
+    suite = yaml.safe_load((ROOT / "gates" / "pd-vllm-cpu.yaml").read_text())
+    gp = suite["gates"][0]["params"]
+    if attach is None:
+        gp.update(python="/engine/bin/python")
+    else:
+        for key in ("random_weights", "pool_target"):
+            del gp[key]
+        gp.update(producer_engine="vllm-attach", consumer_engine="vllm-attach",
+                  attach=ATTACH if attach is True else attach)
+    gp.update(populate_timeout_s=5, **params)
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [
+        {"name": n, "transport": "local", "work_dir": "/w",
+         "targets": [{"name": "kvpool", "kind": "directory", "path": "/mnt/pool"}]} for n in nodes]}))
+    return load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+
+
+class Tier:
+    """The shared pool as both engines and the node see it: a prompt the producer serves is stored (its KV's bytes
+    appear in the pool and are written to the device); the consumer hits a stored prompt and reads it from the
+    device (``consumer_hits=False``: a consumer without the connector, computing everything)."""
+
+    def __init__(self, consumer_hits: bool = True, block: int = 128):
+        self.block = block
+        self.engines: dict[int, EngineServer] = {}
+        self.roles: dict[int, str] = {}
+        self.files: list[int] = []
+        self.read_sectors = self.write_sectors = 0
+        self.consumer_hits = consumer_hits
+        self.stored: set[str] = set()
+
+    def spawn(self, call: Call) -> Reply:
+        port = int(call.argv[call.argv.index("--port") + 1])
+        role = json.loads(call.argv[call.argv.index("--kv-transfer-config") + 1])["kv_role"]
+        self.engines[port], self.roles[port] = EngineServer(), role
+        return Reply(stdout="INFO ready\n")
+
+    def http(self, request: httpx.Request) -> httpx.Response:
+        port = request.url.port
+        eng, role = self.engines[port], self.roles[port]
+        if request.url.path.startswith("/v1/"):
+            prompt = json.dumps(json.loads(request.content)["prompt"])
+            n = len(json.loads(prompt))
+            if role == "kv_producer":
+                if prompt not in self.stored:
+                    self.stored.add(prompt)
+                    self.files.append(n // self.block * self.block * BPT + 100)
+                    self.write_sectors += (n // self.block * self.block * BPT) // 512 + 8
+            elif self.consumer_hits and prompt in self.stored:
+                eng.stored.add(prompt)  # the engine server counts it as a hit
+                self.read_sectors += (n // self.block * self.block * BPT) // 512
+        return eng(request)
+
+    def node(self, name: str = "n1") -> ScriptedTransport:
+        def stat(call: Call) -> Reply:
+            return Reply(stdout=f"kvgate-pool-device 7:3 /dev/loop3\n1 0 {self.read_sectors} 0 1 0 "
+                                f"{self.write_sectors} 0 0 0 0\n")
+        return ScriptedTransport(Router(
+            preflight(PREFLIGHT_VLLM), (argv_has("kvgate-pool-blockstat"), stat),
+            (argv_starts("find"), lambda c: Reply(stdout="".join(f"{n}\n" for n in self.files))),
+            (spawned, self.spawn), (argv_has("make_model.py"), Reply(stdout='{"model_type": "llama"}\n')),
+            *ok(argv_starts("mkdir"), argv_is("sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"),
+                argv_is("sync"))), name=name)
+
+
+def run_pd(tmp_path, tier: Tier, nodes=("n1",), **params):
+    cfg = pd_config(tmp_path, nodes, **params)
+    transports = {n: tier.node(n) for n in nodes}
+    ctx = gate_context(tmp_path / "run", cfg, transports=transports, http=tier.http)
+    return cfg, transports, WORKLOADS["pd-handoff"]().run(ctx)
+
+
+def test_a_hand_off_from_the_tier_proves_every_check_and_sends_exactly_the_plan(tmp_path):
+    cfg, nodes, res = run_pd(tmp_path, Tier())
+    assert res.error is None and res.invalid_reason is None, (res.error, res.invalid_reason)
+    ev = res.evidence
+    assert all(c.ok for c in ev.validity), [c for c in ev.validity if not c.ok]
+    assert {c.name for c in ev.validity} >= {"two instances", "hand-off hits", "consumer read the tier",
+                                             "producer wrote the tier", "no fall-back"}
+    assert res.metrics["hit_rate"] == 1.0 and res.metrics["consumer_device_read_bytes"] > 0
+    assert res.metrics["producer_device_write_bytes"] >= 3 * 4096 * BPT
+    assert res.metrics["kv_bytes_per_request"] == 4096 * BPT + 100
+    for key in ("ttft_prefill_p50_s", "ttft_handoff_p50_s", "ttft_recompute_p50_s", "store_to_first_token_p50_s",
+                "handoff_gb_s_p50", "handoff_speedup_p50"):
+        assert key in res.metrics, key
+    assert len(ev.prompts) == 3 and all(x.handoff_hit_tokens == 4098 for x in ev.prompts)
+    assert ev.instances["producer"].pid != ev.instances["consumer"].pid
+    assert ev.instances["producer"].base_url != ev.instances["consumer"].base_url
+    assert ev.page_cache_dropped is True and ev.pool_device == {"producer": "/dev/loop3 (7:3)",
+                                                                "consumer": "/dev/loop3 (7:3)"}
+    gate = cfg.suite.gates[0]
+    planned = gate_plan(cfg, gate)
+    assert plan_mismatch([s for s in planned if s.node == "n1"], nodes["n1"].commands) is None
+    # the plan names both instances, their roles and the route
+    text = "\n".join(s.description for s in planned)
+    assert "producer (kv_producer): start" in text and "consumer (kv_consumer): start" in text
+    assert "route: prompt -> producer on n1" in text and "-> consumer on n1" in text
+    # every request kept, per phase
+    gate_dir = tmp_path / "run" / "gates" / "PD"
+    for phase in ("prefill", "handoff", "recompute"):
+        assert len((gate_dir / f"requests-{phase}.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_consumer_that_recomputed_is_invalid_never_pass(tmp_path):
+    _, _, res = run_pd(tmp_path, Tier(consumer_hits=False))
+    assert res.error is None
+    assert res.invalid_reason is not None and res.invalid_reason.startswith("hand-off hits"), res.invalid_reason
+    bad = {c.name for c in res.evidence.validity if not c.ok}
+    assert bad == {"hand-off hits", "consumer read the tier"}
+
+
+def test_without_dropping_the_page_cache_the_store_is_still_synced_before_its_writes_are_counted(tmp_path):
+    cfg, nodes, res = run_pd(tmp_path, Tier(), drop_caches=False)
+    assert res.error is None and res.evidence.page_cache_dropped is False
+    sent = nodes["n1"].commands
+    assert ("sync",) in sent and not any("drop_caches" in " ".join(c) for c in sent)
+    assert plan_mismatch([s for s in gate_plan(cfg, cfg.suite.gates[0]) if s.node == "n1"], sent) is None
+
+
+def test_on_two_nodes_each_side_is_probed_on_its_own_node(tmp_path):
+    tier = Tier()
+    cfg, nodes, res = run_pd(tmp_path, tier, nodes=("p1", "d1"))
+    assert res.invalid_reason is None and res.error is None, (res.invalid_reason, res.error)
+    planned = gate_plan(cfg, cfg.suite.gates[0])
+    for n in ("p1", "d1"):
+        assert plan_mismatch([s for s in planned if s.node == n], nodes[n].commands) is None, n
+    # each side's pool device is read on its own node: the producer's around prefills, the consumer's around hand-offs
+    for n in ("p1", "d1"):
+        assert sum("kvgate-pool-blockstat" in c for c in nodes[n].commands) == 2 * 3, n
+    assert sum(c[0] == "find" for c in nodes["d1"].commands) == 0  # the store is watched from the producer's node
+    assert res.evidence.instances["producer"].node == "p1" and res.evidence.instances["consumer"].node == "d1"
+
+
+def test_validation_names_the_missing_pool_and_a_profile_without_counters(tmp_path):
+    bad = tmp_path / "nohits.yaml"
+    prof = yaml.safe_load((ROOT / "workloads" / "engines" / "vllm-cpu-consumer.yaml").read_text())
+    del prof["hit_metrics"]
+    bad.write_text(yaml.safe_dump(prof))
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, consumer_engine=str(bad), pool_target="nope")
+    msg = str(exc.value)
+    assert "consumer_engine: pd-handoff proves hits from counters" in msg
+    assert "pool_target: node 'n1' has no directory target 'nope'" in msg
+
+
+# --------------------------------------------------------------------------- the evaluator, on captured counters
+
+# one hand-off prompt as the real gate recorded it (vLLM 0.32 CPU build, 4098-token prompt)
+GOOD = dict(request_id="s13-n4098-i0", prompt_tokens=4098, prefill_ttft_s=1.02, handoff_ttft_s=0.31,
+            recompute_ttft_s=1.01, expected_kv_bytes=4096 * BPT, pool_bytes_added=4096 * BPT + 4 * 88,
+            store_wait_s=0.01, cold_s=0.2, store_to_first_token_s=0.52, producer_hit_tokens=0.0,
+            handoff_hit_tokens=4096.0, handoff_query_tokens=4098.0, recompute_hit_tokens=0.0,
+            producer_write_bytes=4096 * BPT + 65536, consumer_read_bytes=4096 * BPT)
+TWO = {"producer": PdInstance(role="producer", node="n1", profile="p", base_url="http://127.0.0.1:1", run_dir="/a",
+                              pid=100),
+       "consumer": PdInstance(role="consumer", node="n1", profile="c", base_url="http://127.0.0.1:2", run_dir="/b",
+                              pid=200)}
+
+
+def _eval(instances=TWO, fallback=None, **change):
+    return evaluate_pd([PdPrompt(**{**GOOD, **change})], instances, BPT, 0.95, 0.5, 0.5, fallback=fallback)
+
+
+def test_the_evaluator_passes_a_proven_hand_off_with_its_figures():
+    res = _eval()
+    assert res.invalid_reason is None and res.error is None
+    m = res.metrics
+    assert m["handoff_speedup_p50"] == pytest.approx(1.01 / 0.31)
+    assert m["hit_rate"] == pytest.approx(4096 / 4098) and m["read_fraction"] == pytest.approx(1.0)
+    assert m["handoff_gb_s_p50"] == pytest.approx((4096 * BPT + 352) / 0.31 / 1e9)
+    assert m["store_to_first_token_p50_s"] == 0.52
+
+
+@pytest.mark.parametrize("change, check", [
+    (dict(handoff_hit_tokens=0.0), "hand-off hits"),                   # flat hit counters: it re-computed
+    (dict(handoff_hit_tokens=None, handoff_query_tokens=None), "hand-off hits"),  # no counters: unproven
+    (dict(consumer_read_bytes=0), "consumer read the tier"),           # served from memory or a cache
+    (dict(consumer_read_bytes=4096 * BPT // 10), "consumer read the tier"),
+    (dict(producer_write_bytes=0), "producer wrote the tier"),
+    (dict(pool_bytes_added=1000), "stored"),                           # the store never completed
+    (dict(producer_hit_tokens=4096.0), "new prompts"),
+    (dict(recompute_hit_tokens=4096.0), "recompute computed"),
+])
+def test_each_failed_proof_makes_the_hand_off_invalid(change, check):
+    res = _eval(**change)
+    assert res.invalid_reason is not None and res.invalid_reason.startswith(check), res.invalid_reason
+    assert [c.name for c in res.evidence.validity if not c.ok][0] == check
+
+
+def test_one_process_serving_both_roles_is_invalid():
+    same = {r: i.model_copy(update={"pid": 100}) for r, i in TWO.items()}
+    res = _eval(instances=same)
+    assert res.invalid_reason.startswith("two instances") and "process 100" in res.invalid_reason
+    one_url = {r: i.model_copy(update={"base_url": "http://x"}) for r, i in TWO.items()}
+    assert _eval(instances=one_url).invalid_reason.startswith("two instances")
+
+
+def test_a_fall_back_line_outranks_every_figure():
+    res = _eval(fallback="the consumer engine's log: degraded mode")
+    assert res.invalid_reason == "the consumer engine's log: degraded mode"
+    assert not next(c for c in res.evidence.validity if c.name == "no fall-back").ok
+
+
+def test_a_failed_request_is_an_error_with_its_text():
+    res = _eval(errors=["handoff: HTTP 500"])
+    assert res.error == "1 request(s) failed; first: s13-n4098-i0: handoff: HTTP 500"
+
+
+def test_the_gpu_profiles_pair_validates_and_plans_with_their_roles(tmp_path):
+    # not run here (no GPU): vLLM + LMCache as producer and consumer on a shared fs:// pool
+    cfg = pd_config(tmp_path, producer_engine="vllm-lmcache-producer", consumer_engine="vllm-lmcache-consumer")
+    text = "\n".join(s.description for s in gate_plan(cfg, cfg.suite.gates[0]))
+    assert "producer (kv_producer): start a fresh vllm-lmcache-producer" in text
+    assert "consumer (kv_consumer): start a fresh vllm-lmcache-consumer" in text
+
+
+# ------------------------------------------------------------------------------- attach: two URLs, no launch
+
+ATTACH = {"producer": {"url": "http://10.0.0.1:8100", "log": {"node": "p1", "run": "journalctl -u vllm-prefill"}},
+          "consumer": {"url": "http://10.0.0.2:8200", "log": {"node": "d1", "run": "journalctl -u vllm-decode"}},
+          "pool_path": "/mnt/pool/kv"}
+
+
+def attached(tmp_path, same_start=False, **params):
+    """A deployment's prefill and decode instances on p1 and d1 (engines answering at two URLs, their logs by the
+    operator's command), the pool mounted on both."""
+    tier = Tier(block=1)
+    for port, role, start in ((8100, "kv_producer", 1000.0), (8200, "kv_consumer", 1000.0 if same_start else 2000.0)):
+        tier.engines[port], tier.roles[port] = EngineServer(), role
+        tier.engines[port].start = start
+    cfg = pd_config(tmp_path, ("p1", "d1"), attach=True, **params)
+    nodes = {n: tier.node(n) for n in ("p1", "d1")}
+    for node in nodes.values():
+        node.handler.on(lambda c: c.argv[:2] == ("sh", "-c") and c.argv[2].startswith("journalctl"),
+                        Reply(stdout="INFO serving\n"))
+    return cfg, tier, nodes
+
+
+def test_attached_instances_hand_off_through_the_tier_and_the_run_sends_exactly_the_plan(tmp_path):
+    cfg, tier, nodes = attached(tmp_path)
+    ctx = gate_context(tmp_path / "run", cfg, transports=nodes, http=tier.http)
+    res = WORKLOADS["pd-handoff"]().run(ctx)
+    assert res.error is None and res.invalid_reason is None, (res.error, res.invalid_reason)
+    ev = res.evidence
+    assert ev.attached and ev.prompt_seed != 13  # new to engines that outlive the run
+    assert ev.instances["producer"].pid is None and ev.instances["consumer"].start_time_s == 2000.0
+    assert "started at 1000.0" in next(c for c in ev.validity if c.name == "two instances").how
+    planned = gate_plan(cfg, cfg.suite.gates[0])
+    for n in ("p1", "d1"):
+        assert plan_mismatch([s for s in planned if s.node == n], nodes[n].commands) is None, n
+    assert not any(e.kind == "spawn" for n in nodes.values() for e in n.events)  # kvgate started nothing
+    text = "\n".join(s.description for s in planned)
+    assert "route: prompt -> producer on p1 (http://10.0.0.1:8100" in text
+
+
+def test_attached_urls_that_report_one_process_are_invalid(tmp_path):
+    cfg, tier, nodes = attached(tmp_path, same_start=True)
+    res = WORKLOADS["pd-handoff"]().run(gate_context(tmp_path / "run", cfg, transports=nodes, http=tier.http))
+    assert res.invalid_reason.startswith("two instances") and "one process start time" in res.invalid_reason
+
+
+def test_attach_refuses_launch_parameters_and_unknown_log_nodes(tmp_path):
+    bad = {**ATTACH, "consumer": {**ATTACH["consumer"], "log": {"node": "nope", "run": "true"}}}
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1"), attach=bad, python="/x/python")
+    msg = str(exc.value)
+    assert "attach.consumer.log.node: node 'nope' is not one of the gate's nodes" in msg
+    assert "python: a launch parameter: kvgate does not launch attached instances" in msg
