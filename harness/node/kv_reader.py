@@ -13,21 +13,14 @@ JSON document on stdout (schema ``kvgate-kv-read/1``):
     the spec's ``layout_id`` and whose files are all there is reused as it is.
 
 ``read --spec SPEC``
-    Starts one fresh reader process per stream, pinned to the stream's CPUs when given: each is forked from a
-    ``multiprocessing`` forkserver that imported torch and LMCache once (no LMCache engine, no CUDA context and
-    no KV exist in it before the fork). Each builds its own LMCache engine on the same pool, reads nothing before
+    Starts one fresh reader process per stream (``multiprocessing`` spawn: a new interpreter each), pinned to
+    the stream's CPUs when given. Each builds its own LMCache engine on the same pool, reads nothing before
     the common start, then retrieves every chunk of its prompts through ``LMCacheEngine.retrieve`` (LMCache's
     batched get: the fs connector's concurrent gets, or local_disk's ``disk_io_threads`` read pool) into
     destination memory: the stream's GPU, or CPU memory (pinned when CUDA is there). After the timed phase
     each retrieved chunk's bytes are hashed and compared with the manifest. The device's
     ``/sys/dev/block/MAJ:MIN/stat`` line is read just before the common start and after every stream has
     finished reading. Prints ``{"type": "read", "streams": [...], ...}``.
-
-``layout-read --spec SPEC``
-    Both, with torch and LMCache imported once for the whole program (minutes each time under qemu TCG): the
-    layout runs in a process forked from the same forkserver as the readers and ends before they start; in
-    between, ``sync`` and the page cache dropped when the spec asks (``drop_caches``; whether the kernel let
-    it is in the read document). Prints the layout document, then the read document.
 
 LMCache 0.5.6's local_disk keeps its index in memory only, so a fresh reader re-registers the chunk files the
 layout made (key, size, shape, dtype, format from the manifest) with ``LocalDiskBackend.insert_key`` before
@@ -49,9 +42,6 @@ SCHEMA = "kvgate-kv-read/1"
 SPEC_SCHEMA = "kvgate-kv-read-spec/1"
 MANIFEST = "kvgate-kv-manifest.json"
 BARRIER_TIMEOUT_S = 600.0
-# What every forked process needs, imported once in the forkserver (the heavy part of a reader's start).
-PRELOAD = ("torch", "lmcache.v1.cache_engine", "lmcache.v1.config", "lmcache.v1.metadata",
-           "lmcache.v1.gpu_connector.gpu_connectors", "lmcache.v1.memory_management")
 
 
 class SpecError(ValueError):
@@ -492,32 +482,8 @@ def format_cpulist(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def forkserver():
-    """A multiprocessing context whose processes fork from one server that imported :data:`PRELOAD` once.
-
-    torch's CUDA availability check goes through NVML there, so the import leaves no CUDA context for a forked
-    reader to inherit; a reader that finds one anyway reports CUDA's error as its stream's error."""
+def read(spec: dict) -> dict:
     import multiprocessing as mp
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
-    return ctx
-
-
-def _noop() -> None:
-    pass
-
-
-def preload(ctx) -> float:
-    """Start the forkserver and wait until it has imported :data:`PRELOAD` (its first fork); the seconds it took."""
-    t0 = time.perf_counter()
-    proc = ctx.Process(target=_noop, name="kv-preload")
-    proc.start()
-    proc.join()
-    return time.perf_counter() - t0
-
-
-def read(spec: dict, ctx=None) -> dict:
     import queue as queue_mod
 
     pool = spec["pool_dir"]
@@ -527,7 +493,7 @@ def read(spec: dict, ctx=None) -> dict:
     by_prompt: dict[int, list] = {}
     for c in m["chunks"]:
         by_prompt.setdefault(int(c["prompt"]), []).append(c)
-    ctx = ctx or forkserver()
+    ctx = mp.get_context("spawn")
     n = len(spec["streams"])
     ready, go = ctx.Barrier(n + 1), ctx.Barrier(n + 1)
     results = ctx.Queue()
@@ -571,82 +537,12 @@ def read(spec: dict, ctx=None) -> dict:
     return doc
 
 
-# -------------------------------------------------------------------------------------------- layout-read
-
-
-def _layout_child(spec: dict, results) -> None:
-    """The layout in a process of its own (forked after the imports), its document or its error put on ``results``."""
-    try:
-        doc = layout(spec)
-    except Exception as exc:  # noqa: BLE001 - the parent prints it as the layout document's error
-        traceback.print_exc()
-        doc = {"schema": SCHEMA, "type": "layout", "error": f"{type(exc).__name__}: {exc}"}
-    results.put(doc)
-    results.close()
-    results.join_thread()
-    os._exit(0)  # LMCache leaves non-daemon threads behind
-
-
-def run_layout(ctx, spec: dict) -> dict:
-    """:func:`layout` in a process forked from ``ctx``'s server; its document (an error one if it died)."""
-    import queue as queue_mod
-    results = ctx.Queue()
-    proc = ctx.Process(target=_layout_child, args=(spec, results), name="kv-layout")
-    proc.start()
-    deadline = time.monotonic() + float(spec.get("layout_timeout_s", 3600))
-    doc = None
-    while doc is None and time.monotonic() < deadline:
-        try:
-            doc = results.get(timeout=1.0)
-        except queue_mod.Empty:
-            if not proc.is_alive() and results.empty():
-                break
-    proc.join(60)
-    if proc.is_alive():
-        proc.kill()
-    if doc is None:
-        doc = {"schema": SCHEMA, "type": "layout",
-               "error": f"the layout process reported nothing (exit code {proc.exitcode})"}
-    return doc
-
-
-def drop_page_cache() -> dict:
-    """``sync`` and drop the page cache, as kvgate's own drop step does; a refusal is recorded, not raised."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as fh:
-            fh.write("3\n")
-        return {"page_cache_dropped": True, "drop_caches_error": None}
-    except OSError as exc:
-        return {"page_cache_dropped": False, "drop_caches_error": f"{type(exc).__name__}: {exc}"}
-
-
-def layout_read(spec: dict) -> int:
-    """The layout, the cold step and the reads under one import of torch and LMCache; prints both documents."""
-    ctx = forkserver()
-    import_s = preload(ctx)
-    lay = run_layout(ctx, spec)
-    lay["modules_import_s"] = import_s
-    emit(lay)
-    if lay.get("error"):
-        return 3
-    cold = drop_page_cache() if spec.get("drop_caches") else {"page_cache_dropped": None, "drop_caches_error": None}
-    try:
-        doc = read(spec, ctx)
-    except Exception as exc:  # noqa: BLE001 - the orchestrator reads the document and the traceback
-        traceback.print_exc()
-        emit({"schema": SCHEMA, "type": "read", "error": f"{type(exc).__name__}: {exc}", **cold})
-        return 3
-    emit({**doc, **cold})
-    return 0
-
-
 # --------------------------------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kv_reader.py", description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=("layout", "read", "layout-read"))
+    ap.add_argument("command", choices=("layout", "read"))
     ap.add_argument("--spec", required=True)
     args = ap.parse_args(argv)
     try:
@@ -656,13 +552,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
     try:
-        if args.command == "layout-read":
-            return layout_read(spec)
         doc = layout(spec) if args.command == "layout" else read(spec)
     except Exception as exc:  # noqa: BLE001 - the orchestrator reads the one line and the traceback
         traceback.print_exc()
-        kind = "layout" if args.command == "layout-read" else args.command  # nothing was laid out yet
-        emit({"schema": SCHEMA, "type": kind, "error": f"{type(exc).__name__}: {exc}"})
+        emit({"schema": SCHEMA, "type": args.command, "error": f"{type(exc).__name__}: {exc}"})
         return 3
     emit(doc)
     return 0

@@ -33,23 +33,6 @@ def _document(text: str, kind: str) -> dict[str, Any]:
     raise WorkloadError(f"the KV reader printed no {kind} document (see its stderr)")
 
 
-def split_documents(text: str) -> dict[str, str]:
-    """``kv_reader.py layout-read`` stdout split per document kind: ``{"layout": ..., "read": ...}``, each the
-    lines that are that kind's document; a kind the program printed none of gets the whole output (kept as is)."""
-    out: dict[str, list[str]] = {"layout": [], "read": []}
-    for line in text.splitlines():
-        s = line.strip()
-        if not s.startswith("{"):
-            continue
-        try:
-            doc = json.loads(s)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(doc, dict) and doc.get("schema") == SCHEMA and doc.get("type") in out:
-            out[doc["type"]].append(s)
-    return {k: "".join(f"{x}\n" for x in v) if v else text for k, v in out.items()}
-
-
 def _num(d: dict[str, Any], key: str, default: float | None = None) -> float | None:
     v = d.get(key, default)
     if v is None:
@@ -88,7 +71,6 @@ class Layout:
     engine_init_s: float | None = None
     versions: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
-    modules_import_s: float | None = None  # ``layout-read``: torch and LMCache imported once, before any fork
 
 
 def parse_layout(text: str) -> Layout:
@@ -103,8 +85,7 @@ def parse_layout(text: str) -> Layout:
         raise WorkloadError(f"KV reader layout: a chunk record is malformed ({type(exc).__name__}: {exc})") from None
     return Layout(reused=bool(d.get("reused")), chunks=_int(d, "chunks"), kv_bytes=_int(d, "kv_bytes"),
                   file_bytes=_int(d, "file_bytes"), elapsed_s=_num(d, "elapsed_s", 0.0) or 0.0, files=files,
-                  engine_init_s=_num(d, "engine_init_s"), versions=dict(d.get("versions") or {}),
-                  modules_import_s=_num(d, "modules_import_s"))
+                  engine_init_s=_num(d, "engine_init_s"), versions=dict(d.get("versions") or {}))
 
 
 @dataclass(frozen=True)
@@ -157,8 +138,6 @@ class ReadRun:
     versions: dict[str, Any] = field(default_factory=dict)
     go_unix_s: float | None = None
     error: str | None = None
-    page_cache_dropped: bool | None = None  # ``layout-read``: its own drop before the readers (None: not asked)
-    drop_caches_error: str | None = None
 
     @property
     def device_read_bytes(self) -> int | None:
@@ -202,8 +181,7 @@ def _stream(s: Any) -> ReaderStream:
 
 
 def parse_read(text: str) -> ReadRun:
-    """Parse ``kv_reader.py read`` (or ``layout-read``) stdout; a document carrying ``error`` parses (the caller
-    reports it)."""
+    """Parse ``kv_reader.py read`` stdout; a document carrying ``error`` parses (the caller reports it)."""
     d = _document(text, "read")
     if d.get("error"):
         return ReadRun((), None, None, error=str(d["error"]))
@@ -213,12 +191,4 @@ def parse_read(text: str) -> ReadRun:
     return ReadRun(streams=tuple(_stream(s) for s in streams), device_stat_before=_stat(d.get("device_stat_before")),
                    device_stat_after=_stat(d.get("device_stat_after")),
                    errors=tuple(str(e) for e in d.get("errors") or []), versions=dict(d.get("versions") or {}),
-                   go_unix_s=_num(d, "go_unix_s"), page_cache_dropped=_flag(d, "page_cache_dropped"),
-                   drop_caches_error=str(d["drop_caches_error"]) if d.get("drop_caches_error") else None)
-
-
-def _flag(d: dict[str, Any], key: str) -> bool | None:
-    v = d.get(key)
-    if v is not None and not isinstance(v, bool):
-        raise WorkloadError(f"KV reader output: {key} is not true or false ({v!r})")
-    return v
+                   go_unix_s=_num(d, "go_unix_s"))

@@ -49,7 +49,7 @@ from ..errors import ConfigError, WorkloadError
 from ..execute.fanout import fan_out
 from ..node import program_path
 from ..parsers.fio import FioRun, parse_fio_json
-from ..parsers.kvread import ReadRun, parse_layout, parse_read, split_documents
+from ..parsers.kvread import ReadRun, parse_layout, parse_read
 from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..paths import data_path
 from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
@@ -285,7 +285,6 @@ class KvLayoutRecord(BaseModel):
     file_bytes: int
     elapsed_s: float | None = None
     engine_init_s: float | None = None
-    modules_import_s: float | None = None  # torch and LMCache, imported once for the layout and the readers
     layout_id: str | None = None
 
 
@@ -533,18 +532,19 @@ def pool_dir(node, target, p: KvReadParams) -> str:
     return posixpath.join(base, p.pool_subdir)
 
 
-def _reader_output(r: Any, nd: Path, kind: str, parse: Callable[[str], Any], failed: str) -> Any:
-    """One document of ``kv_reader.py layout-read`` (``kind``: layout or read), kept in the node's directory
-    (``kind``.json; the program's stderr in layout-read.stderr), parsed; WorkloadError starting with ``failed``
-    when it is missing or carries an error. The exit status judges the read only: a program that failed after
-    a good layout has printed that layout."""
-    write_gate_file(nd / f"{kind}.json", split_documents(r.stdout)[kind])
-    write_gate_file(nd / "layout-read.stderr", r.stderr)
+def _reader_step(steps: Any, tr: Any, nd: Path, step: str, argv: list[str], timeout_s: float, name: str,
+                 parse: Callable[[str], Any], failed: str) -> Any:
+    """Run one kv_reader.py mode as a logged step, keep its stdout and stderr in the node's directory
+    (``name``.json / .stderr) and return its parsed output; raise WorkloadError starting with ``failed`` when
+    the program failed or printed no result."""
+    r = steps.run(tr, step, argv, timeout_s=timeout_s, env=READER_ENV)
+    write_gate_file(nd / f"{name}.json", r.stdout)
+    write_gate_file(nd / f"{name}.stderr", r.stderr)
     try:
         out = parse(r.stdout)
     except WorkloadError as exc:
         raise WorkloadError(f"{failed}: {r.summary()} ({exc})") from None
-    if out.error or (kind == "read" and not r.ok):
+    if out.error or not r.ok:
         raise WorkloadError(f"{failed}: {out.error or r.summary()}")
     return out
 
@@ -690,8 +690,7 @@ class KvRead(Workload):
                 "chunk_bytes": sz.chunk_bytes, "chunks_per_retrieve": sz.chunks_per_retrieve, "prompts": sz.prompts,
                 "seed": p.seed, "vocab": vocab, "layout_id": s.layout_id, "streams": streams,
                 "destination": s.destination, "device_stat": device_stat, "fadvise_dontneed": p.fadvise_dontneed,
-                "store_timeout_s": min(600.0, p.layout_timeout_s), "layout_timeout_s": p.layout_timeout_s,
-                "read_timeout_s": p.read_timeout_s, "drop_caches": p.drop_caches}
+                "store_timeout_s": min(600.0, p.layout_timeout_s), "read_timeout_s": p.read_timeout_s}
 
     def _argv(self, s: "KvSetup", command: str) -> tuple[str, ...]:
         return (s.python, s.program, command, "--spec", s.spec)
@@ -713,13 +712,15 @@ class KvRead(Workload):
                                           s.program: "(harness/node/kv_reader.py)",
                                           s.spec: json.dumps(self._spec(ctx, node, s, None, "<device stat>"),
                                                                 indent=1)}))
-            cold = "sync and drop the page cache (recorded whether permitted), then " if p.drop_caches else ""
-            out.append(PlannedStep(n, f"torch and LMCache imported once; lay out {sz.prompts * sz.chunks_per_retrieve} "
-                                   f"chunks of {sz.chunk_bytes} bytes ({sz.kv_bytes} bytes of {s.model} KV) through "
-                                   f"LMCache {p.backend} in {s.pool}, unless an intact layout {s.layout_id} is there; "
-                                   f"{cold}{node.stream_count} fresh reader process(es) retrieve "
+            out.append(PlannedStep(n, f"lay out {sz.prompts * sz.chunks_per_retrieve} chunks of {sz.chunk_bytes} bytes "
+                                   f"({sz.kv_bytes} bytes of {s.model} KV) through LMCache {p.backend} in "
+                                   f"{s.pool}, unless an intact layout {s.layout_id} is there",
+                                   self._argv(s, "layout")))
+            if p.drop_caches:
+                out.append(PlannedStep(n, "drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV))
+            out.append(PlannedStep(n, f"{node.stream_count} fresh reader process(es) retrieve "
                                    f"{sz.kv_bytes_per_stream} bytes each through LMCache into {s.destination} "
-                                   "memory; every chunk checked", self._argv(s, "layout-read")))
+                                   "memory; every chunk checked", self._argv(s, "read")))
             if p.drop_caches:
                 out.append(PlannedStep(n, "drop the page cache again before fio", DROP_CACHES_ARGV))
             out.append(PlannedStep(n, "the pool device's read counters before fio", pool_blockstat_argv(s.pool)))
@@ -801,23 +802,22 @@ class KvRead(Workload):
         tr.put(nd / "lmcache.yaml", s.lmcache_yaml)
 
         ctx.progress(f"{ctx.gate.id} {node.name}: laying out {sz.kv_bytes / 1e9:.3f} GB of KV through LMCache "
-                     f"{p.backend} in {s.pool}, then {node.stream_count} reader(s) retrieving it")
-        # one program for the layout, the cold step and the reads: torch and LMCache are imported once (minutes
-        # under qemu TCG), and every process that lays out or reads is forked after that import
-        r = steps.run(tr, "kv-layout-read", self._argv(s, "layout-read"),
-                      timeout_s=p.layout_timeout_s + p.read_timeout_s + 600, env=READER_ENV)
-        lay = _reader_output(r, nd, "layout", parse_layout, "layout failed")
+                     f"{p.backend} in {s.pool}")
+        lay = _reader_step(steps, tr, nd, "kv-layout", self._argv(s, "layout"), p.layout_timeout_s, "layout",
+                           parse_layout, "layout failed")
         rec.layout = KvLayoutRecord(reused=lay.reused, chunks=lay.chunks, kv_bytes=lay.kv_bytes,
                                     file_bytes=lay.file_bytes, elapsed_s=lay.elapsed_s,
-                                    engine_init_s=lay.engine_init_s, modules_import_s=lay.modules_import_s,
-                                    layout_id=s.layout_id)
+                                    engine_init_s=lay.engine_init_s, layout_id=s.layout_id)
         rec.versions = lay.versions
         if lay.chunks != sz.prompts * sz.chunks_per_retrieve:
             raise WorkloadError(f"layout holds {lay.chunks} chunks, expected {sz.prompts * sz.chunks_per_retrieve}")
 
-        run = _reader_output(r, nd, "read", parse_read, "readers failed")
         if p.drop_caches:
-            rec.page_cache_dropped, rec.drop_caches_error = run.page_cache_dropped, run.drop_caches_error
+            drop = drop_caches(ctx, tr, "kv-drop-caches", timeout_s=300)
+            rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
+        ctx.progress(f"{ctx.gate.id} {node.name}: {node.stream_count} reader(s) retrieving through LMCache")
+        run = _reader_step(steps, tr, nd, "kv-read", self._argv(s, "read"), p.read_timeout_s + 600, "read",
+                           parse_read, "readers failed")
         record_checks(rec, run)
         acc["rows"], acc["details"] = connector_rows(node.name, run, None)
 

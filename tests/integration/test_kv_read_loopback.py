@@ -6,8 +6,8 @@ interpreter's torch and LMCache 0.5.6 from the host's tree, shared read-only ove
 whose read counters prove the reads), to lay out and read back the KV on it
 (`kvgate run -g gates/loopback-kv-read.yaml`).
 
-Slow by nature: importing torch and LMCache under qemu TCG takes minutes on a 2-core host (once per run: the
-layout and the reader are forked from one process that imported them). The guest is stopped by PID at the end, also on failure, and no qemu with its initrd may
+Slow by nature: importing torch and LMCache under qemu TCG takes minutes on a 2-core host (twice per run: the
+layout and the reader). The guest is stopped by PID at the end, also on failure, and no qemu with its initrd may
 be left running.
 """
 
