@@ -2,27 +2,36 @@
 CPU build (the engine environment scripts/setup.sh --vllm makes), a producer and a consumer with ExampleConnector
 on one pool directory, the pool ext4 on a loop device of its own (so its device's counters are the pool's alone).
 
-Two runs share the module's pool, work directory and built model: the shipped gate (PASS: the consumer's hits
-cover the prompts, the pool device wrote on the producer's side and read on the consumer's), and the same gate
-with a consumer started without the connector (INVALID: its hit counters stay flat, it re-computed). Not skipped
-when the engine environment is missing: CI builds it, and this must really run.
+Two runs share the module's pool, work directory and built model: the shipped gate, launched (PASS: the consumer's
+hits cover the prompts, the pool device wrote on the producer's side and read on the consumer's), and the gate in
+attach mode against a producer and a consumer started without the connector (INVALID: its hit counters stay flat, it
+re-computed). The INVALID pair is started by this module as an operator would (the profiles' own argv, less the
+consumer's --kv-transfer-config) while the PASS run runs, so its start-up overlaps the PASS run's instead of
+following it. Not skipped when the engine environment is missing: CI builds it, and this must really run.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from harness.config import load_config
+from harness.engines import load_profile
 from harness.gates.verdict import Outcome
 from harness.report.bundle import generate_keypair, load_private_key, verify_bundle
 from harness.suite.runner import run_suite
+from harness.transport.local import free_port
 from harness.workloads import WORKLOADS
-from polling import wait_no_process
+from harness.workloads.engine import build_random_model_argv, engine_values, random_model_dir
+from polling import wait_no_process, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,10 +63,18 @@ def rig(tmp_path_factory):
         subprocess.run(["losetup", "-d", loop], capture_output=True)
 
 
+def _gate() -> dict:
+    return yaml.safe_load((ROOT / "gates" / "pd-vllm-cpu.yaml").read_text())
+
+
 def _run(rig, name: str, **params):
     d = rig["dir"]
-    suite = yaml.safe_load((ROOT / "gates" / "pd-vllm-cpu.yaml").read_text())
-    suite["gates"][0]["params"].update(params)
+    suite = _gate()
+    gp = suite["gates"][0]["params"]
+    if "attach" in params:  # an attach block replaces the launch settings
+        for key in ("random_weights", "pool_target"):
+            del gp[key]
+    gp.update(params)
     run = d / name
     run.mkdir()
     (run / "gates.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
@@ -73,7 +90,62 @@ def _run(rig, name: str, **params):
 
 
 @pytest.fixture(scope="module")
-def passed(rig):
+def bare_pair(rig):
+    """A producer (the shipped profile's argv) and a consumer started without the connector (the consumer profile's
+    argv less --kv-transfer-config), on the gate's random model (built here; the PASS run finds it built), storing
+    in a pool directory of their own on the module's pool device. Started before the PASS run, waited for after."""
+    d, params = rig["dir"], _gate()["gates"][0]["params"]
+    cfg = params["model_config_inline"]
+    (d / "model-config.json").write_text(json.dumps(cfg))
+    model = random_model_dir(str(d / "work"), cfg, params["seed"], "bfloat16")
+    subprocess.run(list(build_random_model_argv(str(ENGINE_PYTHON), str(ROOT / "harness" / "node"),
+                                                str(d / "model-config.json"), model, params["seed"], "bfloat16")),
+                   check=True, capture_output=True)
+    pool = rig["pool"] / "bare"
+    pool.mkdir()
+    procs, urls = {}, {}
+    try:
+        for role, profile in (("producer", "vllm-cpu-producer"), ("consumer", "vllm-cpu-consumer")):
+            prof = load_profile(profile)
+            port = free_port("127.0.0.1")
+            v = engine_values(prof, python=str(ENGINE_PYTHON), host="127.0.0.1", port=port, model=model,
+                              served_model_name=params.get("served_model_name", "kvgate-pd"), seed=params["seed"],
+                              run_dir=str(d), pool_dir=str(pool),
+                              max_model_len=max(params["prompt_tokens"]) + params["decode_tokens"] + 16)
+            argv = prof.render_argv(v)
+            if role == "consumer":
+                i = argv.index("--kv-transfer-config")
+                argv = argv[:i] + argv[i + 2:]
+            log = d / f"bare-{role}.log"
+            with log.open("wb") as f:
+                procs[role] = subprocess.Popen(argv, env={**os.environ, **prof.render_env(v)}, stdout=f,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+            urls[role] = f"http://127.0.0.1:{port}"
+            # attach mode tells the two apart by their process start times (a clock-tick resolution)
+            time.sleep(0.2)
+        yield {"procs": procs, "urls": urls, "pool": pool}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+
+
+def _ready(url: str, proc: subprocess.Popen) -> bool:
+    assert proc.poll() is None, f"the engine at {url} exited with {proc.returncode}"
+    try:
+        return httpx.get(url + "/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def passed(rig, bare_pair):
     return _run(rig, "pass")
 
 
@@ -95,15 +167,22 @@ def test_the_hand_off_passes_with_hits_proven_and_device_bytes_on_both_sides(pas
     assert ev["fallback_lines"] == []
 
 
-def test_a_consumer_without_the_connector_recomputes_and_is_invalid(passed, rig, tmp_path):
-    # the shipped consumer profile without its --kv-transfer-config: a decode instance that cannot load the KV
-    prof = yaml.safe_load((ROOT / "workloads" / "engines" / "vllm-cpu-consumer.yaml").read_text())
-    i = prof["argv"].index("--kv-transfer-config")
-    prof["argv"] = prof["argv"][:i] + prof["argv"][i + 2:]
-    prof["name"] = "vllm-cpu-no-connector"
-    path = rig["dir"] / "vllm-cpu-no-connector.yaml"
-    path.write_text(yaml.safe_dump(prof, sort_keys=False))
-    v, result = _run(rig, "invalid", consumer_engine=str(path), prompts_per_length=1, warmup=False)
+def test_a_consumer_without_the_connector_recomputes_and_is_invalid(passed, rig, bare_pair):
+    # the bare pair through attach mode: vllm-attach's counters, with what ExampleConnector stores (whole 128-token
+    # blocks in *.safetensors) and the shipped profiles' fall-back lines
+    attach = yaml.safe_load((ROOT / "workloads" / "engines" / "vllm-attach.yaml").read_text())
+    consumer = load_profile("vllm-cpu-consumer")
+    attach.update(name="vllm-cpu-attached", pool_files=consumer.pool_files, kv_block_tokens=consumer.kv_block_tokens,
+                  fallback_patterns=consumer.fallback_patterns)
+    path = rig["dir"] / "vllm-cpu-attached.yaml"
+    path.write_text(yaml.safe_dump(attach, sort_keys=False))
+    urls, procs = bare_pair["urls"], bare_pair["procs"]
+    for role in ("producer", "consumer"):
+        wait_until(lambda: _ready(urls[role], procs[role]), 900, f"the bare {role} ready")
+    block = {role: {"url": urls[role], "log": {"node": "cpu1", "run": f"cat {rig['dir'] / f'bare-{role}.log'}"}}
+             for role in ("producer", "consumer")}
+    v, result = _run(rig, "invalid", producer_engine=str(path), consumer_engine=str(path), prompts_per_length=1,
+                     warmup=False, attach={**block, "pool_path": str(bare_pair["pool"])})
     assert v.outcome is Outcome.INVALID, (v.reason, result)
     assert "hand-off hits" in v.reason, v.reason
     failed = {c["name"] for c in result["evidence"]["validity"] if not c["ok"]}
