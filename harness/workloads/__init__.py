@@ -13,3 +13,4 @@ from . import g3_shared_read  # noqa: F401,E402
 from . import g2_multiturn  # noqa: F401,E402
 from . import r3_cross_instance  # noqa: F401,E402
 from . import kv_read  # noqa: F401,E402
+from . import fio_faults  # noqa: F401,E402

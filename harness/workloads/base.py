@@ -82,6 +82,7 @@ class GateContext:
     nvmeof: Any = None
     clock: Clock = field(default_factory=Clock)
     cancel: Cancellation | None = None
+    undo: Any = None  # the run's harness.execute.undo.UndoLog: inverses run whatever ends the gate (faults)
 
     def __post_init__(self) -> None:
         if self.cancel is None:

@@ -1,0 +1,538 @@
+"""G1 under failure (``fio-faults``): a cold O_DIRECT read of a multipath NVMe-oF namespace while faults are
+made on its target side, each undone after its ``duration_s``; measured and judged per fault.
+
+The gate's ``target`` is the namespace (``kind: nvmeof``, resolved to the native multipath head by NQN);
+``paths`` names every path's ``kind: nvmeof`` target (same NQN, each its own address: ``connect: managed``
+connects them all). The target side must be kvgate's loopback (``kind: nvmeof-loopback`` with the same NQN and
+an ``extra_ports`` entry per further path): the faults are nvmet configfs changes (harness.rigs.faults). On an
+array kvgate cannot fail itself, see docs/faults.md.
+
+Run: the write guard on the head, a fio write of the region with crc32c verify headers, the paths' counters,
+then fio reads the region (time based, ``--verify=crc32c``: every block read is checked, during the faults and
+after; ``--continue_on_error=all``: a failed read is counted, not the end of the measurement; a completion log
+on the node's clock) while a sampler reads every path's counters every 0.5 s and the faults are made at their
+``at_s`` and undone ``duration_s`` later. Each fault's inverse is registered with the run's undo log
+(harness.execute.undo) before the fault is sent: whatever ends the gate, it runs.
+
+Judged per fault (:func:`evaluate_faults`, pure): the I/O stall (the longest gap between completions from the
+fault to the next fault or the end), the time to recover to ``recover_fraction`` of the rate before the fault,
+the bytes each path read while it lasted; for the run: corrupted chunks (verify failures), failed reads, each
+path's bytes. The gate's metric is the longest stall (``max_stall_s``); a corrupted chunk, a failed read or a
+recovery over ``recovery_bound_s`` is FAIL whatever the stall.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import threading
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..errors import WorkloadError
+from ..execute.nvmeof import probe_commands as nvmeof_probes, NvmeofSpec
+from ..execute.undo import UndoLog
+from ..parsers.blockdev import BlockStat
+from ..parsers.faultio import (Completion, parse_clat_log, parse_path_samples, parse_path_stats,
+                               parse_verify_failures, path_sampler_argv, path_stats_argv)
+from ..rigs import faults as F
+from ..units import parse_size_bytes
+from ..writeguard import block_probe_plan, check_write
+from .base import (Evidence, GateContext, PlannedStep, StrictModel, ValidityCheck, Workload, WorkloadResult,
+                   nvmeof_device, register_workload, write_gate_file)
+
+FaultKind = Literal["path-down", "ana", "target-restart", "slow-path"]
+STEP_TIMEOUT_S = 60.0
+RATE_WINDOW_S = 1.0  # recovery: the first window this long at the recovered rate
+PRE_WINDOW_S = 2.0  # the rate before a fault: over at most this long before it
+
+
+class FaultSpec(StrictModel):
+    """One fault of the schedule: what, on which path, when (seconds after the read starts) and for how long."""
+
+    kind: FaultKind
+    path: str | None = None  # a kind nvmeof target of ``paths`` (path-down, ana, slow-path)
+    at_s: float = Field(gt=0, le=3600)
+    duration_s: float = Field(gt=0, le=3600)
+    ana_state: Literal["non-optimized", "inaccessible"] = "inaccessible"
+    interface: str = "lo"  # slow-path: where the port's replies leave
+    delay_ms: float = Field(default=100.0, gt=0, le=10000)
+    loss_pct: float = Field(default=0.0, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _path(self) -> "FaultSpec":
+        if self.kind != "target-restart" and not self.path:
+            raise ValueError(f"a {self.kind} fault needs path: the kind nvmeof target of the path it hits")
+        if self.kind == "target-restart" and self.path:
+            raise ValueError("a target-restart fault takes every path down: no path")
+        return self
+
+
+class FioFaultsParams(StrictModel):
+    target: str
+    paths: list[str] = Field(min_length=1)
+    region_bytes: int = Field(default=64 << 20, alias="region")
+    bs_bytes: int = Field(default=1 << 20, alias="bs")
+    iodepth: int = Field(default=16, ge=1, le=1024)
+    runtime_s: float = Field(default=20.0, gt=0, le=3600)
+    recover_fraction: float = Field(default=0.5, gt=0, le=1)
+    recovery_bound_s: float = Field(default=10.0, gt=0)
+    faults: list[FaultSpec] = Field(min_length=1)
+
+    @field_validator("region_bytes", "bs_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> int:
+        return parse_size_bytes(v, multiple_of=4096, what="size")
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "FioFaultsParams":
+        end = 0.0
+        for i, f in enumerate(sorted(self.faults, key=lambda f: f.at_s)):
+            if f.at_s < end:
+                raise ValueError(f"faults[{i}] starts at {f.at_s:g} s, before the one before it is undone "
+                                 f"({end:g} s): faults run one at a time")
+            end = f.at_s + f.duration_s
+        if end >= self.runtime_s:
+            raise ValueError(f"the last fault is undone at {end:g} s, not before the read ends ({self.runtime_s:g} s): "
+                             "recovery could not be measured")
+        for f in self.faults:
+            if f.path and f.path not in self.paths:
+                raise ValueError(f"fault path {f.path!r} is not one of paths ({', '.join(self.paths)})")
+        return self
+
+
+# ------------------------------------------------------------------------------------------ evidence
+
+
+class FaultRecord(BaseModel):
+    """One fault as it was made and judged: when (node clock, s after the read's first completion), the stall,
+    the recovery, the bytes each path read while it lasted (to the next fault or the end)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    index: int
+    kind: str
+    path: str | None = None
+    detail: str
+    applied_ok: bool
+    undone_ok: bool
+    undone_by: str | None = None  # "workload" or "runner"
+    apply_error: str | None = None
+    undo_error: str | None = None
+    t_apply_s: float | None = None
+    t_undo_s: float | None = None
+    pre_rate_mb_s: float | None = None
+    stall_s: float | None = None
+    recovery_s: float | None = None
+    path_read_bytes: dict[str, int] = {}
+
+
+class PathRead(BaseModel):
+    """One path of the namespace: its target, controller, address, block device and the bytes it read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    target: str
+    controller: str | None = None
+    address: str | None = None
+    device: str | None = None
+    read_bytes: int | None = None
+
+
+class FioFaultsEvidence(Evidence):
+    """G1 under faults: the job, the namespace and its paths, each fault judged, integrity, the timeline."""
+
+    device: str | None = None
+    nvmeof: dict[str, Any] | None = None
+    region_bytes: int
+    bs_bytes: int
+    iodepth: int
+    runtime_s: float
+    recover_fraction: float
+    recovery_bound_s: float
+    write_guard: dict[str, Any] | None = None
+    paths: list[PathRead] = []
+    faults: list[FaultRecord] = []
+    completions: int = 0
+    read_bytes: int = 0
+    read_mb_s: float | None = None
+    corrupted_chunks: int | None = None
+    corrupted_offsets: list[int] = []
+    failed_reads: int | None = None
+    baseline_max_gap_s: float | None = None
+    # per path: [(t_s since the first completion, read MB/s over the last sample interval)]
+    timeline: dict[str, list[tuple[float, float]]] = {}
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+def longest_gap(times: list[float], start: float, end: float) -> float:
+    """Pure: the longest gap between consecutive completion times (sorted) from the last completion before
+    ``start`` through the first at or after ``end``; a log that ends before ``end`` counts up to ``end``."""
+    prev = max((t for t in times if t < start), default=start)
+    best = 0.0
+    for t in times:
+        if t < start:
+            continue
+        best = max(best, t - prev)
+        prev = t
+        if t >= end:
+            break
+    else:
+        best = max(best, end - prev)
+    return best
+
+
+def rate_mb_s(done: list[Completion], start: float, end: float) -> float | None:
+    """Pure: MB/s (1e6) completed in [start, end); None for an empty window."""
+    if end <= start:
+        return None
+    return sum(c.bytes for c in done if start <= c.t_s < end) / (end - start) / 1e6
+
+
+def recovery_s(done: list[Completion], t_fault: float, pre_mb_s: float, fraction: float,
+               window_s: float = RATE_WINDOW_S) -> float | None:
+    """Pure: seconds from the fault to the start of the first ``window_s`` window (starting at the fault or at a
+    completion after it) whose rate reaches ``fraction`` of the rate before the fault; None if none does before
+    the log ends."""
+    if not done or pre_mb_s <= 0:
+        return None
+    last = done[-1].t_s
+    for t in [t_fault] + [c.t_s for c in done if c.t_s > t_fault]:
+        if t + window_s > last:
+            return None
+        if (rate_mb_s(done, t, t + window_s) or 0.0) >= fraction * pre_mb_s:
+            return round(t - t_fault, 3)
+    return None
+
+
+def path_bytes_between(samples: list[tuple[float, dict[str, BlockStat]]], start: float, end: float
+                       ) -> dict[str, int]:
+    """Pure: bytes each path read between the samples nearest before ``start`` and at or after ``end``."""
+    before = [s for s in samples if s[0] <= start]
+    after = [s for s in samples if s[0] >= end]
+    a = before[-1] if before else (samples[0] if samples else None)
+    b = after[0] if after else (samples[-1] if samples else None)
+    if a is None or b is None:
+        return {}
+    return {dev: b[1][dev].read_bytes - st.read_bytes for dev, st in a[1].items() if dev in b[1]}
+
+
+def timeline(samples: list[tuple[float, dict[str, BlockStat]]], t0: float) -> dict[str, list[tuple[float, float]]]:
+    """Pure: per path device, (s since ``t0``, read MB/s over the interval ending there)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for (ta, a), (tb, b) in zip(samples, samples[1:]):
+        if tb <= ta:
+            continue
+        for dev in a:
+            if dev in b:
+                out.setdefault(dev, []).append(
+                    (round(tb - t0, 3), round((b[dev].read_bytes - a[dev].read_bytes) / (tb - ta) / 1e6, 3)))
+    return out
+
+
+def judge_fault(done: list[Completion], rec: FaultRecord, window_end: float, fraction: float,
+                samples: list[tuple[float, dict[str, BlockStat]]]) -> FaultRecord:
+    """Pure: one fault's stall, pre-fault rate, recovery and per-path bytes from the completion log."""
+    if rec.t_apply_s is None or not done:
+        return rec
+    t = rec.t_apply_s
+    first = done[0].t_s
+    pre_start = max(first, t - PRE_WINDOW_S)
+    pre = rate_mb_s(done, pre_start, t) if t - pre_start >= 0.5 else None
+    times = [c.t_s for c in done]
+    stall = longest_gap(times, t, window_end)
+    rec_s = recovery_s(done, t, pre, fraction) if pre else None
+    return rec.model_copy(update=dict(
+        pre_rate_mb_s=None if pre is None else round(pre, 3), stall_s=None if stall is None else round(stall, 3),
+        recovery_s=rec_s, path_read_bytes=path_bytes_between(samples, t, window_end)))
+
+
+def evaluate_faults(ev: FioFaultsEvidence) -> WorkloadResult:
+    """Pure: the gate's metrics, validity and FAIL reasons from the judged evidence (also what a bundle's
+    re-evaluation reads)."""
+    stalls = [f.stall_s for f in ev.faults if f.stall_s is not None]
+    recov = [f.recovery_s for f in ev.faults]
+    metrics: dict[str, float] = {}
+    if stalls and len(stalls) == len(ev.faults):
+        metrics["max_stall_s"] = max(stalls)
+    if all(r is not None for r in recov) and recov:
+        metrics["max_recovery_s"] = max(recov)
+    if ev.corrupted_chunks is not None:
+        metrics["corrupted_chunks"] = float(ev.corrupted_chunks)
+    if ev.failed_reads is not None:
+        metrics["failed_reads"] = float(ev.failed_reads)
+    if ev.read_mb_s is not None:
+        metrics["read_mb_s"] = ev.read_mb_s
+    checks = [
+        ValidityCheck(name="reads logged", ok=ev.completions > 0, claim="fio logged every completed read",
+                      how="fio's completion log (--write_lat_log, unix ms on the node's clock)",
+                      figure="completions", value=float(ev.completions), unit=None),
+        ValidityCheck(name="faults made", ok=bool(ev.faults) and all(f.applied_ok and f.t_apply_s is not None
+                                                                      for f in ev.faults),
+                      claim="every fault of the schedule was made on the target, its time on the node's clock",
+                      how="each fault's command exited 0 between two readings of the node's clock",
+                      figure="faults made", value=float(sum(f.applied_ok for f in ev.faults)), unit=None),
+        ValidityCheck(name="faults undone", ok=all(f.undone_ok for f in ev.faults),
+                      claim="every fault was undone (its inverse exited 0)",
+                      how="the inverse as a step, by the workload or, whatever ended the gate, by the runner",
+                      figure="faults undone", value=float(sum(f.undone_ok for f in ev.faults)), unit=None),
+        ValidityCheck(name="rate before each fault", ok=all(f.pre_rate_mb_s for f in ev.faults),
+                      claim="each fault has a rate before it to recover to",
+                      how=f"bytes completed in the {PRE_WINDOW_S:g} s before the fault (at least 0.5 s)",
+                      figure="lowest rate before a fault",
+                      value=min((f.pre_rate_mb_s or 0.0) for f in ev.faults) * 1e6 if ev.faults else None,
+                      unit="B/s"),
+        ValidityCheck(name="integrity checked", ok=ev.corrupted_chunks is not None,
+                      claim="every block read was checked against the crc32c written with it",
+                      how="fio --verify=crc32c on the read, after a fio write of the region with verify headers",
+                      figure="bytes read and checked", value=float(ev.read_bytes), unit="B"),
+    ]
+    failover = [f for f in ev.faults if f.kind in ("path-down", "ana") and f.path_read_bytes]
+    if failover:
+        carried = all(sum(v for v in f.path_read_bytes.values()) > 0 for f in failover)
+        checks.append(ValidityCheck(
+            name="paths counted", ok=carried, claim="the multipath head's reads are counted on its paths while a "
+            "path is down (a 6.1 head counts none of its own)", how="/sys/block/<path>/stat of every path, sampled",
+            figure="paths", value=float(len(ev.paths)), unit=None))
+    ev.validity = checks
+    invalid = "; ".join(f"{c.name}: not proven ({c.how})" for c in checks if not c.ok) or None
+    failed = []
+    if ev.corrupted_chunks:
+        failed.append(f"{ev.corrupted_chunks} corrupted chunk(s) read (offsets {ev.corrupted_offsets[:5]})")
+    if ev.failed_reads:
+        failed.append(f"{ev.failed_reads} read(s) failed (lost I/O)")
+    for f in ev.faults:
+        if f.t_apply_s is not None and f.pre_rate_mb_s and (f.recovery_s is None or f.recovery_s >
+                                                            ev.recovery_bound_s):
+            failed.append(f"fault {f.index} ({f.detail}): no recovery to {ev.recover_fraction:.0%} of "
+                          f"{f.pre_rate_mb_s:g} MB/s within {ev.recovery_bound_s:g} s"
+                          + (f" (took {f.recovery_s:g} s)" if f.recovery_s is not None else ""))
+    return WorkloadResult(metrics, ev, invalid_reason=invalid, failed_check="; ".join(failed) or None)
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def fill_argv(dev: str, p: FioFaultsParams) -> tuple[str, ...]:
+    """The region written once with crc32c verify headers (what the faulted read checks)."""
+    return ("fio", "--name=kvgate-faults-fill", f"--filename={dev}", "--rw=write", f"--bs={p.bs_bytes}",
+            f"--size={p.region_bytes}", "--ioengine=libaio", "--direct=1", "--iodepth=16", "--verify=crc32c",
+            "--do_verify=0", "--output-format=json")
+
+
+def read_argv(dev: str, p: FioFaultsParams, log_prefix: str) -> tuple[str, ...]:
+    return ("fio", "--name=kvgate-faults-read", f"--filename={dev}", "--rw=read", f"--bs={p.bs_bytes}",
+            f"--size={p.region_bytes}", "--ioengine=libaio", "--direct=1", f"--iodepth={p.iodepth}",
+            "--time_based=1", f"--runtime={p.runtime_s:g}", "--verify=crc32c", "--continue_on_error=all",
+            f"--write_lat_log={log_prefix}", "--log_unix_epoch=1", "--output-format=json")
+
+
+def fault_commands(node: Any, params: FioFaultsParams, f: FaultSpec) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(what, apply, inverse) of one fault on the node's loopback target side (harness.rigs.faults)."""
+    head = node.target(params.target)
+    ports = [F.PortRef(str(int(node.target(p).trsvcid or "4420")), str(node.target(p).trsvcid or "4420"))
+             for p in params.paths]
+    port = ports[params.paths.index(f.path)] if f.path else None
+    if f.kind == "path-down":
+        return (f"path {f.path} down (port {port.port_id} unlinked)", *F.path_down(head.nqn, port))
+    if f.kind == "ana":
+        return (f"path {f.path} ANA {f.ana_state}", *F.ana_change(port, f.ana_state))
+    if f.kind == "slow-path":
+        return (f"path {f.path} slow ({f.delay_ms:g} ms on {f.interface})",
+                *F.slow_path(f.interface, port, f.delay_ms, f.loss_pct))
+    return ("target restart (every port unlinked, namespace disabled)",
+            *F.target_restart(head.nqn, head.nsid or 1, ports))
+
+
+def _target_side(node: Any, nqn: str) -> Any:
+    return next((t for t in node.targets if t.kind == "nvmeof-loopback" and t.nqn == nqn), None)
+
+
+@register_workload("fio-faults")
+class FioFaults(Workload):
+    """G1 over a multipath NVMe-oF namespace while its paths fail and come back (docs/faults.md)."""
+
+    Params = FioFaultsParams
+    EvidenceModel = FioFaultsEvidence
+    METRICS = {"max_stall_s": "s", "max_recovery_s": "s", "corrupted_chunks": "", "failed_reads": "",
+               "read_mb_s": "MB/s"}
+
+    def validate_against(self, params: FioFaultsParams, nodes: dict[str, Any]) -> list[tuple[tuple, str]]:
+        errs = []
+        for n in nodes.values():
+            head = n.target(params.target)
+            if head is None or head.kind != "nvmeof":
+                errs.append((("target",), f"node {n.name}: {params.target!r} is not a kind nvmeof target"))
+                continue
+            for i, p in enumerate(params.paths):
+                t = n.target(p)
+                if t is None or t.kind != "nvmeof" or t.nqn != head.nqn:
+                    errs.append((("paths", i), f"node {n.name}: {p!r} is not a kind nvmeof target of {head.nqn}"))
+            if _target_side(n, head.nqn) is None:
+                errs.append((("faults",), f"node {n.name}: the faults are made on kvgate's own target side: a kind "
+                                          f"nvmeof-loopback target with nqn {head.nqn} (an array's faults: "
+                                          "docs/faults.md)"))
+        return errs
+
+    def plan(self, ctx: GateContext) -> list[PlannedStep]:
+        p: FioFaultsParams = ctx.params
+        out = []
+        for name, node in ctx.nodes.items():
+            spec = NvmeofSpec.from_target(node.target(p.target))
+            work = node.work_dir
+            dev = "<the multipath head>"
+            out += [PlannedStep(name, f"{p.target}: the namespace by NQN ({k})", argv)
+                    for k, argv in nvmeof_probes(spec).items()]
+            out += [PlannedStep(name, what, argv, optional=opt) for what, argv, opt in
+                    block_probe_plan(dev, "the multipath head")]
+            out.append(PlannedStep(name, "write the region once with crc32c verify headers (write guard allowed)",
+                                   fill_argv(dev, p)))
+            devs = ["<path device>"]
+            out.append(PlannedStep(name, "every path's counters before", path_stats_argv(devs)))
+            out.append(PlannedStep(name, "mkdir the work dir", ("mkdir", "-p", work)))
+            out.append(PlannedStep(name, "sample every path's counters every 0.5 s (beside the read)",
+                                   path_sampler_argv(devs, p.runtime_s)))
+            out.append(PlannedStep(name, f"the faulted read: {p.runtime_s:g} s, every block verified",
+                                   read_argv(dev, p, posixpath.join(work, "kvgate-faults-<gate>"))))
+            for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
+                what, apply, inverse = fault_commands(node, p, f)
+                out.append(PlannedStep(name, f"fault {i} at {f.at_s:g} s: {what}", F.clocked(apply)))
+                out.append(PlannedStep(name, f"fault {i} undone at {f.at_s + f.duration_s:g} s (whatever ends the "
+                                             "gate: the runner runs it if the gate could not)", F.clocked(inverse)))
+            prefix = posixpath.join(work, "kvgate-faults-<gate>")
+            out.append(PlannedStep(name, "fio's completion log", ("cat", f"{prefix}_clat.1.log")))
+            out.append(PlannedStep(name, "remove fio's logs", ("rm", "-f", f"{prefix}_clat.1.log",
+                                                               f"{prefix}_lat.1.log", f"{prefix}_slat.1.log")))
+            out.append(PlannedStep(name, "every path's counters after", path_stats_argv(devs)))
+        return out
+
+    def run(self, ctx: GateContext) -> WorkloadResult:
+        p: FioFaultsParams = ctx.params
+        (name, node), = list(ctx.nodes.items())[:1]
+        tr = ctx.transports[name]
+        undo = ctx.undo if ctx.undo is not None else UndoLog()
+        head = node.target(p.target)
+        ev = FioFaultsEvidence(region_bytes=p.region_bytes, bs_bytes=p.bs_bytes, iodepth=p.iodepth,
+                               runtime_s=p.runtime_s, recover_fraction=p.recover_fraction,
+                               recovery_bound_s=p.recovery_bound_s)
+        try:
+            dev, record = nvmeof_device(ctx, node, head, tr)
+        except WorkloadError as exc:
+            return WorkloadResult({}, ev, error=str(exc))
+        ev.device, ev.nvmeof = dev, record
+        paths = []
+        for pname in p.paths:
+            t = node.target(pname)
+            want = f"traddr={t.traddr},trsvcid={t.trsvcid or '4420'}"
+            pr = next((x for x in record.get("paths", []) if x.get("address") == want), None)
+            paths.append(PathRead(target=pname, controller=pr and pr.get("controller"), address=want,
+                                  device=pr and pr.get("device")))
+        ev.paths = paths
+        missing = [x.target for x in paths if not x.device]
+        if missing or record.get("multipath") != "native":
+            return WorkloadResult({}, ev, error=f"{p.target}: not a native multipath head over every path "
+                                  f"(multipath {record.get('multipath')}; no path device for {', '.join(missing)})")
+        devs = [x.device for x in paths]
+        run = lambda step, argv, timeout_s: ctx.steps.run(tr, step, argv, timeout_s=timeout_s)  # noqa: E731
+        guard = check_write(run, dev, expect="block", node=name, purpose="fio writes the region with verify headers "
+                            "before the faulted read", allow_destructive=head.allow_destructive, serial=head.serial)
+        ev.write_guard = guard.as_dict()
+        if not guard.allowed:
+            return WorkloadResult({}, ev, error=f"the write guard refused {dev}: {guard.reason}")
+        r = run("fio-fill-verify", fill_argv(dev, p), 600)
+        if not r.ok:
+            return WorkloadResult({}, ev, error=f"the verify fill failed: {r.summary()}")
+        before = run("path-stats-before", path_stats_argv(devs), STEP_TIMEOUT_S)
+        run("work-dir", ("mkdir", "-p", node.work_dir), STEP_TIMEOUT_S)
+        prefix = posixpath.join(node.work_dir, f"kvgate-faults-{ctx.gate.id}")
+        box: dict[str, Any] = {}
+        threads = [threading.Thread(target=lambda: box.update(samples=run(
+                       "path-sampler", path_sampler_argv(devs, p.runtime_s), p.runtime_s + 120)), daemon=True),
+                   threading.Thread(target=lambda: box.update(fio=run(
+                       "fio-read-faulted", read_argv(dev, p, prefix), p.runtime_s + 300)), daemon=True)]
+        for t in threads:
+            t.start()
+        t0 = ctx.clock.now()
+        made: list[tuple[int, FaultSpec, str, Any, Any, Any]] = []
+        try:
+            for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
+                what, apply, inverse = fault_commands(node, p, f)
+                ctx.cancel.sleep(max(0.0, t0 + f.at_s - ctx.clock.now()))
+                entry = undo.register(name, f"fault{i}-{f.kind}", F.clocked(inverse), gate=ctx.gate.id)
+                try:
+                    ctx.progress(f"{name}: fault {i}: {what}")
+                    ra = run(f"fault{i}-{f.kind}", F.clocked(apply), STEP_TIMEOUT_S)
+                    made.append((i, f, what, ra, entry, None))
+                    ctx.cancel.sleep(max(0.0, t0 + f.at_s + f.duration_s - ctx.clock.now()))
+                finally:
+                    ri = run(f"fault{i}-{f.kind}-undo", F.clocked(inverse), STEP_TIMEOUT_S)
+                    undo.mark(entry, ri.ok, None if ri.ok else ri.summary())
+                    if made and made[-1][0] == i:
+                        made[-1] = made[-1][:5] + (ri,)
+                    ctx.progress(f"{name}: fault {i} undone" if ri.ok else f"{name}: fault {i} NOT undone: "
+                                 f"{ri.summary()} (the runner tries again)")
+        finally:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.5)
+                    ctx.cancel.check()
+        fio = box.get("fio")
+        log = run("fio-clat-log", ("cat", f"{prefix}_clat.1.log"), STEP_TIMEOUT_S)
+        run("fio-logs-remove", ("rm", "-f", f"{prefix}_clat.1.log", f"{prefix}_lat.1.log", f"{prefix}_slat.1.log"),
+            STEP_TIMEOUT_S)
+        after = run("path-stats-after", path_stats_argv(devs), STEP_TIMEOUT_S)
+        if fio is None or fio.rc is None:
+            return WorkloadResult({}, ev, error=f"the faulted read did not finish: {fio.summary() if fio else 'lost'}")
+        try:
+            done = parse_clat_log(log.stdout) if log.ok else []
+        except ValueError as exc:
+            return WorkloadResult({}, ev, error=str(exc))
+        samples = parse_path_samples(box["samples"].stdout) if box.get("samples") else []
+        sb, sa = parse_path_stats(before.stdout), parse_path_stats(after.stdout)
+        ev.paths = [x.model_copy(update={"read_bytes": sa[x.device].read_bytes - sb[x.device].read_bytes
+                                         if x.device in sa and x.device in sb else None}) for x in paths]
+        fails = parse_verify_failures(fio.stderr)
+        ev.corrupted_offsets = sorted({o for o, _ in fails})
+        ev.corrupted_chunks = len(ev.corrupted_offsets)
+        try:
+            job = json.loads(fio.stdout[fio.stdout.index("{"):])["jobs"][0]
+            ev.failed_reads = max(0, int(job.get("total_err", 0)) - len(fails))
+        except (ValueError, KeyError, IndexError):
+            ev.failed_reads = None
+        return self._judge(ctx, ev, done, samples, made, devs)
+
+    @staticmethod
+    def _judge(ctx: GateContext, ev: FioFaultsEvidence, done: list[Completion], samples, made, devs) -> WorkloadResult:
+        p: FioFaultsParams = ctx.params
+        ev.completions = len(done)
+        ev.read_bytes = sum(c.bytes for c in done)
+        if len(done) > 1 and done[-1].t_s > done[0].t_s:
+            ev.read_mb_s = round(ev.read_bytes / (done[-1].t_s - done[0].t_s) / 1e6, 3)
+        t_first = done[0].t_s if done else 0.0
+        recs = []
+        for i, f, what, ra, entry, ri in made:
+            ta, _ = F.parse_clocked(ra.stdout)
+            tu = F.parse_clocked(ri.stdout)[0] if ri is not None else None
+            recs.append(FaultRecord(index=i, kind=f.kind, path=f.path, detail=what, applied_ok=ra.ok,
+                                    undone_ok=bool(entry.done), undone_by=entry.ran_by,
+                                    apply_error=None if ra.ok else ra.summary(), undo_error=entry.error,
+                                    t_apply_s=ta, t_undo_s=tu))
+        end = done[-1].t_s if done else 0.0
+        judged = []
+        for k, rec in enumerate(recs):
+            nxt = recs[k + 1].t_apply_s if k + 1 < len(recs) and recs[k + 1].t_apply_s else end
+            r = judge_fault(done, rec, nxt, p.recover_fraction, samples)
+            shift = lambda x: None if x is None else round(x - t_first, 3)  # noqa: E731
+            judged.append(r.model_copy(update=dict(t_apply_s=shift(r.t_apply_s), t_undo_s=shift(r.t_undo_s))))
+        ev.faults = judged
+        first_fault = recs[0].t_apply_s if recs and recs[0].t_apply_s else end
+        ev.baseline_max_gap_s = longest_gap([c.t_s for c in done if c.t_s < first_fault], t_first, first_fault) \
+            if done else None
+        by_dev = {x.device: x.target for x in ev.paths}
+        ev.timeline = {by_dev.get(d, d): pts for d, pts in timeline(samples, t_first).items()}
+        ev.faults = [fr.model_copy(update={"path_read_bytes": {by_dev.get(d, d): b for d, b in
+                                                                fr.path_read_bytes.items()}}) for fr in ev.faults]
+        res = evaluate_faults(ev)
+        write_gate_file(ctx.gate_dir / "faults.json", json.dumps(res.as_dict(), indent=1, default=str))
+        return res

@@ -1,0 +1,125 @@
+"""Faults (harness.rigs.faults): each fault's command and its inverse, run for real by sh against a tree shaped
+like nvmet's configfs (directories, symlinks, attribute files); the clock stamp around them; the undo log."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.execute.undo import UndoLog
+from harness.rigs import faults as F
+from harness.transport.doubles import Reply, ScriptedTransport
+
+NQN = "nqn.2024-01.io.kvgate:loopback-kvmp"
+
+
+def tree(tmp_path: Path) -> tuple[str, list[F.PortRef]]:
+    """A configfs-shaped nvmet tree: one subsystem with namespace 1 enabled, on ports 4430 and 4431."""
+    root = tmp_path / "nvmet"
+    sub = root / "subsystems" / NQN
+    (sub / "namespaces" / "1").mkdir(parents=True)
+    (sub / "namespaces" / "1" / "enable").write_text("1")
+    ports = []
+    for svc in ("4430", "4431"):
+        p = root / "ports" / svc
+        (p / "subsystems").mkdir(parents=True)
+        (p / "ana_groups" / "1").mkdir(parents=True)
+        (p / "ana_groups" / "1" / "ana_state").write_text("optimized")
+        (p / "subsystems" / NQN).symlink_to(sub)
+        ports.append(F.PortRef(svc, svc, root=str(root)))
+    return str(root), ports
+
+
+def sh(argv) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+
+
+def linked(port: F.PortRef) -> bool:
+    return Path(port.dir, "subsystems", NQN).is_symlink()
+
+
+def test_path_down_unlinks_one_port_and_its_inverse_links_it_again_idempotently(tmp_path):
+    _, (a, b) = tree(tmp_path)
+    apply, inverse = F.path_down(NQN, a)
+    assert sh(apply).returncode == 0
+    assert not linked(a) and linked(b)  # only that path is gone
+    for _ in range(2):  # an inverse may run twice (the workload's, then the runner's): the second changes nothing
+        r = sh(inverse)
+        assert r.returncode == 0, r.stderr
+        assert linked(a) and Path(a.dir, "subsystems", NQN).resolve() == Path(a.root, "subsystems", NQN)
+
+
+def test_an_inverse_after_a_fault_that_never_landed_leaves_the_port_as_it_was(tmp_path):
+    _, (a, _b) = tree(tmp_path)
+    _, inverse = F.path_down(NQN, a)
+    assert sh(inverse).returncode == 0 and linked(a)
+
+
+def test_ana_change_writes_the_port_group_state_and_back(tmp_path):
+    _, (a, b) = tree(tmp_path)
+    apply, inverse = F.ana_change(a, "inaccessible")
+    state = Path(a.dir, "ana_groups", "1", "ana_state")
+    assert sh(apply).returncode == 0 and state.read_text() == "inaccessible"
+    assert Path(b.dir, "ana_groups", "1", "ana_state").read_text() == "optimized"
+    assert sh(inverse).returncode == 0 and state.read_text() == "optimized"
+    with pytest.raises(ValueError):
+        F.ana_change(a, "optimized")  # not a fault
+
+
+def test_target_restart_takes_every_path_and_the_namespace_down_and_back(tmp_path):
+    root, ports = tree(tmp_path)
+    apply, inverse = F.target_restart(NQN, 1, ports)
+    enable = Path(root, "subsystems", NQN, "namespaces", "1", "enable")
+    assert sh(apply).returncode == 0
+    assert not any(linked(p) for p in ports) and enable.read_text() == "0"
+    assert sh(inverse).returncode == 0
+    assert all(linked(p) for p in ports) and enable.read_text() == "1"
+
+
+def test_an_inverse_that_cannot_restore_says_so_and_still_restores_the_rest(tmp_path):
+    root, ports = tree(tmp_path)
+    apply, inverse = F.target_restart(NQN, 1, ports)
+    assert sh(apply).returncode == 0
+    blocked = Path(ports[0].dir, "subsystems")
+    blocked.rmdir()
+    blocked.write_text("")  # not a directory: the link cannot be made again, even by root
+    r = sh(inverse)
+    assert r.returncode != 0  # the runner keeps it pending and the gate says the node was not put back
+    assert linked(ports[1]) and Path(root, "subsystems", NQN, "namespaces", "1", "enable").read_text() == "1"
+
+
+def test_slow_path_adds_only_kvgates_qdisc_and_removes_only_it():
+    apply, inverse = F.slow_path("lo", F.PortRef("4430", "4430"), 50)
+    assert "handle 4b56: prio" in apply[2] and "netem delay 50ms" in apply[2] and apply[-2:] == ("lo", "4430")
+    assert 'grep -q "qdisc prio 4b56: root"' in inverse[2]  # someone else's root qdisc is left alone
+
+
+def test_clocked_stamps_the_node_clock_around_the_command_and_keeps_its_status():
+    r = sh(F.clocked(("sh", "-c", "exit 3")))
+    assert r.returncode == 3
+    t0, t1 = F.parse_clocked(r.stdout)
+    assert t0 is not None and t1 is not None and t1 >= t0 > 1.6e9
+    assert F.parse_clocked("nothing\n") == (None, None)
+
+
+def test_the_undo_log_runs_what_is_pending_newest_first_and_keeps_a_failed_one_pending(tmp_path):
+    sent = []
+
+    def handler(call):
+        sent.append(call.argv)
+        return Reply(rc=1 if call.argv[-1] == "bad" else 0, stderr="no" if call.argv[-1] == "bad" else "")
+    node = ScriptedTransport(handler, name="n1")
+    from harness.transport.steps import StepLog
+    steps = StepLog(tmp_path / "run")
+    log = UndoLog(tmp_path / "run" / "undo.json")
+    first = log.register("n1", "first", ("echo", "one"))
+    log.register("n1", "bad", ("echo", "bad"))
+    done = log.register("n1", "done", ("echo", "done"))
+    log.mark(done, True)
+    ran = log.run_pending({"n1": node}, steps)
+    assert [e.name for e in ran] == ["bad", "first"] and sent == [("echo", "bad"), ("echo", "one")]
+    assert first.done and first.ran_by == "runner" and not ran[0].done and "exit 1" in ran[0].error
+    assert [e.name for e in log.pending()] == ["bad"]
+    assert '"ran_by": "runner"' in (tmp_path / "run" / "undo.json").read_text()
+    log.run_pending({}, steps)  # a node with no connection: recorded, never raised
+    assert "no open connection" in log.pending()[0].error

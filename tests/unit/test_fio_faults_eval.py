@@ -1,0 +1,117 @@
+"""fio-faults' pure parts: fio's completion log and verify failures, the paths' counters, and the judgement of
+each fault (stall, recovery, bytes per path) and of the gate (bounds, integrity, validity)."""
+
+import pytest
+
+from harness.parsers.blockdev import parse_block_stat
+from harness.parsers.faultio import (Completion, parse_clat_log, parse_path_samples, parse_path_stats,
+                                     parse_verify_failures)
+from harness.workloads.fio_faults import (FaultRecord, FioFaultsEvidence, PathRead, evaluate_faults, judge_fault,
+                                          longest_gap, recovery_s)
+
+MIB = 1 << 20
+
+
+def steady(t0: float, t1: float, every_s: float, bs: int = MIB) -> list[Completion]:
+    n = int(round((t1 - t0) / every_s))
+    return [Completion(round(t0 + i * every_s, 3), bs) for i in range(n)]
+
+
+def stat(read_sectors: int) -> str:
+    return f"   10 0 {read_sectors} 5 0 0 0 0 0 5 5 0 0 0 0 0 0"
+
+
+def test_clat_log_lines_become_completions_in_time_order():
+    log = "1796164059962, 1538450, 0, 1048576, 0\n1796164059960, 3159513, 0, 1048576, 1048576\n\n"
+    done = parse_clat_log(log)
+    assert [c.t_s for c in done] == [1796164059.96, 1796164059.962] and {c.bytes for c in done} == {MIB}
+    with pytest.raises(ValueError, match="line 1"):
+        parse_clat_log("12, x\n")
+
+
+def test_verify_failures_are_read_from_fios_stderr():
+    err = ("crc32c: verify failed at file /dev/nvme1n1 offset 3145728, length 1048576 (requested block: ...)\n"
+           "       Expected CRC: 08880f6f\n"
+           "crc32c: verify failed at file /dev/nvme1n1 offset 3145728, length 1048576 (requested block: ...)\n")
+    assert parse_verify_failures(err) == [(3145728, MIB), (3145728, MIB)]
+
+
+def test_path_counters_and_samples_parse_per_device():
+    st = parse_path_stats(f"nvme1c1n1 {stat(2048)}\nnvme1c2n1 \n")
+    assert list(st) == ["nvme1c1n1"] and st["nvme1c1n1"].read_bytes == MIB  # an unreadable stat is left out
+    samples = parse_path_samples(f"T 100.0\nnvme1c1n1 {stat(0)}\nT 100.5\nnvme1c1n1 {stat(4096)}\n")
+    assert [t for t, _ in samples] == [100.0, 100.5] and samples[1][1]["nvme1c1n1"].read_bytes == 2 * MIB
+
+
+def test_the_stall_is_the_longest_gap_across_the_fault_window():
+    times = [0.0, 0.1, 0.2, 3.2, 3.3, 9.0]
+    assert longest_gap(times, 0.15, 3.25) == pytest.approx(3.0)  # 0.2 -> 3.2 spans the fault at 0.15
+    assert longest_gap(times, 3.25, 5.0) == pytest.approx(5.7)  # crosses the window's end: counted
+    assert longest_gap([0.0, 0.1], 1.0, 4.0) == pytest.approx(3.9)  # nothing after the fault: from the last to the end
+
+
+def test_recovery_is_the_first_window_back_at_the_fraction_of_the_rate_before():
+    done = steady(0, 4, 0.01) + steady(6, 12, 0.01)  # 100 MiB/s, nothing from 4 to 6 s
+    assert recovery_s(done, 4.0, 104.8, 0.5) == pytest.approx(2.0, abs=0.02)
+    assert recovery_s(done, 4.0, 104.8, 1.5) is None  # never back at 150 %
+    assert recovery_s(steady(0, 4, 0.01), 4.0, 104.8, 0.5) is None  # the log ended
+
+
+def fault(t_apply: float, **kw) -> FaultRecord:
+    return FaultRecord(index=0, kind="path-down", path="kvmp-a", detail="path kvmp-a down", applied_ok=True,
+                       undone_ok=True, undone_by="workload", t_apply_s=t_apply, **kw)
+
+
+def evidence(**kw) -> FioFaultsEvidence:
+    base = dict(region_bytes=64 * MIB, bs_bytes=MIB, iodepth=16, runtime_s=12, recover_fraction=0.5,
+                recovery_bound_s=10, completions=1000, read_bytes=1000 * MIB, corrupted_chunks=0, failed_reads=0,
+                paths=[PathRead(target="kvmp-a", read_bytes=600 * MIB), PathRead(target="kvmp-b", read_bytes=400 * MIB)])
+    base.update(kw)
+    return FioFaultsEvidence(**base)
+
+
+def test_a_fault_is_judged_from_the_log_and_the_path_samples():
+    done = steady(0, 4, 0.01) + steady(5, 12, 0.01)
+    samples = [(t, {"nvme1c1n1": parse_block_stat(stat(a)), "nvme1c2n1": parse_block_stat(stat(b))})
+               for t, a, b in ((3.9, 1000, 0), (8.1, 1000, 4096))]
+    rec = judge_fault(done, fault(4.0), 8.0, 0.5, samples)
+    assert rec.stall_s == pytest.approx(1.01, abs=0.02) and rec.recovery_s == pytest.approx(1.0, abs=0.02)
+    assert rec.pre_rate_mb_s == pytest.approx(104.9, abs=0.5)
+    assert rec.path_read_bytes == {"nvme1c1n1": 0, "nvme1c2n1": 2 * MIB}  # the survivor carried the read
+
+
+def test_a_gate_within_its_bounds_with_data_intact_has_its_stall_as_metric_and_no_failure():
+    done = steady(0, 4, 0.01) + steady(5, 12, 0.01)
+    rec = judge_fault(done, fault(4.0), 12.0, 0.5, [])
+    res = evaluate_faults(evidence(faults=[rec]))
+    assert res.metrics["max_stall_s"] == rec.stall_s and res.failed_check is None and res.invalid_reason is None
+    assert {c.name for c in res.evidence.validity} >= {"reads logged", "faults made", "faults undone",
+                                                        "rate before each fault", "integrity checked"}
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(corrupted_chunks=2, corrupted_offsets=[0, MIB]), "2 corrupted chunk"),
+    (dict(failed_reads=3), "3 read(s) failed"),
+])
+def test_a_corrupted_chunk_or_a_lost_read_is_a_failure_whatever_the_stall(change, says):
+    done = steady(0, 4, 0.01) + steady(4.2, 12, 0.01)
+    rec = judge_fault(done, fault(4.0), 12.0, 0.5, [])
+    res = evaluate_faults(evidence(faults=[rec], **change))
+    assert says in res.failed_check and res.metrics["max_stall_s"] < 1
+
+
+def test_a_recovery_past_its_bound_or_never_is_a_failure():
+    done = steady(0, 4, 0.01) + steady(4.1, 12, 0.05)  # back, at a fifth of the rate: never recovers to 50 %
+    rec = judge_fault(done, fault(4.0), 12.0, 0.5, [])
+    res = evaluate_faults(evidence(faults=[rec]))
+    assert rec.recovery_s is None and "no recovery to 50%" in res.failed_check
+
+
+def test_a_fault_not_undone_or_without_a_rate_before_it_is_not_proven():
+    done = steady(0, 12, 0.01)
+    undone = fault(4.0).model_copy(update=dict(undone_ok=False, undo_error="rm: exit 1"))
+    res = evaluate_faults(evidence(faults=[judge_fault(done, undone, 12.0, 0.5, [])]))
+    assert "faults undone: not proven" in res.invalid_reason
+    early = judge_fault(done, fault(0.2), 12.0, 0.5, [])  # 0.2 s of log before it: no baseline
+    res = evaluate_faults(evidence(faults=[early]))
+    assert early.pre_rate_mb_s is None and "rate before each fault: not proven" in res.invalid_reason
