@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import threading
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -325,7 +324,8 @@ def read_argv(dev: str, p: FioFaultsParams, log_prefix: str) -> tuple[str, ...]:
     return ("fio", "--name=kvgate-faults-read", f"--filename={dev}", "--rw=read", f"--bs={p.bs_bytes}",
             f"--size={p.region_bytes}", "--ioengine=libaio", "--direct=1", f"--iodepth={p.iodepth}",
             "--time_based=1", f"--runtime={p.runtime_s:g}", "--verify=crc32c", "--continue_on_error=all",
-            f"--write_lat_log={log_prefix}", "--log_unix_epoch=1", "--output-format=json")
+            f"--write_lat_log={log_prefix}", "--log_unix_epoch=1", "--output-format=json",
+            f"--output={log_prefix}.json")
 
 
 def fault_commands(node: Any, params: FioFaultsParams, f: FaultSpec) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
@@ -343,6 +343,26 @@ def fault_commands(node: Any, params: FioFaultsParams, f: FaultSpec) -> tuple[st
                 *F.slow_path(f.interface, port, f.delay_ms, f.loss_pct))
     return ("target restart (every port unlinked, namespace disabled)",
             *F.target_restart(head.nqn, head.nsid or 1, ports))
+
+
+def node_files(prefix: str) -> dict[str, str]:
+    """The files the faulted read leaves on the node: fio's JSON, its output (verify failures), its completion
+    log, and the path sampler's output."""
+    return {"json": f"{prefix}.json", "log": f"{prefix}-fio.log", "clat": f"{prefix}_clat.1.log",
+            "paths": f"{prefix}-paths.log"}
+
+
+def _wait(ctx: GateContext, proc: Any, limit_s: float) -> int | None:
+    """A spawned command's exit status, waiting at most ``limit_s`` (then its group is killed: None); the gate's
+    cancellation ends the wait."""
+    deadline = ctx.clock.now() + limit_s
+    while ctx.clock.now() < deadline:
+        rc = proc.wait(0.5)
+        if rc is not None:
+            return rc
+        ctx.cancel.check()
+    proc.kill_group()
+    return None
 
 
 def _target_side(node: Any, nqn: str) -> Any:
@@ -388,22 +408,23 @@ class FioFaults(Workload):
                     block_probe_plan(dev, "the multipath head")]
             out.append(PlannedStep(name, "write the region once with crc32c verify headers (write guard allowed)",
                                    fill_argv(dev, p)))
-            devs = ["<path device>"]
+            devs = [f"<the device of path {t}>" for t in p.paths]
             out.append(PlannedStep(name, "every path's counters before", path_stats_argv(devs)))
             out.append(PlannedStep(name, "mkdir the work dir", ("mkdir", "-p", work)))
-            out.append(PlannedStep(name, "sample every path's counters every 0.5 s (beside the read)",
+            files = node_files(prefix := posixpath.join(work, f"kvgate-faults-{ctx.gate.id}"))
+            out.append(PlannedStep(name, "sample every path's counters every 0.5 s (spawned, beside the read)",
                                    path_sampler_argv(devs, p.runtime_s)))
-            out.append(PlannedStep(name, f"the faulted read: {p.runtime_s:g} s, every block verified",
-                                   read_argv(dev, p, posixpath.join(work, "kvgate-faults-<gate>"))))
+            out.append(PlannedStep(name, f"the faulted read (spawned): {p.runtime_s:g} s, every block verified",
+                                   read_argv(dev, p, prefix)))
             for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
                 what, apply, inverse = fault_commands(node, p, f)
                 out.append(PlannedStep(name, f"fault {i} at {f.at_s:g} s: {what}", F.clocked(apply)))
                 out.append(PlannedStep(name, f"fault {i} undone at {f.at_s + f.duration_s:g} s (whatever ends the "
                                              "gate: the runner runs it if the gate could not)", F.clocked(inverse)))
-            prefix = posixpath.join(work, "kvgate-faults-<gate>")
-            out.append(PlannedStep(name, "fio's completion log", ("cat", f"{prefix}_clat.1.log")))
-            out.append(PlannedStep(name, "remove fio's logs", ("rm", "-f", f"{prefix}_clat.1.log",
-                                                               f"{prefix}_lat.1.log", f"{prefix}_slat.1.log")))
+            for k, path in files.items():
+                out.append(PlannedStep(name, f"the read's {k} file", ("cat", path)))
+            out.append(PlannedStep(name, "remove the read's files", ("rm", "-f", *files.values(),
+                                                                     f"{prefix}_lat.1.log", f"{prefix}_slat.1.log")))
             out.append(PlannedStep(name, "every path's counters after", path_stats_argv(devs)))
         return out
 
@@ -446,57 +467,49 @@ class FioFaults(Workload):
         before = run("path-stats-before", path_stats_argv(devs), STEP_TIMEOUT_S)
         run("work-dir", ("mkdir", "-p", node.work_dir), STEP_TIMEOUT_S)
         prefix = posixpath.join(node.work_dir, f"kvgate-faults-{ctx.gate.id}")
-        box: dict[str, Any] = {}
-        threads = [threading.Thread(target=lambda: box.update(samples=run(
-                       "path-sampler", path_sampler_argv(devs, p.runtime_s), p.runtime_s + 120)), daemon=True),
-                   threading.Thread(target=lambda: box.update(fio=run(
-                       "fio-read-faulted", read_argv(dev, p, prefix), p.runtime_s + 300)), daemon=True)]
-        for t in threads:
-            t.start()
+        files = node_files(prefix)
+        # spawned, not run: the sampler and the read go on while the faults are made (both stopped as process
+        # groups when the gate ends)
+        sampler, _ = ctx.steps.spawn(tr, "path-sampler", path_sampler_argv(devs, p.runtime_s), log_path=files["paths"])
+        reader, _ = ctx.steps.spawn(tr, "fio-read-faulted", read_argv(dev, p, prefix), log_path=files["log"])
         t0 = ctx.clock.now()
         made: list[tuple[int, FaultSpec, str, Any, Any, Any]] = []
-        try:
-            for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
-                what, apply, inverse = fault_commands(node, p, f)
-                ctx.cancel.sleep(max(0.0, t0 + f.at_s - ctx.clock.now()))
-                entry = undo.register(name, f"fault{i}-{f.kind}", F.clocked(inverse), gate=ctx.gate.id)
-                try:
-                    ctx.progress(f"{name}: fault {i}: {what}")
-                    ra = run(f"fault{i}-{f.kind}", F.clocked(apply), STEP_TIMEOUT_S)
-                    made.append((i, f, what, ra, entry, None))
-                    ctx.cancel.sleep(max(0.0, t0 + f.at_s + f.duration_s - ctx.clock.now()))
-                finally:
-                    ri = run(f"fault{i}-{f.kind}-undo", F.clocked(inverse), STEP_TIMEOUT_S)
-                    undo.mark(entry, ri.ok, None if ri.ok else ri.summary())
-                    if made and made[-1][0] == i:
-                        made[-1] = made[-1][:5] + (ri,)
-                    ctx.progress(f"{name}: fault {i} undone" if ri.ok else f"{name}: fault {i} NOT undone: "
-                                 f"{ri.summary()} (the runner tries again)")
-        finally:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.5)
-                    ctx.cancel.check()
-        fio = box.get("fio")
-        log = run("fio-clat-log", ("cat", f"{prefix}_clat.1.log"), STEP_TIMEOUT_S)
-        run("fio-logs-remove", ("rm", "-f", f"{prefix}_clat.1.log", f"{prefix}_lat.1.log", f"{prefix}_slat.1.log"),
-            STEP_TIMEOUT_S)
+        for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
+            what, apply, inverse = fault_commands(node, p, f)
+            ctx.cancel.sleep(max(0.0, t0 + f.at_s - ctx.clock.now()))
+            entry = undo.register(name, f"fault{i}-{f.kind}", F.clocked(inverse), gate=ctx.gate.id)
+            ra = ri = None
+            try:
+                ctx.progress(f"{name}: fault {i}: {what}")
+                ra = run(f"fault{i}-{f.kind}", F.clocked(apply), STEP_TIMEOUT_S)
+                ctx.cancel.sleep(max(0.0, t0 + f.at_s + f.duration_s - ctx.clock.now()))
+            finally:  # whatever happened above; if this cannot run (the gate ended), the runner runs it
+                ri = run(f"fault{i}-{f.kind}-undo", F.clocked(inverse), STEP_TIMEOUT_S)
+                undo.mark(entry, ri.ok, None if ri.ok else ri.summary())
+                ctx.progress(f"{name}: fault {i} undone" if ri.ok else f"{name}: fault {i} NOT undone: "
+                             f"{ri.summary()} (the runner tries again)")
+            made.append((i, f, what, ra, entry, ri))
+        fio_rc = _wait(ctx, reader, p.runtime_s + 300)
+        _wait(ctx, sampler, 120)
+        out = {k: run(f"cat-{k}", ("cat", path), STEP_TIMEOUT_S) for k, path in files.items()}
+        run("remove-logs", ("rm", "-f", *files.values(), f"{prefix}_lat.1.log", f"{prefix}_slat.1.log"), STEP_TIMEOUT_S)
         after = run("path-stats-after", path_stats_argv(devs), STEP_TIMEOUT_S)
-        if fio is None or fio.rc is None:
-            return WorkloadResult({}, ev, error=f"the faulted read did not finish: {fio.summary() if fio else 'lost'}")
+        if fio_rc is None or not out["json"].ok:
+            return WorkloadResult({}, ev, error=f"the faulted read did not finish (fio exit {fio_rc}): "
+                                  f"{out['log'].stdout.strip()[-300:]}")
         try:
-            done = parse_clat_log(log.stdout) if log.ok else []
+            done = parse_clat_log(out["clat"].stdout) if out["clat"].ok else []
         except ValueError as exc:
             return WorkloadResult({}, ev, error=str(exc))
-        samples = parse_path_samples(box["samples"].stdout) if box.get("samples") else []
+        samples = parse_path_samples(out["paths"].stdout) if out["paths"].ok else []
         sb, sa = parse_path_stats(before.stdout), parse_path_stats(after.stdout)
         ev.paths = [x.model_copy(update={"read_bytes": sa[x.device].read_bytes - sb[x.device].read_bytes
                                          if x.device in sa and x.device in sb else None}) for x in paths]
-        fails = parse_verify_failures(fio.stderr)
+        fails = parse_verify_failures(out["log"].stdout)
         ev.corrupted_offsets = sorted({o for o, _ in fails})
         ev.corrupted_chunks = len(ev.corrupted_offsets)
         try:
-            job = json.loads(fio.stdout[fio.stdout.index("{"):])["jobs"][0]
+            job = json.loads(out["json"].stdout[out["json"].stdout.index("{"):])["jobs"][0]
             ev.failed_reads = max(0, int(job.get("total_err", 0)) - len(fails))
         except (ValueError, KeyError, IndexError):
             ev.failed_reads = None

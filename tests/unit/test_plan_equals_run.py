@@ -143,10 +143,58 @@ def g2_load(tmp_path) -> Scenario:
     return Scenario(cfg, "L", {"n1": scripted_node()}, http=httpx.MockTransport(PrefixEngine()))
 
 
+def fio_faults(tmp_path) -> Scenario:
+    """G1 under a path fault on the captured two-path namespace (native multipath head over nvme0c0n1, nvme0c1n1)."""
+    kv1 = {"nqn": "nqn.2024-01.io.kvgate:loopback-kv1", "transport": "rdma", "traddr": "10.0.2.15"}
+    targets = [{"name": "kv1", "kind": "nvmeof-loopback", **kv1, "trsvcid": "4421", "soft_roce_netdev": "eth0",
+                "extra_ports": [{"traddr": "10.0.2.15", "trsvcid": "4422"}], "backing": "null_blk", "size": "256 MiB"}]
+    targets += [{"name": f"kv1-{x}", "kind": "nvmeof", "connect": "existing", **kv1, "trsvcid": svc}
+                for x, svc in (("a", "4421"), ("b", "4422"))]
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "guest", "transport": "local",
+                                                                "work_dir": "/w", "targets": targets}]}))
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump({"suite": {"name": "f", "version": 1}, "gates": [{
+        "id": "F1", "title": "path down", "workload": "fio-faults", "metric": "max_stall_s", "pass": "<= 5 s",
+        "params": {"target": "kv1-a", "paths": ["kv1-a", "kv1-b"], "runtime_s": 1, "region": "8 MiB",
+                   "faults": [{"kind": "path-down", "path": "kv1-a", "at_s": 0.1, "duration_s": 0.1}]}}]}))
+    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    fx = {p.stem: p.read_text() for p in (FIX / "nvmeof" / "multipath").glob("*.out")}
+    from harness.execute.nvmeof import NvmeofSpec, probe_commands
+    probes = {argv: fx[name] for name, argv in probe_commands(NvmeofSpec.from_target(
+        cfg.inventory.node("guest").target("kv1-a"))).items()}
+    stat = lambda sectors: f"nvme0c0n1 {sectors} 0 {sectors} 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n" \
+        f"nvme0c1n1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"  # noqa: E731
+    clat = "".join(f"{1000000 + i * 10}, 500, 0, 1048576, 0\n" for i in range(300))
+
+    def handler(call):
+        argv = call.argv
+        if argv in probes:
+            return Reply(stdout=probes[argv])
+        if "kvgate-path-probe" in argv:
+            return Reply(stdout="block\nforeign\n268435456\n")
+        if argv[:1] == ("lsblk",):
+            return Reply(stdout=json.dumps({"blockdevices": [{"name": "nvme0n1", "path": "/dev/nvme0n1",
+                                                              "type": "disk", "size": 268435456, "ro": False}]}))
+        if argv[:1] == ("blkid",):
+            return Reply(rc=2)
+        if "kvgate-path-stats" in argv:
+            return Reply(stdout=stat(0 if len(probes) else 0))
+        if "kvgate-path-sampler" in argv or argv[:1] == ("fio",) and call.log_path:
+            return Reply(exit_after_s=0.05)
+        if "kvgate-fault" in argv:
+            return Reply(stdout="kvgate-fault-clock 1000.5\nkvgate-fault-clock 1000.6\n")
+        if argv[:1] == ("cat",):
+            return Reply(stdout={"json": '{"jobs": [{"total_err": 0}]}', "clat": clat, "log": "",
+                                 "paths": f"T 1000.0\n{stat(0)}T 1003.1\n{stat(2048)}"}[
+                next(k for k in ("json", "clat", "paths", "log") if argv[1].endswith(
+                    {"json": ".json", "clat": "_clat.1.log", "paths": "-paths.log", "log": "-fio.log"}[k]))])
+        return Reply()
+    return Scenario(cfg, "F1", {"guest": ScriptedTransport(handler, name="guest")})
+
+
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
     "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
     "g2-multiturn": g2_multiturn, "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
-    "g2-load": g2_load,
+    "g2-load": g2_load, "fio-faults": fio_faults,
 }
 # More ways to run a workload than its first scenario: (workload, id, scenario)
 MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached)]
