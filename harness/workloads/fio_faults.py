@@ -345,6 +345,12 @@ def fault_commands(node: Any, params: FioFaultsParams, f: FaultSpec) -> tuple[st
             *F.target_restart(head.nqn, head.nsid or 1, ports))
 
 
+def _at(address: str, target: Any) -> bool:
+    """Whether a controller's address (``traddr=A,trsvcid=S[,src_addr=...]``) is the target's."""
+    kv = dict(x.split("=", 1) for x in address.split(",") if "=" in x)
+    return kv.get("traddr") == target.traddr and kv.get("trsvcid") == str(target.trsvcid or "4420")
+
+
 def node_files(prefix: str) -> dict[str, str]:
     """The files the faulted read leaves on the node: fio's JSON, its output (verify failures), its completion
     log, and the path sampler's output."""
@@ -446,7 +452,7 @@ class FioFaults(Workload):
         for pname in p.paths:
             t = node.target(pname)
             want = f"traddr={t.traddr},trsvcid={t.trsvcid or '4420'}"
-            pr = next((x for x in record.get("paths", []) if x.get("address") == want), None)
+            pr = next((x for x in record.get("paths", []) if _at(x.get("address") or "", t)), None)
             paths.append(PathRead(target=pname, controller=pr and pr.get("controller"), address=want,
                                   device=pr and pr.get("device")))
         ev.paths = paths

@@ -144,26 +144,23 @@ def g2_load(tmp_path) -> Scenario:
 
 
 def fio_faults(tmp_path) -> Scenario:
-    """G1 under a path fault on the captured two-path namespace (native multipath head over nvme0c0n1, nvme0c1n1)."""
-    kv1 = {"nqn": "nqn.2024-01.io.kvgate:loopback-kv1", "transport": "rdma", "traddr": "10.0.2.15"}
-    targets = [{"name": "kv1", "kind": "nvmeof-loopback", **kv1, "trsvcid": "4421", "soft_roce_netdev": "eth0",
-                "extra_ports": [{"traddr": "10.0.2.15", "trsvcid": "4422"}], "backing": "null_blk", "size": "256 MiB"}]
-    targets += [{"name": f"kv1-{x}", "kind": "nvmeof", "connect": "existing", **kv1, "trsvcid": svc}
-                for x, svc in (("a", "4421"), ("b", "4422"))]
-    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "guest", "transport": "local",
-                                                                "work_dir": "/w", "targets": targets}]}))
-    (tmp_path / "g.yaml").write_text(yaml.safe_dump({"suite": {"name": "f", "version": 1}, "gates": [{
-        "id": "F1", "title": "path down", "workload": "fio-faults", "metric": "max_stall_s", "pass": "<= 5 s",
-        "params": {"target": "kv1-a", "paths": ["kv1-a", "kv1-b"], "runtime_s": 1, "region": "8 MiB",
-                   "faults": [{"kind": "path-down", "path": "kv1-a", "at_s": 0.1, "duration_s": 0.1}]}}]}))
-    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
-    fx = {p.stem: p.read_text() for p in (FIX / "nvmeof" / "multipath").glob("*.out")}
+    """G1 under a path fault on the loopback's two-path namespace, its node answering as the guest did (the
+    captured native multipath head nvme0n1 over nvme0c0n1 and nvme0c1n1)."""
+    gates = yaml.safe_load((ROOT / "gates" / "loopback-faults.yaml").read_text())
+    gates["gates"] = gates["gates"][:1]
+    gates["gates"][0]["params"].update(runtime_s=1, region="8 MiB",
+                                       faults=[{"kind": "path-down", "path": "kvmp-a", "at_s": 0.1, "duration_s": 0.1}])
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(gates))
+    cfg = load_config(ROOT / "inventory" / "loopback-faults.yaml", tmp_path / "g.yaml", WORKLOADS)
+    fx = {p.stem: p.read_text() for p in (FIX / "nvmeof" / "multipath-tcp").glob("*.out")}
     from harness.execute.nvmeof import NvmeofSpec, probe_commands
     probes = {argv: fx[name] for name, argv in probe_commands(NvmeofSpec.from_target(
-        cfg.inventory.node("guest").target("kv1-a"))).items()}
+        cfg.inventory.node("guest").target("kvmp-a"))).items()}
     stat = lambda sectors: f"nvme0c0n1 {sectors} 0 {sectors} 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n" \
         f"nvme0c1n1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"  # noqa: E731
     clat = "".join(f"{1000000 + i * 10}, 500, 0, 1048576, 0\n" for i in range(300))
+    cats = {".json": '{"jobs": [{"total_err": 0}]}', "_clat.1.log": clat, "-fio.log": "",
+            "-paths.log": f"T 1000.0\n{stat(0)}T 1003.1\n{stat(2048)}"}
 
     def handler(call):
         argv = call.argv
@@ -177,18 +174,15 @@ def fio_faults(tmp_path) -> Scenario:
         if argv[:1] == ("blkid",):
             return Reply(rc=2)
         if "kvgate-path-stats" in argv:
-            return Reply(stdout=stat(0 if len(probes) else 0))
-        if "kvgate-path-sampler" in argv or argv[:1] == ("fio",) and call.log_path:
+            return Reply(stdout=stat(0))
+        if call.log_path:  # the sampler and the read, spawned
             return Reply(exit_after_s=0.05)
         if "kvgate-fault" in argv:
             return Reply(stdout="kvgate-fault-clock 1000.5\nkvgate-fault-clock 1000.6\n")
         if argv[:1] == ("cat",):
-            return Reply(stdout={"json": '{"jobs": [{"total_err": 0}]}', "clat": clat, "log": "",
-                                 "paths": f"T 1000.0\n{stat(0)}T 1003.1\n{stat(2048)}"}[
-                next(k for k in ("json", "clat", "paths", "log") if argv[1].endswith(
-                    {"json": ".json", "clat": "_clat.1.log", "paths": "-paths.log", "log": "-fio.log"}[k]))])
+            return Reply(stdout=next(v for k, v in cats.items() if argv[1].endswith(k)))
         return Reply()
-    return Scenario(cfg, "F1", {"guest": ScriptedTransport(handler, name="guest")})
+    return Scenario(cfg, "F1-path-down", {"guest": ScriptedTransport(handler, name="guest")})
 
 
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
