@@ -38,8 +38,8 @@ from ..parsers.faultio import (Completion, parse_clat_log, parse_path_samples, p
 from ..rigs import faults as F
 from ..units import parse_size_bytes
 from ..writeguard import block_probe_plan, check_write
-from .base import (Evidence, GateContext, PlannedStep, StrictModel, ValidityCheck, Workload, WorkloadResult,
-                   nvmeof_device, register_workload, write_gate_file)
+from .base import (Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel, ValidityCheck, Workload,
+                   WorkloadResult, nvmeof_device, register_workload, write_gate_file)
 
 FaultKind = Literal["path-down", "ana", "target-restart", "slow-path"]
 STEP_TIMEOUT_S = 60.0
@@ -137,7 +137,7 @@ class PathRead(BaseModel):
     read_bytes: int | None = None
 
 
-class FioFaultsEvidence(Evidence):
+class FioFaultsEvidence(Evidence, SeriesEvidence):
     """G1 under faults: the job, the namespace and its paths, each fault judged, integrity, the timeline."""
 
     device: str | None = None
@@ -158,8 +158,8 @@ class FioFaultsEvidence(Evidence):
     corrupted_offsets: list[int] = []
     failed_reads: int | None = None
     baseline_max_gap_s: float | None = None
-    # per path: [(t_s since the first completion, read MB/s over the last sample interval)]
-    timeline: dict[str, list[tuple[float, float]]] = {}
+    # the report's timeline (SeriesEvidence): per path, (t_s since the first completion, read GB/s over the
+    # sample interval ending there); series_marks: each fault and its inverse on the same time line
 
 
 # ------------------------------------------------------------------------------------------ evaluation
@@ -549,7 +549,11 @@ class FioFaults(Workload):
         ev.baseline_max_gap_s = longest_gap([c.t_s for c in done if c.t_s < first_fault], t_first, first_fault) \
             if done else None
         by_dev = {x.device: x.target for x in ev.paths}
-        ev.timeline = {by_dev.get(d, d): pts for d, pts in timeline(samples, t_first).items()}
+        ev.series = {by_dev.get(d, d): [(t, round(mb_s / 1e3, 6)) for t, mb_s in pts]
+                     for d, pts in timeline(samples, t_first).items()}
+        ev.series_marks = [m for f in ev.faults for m in
+                           ([(f.t_apply_s, f"fault {f.index}: {f.detail}")] if f.t_apply_s is not None else [])
+                           + ([(f.t_undo_s, f"fault {f.index} undone")] if f.t_undo_s is not None else [])]
         ev.faults = [fr.model_copy(update={"path_read_bytes": {by_dev.get(d, d): b for d, b in
                                                                 fr.path_read_bytes.items()}}) for fr in ev.faults]
         res = evaluate_faults(ev)

@@ -115,3 +115,13 @@ def test_a_fault_not_undone_or_without_a_rate_before_it_is_not_proven():
     early = judge_fault(done, fault(0.2), 12.0, 0.5, [])  # 0.2 s of log before it: no baseline
     res = evaluate_faults(evidence(faults=[early]))
     assert early.pre_rate_mb_s is None and "rate before each fault: not proven" in res.invalid_reason
+
+
+def test_the_timeline_chart_marks_each_fault_and_its_inverse_on_the_paths_rates():
+    from harness.report.charts import node_series_svg
+    series = {"kvmp-a": [(0.5, 0.1), (4.0, 0.1), (4.5, 0.0), (8.5, 0.05)],
+              "kvmp-b": [(0.5, 0.0), (4.5, 0.1), (8.5, 0.05)]}
+    svg = node_series_svg(series, unit="GB/s", marks=[(4.1, "fault 0: path kvmp-a down"), (8.1, "fault 0 undone")])
+    assert 'id="mark-0"' in svg and 'id="mark-1"' in svg and 'id="series-kvmp-a"' in svg
+    assert "fault 0: path kvmp-a down" in svg
+    assert 'id="mark-0"' not in node_series_svg(series)  # nothing marked where nothing happened
