@@ -95,3 +95,10 @@ def test_every_fault_is_undone_on_the_target(faulted_run):
     lines = after.split()
     assert lines.count("nqn.2024-01.io.kvgate:loopback-kvmp") == 2  # linked to both ports again
     assert "inaccessible" not in lines and "1" in lines
+
+
+def test_the_report_draws_each_paths_rate_with_the_fault_and_its_inverse_marked(faulted_run):
+    outcome, _, _ = faulted_run
+    svg = (outcome.run_dir / "charts" / "F1-path-down-series.svg").read_text()
+    assert 'id="series-kvmp-a"' in svg and 'id="series-kvmp-b"' in svg
+    assert 'id="mark-0"' in svg and 'id="mark-1"' in svg

@@ -123,3 +123,71 @@ def test_the_undo_log_runs_what_is_pending_newest_first_and_keeps_a_failed_one_p
     assert '"ran_by": "runner"' in (tmp_path / "run" / "undo.json").read_text()
     log.run_pending({}, steps)  # a node with no connection: recorded, never raised
     assert "no open connection" in log.pending()[0].error
+
+
+def faults_config(tmp_path, faults, target_side=True, extra=None):
+    import yaml
+    from harness.config import load_config
+    from harness.workloads import WORKLOADS
+    root = Path(__file__).resolve().parents[2]
+    inv = yaml.safe_load((root / "inventory" / "loopback-faults.yaml").read_text())
+    if not target_side:
+        inv["nodes"][0]["targets"] = inv["nodes"][0]["targets"][1:]
+    gates = yaml.safe_load((root / "gates" / "loopback-faults.yaml").read_text())
+    gates["gates"] = gates["gates"][:1]
+    gates["gates"][0]["params"]["faults"] = faults
+    gates["gates"][0]["params"].update(extra or {})
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump(inv, sort_keys=False))
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(gates, sort_keys=False))
+    return load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+
+
+@pytest.mark.parametrize("faults, extra, says", [
+    ([{"kind": "path-down", "path": "kvmp-a", "at_s": 2, "duration_s": 4},
+      {"kind": "ana", "path": "kvmp-b", "at_s": 5, "duration_s": 1}], None, "faults run one at a time"),
+    ([{"kind": "path-down", "path": "kvmp-c", "at_s": 2, "duration_s": 1}], None, "is not one of paths"),
+    ([{"kind": "target-restart", "path": "kvmp-a", "at_s": 2, "duration_s": 1}], None, "no path"),
+    ([{"kind": "ana", "at_s": 2, "duration_s": 1}], None, "needs path"),
+    ([{"kind": "path-down", "path": "kvmp-a", "at_s": 10, "duration_s": 5}], None, "not before the read ends"),
+])
+def test_a_fault_schedule_that_cannot_be_judged_is_refused_with_its_line(tmp_path, faults, extra, says):
+    from harness.errors import ConfigError
+    with pytest.raises(ConfigError) as ei:
+        faults_config(tmp_path, faults, extra=extra)
+    assert says in str(ei.value) and "g.yaml:" in str(ei.value)
+
+
+def test_faults_need_kvgates_own_target_side(tmp_path):
+    from harness.errors import ConfigError
+    with pytest.raises(ConfigError) as ei:
+        faults_config(tmp_path, [{"kind": "path-down", "path": "kvmp-a", "at_s": 2, "duration_s": 1}],
+                      target_side=False)
+    assert "nvmeof-loopback target with nqn nqn.2024-01.io.kvgate:loopback-kvmp" in str(ei.value)
+    cfg = faults_config(tmp_path, [{"kind": "path-down", "path": "kvmp-a", "at_s": 2, "duration_s": 1}])
+    assert cfg.params["F1-path-down"].faults[0].kind == "path-down"
+
+
+def test_the_loopback_exports_one_namespace_on_every_port_and_down_removes_what_it_made():
+    """extra_ports: up makes and links each port (the first keeps its step names), down undoes each."""
+    from harness.parsers import nvme as P
+    from harness.rigs import loopback as L
+    spec = L.LoopbackSpec(name="kvmp", nqn=NQN, host_nqn="nqn.2024-01.io.kvgate:host-guest", host_id="x",
+                          trsvcid="4430", extra_ports=(("10.0.2.15", "4431"),), connect_host=False)
+    st = L.LoopbackState()
+    st.nullb = {spec.nullb_name: P.NullbDevice(spec.nullb_name, {"power": "1", "index": "0"})}
+    st.block_devices = {spec.nullb_name}
+    acts = L.plan_target(spec, st)
+    links = [a.argv for a in acts if a.name.endswith("link")]
+    assert links == [("ln", "-s", spec.subsys_dir, f"{P.NVMET_ROOT}/ports/4430/subsystems/{NQN}"),
+                     ("ln", "-s", spec.subsys_dir, f"{P.NVMET_ROOT}/ports/4431/subsystems/{NQN}")]
+    assert [a.argv[4] for a in acts if a.name in ("port-traddr", "port4431-traddr")] == ["127.0.0.1", "10.0.2.15"]
+    # both ports up, made by kvgate: down unlinks and removes both; a summary counts both
+    st.nvmet = P.NvmetState(present=True, subsystems={NQN: P.SubsystemState(NQN)}, ports={
+        pid: P.PortState(pid, "tcp", "ipv4", addr, pid, {NQN}) for pid, addr in (("4430", "127.0.0.1"),
+                                                                                 ("4431", "10.0.2.15"))})
+    st.record = L.LoopbackRecord("b", {a.creates: "" for a in acts if a.creates})
+    down = [a.argv for a in L.plan_down(spec, st)]
+    assert ("rmdir", f"{P.NVMET_ROOT}/ports/4430") in down and ("rmdir", f"{P.NVMET_ROOT}/ports/4431") in down
+    assert L.summarize(spec, st)["layers"]["port_link"]
+    st.nvmet.ports["4431"].subsystems.clear()  # one path's link gone (a path-down fault not undone)
+    assert not L.summarize(spec, st)["layers"]["port_link"]
