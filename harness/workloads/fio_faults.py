@@ -41,7 +41,8 @@ from ..writeguard import block_probe_plan, check_write
 from .base import (Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel, ValidityCheck, Workload,
                    WorkloadResult, nvmeof_device, register_workload, write_gate_file)
 
-FaultKind = Literal["path-down", "ana", "target-restart", "slow-path"]
+FaultKind = Literal["path-down", "ana", "target-restart", "slow-path", "operator"]
+LOST_IO_GAP_S = 0.5  # an operator's fault: its time is the first completion gap this long after the prompt
 STEP_TIMEOUT_S = 60.0
 RATE_WINDOW_S = 1.0  # recovery: the first window this long at the recovered rate
 PRE_WINDOW_S = 2.0  # the rate before a fault: over at most this long before it
@@ -58,9 +59,22 @@ class FaultSpec(StrictModel):
     interface: str = "lo"  # slow-path: where the port's replies leave
     delay_ms: float = Field(default=100.0, gt=0, le=10000)
     loss_pct: float = Field(default=0.0, ge=0, le=100)
+    # operator: what the operator (or the array's own tooling) does, e.g. a controller failover; the argv is run
+    # on the gate's node when given, else kvgate prompts and the operator acts by hand in the window
+    description: str | None = None
+    command: list[str] | None = None
+    undo: list[str] | None = None
 
     @model_validator(mode="after")
     def _path(self) -> "FaultSpec":
+        if self.kind == "operator":
+            if not self.description:
+                raise ValueError("an operator fault needs description: what the operator does (shown, recorded)")
+            if bool(self.command) != bool(self.undo):
+                raise ValueError("an operator fault's command and undo go together (none: done by hand)")
+            return self
+        if self.command or self.undo or self.description:
+            raise ValueError(f"command, undo, description: only for kind operator, not {self.kind}")
         if self.kind != "target-restart" and not self.path:
             raise ValueError(f"a {self.kind} fault needs path: the kind nvmeof target of the path it hits")
         if self.kind == "target-restart" and self.path:
@@ -120,6 +134,7 @@ class FaultRecord(BaseModel):
     undo_error: str | None = None
     t_apply_s: float | None = None
     t_undo_s: float | None = None
+    timed_from: str = "the fault's command"  # an operator's fault: the first lost I/O
     pre_rate_mb_s: float | None = None
     stall_s: float | None = None
     recovery_s: float | None = None
@@ -230,6 +245,22 @@ def timeline(samples: list[tuple[float, dict[str, BlockStat]]], t0: float) -> di
     return out
 
 
+def first_lost_io(times: list[float], start: float, end: float, gap_s: float = LOST_IO_GAP_S) -> float | None:
+    """Pure: the time of the last completion before the first gap of at least ``gap_s`` that begins in
+    [start, end): when I/O was first lost (an operator's fault, whose moment kvgate does not know); None if the
+    read never paused that long."""
+    prev = max((t for t in times if t < start), default=None)
+    for t in times:
+        if t < start:
+            continue
+        if t >= end:
+            break
+        if prev is not None and t - prev >= gap_s and prev >= start - gap_s:
+            return prev
+        prev = t
+    return None
+
+
 def judge_fault(done: list[Completion], rec: FaultRecord, window_end: float, fraction: float,
                 samples: list[tuple[float, dict[str, BlockStat]]]) -> FaultRecord:
     """Pure: one fault's stall, pre-fault rate, recovery and per-path bytes from the completion log."""
@@ -334,6 +365,8 @@ def fault_commands(node: Any, params: FioFaultsParams, f: FaultSpec) -> tuple[st
     ports = [F.PortRef(str(int(node.target(p).trsvcid or "4420")), str(node.target(p).trsvcid or "4420"))
              for p in params.paths]
     port = ports[params.paths.index(f.path)] if f.path else None
+    if f.kind == "operator":
+        return (f"operator: {f.description}", tuple(f.command or ("true",)), tuple(f.undo or ("true",)))
     if f.kind == "path-down":
         return (f"path {f.path} down (port {port.port_id} unlinked)", *F.path_down(head.nqn, port))
     if f.kind == "ana":
@@ -395,7 +428,7 @@ class FioFaults(Workload):
                 t = n.target(p)
                 if t is None or t.kind != "nvmeof" or t.nqn != head.nqn:
                     errs.append((("paths", i), f"node {n.name}: {p!r} is not a kind nvmeof target of {head.nqn}"))
-            if _target_side(n, head.nqn) is None:
+            if any(f.kind != "operator" for f in params.faults) and _target_side(n, head.nqn) is None:
                 errs.append((("faults",), f"node {n.name}: the faults are made on kvgate's own target side: a kind "
                                           f"nvmeof-loopback target with nqn {head.nqn} (an array's faults: "
                                           "docs/faults.md)"))
@@ -486,13 +519,15 @@ class FioFaults(Workload):
             entry = undo.register(name, f"fault{i}-{f.kind}", F.clocked(inverse), gate=ctx.gate.id)
             ra = ri = None
             try:
-                ctx.progress(f"{name}: fault {i}: {what}")
+                ctx.progress(f"{name}: fault {i}: {what}" + (f": NOW, for {f.duration_s:g} s" if f.kind == "operator"
+                                                             and not f.command else ""))
                 ra = run(f"fault{i}-{f.kind}", F.clocked(apply), STEP_TIMEOUT_S)
                 ctx.cancel.sleep(max(0.0, t0 + f.at_s + f.duration_s - ctx.clock.now()))
             finally:  # whatever happened above; if this cannot run (the gate ended), the runner runs it
                 ri = run(f"fault{i}-{f.kind}-undo", F.clocked(inverse), STEP_TIMEOUT_S)
                 undo.mark(entry, ri.ok, None if ri.ok else ri.summary())
-                ctx.progress(f"{name}: fault {i} undone" if ri.ok else f"{name}: fault {i} NOT undone: "
+                ctx.progress(f"{name}: fault {i} undone" + (": restore it NOW" if f.kind == "operator" and not f.command
+                                                            else "") if ri.ok else f"{name}: fault {i} NOT undone: "
                              f"{ri.summary()} (the runner tries again)")
             made.append((i, f, what, ra, entry, ri))
         fio_rc = _wait(ctx, reader, p.runtime_s + 300)
@@ -537,6 +572,11 @@ class FioFaults(Workload):
                                     undone_ok=bool(entry.done), undone_by=entry.ran_by,
                                     apply_error=None if ra.ok else ra.summary(), undo_error=entry.error,
                                     t_apply_s=ta, t_undo_s=tu))
+            if f.kind == "operator" and ta is not None:  # timed from the first lost I/O, not from the prompt
+                lost = first_lost_io([c.t_s for c in done], ta, tu or (done[-1].t_s if done else ta))
+                recs[-1] = recs[-1].model_copy(update={"t_apply_s": lost if lost is not None else ta,
+                                                       "timed_from": "first lost I/O" if lost is not None
+                                                       else "the prompt (no I/O was lost)"})
         end = done[-1].t_s if done else 0.0
         judged = []
         for k, rec in enumerate(recs):

@@ -125,3 +125,45 @@ def test_the_timeline_chart_marks_each_fault_and_its_inverse_on_the_paths_rates(
     assert 'id="mark-0"' in svg and 'id="mark-1"' in svg and 'id="series-kvmp-a"' in svg
     assert "fault 0: path kvmp-a down" in svg
     assert 'id="mark-0"' not in node_series_svg(series)  # nothing marked where nothing happened
+
+
+def test_an_operators_fault_is_timed_from_the_first_lost_io_not_from_the_prompt():
+    from harness.workloads.fio_faults import first_lost_io
+    times = [c.t_s for c in steady(0, 6, 0.01) + steady(8.5, 12, 0.01)]  # prompted at 4 s, cable pulled at ~6 s
+    assert first_lost_io(times, 4.0, 10.0) == pytest.approx(5.99, abs=0.01)
+    assert first_lost_io([c.t_s for c in steady(0, 12, 0.01)], 4.0, 10.0) is None  # nothing lost: no such time
+    assert first_lost_io(times, 9.0, 12.0) is None  # the gap ended before the window: not this fault's
+
+
+def test_an_operator_fault_says_what_the_operator_does_and_runs_its_command_with_its_undo():
+    from pydantic import ValidationError
+
+    from harness.workloads.fio_faults import FaultSpec
+    ok = FaultSpec(kind="operator", description="controller A takeover", command=["array-cli", "takeover", "A"],
+                   undo=["array-cli", "giveback", "A"], at_s=4, duration_s=10)
+    assert ok.command and ok.undo
+    FaultSpec(kind="operator", description="pull the cable of path A", at_s=4, duration_s=10)  # by hand
+    for bad in (dict(kind="operator", at_s=4, duration_s=1),
+                dict(kind="operator", description="x", command=["a"], at_s=4, duration_s=1),
+                dict(kind="path-down", path="a", description="x", at_s=4, duration_s=1)):
+        with pytest.raises(ValidationError):
+            FaultSpec(**bad)
+
+
+def test_an_operators_fault_is_judged_from_the_lost_io(tmp_path):
+    from types import SimpleNamespace
+
+    from harness.execute.undo import UndoEntry
+    from harness.workloads.fio_faults import FaultSpec, FioFaults, FioFaultsParams
+    f = FaultSpec(kind="operator", description="pull the cable of path A", at_s=4, duration_s=6)
+    params = FioFaultsParams(target="kvmp-a", paths=["kvmp-a", "kvmp-b"], runtime_s=14, faults=[f])
+    done = steady(1000, 1006, 0.01) + steady(1008, 1014, 0.01)  # prompted at 1004, I/O lost from ~1006 to 1008
+    ran = SimpleNamespace(ok=True, stdout="kvgate-fault-clock 1004.0\nkvgate-fault-clock 1004.01\n")
+    undone = SimpleNamespace(ok=True, stdout="kvgate-fault-clock 1010.0\nkvgate-fault-clock 1010.01\n")
+    entry = UndoEntry("guest", "fault0-operator", ("true",), done=True, ran_by="workload", ok=True)
+    ctx = SimpleNamespace(params=params, gate_dir=tmp_path)
+    res = FioFaults._judge(ctx, evidence(runtime_s=14), done, [], [(0, f, "operator: pull", ran, entry, undone)], [])
+    (rec,) = res.evidence.faults
+    assert rec.timed_from == "first lost I/O" and rec.t_apply_s == pytest.approx(5.99, abs=0.01)
+    assert rec.stall_s == pytest.approx(2.0, abs=0.02) and res.metrics["max_stall_s"] == rec.stall_s
+    assert [m[1] for m in res.evidence.series_marks] == ["fault 0: operator: pull", "fault 0 undone"]
