@@ -135,6 +135,8 @@ class FaultRecord(BaseModel):
     t_apply_s: float | None = None
     t_undo_s: float | None = None
     timed_from: str = "the fault's command"  # an operator's fault: the first lost I/O
+    t_apply_unix_s: float | None = None  # the same two times on the node's clock, as judged (re-evaluation)
+    t_undo_unix_s: float | None = None
     pre_rate_mb_s: float | None = None
     stall_s: float | None = None
     recovery_s: float | None = None
@@ -278,6 +280,64 @@ def judge_fault(done: list[Completion], rec: FaultRecord, window_end: float, fra
         recovery_s=rec_s, path_read_bytes=path_bytes_between(samples, t, window_end)))
 
 
+def judge_run(ev: FioFaultsEvidence, done: list[Completion], samples: list[tuple[float, dict[str, BlockStat]]],
+              recs: list[FaultRecord], fraction: float) -> WorkloadResult:
+    """Pure: every fault (``recs``, times on the node's clock) judged from the completion log and the path
+    samples, the read's figures and timeline filled in, then :func:`evaluate_faults`. What the run and a
+    bundle's re-evaluation both call."""
+    ev.completions = len(done)
+    ev.read_bytes = sum(c.bytes for c in done)
+    ev.read_mb_s = (round(ev.read_bytes / (done[-1].t_s - done[0].t_s) / 1e6, 3)
+                    if len(done) > 1 and done[-1].t_s > done[0].t_s else None)
+    t_first = done[0].t_s if done else 0.0
+    end = done[-1].t_s if done else 0.0
+    shift = lambda x: None if x is None else round(x - t_first, 3)  # noqa: E731
+    judged = []
+    for k, rec in enumerate(recs):
+        nxt = recs[k + 1].t_apply_s if k + 1 < len(recs) and recs[k + 1].t_apply_s else end
+        r = judge_fault(done, rec, nxt, fraction, samples)
+        judged.append(r.model_copy(update=dict(t_apply_s=shift(r.t_apply_s), t_undo_s=shift(r.t_undo_s),
+                                               t_apply_unix_s=r.t_apply_s, t_undo_unix_s=r.t_undo_s)))
+    first_fault = recs[0].t_apply_s if recs and recs[0].t_apply_s else end
+    ev.baseline_max_gap_s = longest_gap([c.t_s for c in done if c.t_s < first_fault], t_first, first_fault) \
+        if done else None
+    by_dev = {x.device: x.target for x in ev.paths}
+    ev.series = {by_dev.get(d, d): [(t, round(mb_s / 1e3, 6)) for t, mb_s in pts]
+                 for d, pts in timeline(samples, t_first).items()}
+    ev.series_marks = [m for f in judged for m in
+                       ([(f.t_apply_s, f"fault {f.index}: {f.detail}")] if f.t_apply_s is not None else [])
+                       + ([(f.t_undo_s, f"fault {f.index} undone")] if f.t_undo_s is not None else [])]
+    ev.faults = [fr.model_copy(update={"path_read_bytes": {by_dev.get(d, d): b for d, b in
+                                                            fr.path_read_bytes.items()}}) for fr in judged]
+    return evaluate_faults(ev)
+
+
+def integrity_of(fio_log: str, fio_json: str) -> tuple[list[int], int | None]:
+    """Pure: (the offsets fio's verify found bad, the failed reads that were not verify failures) from fio's
+    output and JSON (``--continue_on_error=all``: ``total_err`` counts both)."""
+    fails = parse_verify_failures(fio_log)
+    try:
+        job = json.loads(fio_json[fio_json.index("{"):])["jobs"][0]
+        failed = max(0, int(job.get("total_err", 0)) - len(fails))
+    except (ValueError, KeyError, IndexError, TypeError):
+        failed = None
+    return sorted({o for o, _ in fails}), failed
+
+
+def reevaluate_faults(ev_dict: dict[str, Any], raw: dict[str, str], params: FioFaultsParams) -> WorkloadResult:
+    """Pure: a bundle's fio-faults gate re-judged from its raw files (``raw``: the node's ``clat``, ``log``,
+    ``json`` and ``paths`` files the run kept) and each fault's recorded time on the node's clock."""
+    ev = FioFaultsEvidence.model_validate({k: v for k, v in ev_dict.items() if k != "validity"})
+    done = parse_clat_log(raw["clat"])
+    samples = parse_path_samples(raw["paths"])
+    offsets, failed = integrity_of(raw["log"], raw["json"])
+    ev.corrupted_offsets, ev.corrupted_chunks, ev.failed_reads = offsets, len(offsets), failed
+    by_target = {x.target: x.device for x in ev.paths}
+    recs = [f.model_copy(update=dict(t_apply_s=f.t_apply_unix_s, t_undo_s=f.t_undo_unix_s, path_read_bytes={
+        by_target.get(k, k): v for k, v in f.path_read_bytes.items()})) for f in ev.faults]
+    return judge_run(ev, done, samples, recs, params.recover_fraction)
+
+
 def evaluate_faults(ev: FioFaultsEvidence) -> WorkloadResult:
     """Pure: the gate's metrics, validity and FAIL reasons from the judged evidence (also what a bundle's
     re-evaluation reads)."""
@@ -382,6 +442,9 @@ def _at(address: str, target: Any) -> bool:
     """Whether a controller's address (``traddr=A,trsvcid=S[,src_addr=...]``) is the target's."""
     kv = dict(x.split("=", 1) for x in address.split(",") if "=" in x)
     return kv.get("traddr") == target.traddr and kv.get("trsvcid") == str(target.trsvcid or "4420")
+
+
+RAW_FILES = {"json": "fio.json", "log": "fio.log", "clat": "fio-clat.log", "paths": "paths.log"}
 
 
 def node_files(prefix: str) -> dict[str, str]:
@@ -546,24 +609,17 @@ class FioFaults(Workload):
         sb, sa = parse_path_stats(before.stdout), parse_path_stats(after.stdout)
         ev.paths = [x.model_copy(update={"read_bytes": sa[x.device].read_bytes - sb[x.device].read_bytes
                                          if x.device in sa and x.device in sb else None}) for x in paths]
-        fails = parse_verify_failures(out["log"].stdout)
-        ev.corrupted_offsets = sorted({o for o, _ in fails})
+        ev.corrupted_offsets, ev.failed_reads = integrity_of(out["log"].stdout, out["json"].stdout)
         ev.corrupted_chunks = len(ev.corrupted_offsets)
-        try:
-            job = json.loads(out["json"].stdout[out["json"].stdout.index("{"):])["jobs"][0]
-            ev.failed_reads = max(0, int(job.get("total_err", 0)) - len(fails))
-        except (ValueError, KeyError, IndexError):
-            ev.failed_reads = None
+        ndir = ctx.gate_dir / name  # the raw files the gate is judged from (and re-judged, gates/reevaluate.py)
+        ndir.mkdir(parents=True, exist_ok=True)
+        for k, r in out.items():
+            write_gate_file(ndir / RAW_FILES[k], r.stdout)
         return self._judge(ctx, ev, done, samples, made, devs)
 
     @staticmethod
     def _judge(ctx: GateContext, ev: FioFaultsEvidence, done: list[Completion], samples, made, devs) -> WorkloadResult:
         p: FioFaultsParams = ctx.params
-        ev.completions = len(done)
-        ev.read_bytes = sum(c.bytes for c in done)
-        if len(done) > 1 and done[-1].t_s > done[0].t_s:
-            ev.read_mb_s = round(ev.read_bytes / (done[-1].t_s - done[0].t_s) / 1e6, 3)
-        t_first = done[0].t_s if done else 0.0
         recs = []
         for i, f, what, ra, entry, ri in made:
             ta, _ = F.parse_clocked(ra.stdout)
@@ -577,25 +633,6 @@ class FioFaults(Workload):
                 recs[-1] = recs[-1].model_copy(update={"t_apply_s": lost if lost is not None else ta,
                                                        "timed_from": "first lost I/O" if lost is not None
                                                        else "the prompt (no I/O was lost)"})
-        end = done[-1].t_s if done else 0.0
-        judged = []
-        for k, rec in enumerate(recs):
-            nxt = recs[k + 1].t_apply_s if k + 1 < len(recs) and recs[k + 1].t_apply_s else end
-            r = judge_fault(done, rec, nxt, p.recover_fraction, samples)
-            shift = lambda x: None if x is None else round(x - t_first, 3)  # noqa: E731
-            judged.append(r.model_copy(update=dict(t_apply_s=shift(r.t_apply_s), t_undo_s=shift(r.t_undo_s))))
-        ev.faults = judged
-        first_fault = recs[0].t_apply_s if recs and recs[0].t_apply_s else end
-        ev.baseline_max_gap_s = longest_gap([c.t_s for c in done if c.t_s < first_fault], t_first, first_fault) \
-            if done else None
-        by_dev = {x.device: x.target for x in ev.paths}
-        ev.series = {by_dev.get(d, d): [(t, round(mb_s / 1e3, 6)) for t, mb_s in pts]
-                     for d, pts in timeline(samples, t_first).items()}
-        ev.series_marks = [m for f in ev.faults for m in
-                           ([(f.t_apply_s, f"fault {f.index}: {f.detail}")] if f.t_apply_s is not None else [])
-                           + ([(f.t_undo_s, f"fault {f.index} undone")] if f.t_undo_s is not None else [])]
-        ev.faults = [fr.model_copy(update={"path_read_bytes": {by_dev.get(d, d): b for d, b in
-                                                                fr.path_read_bytes.items()}}) for fr in ev.faults]
-        res = evaluate_faults(ev)
+        res = judge_run(ev, done, samples, recs, p.recover_fraction)
         write_gate_file(ctx.gate_dir / "faults.json", json.dumps(res.as_dict(), indent=1, default=str))
         return res

@@ -167,3 +167,24 @@ def test_an_operators_fault_is_judged_from_the_lost_io(tmp_path):
     assert rec.timed_from == "first lost I/O" and rec.t_apply_s == pytest.approx(5.99, abs=0.01)
     assert rec.stall_s == pytest.approx(2.0, abs=0.02) and res.metrics["max_stall_s"] == rec.stall_s
     assert [m[1] for m in res.evidence.series_marks] == ["fault 0: operator: pull", "fault 0 undone"]
+
+
+def test_a_bundle_is_rejudged_from_its_raw_files_to_the_same_figures_and_a_tampered_log_fails():
+    from harness.workloads.fio_faults import FioFaultsParams, FaultSpec, judge_run, reevaluate_faults
+    clat = "".join(f"{int(c.t_s * 1000)}, 500, 0, {c.bytes}, 0\n"
+                   for c in steady(1000, 1004, 0.01) + steady(1005.2, 1012, 0.01))
+    paths = (f"T 1003.9\nnvme0c0n1 {stat(1000)}\nnvme0c1n1 {stat(0)}\n"
+             f"T 1008.1\nnvme0c0n1 {stat(1000)}\nnvme0c1n1 {stat(4096)}\n")
+    raw = {"clat": clat, "paths": paths, "log": "", "json": '{"jobs": [{"total_err": 0}]}'}
+    params = FioFaultsParams(target="kvmp-a", paths=["kvmp-a", "kvmp-b"], runtime_s=12,
+                             faults=[FaultSpec(kind="path-down", path="kvmp-a", at_s=4, duration_s=4)])
+    rec = fault(1004.0).model_copy(update=dict(t_undo_s=1008.0))
+    ev = evidence(paths=[PathRead(target="kvmp-a", device="nvme0c0n1"), PathRead(target="kvmp-b", device="nvme0c1n1")])
+    run = judge_run(ev, parse_clat_log(clat), parse_path_samples(paths), [rec], 0.5)
+    again = reevaluate_faults(run.evidence.as_dict(), raw, params)
+    assert again.metrics == run.metrics and again.failed_check is None and run.metrics["max_stall_s"] > 1
+    assert again.evidence.faults[0].path_read_bytes == {"kvmp-a": 0, "kvmp-b": 2 * MIB}
+    bad = dict(raw, log="crc32c: verify failed at file /dev/nvme0n1 offset 4194304, length 1048576 (x)\n",
+               json='{"jobs": [{"total_err": 1}]}')
+    worse = reevaluate_faults(run.evidence.as_dict(), bad, params)
+    assert "1 corrupted chunk" in worse.failed_check and worse.metrics["corrupted_chunks"] == 1
