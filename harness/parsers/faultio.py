@@ -70,8 +70,9 @@ def parse_path_stats(text: str) -> dict[str, BlockStat]:
 
 def path_sampler_argv(devices: list[str], duration_s: float, every_s: float = 0.5) -> tuple[str, ...]:
     """The node command sampling every path's counters for ``duration_s`` (``T <unix s>`` before each round)."""
-    script = ('end=$(( $(date +%s) + $1 )); every=$2; shift 2; while [ "$(date +%s)" -le "$end" ]; do '
-              'echo "T $(date +%s.%N)"; for p; do echo "$p $(cat /sys/block/$p/stat)"; done; sleep "$every"; done')
+    script = ('d=date; [ -x /usr/bin/date ] && d=/usr/bin/date; '  # coreutils' (nanoseconds), not a busybox one
+              'end=$(( $($d +%s) + $1 )); every=$2; shift 2; while [ "$($d +%s)" -le "$end" ]; do '
+              'echo "T $($d +%s.%N)"; for p; do echo "$p $(cat /sys/block/$p/stat)"; done; sleep "$every"; done')
     return ("sh", "-c", script, "kvgate-path-sampler", str(int(duration_s + 1)), f"{every_s:g}", *devices)
 
 

@@ -24,14 +24,17 @@ from dataclasses import dataclass
 
 NVMET_ROOT = "/sys/kernel/config/nvmet"
 CLOCK_MARK = "kvgate-fault-clock"
+# coreutils' date by its path where it is there: a busybox date earlier in PATH (the loopback guest's /bin) prints
+# "%N" literally; a node with neither prints no nanoseconds, the stamp does not parse and the fault is not timed
+NS_DATE = "d=date; [ -x /usr/bin/date ] && d=/usr/bin/date"
 TC_HANDLE = "4b56"  # "KV": the root qdisc kvgate adds for a slow path, and the only one it deletes
 ANA_STATES = ("optimized", "non-optimized", "inaccessible")
 
 
 def clocked(argv: tuple[str, ...]) -> tuple[str, ...]:
     """``argv`` run by ``sh`` between two readings of the node's clock (ns), its exit status kept."""
-    return ("sh", "-c", f'echo {CLOCK_MARK} $(date +%s.%N); "$@"; rc=$?; echo {CLOCK_MARK} $(date +%s.%N); exit $rc',
-            "kvgate-fault", *argv)
+    return ("sh", "-c", f'{NS_DATE}; echo {CLOCK_MARK} $($d +%s.%N); "$@"; rc=$?; echo {CLOCK_MARK} $($d +%s.%N); '
+                        'exit $rc', "kvgate-fault", *argv)
 
 
 def parse_clocked(stdout: str) -> tuple[float | None, float | None]:

@@ -191,3 +191,18 @@ def test_the_loopback_exports_one_namespace_on_every_port_and_down_removes_what_
     assert L.summarize(spec, st)["layers"]["port_link"]
     st.nvmet.ports["4431"].subsystems.clear()  # one path's link gone (a path-down fault not undone)
     assert not L.summarize(spec, st)["layers"]["port_link"]
+
+
+def test_the_clock_stamp_has_nanoseconds_where_a_busybox_date_comes_first_in_path(tmp_path):
+    """The loopback guest's PATH finds busybox's date (which prints %N literally) before coreutils'."""
+    import os
+    import shutil
+    bb = shutil.which("busybox")
+    if bb is None or not os.access("/usr/bin/date", os.X_OK):
+        pytest.fail("busybox and /usr/bin/date are needed (scripts/setup.sh --loopback installs busybox-static)")
+    (tmp_path / "date").symlink_to(bb)
+    r = subprocess.run(list(F.clocked(("true",))), capture_output=True, text=True, timeout=30,
+                       env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    t0, t1 = F.parse_clocked(r.stdout)
+    assert t0 is not None and t1 is not None and (t0, t1) != (int(t0), int(t1)), r.stdout
+    assert F.parse_clocked("kvgate-fault-clock 1796166923.%N\n") == (None, None)  # never whole seconds silently
