@@ -63,7 +63,7 @@ def fault(t_apply: float, **kw) -> FaultRecord:
 
 
 def evidence(**kw) -> FioFaultsEvidence:
-    base = dict(region_bytes=64 * MIB, bs_bytes=MIB, iodepth=16, runtime_s=12, recover_fraction=0.5,
+    base = dict(region_bytes=64 * MIB, bs_bytes=MIB, jobs=4, runtime_s=12, recover_fraction=0.5,
                 recovery_bound_s=10, completions=1000, read_bytes=1000 * MIB, corrupted_chunks=0, failed_reads=0,
                 paths=[PathRead(target="kvmp-a", read_bytes=600 * MIB), PathRead(target="kvmp-b", read_bytes=400 * MIB)])
     base.update(kw)

@@ -181,6 +181,8 @@ def fio_faults(tmp_path) -> Scenario:
             return Reply(stdout="kvgate-fault-clock 1000.5\nkvgate-fault-clock 1000.6\n")
         if argv[:1] == ("cat",):
             return Reply(stdout=next(v for k, v in cats.items() if argv[1].endswith(k)))
+        if "kvgate-cat" in argv:  # fio's completion logs, one per job
+            return Reply(stdout=clat)
         return Reply()
     return Scenario(cfg, "F1-path-down", {"guest": ScriptedTransport(handler, name="guest")})
 
