@@ -412,7 +412,7 @@ def fill_argv(dev: str, p: FioFaultsParams) -> tuple[str, ...]:
     """The region written once with crc32c verify headers (what the faulted read checks)."""
     return ("fio", "--name=kvgate-faults-fill", f"--filename={dev}", "--rw=write", f"--bs={p.bs_bytes}",
             f"--size={p.region_bytes}", "--ioengine=libaio", "--direct=1", "--iodepth=16", "--verify=crc32c",
-            "--do_verify=0", "--output-format=json")
+            "--do_verify=0", "--verify_state_save=0", "--output-format=json")
 
 
 def read_argv(dev: str, p: FioFaultsParams, log_prefix: str) -> tuple[str, ...]:
