@@ -59,6 +59,28 @@ class Nic(Strict):
 TargetKind = Literal["file", "directory", "block", "nvmeof", "nvmeof-loopback"]
 
 
+class LoopbackPort(Strict):
+    """A further nvmet port of an ``nvmeof-loopback`` target: the same namespace exported at another address
+    (multipath: each port is a path, with its own ANA group state)."""
+
+    traddr: str
+    trsvcid: str
+
+    @field_validator("traddr")
+    @classmethod
+    def _traddr(cls, v: str) -> str:
+        if not HOST_RE.match(v):
+            raise ValueError(f"invalid transport address {v!r} (expected an IP address or host name)")
+        return v
+
+    @field_validator("trsvcid", mode="before")
+    @classmethod
+    def _svc(cls, v: Any) -> str:
+        if not re.fullmatch(r"\d{1,5}", str(v)):
+            raise ValueError(f"invalid service id {v!r} (expected a port number)")
+        return str(v)
+
+
 class Target(Strict):
     """A storage target on a node. File/directory paths may be relative to the node's work_dir."""
 
@@ -81,6 +103,8 @@ class Target(Strict):
     # write guard) and mounts at mount_path, for gates that need a directory on the NVMe-oF tier (kv-read)
     filesystem: Literal["ext4"] | None = None
     mount_path: str | None = None
+    # nvmeof-loopback: the same namespace on further nvmet ports (multipath; same transport, one path each)
+    extra_ports: list[LoopbackPort] = []
     # nvmeof (the host side of an array): how kvgate finds, or makes, the connection and the namespace
     connect: Literal["existing", "managed"] | None = None
     nsid: int | None = Field(default=None, ge=1)
@@ -91,6 +115,7 @@ class Target(Strict):
     nr_io_queues: int | None = Field(default=None, ge=1, le=1024)
     queue_size: int | None = Field(default=None, ge=16, le=4096)
     ctrl_loss_tmo_s: int | None = Field(default=None, ge=-1, le=86400)
+    reconnect_delay_s: int | None = Field(default=None, ge=1, le=3600)  # nvme connect --reconnect-delay
     connect_timeout_s: float = Field(default=30.0, gt=0, le=600)
     discovery_trsvcid: str | None = None
 
@@ -197,6 +222,8 @@ class Target(Strict):
         if self.filesystem is not None and self.kind != "nvmeof-loopback":
             raise ValueError("filesystem, mount_path: only for kind nvmeof-loopback (a filesystem kvgate makes on "
                              "the namespace it provisions)")
+        if self.extra_ports and self.kind != "nvmeof-loopback":
+            raise ValueError("extra_ports: only for kind nvmeof-loopback (further nvmet ports of the namespace)")
         if self.soft_roce_netdev is not None and not (self.kind == "nvmeof-loopback" and self.transport == "rdma"):
             raise ValueError("soft_roce_netdev: only for kind nvmeof-loopback with transport rdma")
         if self.kind == "nvmeof-loopback" and self.transport == "rdma":
@@ -234,7 +261,7 @@ class Target(Strict):
 
 # Fields of the host side of an NVMe-oF target (kind nvmeof); the other kinds refuse them.
 _MANAGED_FIELDS = ("host_id", "nr_io_queues", "queue_size", "ctrl_loss_tmo_s", "connect_timeout_s",
-                   "discovery_trsvcid")
+                   "discovery_trsvcid", "reconnect_delay_s")
 _NVMEOF_HOST_FIELDS = ("connect", "nsid", "ns_uuid", "nguid", "host_nqn") + _MANAGED_FIELDS
 
 

@@ -67,6 +67,7 @@ class NvmeofSpec:
     nr_io_queues: int | None = None
     queue_size: int | None = None
     ctrl_loss_tmo_s: int | None = None
+    reconnect_delay_s: int | None = None
     connect_timeout_s: float = 30.0
     discovery_trsvcid: str | None = None
 
@@ -79,7 +80,8 @@ class NvmeofSpec:
                    trsvcid=str(target.trsvcid or "4420"), connect=target.connect or "existing", nsid=target.nsid,
                    ns_uuid=target.ns_uuid, nguid=target.nguid, host_nqn=target.host_nqn, host_id=target.host_id,
                    nr_io_queues=target.nr_io_queues, queue_size=target.queue_size,
-                   ctrl_loss_tmo_s=target.ctrl_loss_tmo_s, connect_timeout_s=target.connect_timeout_s,
+                   ctrl_loss_tmo_s=target.ctrl_loss_tmo_s,
+                   reconnect_delay_s=getattr(target, "reconnect_delay_s", None), connect_timeout_s=target.connect_timeout_s,
                    discovery_trsvcid=target.discovery_trsvcid)
 
     @property
@@ -102,7 +104,8 @@ class NvmeofSpec:
         if self.host_id:
             argv += ["--hostid", self.host_id]
         for flag, value in (("--nr-io-queues", self.nr_io_queues), ("--queue-size", self.queue_size),
-                            ("--ctrl-loss-tmo", self.ctrl_loss_tmo_s)):
+                            ("--ctrl-loss-tmo", self.ctrl_loss_tmo_s),
+                            ("--reconnect-delay", self.reconnect_delay_s)):
             if value is not None:
                 argv += [flag, str(value)]
         return tuple(argv + ["-o", "json"])
@@ -488,17 +491,20 @@ class NvmeofHost:
 
 
 def managed_targets(config: Any) -> dict[str, list[Any]]:
-    """node -> the ``connect: managed`` targets the suite's gates name (``params.target``), in gate order."""
+    """node -> the ``connect: managed`` targets the suite's gates name (``params.target``, then each of
+    ``params.paths``: the further paths of a multipath namespace), in gate order."""
     out: dict[str, list[Any]] = {}
     for gate in config.suite.gates:
-        name = getattr(config.params.get(gate.id), "target", None)
-        if not isinstance(name, str):
-            continue
-        for node in config.gate_nodes(gate):
-            t = node.target(name)
-            if t is not None and t.kind == "nvmeof" and t.connect == "managed" and \
-                    t.name not in {x.name for x in out.get(node.name, [])}:
-                out.setdefault(node.name, []).append(t)
+        params = config.params.get(gate.id)
+        names = [getattr(params, "target", None), *(getattr(params, "paths", None) or ())]
+        for name in names:
+            if not isinstance(name, str):
+                continue
+            for node in config.gate_nodes(gate):
+                t = node.target(name)
+                if t is not None and t.kind == "nvmeof" and t.connect == "managed" and \
+                        t.name not in {x.name for x in out.get(node.name, [])}:
+                    out.setdefault(node.name, []).append(t)
     return out
 
 

@@ -25,6 +25,7 @@ from ..safeio import MAX_JSON_BYTES, InputFileError, check_keys, json_type, key_
 from ..workloads import WORKLOADS
 from ..workloads.base import RecordedEvidence, WorkloadResult
 from ..engines import load_profile
+from ..workloads.fio_faults import RAW_FILES as FAULT_RAW_FILES, reevaluate_faults
 from ..workloads.fio_read import reevaluate_fio_read
 from ..workloads.g2_load import accounting_counters, reevaluate_load
 from ..workloads.kv_read import reevaluate_kv_read
@@ -263,3 +264,19 @@ def _g2_load(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str,
     again = reevaluate_load(ev, texts["requests"], texts["counters"], accounting_counters(prof), prof.device_reads,
                             fallback)
     return again.metrics, again.invalid_reason
+
+
+@rederiver("fio-faults")
+def _fio_faults(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """fio-faults re-judged from the node's raw files (fio's completion log, output and JSON, the paths' samples)
+    and each fault's recorded time on the node's clock, through the workload's own pure functions
+    (harness.workloads.fio_faults.reevaluate_faults)."""
+    ev = result.get("evidence") or {}
+    nodes = sorted(p.parent.name for p in gate_dir.glob(f"*/{FAULT_RAW_FILES['clat']}"))
+    if len(nodes) != 1:
+        raise HarnessError(f"{gate_dir.name}: expected one node's {FAULT_RAW_FILES['clat']}, found {len(nodes)}")
+    raw = {k: read_text(gate_dir / nodes[0] / name, max_bytes=1 << 30, what=f"the faulted read's {k}",
+                        follow_symlinks=False, display_name=f"gates/{gate_dir.name}/{nodes[0]}/{name}")
+           for k, name in FAULT_RAW_FILES.items()}
+    again = reevaluate_faults(ev, raw, params)
+    return again.metrics, again.invalid_reason, again.failed_check

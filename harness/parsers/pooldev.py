@@ -8,9 +8,14 @@ volumes (LVM, dm-crypt, dm-multipath heads, whose ``SOURCE`` is ``/dev/mapper/NA
 block device its ``SOURCE`` names (``stat -L``, hex major/minor). Nothing behind the pool (tmpfs, overlay, a
 network filesystem) means no counters: the caller cannot prove a cold read, which it reports, never guesses.
 
+The native NVMe multipath head (``nvmeSnN`` over hidden ``nvmeScCnN`` paths) counts no I/O of its own on a 6.1
+kernel (kernels from 6.3 on count it on the head too): when the device is such a head, every path's counters are
+printed after the head's and the pool's counters are their sum (each I/O is counted once, on the path that
+carried it, whichever kernel). ``PoolDeviceStat.paths`` names the paths summed.
+
 Not covered: a filesystem spanning several devices (only the one ``SOURCE`` names is counted: fewer bytes, an
-INVALID at worst, never a wrong PASS), and the native NVMe multipath head (``nvme0n1`` over ``nvme0c*n1``
-paths), which counts no I/O of its own.
+INVALID at worst, never a wrong PASS), and a partition of a multipath head (its paths have no partitions: its
+own counters only, zero on 6.1, so an INVALID, never a wrong PASS).
 """
 
 from __future__ import annotations
@@ -21,12 +26,17 @@ from .blockdev import BlockStat, parse_block_stat
 from .probe import Probe
 
 MARK = "kvgate-pool-device"
+PATH_MARK = "kvgate-pool-path"
 
 # $1: the pool directory. Prints "kvgate-pool-device MAJ:MIN SOURCE", then the device's stat line.
 _SCRIPT = (
     'set -- $(findmnt -n -o MAJ:MIN,SOURCE --target "$1") && d=$1 && s=${2%%[*} && '
     'case $d in 0:*) if [ -b "$s" ]; then d=$(printf "%d:%d" 0x$(stat -L -c %t "$s") 0x$(stat -L -c %T "$s")); fi;; esac; '
-    f'echo "{MARK} $d $s" && cat "/sys/dev/block/$d/stat"'
+    f'echo "{MARK} $d $s" && cat "/sys/dev/block/$d/stat" && '
+    # a native multipath head nvmeSnN: its paths nvmeScCnN, each path's counters after the head's
+    'h=$(basename "$(readlink -f "/sys/dev/block/$d")") && case $h in nvme*c*|nvme*p*) ;; nvme*n*) '
+    'i=${h#nvme}; i=${i%%n*}; n=${h##*n}; for p in /sys/block/nvme${i}c*n$n; do '
+    f'[ -r "$p/stat" ] && echo "{PATH_MARK} ${{p##*/}}" && cat "$p/stat"; done;; esac; true'
 )
 
 
@@ -44,6 +54,7 @@ class PoolDeviceStat:
     maj_min: str
     source: str
     stat: BlockStat
+    paths: tuple[str, ...] = ()  # a multipath head's paths, whose counters ``stat`` sums
 
 
 def parse_pool_blockstat(text: str) -> PoolDeviceStat:
@@ -60,7 +71,15 @@ def parse_pool_blockstat(text: str) -> PoolDeviceStat:
                                  "block device of its own")
             if i + 1 >= len(lines):
                 raise ValueError(f"no stat line for device {parts[1]}")
-            return PoolDeviceStat(parts[1], " ".join(parts[2:]), parse_block_stat(lines[i + 1]))
+            head = parse_block_stat(lines[i + 1])
+            paths = [(rest[1], parse_block_stat(lines[j + 1])) for j, rest in
+                     ((j, lines[j].split()) for j in range(i + 2, len(lines) - 1))
+                     if rest[:1] == [PATH_MARK] and len(rest) == 2]
+            if not paths:
+                return PoolDeviceStat(parts[1], " ".join(parts[2:]), head)
+            total = BlockStat(*(sum(getattr(st, f) for _, st in paths) for f in
+                                ("read_ios", "read_sectors", "write_ios", "write_sectors")))
+            return PoolDeviceStat(parts[1], " ".join(parts[2:]), total, tuple(name for name, _ in paths))
     raise ValueError(f"the pool's block device could not be found: {text.strip()[:200]!r}")
 
 

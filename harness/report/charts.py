@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import math
 import re
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..stats import percentile
 
@@ -195,8 +195,10 @@ def aggregate_series(series: Mapping[str, Sequence[Sequence[float]]]) -> list[tu
 
 def node_series_svg(series: Mapping[str, Sequence[Sequence[float]]], *, nic_line_rate_gb_s: float | None = None,
                     pass_value: float | None = None, unit: str = "GB/s",
-                    title: str = "Read rate per node over time") -> str:
-    """Per-node read rate over time (t_s, rate), their aggregate, the NIC ceiling and the pass line."""
+                    title: str = "Read rate per node over time",
+                    marks: Sequence[Sequence[Any]] = ()) -> str:
+    """Per-node read rate over time (t_s, rate), their aggregate, the NIC ceiling and the pass line; ``marks``:
+    (t_s, label) events drawn as vertical lines (a fault and its inverse)."""
     mpl, plt = _plt()
     with mpl.rc_context(RC):
         fig, ax = plt.subplots(figsize=(10, 4))
@@ -214,6 +216,9 @@ def node_series_svg(series: Mapping[str, Sequence[Sequence[float]]], *, nic_line
             (line,) = ax.step([p[0] for p in agg], [p[1] for p in agg], where="post", color="black",
                               linewidth=1.8, label="aggregate")
             line.set_gid("aggregate-line")
+        for i, (t, label) in enumerate(marks):
+            ax.axvline(float(t), color=STOP_COLOR if i % 2 == 0 else PASS_COLOR, linestyle=":", linewidth=1.2,
+                       label=str(label)).set_gid(f"mark-{i}")
         if nic_line_rate_gb_s is not None:
             ax.axhline(nic_line_rate_gb_s, color=STOP_COLOR, linestyle="--", linewidth=1.2,
                        label=f"NIC line rate {nic_line_rate_gb_s:.3g} {unit}").set_gid("nic-ceiling-line")

@@ -344,7 +344,8 @@ def gate_charts(verdict: dict[str, Any], gate_dir: Path | None = None) -> dict[s
     if any(ci.series.values()):
         pass_v = threshold_in(verdict.get("pass_threshold"), "GB/s") if unit.endswith("/s") else None
         svg = rc.node_series_svg(ci.series, nic_line_rate_gb_s=ci.nic_line_rate_gb_s,
-                                 pass_value=pass_v, title=f"{gid}: read rate per node over time")
+                                 pass_value=pass_v, title=f"{gid}: read rate per node over time",
+                                 marks=ci.series_marks)
         out["series"] = ("Read rate of every node over time, their aggregate and the NIC line rate", svg)
     return out
 

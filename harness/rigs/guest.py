@@ -54,6 +54,8 @@ GUEST_MODULES = (
     # the host's tree shared read-only over virtio-9p (9pnet, netfs and fscache come as dependencies): the
     # node's engine interpreter (torch, LMCache) runs from it, chrooted (kvgate-engine-python below)
     "9pnet_virtio", "9p",
+    # a slow path (harness.rigs.faults): netem delay on one nvmet port's traffic, chosen by a u32 filter
+    "sch_netem", "sch_prio", "cls_u32",
 )
 
 # Host binaries copied into the guest with their libraries, and the package each comes from.
@@ -72,6 +74,10 @@ HOST_BINARIES = {
     # kv-read: the pool's block device (findmnt) and a filesystem on an NVMe-oF namespace (mke2fs)
     "/usr/bin/findmnt": "util-linux",
     "/usr/sbin/mke2fs": "e2fsprogs",
+    # faults (harness.rigs.faults): each fault step stamps the node's clock in ns (busybox date has no %N),
+    # the time base of fio's completion log; tc for a slow path (netem)
+    "/usr/bin/date": "coreutils",
+    "/usr/sbin/tc": "iproute2",
 }
 # Host tools the build itself runs, and the package that provides each.
 BUILD_TOOLS = {

@@ -88,6 +88,7 @@ class LoopbackSpec:
     filesystem: str | None = None  # ext4: kvgate makes it on the namespace (write guard) and mounts it
     mount_path: str | None = None
     path_where: str | None = None  # FILE:LINE of target.path in the inventory, for a refusal naming it
+    extra_ports: tuple[tuple[str, str], ...] = ()  # (traddr, trsvcid): the namespace on further ports (multipath)
 
     def __post_init__(self):
         if self.transport not in TARGET_MODULES:
@@ -110,6 +111,10 @@ class LoopbackSpec:
         if self.filesystem is not None and not self.connect_host:
             raise LoopbackError(f"target {self.name}: a filesystem needs the loopback to connect its own host side; "
                                 f"a kind: nvmeof target of the node names {self.nqn} (the target side only)")
+        ids = [p[0] for p in self.ports]
+        if len(set(ids)) != len(ids):
+            raise LoopbackError(f"target {self.name}: extra_ports need trsvcids of their own (nvmet port ids "
+                                f"{', '.join(ids)})")
         if len(self.nullb_name) > 31:
             raise LoopbackError(f"target {self.name}: name too long for a null_blk disk name (max 24 chars)")
 
@@ -117,6 +122,16 @@ class LoopbackSpec:
     def port_id(self) -> str:
         # One configfs port per TCP service id: several subsystems may share it.
         return str(int(self.trsvcid))
+
+    @property
+    def ports(self) -> tuple[tuple[str, str, str], ...]:
+        """(port id, traddr, trsvcid) of every nvmet port the namespace is exported on: the target's own first,
+        then its ``extra_ports`` (each a path of a multipath namespace)."""
+        return ((self.port_id, self.traddr, self.trsvcid),
+                *((str(int(svc)), addr, svc) for addr, svc in self.extra_ports))
+
+    def port_dir_of(self, port_id: str) -> str:
+        return f"{P.NVMET_ROOT}/ports/{port_id}"
 
     @property
     def nullb_name(self) -> str:
@@ -163,6 +178,7 @@ class LoopbackSpec:
             serial=getattr(target, "serial", None), soft_roce_netdev=getattr(target, "soft_roce_netdev", None),
             connect_host=not served, filesystem=getattr(target, "filesystem", None),
             mount_path=getattr(target, "mount_path", None), path_where=where,
+            extra_ports=tuple((p.traddr, str(p.trsvcid)) for p in (getattr(target, "extra_ports", None) or ())),
         )
 
 
@@ -362,7 +378,7 @@ def summarize(spec: LoopbackSpec, st: LoopbackState) -> dict[str, Any]:
     """Status as data: each layer present or not, and the overall state up / down / partial."""
     sub = st.nvmet.subsystems.get(spec.nqn)
     ns = sub.namespaces.get(spec.nsid) if sub else None
-    port = st.nvmet.ports.get(spec.port_id)
+    ports = [st.nvmet.ports.get(pid) for pid, _, _ in spec.ports]
     conn = P.find_subsystem(st.subsystems, spec.nqn)
     layers = {
         "backing": backing_device(spec, st) is not None if spec.backing != "block" else True,
@@ -371,8 +387,8 @@ def summarize(spec: LoopbackSpec, st: LoopbackState) -> dict[str, Any]:
         "subsystem": sub is not None,
         "allowed_host": bool(sub and spec.host_nqn in sub.allowed_hosts),
         "namespace_enabled": bool(ns and ns.enabled),
-        "port": port is not None,
-        "port_link": bool(port and spec.nqn in port.subsystems),
+        "port": all(port is not None for port in ports),
+        "port_link": all(port is not None and spec.nqn in port.subsystems for port in ports),
     }
     if spec.connect_host:
         layers.update(connected=bool(conn and conn.live), device=nvme_device(spec, st) is not None)
@@ -434,11 +450,12 @@ def record_ids(spec: LoopbackSpec) -> dict[str, Callable[[LoopbackState], bool]]
         f"nvmet-allowed-host:{spec.nqn}:{spec.host_nqn}":
             lambda st: bool(sub(st) and spec.host_nqn in sub(st).allowed_hosts),
         f"nvmet-namespace:{spec.nqn}:{spec.nsid}": lambda st: bool(sub(st) and spec.nsid in sub(st).namespaces),
-        f"nvmet-port:{spec.port_id}": lambda st: spec.port_id in nv(st).ports,
-        f"nvmet-port-link:{spec.port_id}:{spec.nqn}":
-            lambda st: bool(nv(st).ports.get(spec.port_id) and spec.nqn in nv(st).ports[spec.port_id].subsystems),
         f"connect:{spec.nqn}": lambda st: P.find_subsystem(st.subsystems, spec.nqn) is not None,
     }
+    for pid, _, _ in spec.ports:
+        ids[f"nvmet-port:{pid}"] = lambda st, pid=pid: pid in nv(st).ports
+        ids[f"nvmet-port-link:{pid}:{spec.nqn}"] = \
+            lambda st, pid=pid: bool(nv(st).ports.get(pid) and spec.nqn in nv(st).ports[pid].subsystems)
     if spec.backing == "null_blk":
         ids[f"nullb:{spec.nullb_name}"] = lambda st: spec.nullb_name in st.nullb
     if spec.backing == "brd":
@@ -549,29 +566,39 @@ def plan_target(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
             acts.append(write_attr("ns-buffered_io", f"{spec.ns_dir}/buffered_io", "1",
                                    "file backing: page cache, works on filesystems without O_DIRECT"))
         acts.append(write_attr("ns-enable", f"{spec.ns_dir}/enable", "1"))
-    port = nv.ports.get(spec.port_id)
-    want = {"trtype": spec.transport, "adrfam": "ipv6" if ":" in spec.traddr else "ipv4",
-            "traddr": spec.traddr, "trsvcid": spec.trsvcid}
-    if port is None:
-        acts.append(Action("port-mkdir", ("mkdir", spec.port_dir), creates=f"nvmet-port:{spec.port_id}"))
-    if port is None or any(getattr(port, k) != v for k, v in want.items()):
-        if port is not None and port.subsystems - {spec.nqn}:
-            raise LoopbackError(f"target {spec.name}: nvmet port {spec.port_id} serves "
-                                f"{port.trtype}://{port.traddr}:{port.trsvcid} for other subsystems; "
-                                "choose another trsvcid")
-        if port is not None and spec.nqn in port.subsystems:
-            acts.append(Action("port-unlink-stale", ("rm", f"{spec.port_dir}/subsystems/{spec.nqn}")))
-            port = None
-        for key in ("trtype", "adrfam", "traddr", "trsvcid"):
-            acts.append(write_attr(f"port-{key}", f"{spec.port_dir}/addr_{key}", want[key]))
-    if port is None or spec.nqn not in port.subsystems:
-        acts.append(Action("port-link", ("ln", "-s", spec.subsys_dir, f"{spec.port_dir}/subsystems/{spec.nqn}"),
-                           creates=f"nvmet-port-link:{spec.port_id}:{spec.nqn}"))
+    for i, (pid, traddr, trsvcid) in enumerate(spec.ports):
+        acts += _plan_port(spec, nv, pid, traddr, trsvcid, "port" if i == 0 else f"port{pid}")
     conn = P.find_subsystem(st.subsystems, spec.nqn)
     if conn is None and spec.connect_host:
         acts.append(Action("nvme-connect", (
             "nvme", "connect", "-t", spec.transport, "-a", spec.traddr, "-s", spec.trsvcid, "-n", spec.nqn,
             "--hostnqn", spec.host_nqn, "--hostid", spec.host_id), creates=f"connect:{spec.nqn}"))
+    return acts
+
+
+def _plan_port(spec: LoopbackSpec, nv: P.NvmetState, pid: str, traddr: str, trsvcid: str, step: str
+               ) -> list[Action]:
+    """One nvmet port of the namespace: made (or its address set), and the subsystem linked to it."""
+    acts: list[Action] = []
+    port = nv.ports.get(pid)
+    port_dir = spec.port_dir_of(pid)
+    want = {"trtype": spec.transport, "adrfam": "ipv6" if ":" in traddr else "ipv4",
+            "traddr": traddr, "trsvcid": trsvcid}
+    if port is None:
+        acts.append(Action(f"{step}-mkdir", ("mkdir", port_dir), creates=f"nvmet-port:{pid}"))
+    if port is None or any(getattr(port, k) != v for k, v in want.items()):
+        if port is not None and port.subsystems - {spec.nqn}:
+            raise LoopbackError(f"target {spec.name}: nvmet port {pid} serves "
+                                f"{port.trtype}://{port.traddr}:{port.trsvcid} for other subsystems; "
+                                "choose another trsvcid")
+        if port is not None and spec.nqn in port.subsystems:
+            acts.append(Action(f"{step}-unlink-stale", ("rm", f"{port_dir}/subsystems/{spec.nqn}")))
+            port = None
+        for key in ("trtype", "adrfam", "traddr", "trsvcid"):
+            acts.append(write_attr(f"{step}-{key}", f"{port_dir}/addr_{key}", want[key]))
+    if port is None or spec.nqn not in port.subsystems:
+        acts.append(Action(f"{step}-link", ("ln", "-s", spec.subsys_dir, f"{port_dir}/subsystems/{spec.nqn}"),
+                           creates=f"nvmet-port-link:{pid}:{spec.nqn}"))
     return acts
 
 
@@ -637,11 +664,13 @@ def plan_down(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
         if spec.nqn in port.subsystems and (ours or made(link_id)):
             acts.append(Action(f"port{pid}-unlink", ("rm", f"{P.NVMET_ROOT}/ports/{pid}/subsystems/{spec.nqn}"),
                                removes=(link_id,)))
-    port = nv.ports.get(spec.port_id)
-    port_id = f"nvmet-port:{spec.port_id}"
-    if port is not None and made(port_id) and not (port.subsystems - {spec.nqn}) and \
-            port.traddr in (spec.traddr, None):
-        acts.append(Action("port-rmdir", ("rmdir", spec.port_dir), removes=(port_id,)))
+    for i, (pid, traddr, _) in enumerate(spec.ports):
+        port = nv.ports.get(pid)
+        port_id = f"nvmet-port:{pid}"
+        if port is not None and made(port_id) and not (port.subsystems - {spec.nqn}) and \
+                port.traddr in (traddr, None):
+            acts.append(Action("port-rmdir" if i == 0 else f"port{pid}-rmdir", ("rmdir", spec.port_dir_of(pid)),
+                               removes=(port_id,)))
     sub = nv.subsystems.get(spec.nqn)
     if sub is not None:
         for nsid, ns in sorted(sub.namespaces.items()):
@@ -678,8 +707,9 @@ def plan_down(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
                            removes=("brd",)))
     link = rdma_link(spec, st) if spec.transport == "rdma" else None
     # the RDMA device goes with the last RDMA port: none other, and this one removed above (no other subsystem)
+    mine = {pid for pid, _, _ in spec.ports}
     other_rdma_ports = [pid for pid, p in nv.ports.items() if p.trtype == "rdma" and
-                        (pid != spec.port_id or p.subsystems - {spec.nqn})]
+                        (pid not in mine or p.subsystems - {spec.nqn})]
     rdma_id = f"rdma-link:{spec.rdma_link_name}"
     if link is not None and link.device == spec.rdma_link_name and made(rdma_id) and not other_rdma_ports:
         acts.append(Action("rdma-link-delete", ("rdma", "link", "delete", link.device),

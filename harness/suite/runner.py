@@ -22,6 +22,7 @@ from .. import __version__
 from ..config import Config
 from ..errors import HarnessError
 from ..execute.cancel import Cancellation, GateEnded, guard_directory
+from ..execute.undo import UndoLog
 from ..execute.cancel import write_text as write_gate_file
 from ..execute.clock import Clock
 from ..execute.facts import collect_node_facts
@@ -200,6 +201,18 @@ def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransp
     return WorkloadResult({}, evidence, error=error)
 
 
+def undo_after_gate(undo: UndoLog, result: WorkloadResult, transports: dict[str, Transport], steps: StepLog,
+                    progress: Callable[[str], None]) -> WorkloadResult:
+    """Run the inverses a gate left pending (its workload timed out, raised or was interrupted before it put its
+    nodes back). One that fails makes the gate an ERROR naming it: a node left changed is never silent."""
+    failed = [e for e in undo.run_pending(transports, steps, progress) if not e.ok]
+    if not failed:
+        return result
+    what = "; ".join(f"{e.node}: {e.name}: {e.error}" for e in failed)
+    return dataclasses.replace(result, error="; ".join(
+        x for x in (result.error, f"a change to a node was NOT undone: {what}") if x))
+
+
 def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "operator",
               trust_new_hosts: bool = False, known_hosts_path: str | None = None,
               progress: Callable[[str], None] | None = None,
@@ -228,6 +241,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     # connect: managed NVMe-oF targets: connected before the facts (the snapshot shows them), disconnected in
     # `finally` whatever happened (a failed gate, Ctrl-C)
     managed = ManagedTargets(steps, run_dir, progress)
+    # inverses of the changes gates make to nodes (faults): run whatever ends a gate (harness.execute.undo)
+    undo = UndoLog(run_dir / "undo.json")
     try:
         # Every node is connected at once (a dead node costs one connect timeout, not one per node before
         # it); each keeps this one connection for the whole run: facts, gates, file transfers and stops.
@@ -277,11 +292,13 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                 scoped = {n: ScopedTransport(opened[n]) for n in nodes}
                 views.extend(scoped.values())
                 ctx = gate_context(gate, config.params[gate.id], nodes, scoped, steps, gate_dir, progress, managed)
+                ctx.undo = undo
                 try:
                     result = run_gate_workload(wl_cls(), ctx, scoped, progress, still_running)
                 except KeyboardInterrupt as exc:
                     interrupted, interrupt = True, exc
                     result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
+                result = undo_after_gate(undo, result, opened, steps, progress)
             verdict = evaluate(gate, result, unit, wl_cls.METRICS)
             # the verdict goes into verdicts.json and the signed predicate: its texts and evidence redacted
             verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason),
@@ -309,6 +326,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                     progress(f"stopped the commands still running on {view.name}")
             except Exception:  # noqa: BLE001
                 pass
+        undo.run_pending(opened, steps, progress)  # Ctrl-C between gates, or a second one during an undo
         managed.detach(opened)
         for tr in opened.values():
             try:

@@ -82,6 +82,7 @@ class GateContext:
     nvmeof: Any = None
     clock: Clock = field(default_factory=Clock)
     cancel: Cancellation | None = None
+    undo: Any = None  # the run's harness.execute.undo.UndoLog: inverses run whatever ends the gate (faults)
 
     def __post_init__(self) -> None:
         if self.cancel is None:
@@ -121,6 +122,7 @@ class SeriesEvidence(BaseModel):
     the NIC line rate) and writes ``<gate>-series.csv``."""
 
     series: dict[str, list[tuple[float, float]]] = {}  # node -> [(t_s since the common start, read_gb_s)]
+    series_marks: list[tuple[float, str]] = []  # events on the same time line (a fault, its inverse): (t_s, label)
     nic_line_rate_gb_s: float | None = None
 
 

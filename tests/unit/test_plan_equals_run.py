@@ -163,10 +163,54 @@ def pd_handoff_attached(tmp_path) -> Scenario:
     return Scenario(cfg, "PD", nodes, http=httpx.MockTransport(tier.http))
 
 
+def fio_faults(tmp_path) -> Scenario:
+    """G1 under a path fault on the loopback's two-path namespace, its node answering as the guest did (the
+    captured native multipath head nvme0n1 over nvme0c0n1 and nvme0c1n1)."""
+    gates = yaml.safe_load((ROOT / "gates" / "loopback-faults.yaml").read_text())
+    gates["gates"] = gates["gates"][:1]
+    gates["gates"][0]["params"].update(runtime_s=1, region="8 MiB",
+                                       faults=[{"kind": "path-down", "path": "kvmp-a", "at_s": 0.1, "duration_s": 0.1}])
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(gates))
+    cfg = load_config(ROOT / "inventory" / "loopback-faults.yaml", tmp_path / "g.yaml", WORKLOADS)
+    fx = {p.stem: p.read_text() for p in (FIX / "nvmeof" / "multipath-tcp").glob("*.out")}
+    from harness.execute.nvmeof import NvmeofSpec, probe_commands
+    probes = {argv: fx[name] for name, argv in probe_commands(NvmeofSpec.from_target(
+        cfg.inventory.node("guest").target("kvmp-a"))).items()}
+    stat = lambda sectors: f"nvme0c0n1 {sectors} 0 {sectors} 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n" \
+        f"nvme0c1n1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"  # noqa: E731
+    clat = "".join(f"{1000000 + i * 10}, 500, 0, 1048576, 0\n" for i in range(300))
+    cats = {".json": '{"jobs": [{"total_err": 0}]}', "_clat.1.log": clat, "-fio.log": "",
+            "-paths.log": f"T 1000.0\n{stat(0)}T 1003.1\n{stat(2048)}"}
+
+    def handler(call):
+        argv = call.argv
+        if argv in probes:
+            return Reply(stdout=probes[argv])
+        if "kvgate-path-probe" in argv:
+            return Reply(stdout="block\nforeign\n268435456\n")
+        if argv[:1] == ("lsblk",):
+            return Reply(stdout=json.dumps({"blockdevices": [{"name": "nvme0n1", "path": "/dev/nvme0n1",
+                                                              "type": "disk", "size": 268435456, "ro": False}]}))
+        if argv[:1] == ("blkid",):
+            return Reply(rc=2)
+        if "kvgate-path-stats" in argv:
+            return Reply(stdout=stat(0))
+        if call.log_path:  # the sampler and the read, spawned
+            return Reply(exit_after_s=0.05)
+        if "kvgate-fault" in argv:
+            return Reply(stdout="kvgate-fault-clock 1000.5\nkvgate-fault-clock 1000.6\n")
+        if argv[:1] == ("cat",):
+            return Reply(stdout=next(v for k, v in cats.items() if argv[1].endswith(k)))
+        if "kvgate-cat" in argv:  # fio's completion logs, one per job
+            return Reply(stdout=clat)
+        return Reply()
+    return Scenario(cfg, "F1-path-down", {"guest": ScriptedTransport(handler, name="guest")})
+
+
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
     "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
     "g2-multiturn": g2_multiturn, "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
-    "g2-load": g2_load, "pd-handoff": pd_handoff,
+    "g2-load": g2_load, "pd-handoff": pd_handoff, "fio-faults": fio_faults,
 }
 # More ways to run a workload than its first scenario: (workload, id, scenario)
 MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached),

@@ -64,3 +64,24 @@ def test_read_bytes_only_between_two_readings_of_the_same_device():
 def test_the_probe_takes_the_pool_path_as_an_argument_never_in_the_script():
     argv = pool_blockstat_argv("/pool dir/$(reboot)")
     assert argv[:2] == ("sh", "-c") and argv[-1] == "/pool dir/$(reboot)" and "reboot" not in argv[2]
+
+
+def test_a_native_multipath_heads_reads_are_the_sum_of_its_paths():
+    """Debian 6.1's head (nvme1n1) counts nothing; its paths nvme1c1n1 and nvme1c2n1 count what each carried."""
+    text = ("kvgate-pool-device 259:3 /dev/nvme1n1\n0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+            "kvgate-pool-path nvme1c1n1\n10 0 2048 5 0 0 0 0 0 5 5 0 0 0 0 0 0\n"
+            "kvgate-pool-path nvme1c2n1\n30 0 6144 5 2 0 8 0 0 5 5 0 0 0 0 0 0\n")
+    dev = parse_pool_blockstat(text)
+    assert dev.paths == ("nvme1c1n1", "nvme1c2n1") and dev.stat.read_bytes == 4 << 20
+    assert dev.stat.read_ios == 40 and dev.stat.write_sectors == 8
+    before = parse_pool_blockstat(text.replace("2048", "0").replace("6144", "0"))
+    assert read_bytes_between(before, dev) == 4 << 20  # a cold read through the head is proven, not INVALID
+
+
+def test_the_probe_lists_a_heads_paths_and_nothing_for_other_devices(tmp_path):
+    """The probe's shell part run against a sysfs-shaped tree: /sys is the real one here, so only the name rule
+    is exercised on this machine (no NVMe head): a loop device prints no path line."""
+    import subprocess
+    argv = pool_blockstat_argv(str(tmp_path))
+    out = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+    assert "kvgate-pool-path" not in out.stdout
