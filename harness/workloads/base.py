@@ -82,6 +82,8 @@ class GateContext:
     nvmeof: Any = None
     clock: Clock = field(default_factory=Clock)
     cancel: Cancellation | None = None
+    # The inventory's `slurm:` block (harness.config.models.SlurmConfig) for gates with `launcher: slurm`.
+    slurm: Any = None
 
     def __post_init__(self) -> None:
         if self.cancel is None:
