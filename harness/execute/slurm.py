@@ -10,7 +10,8 @@ alone by `NODE.stop`; the go file (the common start time) is written into the sa
 records `scontrol show job`, then `scancel`s the job if anything of it still runs, and waits for `srun` to end.
 
 Every command sent to Slurm (srun, scontrol, scancel) is a step of the run (`StepLog`). The parsers of
-`sinfo`, `scontrol show job` and `sacct` output are pure functions, tested on captured output.
+`sinfo` and `scontrol show job` / `show node` output are pure functions, tested on captured output
+(tests/fixtures/slurm/captured).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def parse_scontrol_record(text: str) -> dict[str, str]:
                 out[key] = v
             elif key is not None:
                 out[key] += " " + tok
-    return out
+    return {k: v.strip() for k, v in out.items()}
 
 
 def parse_sinfo_nodes(text: str) -> dict[str, str]:
@@ -66,16 +67,6 @@ def parse_sinfo_nodes(text: str) -> dict[str, str]:
         if len(parts) >= 2:
             out[parts[0]] = parts[1]
     return out
-
-
-def parse_sacct(text: str) -> list[dict[str, str]]:
-    """Pure: ``sacct -P -o JobID,JobName,State,ExitCode,NodeList`` output (a header line, then ``|``-separated
-    rows) as one dict per row, keyed by the header's field names."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return []
-    head = lines[0].split("|")
-    return [dict(zip(head, ln.split("|"))) for ln in lines[1:]]
 
 
 def expand_nodelist(text: str) -> list[str]:
@@ -135,22 +126,33 @@ class SlurmCluster:
                    extra_args=tuple(cfg.extra_args), env=dict(cfg.env))
 
 
-def srun_argv(cluster: SlurmCluster, job_name: str, nodes: Sequence[str], time_limit_s: float, job_dir: str
-              ) -> tuple[str, ...]:
-    """Pure: the one ``srun`` of a gate's step: one task per node on exactly ``nodes``, each running the task
-    program over the job directory's spec."""
-    argv = ["srun", "--job-name", job_name, "--nodes", str(len(nodes)), "--ntasks", str(len(nodes)),
-            "--ntasks-per-node", "1", "--nodelist", ",".join(nodes), "--time", time_limit_arg(time_limit_s),
-            "--kill-on-bad-exit=0", "--output", "/dev/null", "--error", f"{job_dir}/srun-task-%t.err"]
+def srun_options(cluster: SlurmCluster, job_name: str, nodes: Sequence[str], time_limit_s: float) -> list[str]:
+    """Pure: srun's options for one task on each of ``nodes`` exactly, with the cluster's partition, account,
+    GRES and extra arguments and a time limit of ``time_limit_s`` (rounded up to minutes)."""
+    argv = ["--job-name", job_name, "--nodes", str(len(nodes)), "--ntasks", str(len(nodes)),
+            "--ntasks-per-node", "1", "--nodelist", ",".join(nodes), "--time", time_limit_arg(time_limit_s)]
     if cluster.partition:
         argv += ["--partition", cluster.partition]
     if cluster.account:
         argv += ["--account", cluster.account]
     if cluster.gres_per_task:
         argv += ["--gres", cluster.gres_per_task]
-    argv += list(cluster.extra_args)
-    argv += [cluster.python, f"{job_dir}/{TASK_PROGRAM}", "--spec", f"{job_dir}/spec.json", "--job-dir", job_dir]
-    return tuple(argv)
+    return argv + list(cluster.extra_args)
+
+
+def srun_command(cluster: SlurmCluster, job_name: str, node: str, time_limit_s: float, argv: Sequence[str]
+                 ) -> tuple[str, ...]:
+    """Pure: one command on one node as its own short job step; its output comes back through srun."""
+    return ("srun", *srun_options(cluster, job_name, [node], time_limit_s), *argv)
+
+
+def srun_argv(cluster: SlurmCluster, job_name: str, nodes: Sequence[str], time_limit_s: float, job_dir: str
+              ) -> tuple[str, ...]:
+    """Pure: the one ``srun`` of a gate's step: one task per node on exactly ``nodes``, each running the task
+    program over the job directory's spec; a task's own output goes to the job's files, not through srun."""
+    return ("srun", *srun_options(cluster, job_name, nodes, time_limit_s), "--kill-on-bad-exit=0",
+            "--output", "/dev/null", "--error", f"{job_dir}/srun-task-%t.err",
+            cluster.python, f"{job_dir}/{TASK_PROGRAM}", "--spec", f"{job_dir}/spec.json", "--job-dir", job_dir)
 
 
 def job_dir_for(cluster: SlurmCluster, run_id: str, gate_id: str) -> str:
@@ -392,15 +394,4 @@ class SlurmJob:
                 "srun_argv": list(self.srun_argv), "srun_rc": None if self.srun is None else self.srun.poll(),
                 "submit_error": self.submit_error, "cancelled": self.cancelled, "job_dir": self.job_dir,
                 "scontrol_show_job": self.scontrol, "tasks": self.provenance()}
-
-
-def require_nodes(cluster_nodes: Mapping[str, str], wanted: Sequence[str]) -> list[str]:
-    """Pure: the wanted nodes that ``sinfo`` (node -> state) does not show usable (absent, down, drained)."""
-    bad = []
-    for n in wanted:
-        st = cluster_nodes.get(n)
-        if st is None or st.rstrip("*~#!%$@^-") in ("down", "drain", "drained", "draining", "fail", "failing") \
-                or st.endswith("*"):
-            bad.append(n)
-    return bad
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..errors import WorkloadError
 from ..execute.clock import CLOCK_SESSION_ARGV, applied_offset_s, measure_clock_offsets
 from ..execute.fanout import FailurePolicy, GroupResult, LaunchSpec, NodeOutcome, SynchronizedLaunch, fan_out
-from ..execute.slurm import SlurmCluster, SlurmJob, job_dir_for, srun_argv
+from ..execute.slurm import SlurmCluster, SlurmJob, job_dir_for, srun_argv, srun_command
 from ..transport.local import LocalTransport
 from ..node import program_path
 from ..parsers.g3series import (NodeSeries, PortRate, aggregate, cross_check_port_rate, nic_ceiling_ratio,
@@ -381,12 +381,11 @@ class G3SharedRead(Workload):
 
     def _slurm_paths(self, ctx: GateContext, p: G3Params) -> tuple[SlurmCluster, str]:
         cluster = self._cluster(ctx)
-        run_id = ctx.gate_dir.parent.parent.name or "run"
+        run_id = ctx.gate_dir.parent.parent.name or "<run>"  # a plan has no run directory yet
         return cluster, job_dir_for(cluster, run_id, ctx.gate.id)
 
     def _slurm_one(self, cluster: SlurmCluster, node: str, argv: tuple[str, ...], time_s: float) -> tuple[str, ...]:
-        one = srun_argv(cluster, "kvgate-g3-pool", [node], time_s, "")
-        return one[:one.index(cluster.python)] + argv  # the same options, one task, this command
+        return srun_command(cluster, "kvgate-g3-pool", node, time_s, argv)
 
     def _slurm_reader_spec(self, job_dir: str, node, ctx: GateContext, p: G3Params) -> LaunchSpec:
         nd = posixpath.join(job_dir, node.name)
