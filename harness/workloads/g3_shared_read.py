@@ -115,6 +115,16 @@ def _node_dir(node, gate_id: str) -> str:
     return posixpath.join(node.work_dir, f"g3-{gate_id}-{node.name}")
 
 
+def _reader_spec(node, p: G3Params, program: str, armed: str, go: str, out: str) -> LaunchSpec:
+    """The armed reader of one node: its program, the shared copy, and its armed, go and series files."""
+    pool = _pool_dir(node, p)
+    argv = ("python3", program, "--manifest", posixpath.join(pool, MANIFEST), "--pool-dir", pool,
+            "--node", node.name, "--block-bytes", str(p.block_bytes), "--streams", str(p.streams),
+            "--direct", p.direct, "--interval-s", str(p.interval_s), "--armed-file", armed, "--go-file", go,
+            "--out", out, "--deadline-s", str(p.arm_timeout_s + p.read_timeout_s + 60))
+    return LaunchSpec(argv, armed, go, ARMED_MARKER)
+
+
 class G3Pool(BaseModel):
     """The shared KV copy: found with a matching manifest (``created`` false, the manifest read) or laid out
     now by ``by`` (its create command's report)."""
@@ -331,14 +341,9 @@ class G3SharedRead(Workload):
     # ---- plan (pure)
     def _reader_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[LaunchSpec, tuple[str, ...]]:
         nd = _node_dir(node, ctx.gate.id)
-        pool = _pool_dir(node, p)
-        argv = ("python3", posixpath.join(nd, "g3_reader.py"),
-                "--manifest", posixpath.join(pool, MANIFEST), "--pool-dir", pool, "--node", node.name,
-                "--block-bytes", str(p.block_bytes), "--streams", str(p.streams), "--direct", p.direct,
-                "--interval-s", str(p.interval_s), "--armed-file", posixpath.join(nd, "armed"),
-                "--go-file", posixpath.join(nd, "go"), "--out", posixpath.join(nd, "series.jsonl"),
-                "--deadline-s", str(p.arm_timeout_s + p.read_timeout_s + 60))
-        return LaunchSpec(argv, posixpath.join(nd, "armed"), posixpath.join(nd, "go"), ARMED_MARKER), argv
+        spec = _reader_spec(node, p, posixpath.join(nd, "g3_reader.py"), posixpath.join(nd, "armed"),
+                            posixpath.join(nd, "go"), posixpath.join(nd, "series.jsonl"))
+        return spec, spec.argv
 
     def _create_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[str, ...]:
         nd = _node_dir(node, ctx.gate.id)
@@ -389,14 +394,8 @@ class G3SharedRead(Workload):
 
     def _slurm_reader_spec(self, job_dir: str, node, ctx: GateContext, p: G3Params) -> LaunchSpec:
         nd = posixpath.join(job_dir, node.name)
-        pool = _pool_dir(node, p)
-        argv = ("python3", posixpath.join(job_dir, "g3_reader.py"),
-                "--manifest", posixpath.join(pool, MANIFEST), "--pool-dir", pool, "--node", node.name,
-                "--block-bytes", str(p.block_bytes), "--streams", str(p.streams), "--direct", p.direct,
-                "--interval-s", str(p.interval_s), "--armed-file", nd + ".armed",
-                "--go-file", nd + ".go", "--out", nd + ".series.jsonl",
-                "--deadline-s", str(p.arm_timeout_s + p.read_timeout_s + 60))
-        return LaunchSpec(argv, nd + ".armed", nd + ".go", ARMED_MARKER)
+        return _reader_spec(node, p, posixpath.join(job_dir, "g3_reader.py"), nd + ".armed", nd + ".go",
+                            nd + ".series.jsonl")
 
     def _plan_slurm(self, ctx: GateContext, p: G3Params) -> list[PlannedStep]:
         port_node, nic, readers = self._roles(p, ctx.nodes)
