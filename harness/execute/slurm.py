@@ -69,6 +69,27 @@ def parse_sinfo_nodes(text: str) -> dict[str, str]:
     return out
 
 
+USABLE_STATES = ("idle", "alloc", "allocated", "mix", "mixed", "comp", "completing")
+
+
+def unusable_nodes(states: Mapping[str, str], wanted: Sequence[str]) -> dict[str, str]:
+    """Pure: the wanted nodes a job step cannot use, by ``sinfo`` (node -> state): absent, down, drained or
+    draining, or not responding (a state ending in ``*``); node -> why."""
+    out = {}
+    for n in wanted:
+        st = states.get(n)
+        if st is None:
+            out[n] = "slurm: not in the cluster's sinfo"
+        elif st.endswith("*") or st.rstrip("~#!%$@^-+") not in USABLE_STATES:
+            out[n] = f"slurm: node state {st}"
+    return out
+
+
+def sinfo_argv(nodes: Sequence[str]) -> tuple[str, ...]:
+    """Pure: the node states of ``nodes``, one ``NODE STATE`` line each (:func:`parse_sinfo_nodes`)."""
+    return ("sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t")
+
+
 def expand_nodelist(text: str) -> list[str]:
     """Pure: a Slurm host list (``n[1-3,8],storage``) as names, in order."""
     out: list[str] = []

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..errors import WorkloadError
 from ..execute.clock import CLOCK_SESSION_ARGV, applied_offset_s, measure_clock_offsets
 from ..execute.fanout import FailurePolicy, GroupResult, LaunchSpec, NodeOutcome, SynchronizedLaunch, fan_out
-from ..execute.slurm import SlurmCluster, SlurmJob, job_dir_for, srun_argv, srun_command
+from ..execute.slurm import (SlurmCluster, SlurmJob, job_dir_for, parse_sinfo_nodes, sinfo_argv, srun_argv,
+                             srun_command, unusable_nodes)
 from ..transport.local import LocalTransport
 from ..node import program_path
 from ..parsers.g3series import (NodeSeries, PortRate, aggregate, cross_check_port_rate, nic_ceiling_ratio,
@@ -403,6 +404,8 @@ class G3SharedRead(Workload):
         creator = ctx.nodes[p.create_on or readers[0]]
         out = [PlannedStep(port_node, f"line rate of {nic} (cross-check)", ("cat", f"/sys/class/net/{nic}/speed")),
                PlannedStep(port_node, f"shaping of {nic} (cross-check)", ("tc", "-j", "qdisc", "show", "dev", nic))]
+        out.append(PlannedStep("control", "the readers' node states (a drained, down or absent node fails there)",
+                               sinfo_argv(readers)))
         manifest = posixpath.join(_pool_dir(creator, p), MANIFEST)
         out.append(PlannedStep("control", f"the KV copy's manifest on {creator.name}, if one is there (srun)",
                                self._slurm_one(cluster, creator.name, ("cat", manifest), 300)))
@@ -432,10 +435,17 @@ class G3SharedRead(Workload):
         ev.launcher = "slurm"
         port = self._port_rate(ctx, port_node, nic)
 
+        env = dict(cluster.env) or None
+        r = ctx.steps.run(control, "sinfo", sinfo_argv(readers), timeout_s=30, env=env)
+        if not r.ok:
+            raise WorkloadError(f"slurm: the readers' node states could not be read: {r.summary()}")
+        bad = unusable_nodes(parse_sinfo_nodes(r.stdout), readers)
+        self._check_policy(GroupResult({n: NodeOutcome(n, n not in bad, None, bad.get(n)) for n in readers}),
+                           policy, "slurm node states", ev)
+        readers = [n for n in readers if n not in bad]
         Path(job_dir).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(program_path("g3_reader.py"), posixpath.join(job_dir, "g3_reader.py"))
         creator = p.create_on or readers[0]
-        env = dict(cluster.env) or None
         node = ctx.nodes[creator]
         r = ctx.steps.run(control, "pool-manifest", self._slurm_one(
             cluster, creator, ("cat", posixpath.join(_pool_dir(node, p), MANIFEST)), 300), timeout_s=360, env=env)
@@ -473,7 +483,7 @@ class G3SharedRead(Workload):
         if p.drop_caches:
             ev.page_cache_dropped = {n: CacheDrop.model_validate(t["cache_drop"])
                                      for n, t in job.provenance().items() if t.get("cache_drop") is not None}
-        return self._collect(ctx, p, readers, launch, applied, {}, {}, 0.0, port, policy, ev)
+        return self._collect(ctx, p, ev.readers, launch, applied, bad, {}, 0.0, port, policy, ev)
 
     # ---- run
     def run(self, ctx: GateContext) -> WorkloadResult:

@@ -159,6 +159,22 @@ def test_scancel_at_the_gates_timeout_s_leaves_no_task_running(cluster, tmp_path
     assert readers_left(spec) == {n: [] for n in spec.node_names()}
 
 
+def test_a_drained_node_fails_before_the_step_and_the_others_read(cluster, tmp_path):
+    spec, _, st = cluster
+    env = {**os.environ, **st.env()}
+    scontrol = ["scontrol", "update", "nodename=n3"]
+    subprocess.run(scontrol + ["state=drain", "reason=kvgate-test"], env=env, check=True, timeout=30)
+    try:
+        res, _ = run_g3(cluster, tmp_path, max_failed_share=0.2)
+    finally:
+        subprocess.run(scontrol + ["state=resume"], env=env, check=True, timeout=30)
+    v = res.verdicts[0]
+    ev = v.evidence
+    assert ev["failed_nodes"] == {"n3": "slurm: node state drain"}
+    assert v.metrics["nodes_completed"] == 7 and "n3" not in ev["slurm_job"]["nodes"]
+    assert v.outcome is Outcome.PASS, v.reason  # one node of eight is within the gate's 0.2 failure share
+
+
 def test_node_killed_mid_read_is_error_with_the_others_data_kept(cluster, tmp_path):
     spec, _, st = cluster
     victim = "n3"

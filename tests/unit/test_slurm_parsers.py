@@ -4,7 +4,8 @@
 from pathlib import Path
 
 from harness.execute.slurm import (SlurmCluster, expand_nodelist, job_dir_for, parse_scontrol_record,
-                                   parse_sinfo_nodes, srun_argv, srun_command, time_limit_arg)
+                                   parse_sinfo_nodes, srun_argv, srun_command, time_limit_arg,
+                                   unusable_nodes)
 
 CAP = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "captured"
 
@@ -63,3 +64,11 @@ def test_a_one_node_command_returns_its_output_through_srun():
     a = srun_command(c, "kvgate-g3-pool", "n4", 300, ("cat", "/pool/m.json"))
     assert a[-2:] == ("cat", "/pool/m.json") and "--output" not in a and "--error" not in a
     assert a[a.index("--nodelist") + 1] == "n4" and a[a.index("--nodes") + 1] == "1"
+
+
+def test_a_drained_down_silent_or_absent_node_is_unusable_with_its_state():
+    states = parse_sinfo_nodes((CAP / "sinfo-N-idle.txt").read_text()) | {"n4": "drain", "n5": "idle*", "n6": "down",
+                                                                            "n7": "mix", "n8": "drng"}
+    assert unusable_nodes(states, ["n1", "n4", "n5", "n6", "n7", "n8", "n9"]) == {
+        "n4": "slurm: node state drain", "n5": "slurm: node state idle*", "n6": "slurm: node state down",
+        "n8": "slurm: node state drng", "n9": "slurm: not in the cluster's sinfo"}
