@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import TransportError
+from .cancel import GateEnded
 from ..node import program_path
 from ..transport.base import Process, Transport
 
@@ -295,6 +296,7 @@ class SlurmJob:
         self.job_id: str | None = None
         self.scontrol: dict[str, str] = {}
         self.cancelled: str | None = None
+        self.scancel: dict | None = None  # the scancel sent, as a step records it
         self._argv: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         Path(job_dir).mkdir(parents=True, exist_ok=True)
@@ -389,8 +391,16 @@ class SlurmJob:
                 return
             self.cancelled = reason
         self.progress(f"slurm: scancel {self.job_id or self.job_name}: {reason}")
-        target = (self.job_id,) if self.job_id else ("--name", self.job_name)
-        self.steps.run(self.control, "scancel", ("scancel", *target), timeout_s=30, env=self.env() or None)
+        argv = ("scancel", *((self.job_id,) if self.job_id else ("--name", self.job_name)))
+        try:
+            r = self.steps.run(self.control, "scancel", argv, timeout_s=30, env=self.env() or None)
+        except GateEnded:
+            # The gate ended (its timeout_s, a stop signal): its steps take no more writes, and the job must
+            # still go. The command is run and kept in the job directory (scancel.json) and in record().
+            r = self.control.run(argv, timeout_s=30, env=self.env() or None)
+        self.scancel = {"argv": list(r.argv), "rc": r.rc, "stdout": r.stdout[-2000:], "stderr": r.stderr[-2000:],
+                        "error": r.error, "reason": reason}
+        (Path(self.job_dir) / "scancel.json").write_text(json.dumps(self.scancel, indent=1))
         if self.srun.wait(30.0) is None:
             self.srun.kill_group(grace_s=5.0)
 
@@ -413,6 +423,6 @@ class SlurmJob:
         return {"job_id": self.job_id, "job_name": self.job_name, "nodes": self.nodes,
                 "job_nodes": expand_nodelist(self.scontrol.get("NodeList", "")) if self.scontrol else [],
                 "srun_argv": list(self.srun_argv), "srun_rc": None if self.srun is None else self.srun.poll(),
-                "submit_error": self.submit_error, "cancelled": self.cancelled, "job_dir": self.job_dir,
+                "submit_error": self.submit_error, "cancelled": self.cancelled, "scancel": self.scancel, "job_dir": self.job_dir,
                 "scontrol_show_job": self.scontrol, "tasks": self.provenance()}
 
