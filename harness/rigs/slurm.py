@@ -88,7 +88,7 @@ def render_slurm_conf(sd: Path, host: str, control_addr: str, nodes: dict[str, s
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
         "SchedulerType=sched/builtin", "MpiDefault=none",
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
-        "ReturnToService=2", "SlurmdTimeout=30", "InactiveLimit=0", "KillWait=5", "MinJobAge=300",
+        "ReturnToService=2", "SlurmdTimeout=10", "InactiveLimit=0", "KillWait=5", "MinJobAge=300",
         "SlurmctldTimeout=30", "MessageTimeout=20",
         f"PlugStackConfig={sd}/plugstack.conf",
     ]
