@@ -27,6 +27,9 @@ APT_PKGS=(fio openssh-server openssh-client openssh-sftp-server util-linux procp
 if [ "$WITH_TEST" = 1 ]; then
   # the 8-node G3 rig: network namespaces, per-node sshd, sshfs (FUSE) mounts of the shared pool
   APT_PKGS+=(sshfs fuse3)
+  # G3 through the slurm launcher: a real slurmctld + one slurmd per rig node, with munge (harness/rigs/slurm.py);
+  # Debian's services are not started (the tests start their own, in a private state dir)
+  APT_PKGS+=(slurmctld slurmd slurm-client munge)
   # the report HTML is checked in headless Chromium through chromedriver
   APT_PKGS+=(chromium chromium-driver)
 fi

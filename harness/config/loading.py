@@ -112,6 +112,9 @@ def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None
                     nodes.append(node)
             if not gate.nodes:
                 nodes = list(inventory.nodes)
+            if getattr(params, "launcher", None) == "slurm" and inventory.slurm is None:
+                issues.append(index.issue(at + ("params", "launcher"), "launcher slurm needs a `slurm:` block "
+                                          "in the inventory (partition, job_dir, ...; docs/launchers.md)"))
             for path, msg in wl().validate_against(params, {n.name: n for n in nodes}):
                 issues.append(index.issue(at + ("params",) + tuple(path), msg))
     return issues

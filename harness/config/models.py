@@ -361,8 +361,30 @@ def check_secret_env(names: list[str]) -> list[str]:
     return names
 
 
+class SlurmConfig(Strict):
+    """``slurm:`` in the inventory: the cluster a gate with ``launcher: slurm`` submits its node-side step to
+    (harness/execute/slurm.py; docs/launchers.md). Node names are the cluster's node names."""
+
+    partition: str | None = None
+    account: str | None = None
+    job_dir: str = Field(min_length=1, description="a directory every node and the control host see at this path")
+    python: str = "python3"
+    gres_per_task: str | None = None  # e.g. "gpu:1"
+    time_margin_s: float = Field(default=60.0, ge=0)  # added to the step's own time budget for --time
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)  # for srun/scontrol/scancel, e.g. SLURM_CONF
+
+    @field_validator("job_dir")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"expected an absolute path, got {v!r}")
+        return v
+
+
 class Inventory(Strict):
     nodes: list[Node] = Field(min_length=1)
+    slurm: SlurmConfig | None = None
     # Environment variables whose values are secret wherever kvgate passes them (engine profiles' env, any
     # command's), on top of the default name patterns: redacted in everything kvgate writes.
     secret_env: list[str] = Field(default_factory=list)

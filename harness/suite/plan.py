@@ -48,7 +48,7 @@ def _facts_lines(nodes: list) -> list[str]:
 def gate_plan(cfg: Config, gate) -> list[PlannedStep]:
     """One gate's steps, from its workload's pure ``plan``."""
     ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={}, steps=None, gate_dir=Path("."))
+                      transports={}, steps=None, gate_dir=Path("."), slurm=cfg.inventory.slurm)
     return cfg.workload(gate)().plan(ctx)
 
 

@@ -107,7 +107,7 @@ def _stop_gate(scoped: dict[str, ScopedTransport], reason: str) -> dict[str, Any
 
 def gate_context(gate, params, nodes: dict[str, Any], scoped: dict[str, ScopedTransport], steps: StepLog,
                  gate_dir: Path, progress: Callable[[str], None], nvmeof=None, http=None,
-                 clock: Clock | None = None) -> GateContext:
+                 clock: Clock | None = None, slurm=None) -> GateContext:
     """A gate's context as a run makes it: its cancellation (the deadline ``timeout_s`` from now on ``clock``,
     what its waits and requests check) guards its directory and its steps once the gate ended."""
     clock = clock or Clock()
@@ -115,7 +115,7 @@ def gate_context(gate, params, nodes: dict[str, Any], scoped: dict[str, ScopedTr
     guard_directory(gate_dir, cancel)
     return GateContext(gate=gate, params=params, nodes=nodes, transports=scoped,
                        steps=steps.guarded(cancel.guard_write), gate_dir=gate_dir, progress=progress,
-                       http=http, nvmeof=nvmeof, clock=clock, cancel=cancel)
+                       http=http, nvmeof=nvmeof, clock=clock, cancel=cancel, slurm=slurm)
 
 
 def wait_interruptibly(done: threading.Event, timeout_s: float | None, step_s: float = 0.2) -> bool:
@@ -291,7 +291,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
             else:
                 scoped = {n: ScopedTransport(opened[n]) for n in nodes}
                 views.extend(scoped.values())
-                ctx = gate_context(gate, config.params[gate.id], nodes, scoped, steps, gate_dir, progress, managed)
+                ctx = gate_context(gate, config.params[gate.id], nodes, scoped, steps, gate_dir, progress, managed,
+                                   slurm=config.inventory.slurm)
                 ctx.undo = undo
                 try:
                     result = run_gate_workload(wl_cls(), ctx, scoped, progress, still_running)

@@ -83,6 +83,8 @@ class GateContext:
     clock: Clock = field(default_factory=Clock)
     cancel: Cancellation | None = None
     undo: Any = None  # the run's harness.execute.undo.UndoLog: inverses run whatever ends the gate (faults)
+    # The inventory's `slurm:` block (harness.config.models.SlurmConfig) for gates with `launcher: slurm`.
+    slurm: Any = None
 
     def __post_init__(self) -> None:
         if self.cancel is None:

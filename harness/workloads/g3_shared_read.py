@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import shutil
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -21,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..errors import WorkloadError
 from ..execute.clock import CLOCK_SESSION_ARGV, applied_offset_s, measure_clock_offsets
 from ..execute.fanout import FailurePolicy, GroupResult, LaunchSpec, NodeOutcome, SynchronizedLaunch, fan_out
+from ..execute.slurm import (SlurmCluster, SlurmJob, job_dir_for, parse_sinfo_nodes, sinfo_argv, srun_argv,
+                             srun_command, unusable_nodes)
+from ..transport.local import LocalTransport
 from ..node import program_path
 from ..parsers.g3series import (NodeSeries, PortRate, aggregate, cross_check_port_rate, nic_ceiling_ratio,
                                 nodes_completed, parse_reader_output, rate_series, start_skew_s)
@@ -60,6 +65,9 @@ class G3Params(StrictModel):
     min_window_s: float = Field(default=1.0, ge=0)
     max_failed_share: float = Field(default=0.0, ge=0, le=1)
     on_node_failure: Literal["continue", "abort"] = "continue"
+    # How the readers start on their nodes: one SSH session each (ssh), or one Slurm job step with a task per
+    # node (slurm: the inventory's `slurm:` cluster; docs/launchers.md).
+    launcher: Literal["ssh", "slurm"] = "ssh"
 
     @field_validator("block_bytes", mode="before")
     @classmethod
@@ -106,6 +114,16 @@ def _pool_dir(node, p: G3Params) -> str:
 def _node_dir(node, gate_id: str) -> str:
     # Per node even when nodes share a filesystem (the rig's nodes share /tmp).
     return posixpath.join(node.work_dir, f"g3-{gate_id}-{node.name}")
+
+
+def _reader_spec(node, p: G3Params, program: str, armed: str, go: str, out: str) -> LaunchSpec:
+    """The armed reader of one node: its program, the shared copy, and its armed, go and series files."""
+    pool = _pool_dir(node, p)
+    argv = ("python3", program, "--manifest", posixpath.join(pool, MANIFEST), "--pool-dir", pool,
+            "--node", node.name, "--block-bytes", str(p.block_bytes), "--streams", str(p.streams),
+            "--direct", p.direct, "--interval-s", str(p.interval_s), "--armed-file", armed, "--go-file", go,
+            "--out", out, "--deadline-s", str(p.arm_timeout_s + p.read_timeout_s + 60))
+    return LaunchSpec(argv, armed, go, ARMED_MARKER)
 
 
 class G3Pool(BaseModel):
@@ -199,6 +217,8 @@ class G3Evidence(Evidence, SeriesEvidence):
     start_skew_ms: float | None = None
     start_skew_uncertainty_ms: float | None = None
     start_times_node_clock_s: dict[str, float | None] = {}
+    launcher: str = "ssh"
+    slurm_job: dict[str, Any] | None = None  # harness.execute.slurm.SlurmJob.record(): job id, nodes, scontrol
 
 
 def evaluate_g3(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, policy: FailurePolicy,
@@ -322,14 +342,9 @@ class G3SharedRead(Workload):
     # ---- plan (pure)
     def _reader_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[LaunchSpec, tuple[str, ...]]:
         nd = _node_dir(node, ctx.gate.id)
-        pool = _pool_dir(node, p)
-        argv = ("python3", posixpath.join(nd, "g3_reader.py"),
-                "--manifest", posixpath.join(pool, MANIFEST), "--pool-dir", pool, "--node", node.name,
-                "--block-bytes", str(p.block_bytes), "--streams", str(p.streams), "--direct", p.direct,
-                "--interval-s", str(p.interval_s), "--armed-file", posixpath.join(nd, "armed"),
-                "--go-file", posixpath.join(nd, "go"), "--out", posixpath.join(nd, "series.jsonl"),
-                "--deadline-s", str(p.arm_timeout_s + p.read_timeout_s + 60))
-        return LaunchSpec(argv, posixpath.join(nd, "armed"), posixpath.join(nd, "go"), ARMED_MARKER), argv
+        spec = _reader_spec(node, p, posixpath.join(nd, "g3_reader.py"), posixpath.join(nd, "armed"),
+                            posixpath.join(nd, "go"), posixpath.join(nd, "series.jsonl"))
+        return spec, spec.argv
 
     def _create_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[str, ...]:
         nd = _node_dir(node, ctx.gate.id)
@@ -339,6 +354,8 @@ class G3SharedRead(Workload):
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G3Params = ctx.params
+        if p.launcher == "slurm":
+            return self._plan_slurm(ctx, p)
         port_node, nic, readers = self._roles(p, ctx.nodes)
         creator = ctx.nodes[p.create_on or readers[0]]
         out = [PlannedStep(port_node, f"line rate of {nic} (cross-check)", ("cat", f"/sys/class/net/{nic}/speed")),
@@ -362,6 +379,112 @@ class G3SharedRead(Workload):
                                    "waits for the common start", spec.command()))
         return out
 
+    # ---- the slurm launcher: nothing is sent to a node but through Slurm, from the control host
+    def _cluster(self, ctx: GateContext) -> SlurmCluster:
+        if ctx.slurm is None:
+            raise WorkloadError("launcher slurm: the inventory names no `slurm:` cluster")
+        return SlurmCluster.from_config(ctx.slurm)
+
+    def _slurm_paths(self, ctx: GateContext, p: G3Params) -> tuple[SlurmCluster, str]:
+        cluster = self._cluster(ctx)
+        run_id = ctx.gate_dir.parent.parent.name or "<run>"  # a plan has no run directory yet
+        return cluster, job_dir_for(cluster, run_id, ctx.gate.id)
+
+    def _slurm_one(self, cluster: SlurmCluster, node: str, argv: tuple[str, ...], time_s: float) -> tuple[str, ...]:
+        return srun_command(cluster, "kvgate-g3-pool", node, time_s, argv)
+
+    def _slurm_reader_spec(self, job_dir: str, node, ctx: GateContext, p: G3Params) -> LaunchSpec:
+        nd = posixpath.join(job_dir, node.name)
+        return _reader_spec(node, p, posixpath.join(job_dir, "g3_reader.py"), nd + ".armed", nd + ".go",
+                            nd + ".series.jsonl")
+
+    def _plan_slurm(self, ctx: GateContext, p: G3Params) -> list[PlannedStep]:
+        port_node, nic, readers = self._roles(p, ctx.nodes)
+        cluster, job_dir = self._slurm_paths(ctx, p)
+        creator = ctx.nodes[p.create_on or readers[0]]
+        out = [PlannedStep(port_node, f"line rate of {nic} (cross-check)", ("cat", f"/sys/class/net/{nic}/speed")),
+               PlannedStep(port_node, f"shaping of {nic} (cross-check)", ("tc", "-j", "qdisc", "show", "dev", nic))]
+        out.append(PlannedStep("control", "the readers' node states (a drained, down or absent node fails there)",
+                               sinfo_argv(readers)))
+        manifest = posixpath.join(_pool_dir(creator, p), MANIFEST)
+        out.append(PlannedStep("control", f"the KV copy's manifest on {creator.name}, if one is there (srun)",
+                               self._slurm_one(cluster, creator.name, ("cat", manifest), 300)))
+        create = self._create_argv(ctx, creator, p)
+        create = create[:1] + (posixpath.join(job_dir, "g3_reader.py"),) + create[2:]
+        out.append(PlannedStep("control", f"lay out the KV copy on {creator.name} unless its manifest matches (srun)",
+                               self._slurm_one(cluster, creator.name, create, max(600.0, p.copy_bytes / 10e6)),
+                               optional=True))
+        out.append(PlannedStep("control", f"one job step, a task per reader ({', '.join(readers)}): each drops its "
+                               "page cache (recorded), arms its reader, waits for the common start in the job's files",
+                               srun_argv(cluster, f"kvgate-{ctx.gate.id}", readers,
+                                         p.arm_timeout_s + p.read_timeout_s + cluster.time_margin_s, job_dir)))
+        out.append(PlannedStep("control", "the job's record", ("scontrol", "show", "job", "<job id>")))
+        out.append(PlannedStep("control", "cancel what still runs of the job (timeout, Ctrl-C, a stopped node)",
+                               ("scancel", "<job id>"), optional=True))
+        return out
+
+    def _run_slurm(self, ctx: GateContext, p: G3Params, port_node: str, nic: str, readers: list[str],
+                   policy: FailurePolicy, ev: G3Evidence) -> WorkloadResult:
+        """G3 through Slurm: the same phases, the KV copy laid out by a one-task step, the readers armed and
+        released by one job step (harness.execute.slurm), the same evaluation. Clocks: the cluster's nodes are
+        taken as synchronized (no per-node session to measure an offset over); recorded."""
+        nodes_dir = ctx.gate_dir / "nodes"
+        nodes_dir.mkdir(parents=True, exist_ok=True)
+        cluster, job_dir = self._slurm_paths(ctx, p)
+        control = LocalTransport(name="control")
+        ev.launcher = "slurm"
+        port = self._port_rate(ctx, port_node, nic)
+
+        env = dict(cluster.env) or None
+        r = ctx.steps.run(control, "sinfo", sinfo_argv(readers), timeout_s=30, env=env)
+        if not r.ok:
+            raise WorkloadError(f"slurm: the readers' node states could not be read: {r.summary()}")
+        bad = unusable_nodes(parse_sinfo_nodes(r.stdout), readers)
+        self._check_policy(GroupResult({n: NodeOutcome(n, n not in bad, None, bad.get(n)) for n in readers}),
+                           policy, "slurm node states", ev)
+        readers = [n for n in readers if n not in bad]
+        Path(job_dir).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(program_path("g3_reader.py"), posixpath.join(job_dir, "g3_reader.py"))
+        creator = p.create_on or readers[0]
+        node = ctx.nodes[creator]
+        r = ctx.steps.run(control, "pool-manifest", self._slurm_one(
+            cluster, creator, ("cat", posixpath.join(_pool_dir(node, p), MANIFEST)), 300), timeout_s=360, env=env)
+        have = None
+        if r.ok:
+            try:
+                have = json.loads(r.stdout)
+            except json.JSONDecodeError:
+                have = None
+        want = manifest_for(p)
+        if isinstance(have, dict) and all(have.get(k) == v for k, v in want.items()):
+            ev.pool = G3Pool(created=False, by=creator, dir=_pool_dir(node, p), manifest=have)
+        else:
+            create = self._create_argv(ctx, node, p)
+            create = create[:1] + (posixpath.join(job_dir, "g3_reader.py"),) + create[2:]
+            t = max(600.0, p.copy_bytes / 10e6)
+            r = ctx.steps.run(control, "pool-create", self._slurm_one(cluster, creator, create, t),
+                              timeout_s=t + 60, env=env)
+            if not r.ok:
+                raise WorkloadError(f"creating the KV copy on {creator} through srun failed: {r.summary()}")
+            ev.pool = G3Pool(created=True, by=creator, dir=_pool_dir(node, p), report=r.stdout.strip())
+
+        applied = {n: 0.0 for n in readers}
+        ev.clock_alignment = "assume_synced"
+        ev.clock_offsets = {n: {"applied_s": 0.0, "how": "slurm: cluster clocks taken as synchronized"}
+                            for n in readers}
+        specs = {n: self._slurm_reader_spec(job_dir, ctx.nodes[n], ctx, p) for n in readers}
+        job = SlurmJob(ctx.steps, control, cluster, job_dir, f"kvgate-{ctx.gate.id}", readers,
+                       p.arm_timeout_s + p.read_timeout_s + cluster.time_margin_s, drop_caches=p.drop_caches,
+                       cancel=ctx.cancel, progress=ctx.progress)
+        launch = SynchronizedLaunch(job.transports(), specs, applied, policy, log_dir=ctx.gate_dir)
+        with job:
+            self._arm_release_wait(ctx, p, launch, policy, len(readers))
+        ev.slurm_job = job.record()
+        if p.drop_caches:
+            ev.page_cache_dropped = {n: CacheDrop.model_validate(t["cache_drop"])
+                                     for n, t in job.provenance().items() if t.get("cache_drop") is not None}
+        return self._collect(ctx, p, ev.readers, launch, applied, bad, {}, 0.0, port, policy, ev)
+
     # ---- run
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: G3Params = ctx.params
@@ -371,6 +494,8 @@ class G3SharedRead(Workload):
                         chunk_bytes=p.chunk_bytes, streams_per_node=p.streams, block_bytes=p.block_bytes,
                         policy=vars(policy))
         try:
+            if p.launcher == "slurm":
+                return self._run_slurm(ctx, p, port_node, nic, readers, policy, ev)
             return self._run(ctx, p, port_node, nic, readers, policy, ev)
         except WorkloadError as exc:  # a phase failed beyond the policy: what was gathered stays evidence
             return WorkloadResult(evidence=ev, error=str(exc))
@@ -382,15 +507,7 @@ class G3SharedRead(Workload):
         tr = {r: ctx.transports[r] for r in readers}
 
         # 1. The port's line rate: declared, cross-checked where the port's node lets us read it.
-        declared = next(n.line_rate_gbit_s for n in ctx.nodes[port_node].nics if n.name == nic)
-        pt = ctx.transports.get(port_node)
-        speed = tcj = None
-        if pt is not None:
-            r = ctx.steps.run(pt, "port-speed", ("cat", f"/sys/class/net/{nic}/speed"), timeout_s=30)
-            speed = r.stdout if r.ok else None
-            r = ctx.steps.run(pt, "port-qdisc", ("tc", "-j", "qdisc", "show", "dev", nic), timeout_s=30)
-            tcj = r.stdout if r.ok else None
-        port = cross_check_port_rate(declared, speed, tcj)
+        port = self._port_rate(ctx, port_node, nic)
         ev.port_rate = vars(port) | {"notes": list(port.notes)}
 
         # 2. Reader script on every node (a node failing here is a node failure like any other).
@@ -431,11 +548,29 @@ class G3SharedRead(Workload):
         # 5. Arm, release together, wait.
         specs = {r: self._reader_argv(ctx, ctx.nodes[r], p)[0] for r in live}
         launch = SynchronizedLaunch(live, specs, applied, policy, log_dir=ctx.gate_dir)
+        self._arm_release_wait(ctx, p, launch, policy, len(live))
+        uncertainty = max((o.uncertainty_s for o in offs.succeeded.values()), default=0.0)
+        return self._collect(ctx, p, readers, launch, applied, prep.failed, offs.failed, uncertainty, port, policy,
+                             ev)
+
+    def _port_rate(self, ctx: GateContext, port_node: str, nic: str) -> PortRate:
+        declared = next(n.line_rate_gbit_s for n in ctx.nodes[port_node].nics if n.name == nic)
+        pt = ctx.transports.get(port_node)
+        speed = tcj = None
+        if pt is not None:
+            r = ctx.steps.run(pt, "port-speed", ("cat", f"/sys/class/net/{nic}/speed"), timeout_s=30)
+            speed = r.stdout if r.ok else None
+            r = ctx.steps.run(pt, "port-qdisc", ("tc", "-j", "qdisc", "show", "dev", nic), timeout_s=30)
+            tcj = r.stdout if r.ok else None
+        return cross_check_port_rate(declared, speed, tcj)
+
+    def _arm_release_wait(self, ctx: GateContext, p: G3Params, launch: SynchronizedLaunch, policy: FailurePolicy,
+                          n: int) -> None:
         with launch:
-            ctx.progress(f"{ctx.gate.id}: arming readers on {len(live)} nodes")
+            ctx.progress(f"{ctx.gate.id}: arming readers on {n} nodes")
             t_phase = time.monotonic()
             armed = launch.arm(timeout_s=p.arm_timeout_s)
-            ctx.progress(f"{ctx.gate.id}: {len(armed.succeeded)}/{len(live)} armed in {time.monotonic() - t_phase:.1f} s")
+            ctx.progress(f"{ctx.gate.id}: {len(armed.succeeded)}/{n} armed in {time.monotonic() - t_phase:.1f} s")
             if not policy.tolerates(armed) or not armed.succeeded:
                 launch.stop_all("arming failed beyond the failure policy")
             else:
@@ -443,14 +578,19 @@ class G3SharedRead(Workload):
                 ctx.progress(f"{ctx.gate.id}: released at {go:.3f}; reading {p.copy_bytes / 1e9:.3f} GB per node")
                 launch.wait(timeout_s=p.read_timeout_s, stall_timeout_s=p.stall_timeout_s)
 
+    def _collect(self, ctx: GateContext, p: G3Params, readers: list[str], launch: SynchronizedLaunch,
+                 applied: dict[str, float], prep_failed: dict[str, str], offs_failed: dict[str, str],
+                 uncertainty: float, port: PortRate, policy: FailurePolicy, ev: G3Evidence) -> WorkloadResult:
         # 6. Per-node raw series (partial ones too), parsed.
+        nodes_dir = ctx.gate_dir / "nodes"
+        ev.port_rate = vars(port) | {"notes": list(port.notes)}
         series: dict[str, NodeSeries] = {}
         node_ev: dict[str, G3NodeRecord] = {}
         failed: dict[str, str] = {}
         for name in readers:
             run = launch.runs.get(name)
             if run is None:
-                failed[name] = (prep.failed.get(name) or offs.failed.get(name) or "not started")
+                failed[name] = (prep_failed.get(name) or offs_failed.get(name) or "not started")
                 node_ev[name] = G3NodeRecord(error=failed[name])
                 continue
             ndir = nodes_dir / name
@@ -478,8 +618,6 @@ class G3SharedRead(Workload):
         ev.nodes = node_ev
         ev.failed_nodes = failed
         ev.launch = G3Launch(go_ref_s=launch.go_ref_s, events=launch.events)
-
-        uncertainty = max((o.uncertainty_s for o in offs.succeeded.values()), default=0.0)
         result = evaluate_g3(ev, series, port, policy, p.min_window_s, uncertainty, launch.go_ref_s)
         write_summary(ctx.gate_dir, "g3.json", result)
         return result
