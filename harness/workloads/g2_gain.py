@@ -107,6 +107,8 @@ class GainEvidence(G2LoadEvidence):
     proofs: dict[str, ArmProof] = {}
     pairs: list[GainTrial] = []
     gain: dict[str, MetricInterval] = {}
+    reusable_share: float | None = None      # of the prompt tokens, what any cache could serve
+    tier_hit_rate: float | None = None       # of that, what the tier arm's tier served (kvgate cost's hit_rate)
 
 
 GAIN_FIGURES: dict[str, str] = {"goodput_gain": "ratio", "throughput_gain": "ratio", "ttft_p50_ratio": "x",
@@ -268,11 +270,31 @@ def gain_figures(pairs: list[GainTrial]) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+def reusable_share(p: G2LoadParams, unbounded_hit_rate: float | None) -> float | None:
+    """Pure: the share of the load's prompt tokens any cache could serve: a trace's unbounded-cache hit rate
+    (harness/load/reuse.py), or a synthetic ladder's shared prefixes after each group's first request."""
+    if p.load.path is not None:
+        return unbounded_hit_rate
+    if p.requests_per_point <= p.prefix_groups:
+        return 0.0
+    return (p.requests_per_point - p.prefix_groups) * p.shared_prefix_tokens / (p.requests_per_point
+                                                                                 * p.prompt_tokens)
+
+
+def tier_hit_rate(proof: ArmProof, share: float | None) -> float | None:
+    """Pure: of the context the load could reuse (``share`` of the tier arm's prompt tokens), the part the tier
+    served (at most 1): the hit rate ``kvgate cost`` takes (its ``hit_rate``)."""
+    if share is None or share <= 0 or not proof.prompt_tokens or proof.tier_hit_tokens is None:
+        return None
+    return min(1.0, proof.tier_hit_tokens / (proof.prompt_tokens * share))
+
+
 def evaluate_gain(arms: dict[str, WorkloadResult], min_tier_reuse_share: float,
                   fallbacks: dict[str, str | None] | None = None,
-                  evidence: GainEvidence | None = None) -> WorkloadResult:
+                  evidence: GainEvidence | None = None, reusable: float | None = None) -> WorkloadResult:
     """Pure: the gain over trials and its validity from both arms' g2-load results (each from
-    :func:`~harness.workloads.g2_load.evaluate_load` over its points). INVALID when a proof fails (the first one
+    :func:`~harness.workloads.g2_load.evaluate_load` over its points); ``reusable``: the share of the prompt tokens
+    a cache could serve (:func:`reusable_share`), for ``tier_hit_rate``. INVALID when a proof fails (the first one
     named); ERROR when either arm served nothing."""
     fallbacks = fallbacks or {}
     ev = (evidence or GainEvidence()).model_copy(deep=True)
@@ -291,6 +313,10 @@ def evaluate_gain(arms: dict[str, WorkloadResult], min_tier_reuse_share: float,
             metrics[name] = med
             metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = lo, hi
             metrics[f"{name}_ci_trials"] = float(len(values))
+    ev.reusable_share = reusable
+    ev.tier_hit_rate = tier_hit_rate(ev.proofs.get("tier", ArmProof()), reusable)
+    if ev.tier_hit_rate is not None:
+        metrics["tier_hit_rate"] = ev.tier_hit_rate
     ev.validity = gain_validity(arms, ev.proofs, min_tier_reuse_share, fallbacks)
     bad = next((c for c in ev.validity if not c.ok), None)
     invalid = None if bad is None else f"{bad.name}: {bad.how}"
@@ -321,7 +347,7 @@ def with_cache(p: GainParams, prof: EngineProfile, extra: list[str] | None = Non
 class G2Gain(Workload):
     Params = GainParams
     EvidenceModel = GainEvidence
-    METRICS = GainMetricTable(GAIN_FIGURES)
+    METRICS = GainMetricTable({**GAIN_FIGURES, "tier_hit_rate": "ratio"})
 
     def validate_against(self, params, nodes):
         issues = G2Load().validate_against(params, nodes)
@@ -486,7 +512,8 @@ class G2Gain(Workload):
                 runners[arm].close()
         results = {arm: evaluate_load(points[arm], p.load.kind, p.ttft_slo_s, p.knee_percentile, arm_ev[arm],
                                       fallback=fallbacks.get(arm)) for arm in ARMS}
-        result = evaluate_gain(results, p.min_tier_reuse_share, fallbacks, ev)
+        result = evaluate_gain(results, p.min_tier_reuse_share, fallbacks, ev,
+                               reusable=reusable_share(p, ev.trace.unbounded_hit_rate if ev.trace else None))
         write_summary(ctx.gate_dir, "g2-gain-summary.json", result)
         return result
 

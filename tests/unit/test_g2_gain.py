@@ -221,3 +221,32 @@ def test_a_tier_arm_silently_served_from_engine_memory_is_invalid(tmp_path):
     assert result.error is None
     assert result.invalid_reason.startswith("tier served the reuse: the tier served no token")
     assert evaluate(gate, result, "ratio").outcome is Outcome.INVALID
+
+
+# ------------------------------------------------------------------------------------------ kvgate cost
+
+
+def test_the_tier_hit_rate_feeds_kvgate_cost_by_report_id_and_an_invalid_run_feeds_nothing(tmp_path):
+    import shutil
+    from harness.cost import params as cp
+    root = Path(__file__).resolve().parents[2]
+    # of the 1000 prompt tokens per point, 0.75 could be reused; the tier served 600 of them per point
+    res = evaluate_gain(arms([2.7, 2.8, 2.9]), 0.9, reusable=0.75)
+    assert res.metrics["tier_hit_rate"] == pytest.approx(0.8) and res.evidence.tier_hit_rate == pytest.approx(0.8)
+    d = gain_gate(tmp_path, BASE)
+    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
+    verdict = evaluate(gate, res, "ratio", WORKLOADS["g2-gain"].METRICS).to_dict()
+    (m,) = cp.extract_measured({"verdicts": [verdict]}, "KVG-20261201-gain")
+    assert (m.name, m.value, m.gate_id, m.metric) == ("hit_rate", pytest.approx(0.8), "GAIN", "tier_hit_rate")
+    shutil.copytree(root / "workloads" / "models", tmp_path / "models")
+    lines = (root / "workloads" / "cost-params.example.yaml").read_text().replace("  hit_rate: 90 %\n", "")
+    (tmp_path / "params.yaml").write_text(lines)
+    with pytest.raises(cp.ConfigError, match=r"params.yaml:\d+: fleet.hit_rate: required field is missing \(or pass a "
+                       "g2-gain bundle"):
+        cp.resolve(tmp_path / "params.yaml", [])  # neither set nor measured
+    r = cp.resolve(tmp_path / "params.yaml", [m])
+    v = r.inputs["hit_rate"]
+    assert v.kind == "measured" and v.value == pytest.approx(0.8) and "KVG-20261201-gain GAIN" in v.source
+    invalid = evaluate(gate, evaluate_gain(arms([2.7, 2.8, 2.9], tier_hits=0.0), 0.9, reusable=0.75), "ratio",
+                       WORKLOADS["g2-gain"].METRICS).to_dict()
+    assert invalid["outcome"] == "INVALID" and cp.extract_measured({"verdicts": [invalid]}, "KVG-x") == []
