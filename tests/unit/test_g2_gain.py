@@ -14,6 +14,7 @@ from harness.config import load_config
 from harness.engines.load import LoadPoint
 from harness.errors import ConfigError
 from harness.gates.verdict import Outcome, evaluate
+from harness.report.gain_section import gain_charts
 from harness.suite.plan import gate_plan, plan_mismatch
 from harness.workloads import WORKLOADS
 from harness.workloads.g2_gain import GainEvidence, evaluate_gain, first_arm
@@ -211,6 +212,11 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_on_both_arms_with_the
                                                    "tier served the reuse": True, "recomputed without the tier": True}
     assert result.metrics["goodput_gain_ci_trials"] == 2
     assert json.loads((ctx.gate_dir / "g2-gain-summary.json").read_text())["evidence"]["pairs"]
+    # the report overlays the two arms' TTFT distributions, read back from each arm's requests files
+    verdict = {"gate_id": "GAIN", "evidence": json.loads(result.evidence.model_dump_json())}
+    (caption, svg), = gain_charts(verdict, ctx.gate_dir).values()
+    assert "with the tier (n=12)" in svg and "without the tier (n=12)" in svg and "SLO 1 s" in svg
+    assert gain_charts(verdict, None) == {} and gain_charts({"gate_id": "L", "evidence": {}}, ctx.gate_dir) == {}
 
 
 def test_a_tier_arm_silently_served_from_engine_memory_is_invalid(tmp_path):
