@@ -46,8 +46,8 @@ from ..safeio import InputFileError, read_bytes
 from ..stats import bootstrap_ci
 from .base import GateContext, PlannedStep, ValidityCheck, Workload, WorkloadResult, register_workload, \
     write_summary
-from .g2_load import (LABEL_RE, G2Load, G2LoadEvidence, G2LoadParams, MetricInterval, PointTrial,
-                      TraceInfo, accounting_counters, evaluate_load, g2_view, load_trace)
+from .g2_load import (LABEL_RE, Counters, G2Load, G2LoadEvidence, G2LoadParams, MetricInterval, PointTrial,
+                      TraceInfo, accounting_counters, evaluate_load, g2_view, load_trace, reevaluate_load)
 from .g2_ttft import G2Ttft, launch_values
 from .phases import PhaseRunner, first_fallback
 
@@ -323,6 +323,24 @@ def evaluate_gain(arms: dict[str, WorkloadResult], min_tier_reuse_share: float,
     errors = [f"{a} arm: {r.error}" for a, r in arms.items() if r.error]
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid,
                           error=errors[0] if errors else None)
+
+
+def reevaluate_gain(evidence: dict[str, Any], requests: dict[str, dict[str, str]],
+                    counters_text: dict[str, dict[str, str]], counters: dict[str, Counters],
+                    device_reads: dict[str, bool]) -> WorkloadResult:
+    """Pure: a bundle's g2-gain result again from its raw files: each arm's points through g2-load's own
+    re-evaluation (``requests`` / ``counters_text``: arm -> file name -> text; ``counters``: arm -> which counters
+    are prompt tokens, memory and tier hits), an arm's fall-back as the run judged it, then :func:`evaluate_gain`."""
+    ev = GainEvidence.model_validate(evidence)
+    recorded = {c.name: c.how for c in ev.validity}
+    arms, fallbacks = {}, {}
+    for arm in ARMS:
+        arm_ev = ev.arms[arm]
+        fallbacks[arm] = recorded.get(f"{arm} arm valid") if arm_ev.fallback_lines else None
+        arms[arm] = reevaluate_load(arm_ev.model_dump(mode="json"), requests.get(arm, {}), counters_text.get(arm, {}),
+                                    counters[arm], device_reads[arm], fallbacks[arm])
+    return evaluate_gain(arms, ev.min_tier_reuse_share if ev.min_tier_reuse_share is not None else 0.9, fallbacks,
+                         ev, reusable=ev.reusable_share)
 
 
 # ------------------------------------------------------------------------------------------------ the workload

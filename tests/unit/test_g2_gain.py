@@ -256,3 +256,23 @@ def test_the_tier_hit_rate_feeds_kvgate_cost_by_report_id_and_an_invalid_run_fee
     invalid = evaluate(gate, evaluate_gain(arms([2.7, 2.8, 2.9], tier_hits=0.0), 0.9, reusable=0.75), "ratio",
                        WORKLOADS["g2-gain"].METRICS).to_dict()
     assert invalid["outcome"] == "INVALID" and cp.extract_measured({"verdicts": [invalid]}, "KVG-x") == []
+
+
+def test_a_bundle_re_derives_the_gain_from_each_arms_requests_and_counters_files(tmp_path):
+    from harness.gates.reevaluate import REDERIVERS
+    d = gain_gate(tmp_path, BASE)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    ctx = gate_context(tmp_path, cfg, scripted_node(), TwoArms())
+    result = WORKLOADS["g2-gain"]().run(ctx)
+    signed = json.loads(json.dumps(result.as_dict()))  # result.json as the bundle holds it
+    metrics, invalid = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    assert invalid is None and metrics.keys() == result.metrics.keys()
+    assert all(metrics[k] == pytest.approx(v) for k, v in result.metrics.items())
+    # the tier arm's counters edited after the run to claim no tier hits: the proof follows the raw files
+    for pt in signed["evidence"]["arms"]["tier"]["points"]:
+        f = ctx.gate_dir / "tier" / pt["counters_file"]
+        c = json.loads(f.read_text())
+        c["after"]["kvgate_cpu_ref_external_hit_tokens_total"] = c["before"]["kvgate_cpu_ref_external_hit_tokens_total"]
+        f.write_text(json.dumps(c))
+    metrics, invalid = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    assert invalid is not None and invalid.startswith("tier served the reuse: the tier served no token")
