@@ -31,7 +31,6 @@ counter flat) and recomputed what the engine's memory did not hold.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from typing import Any, Literal
 
 import httpx
@@ -39,15 +38,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engines import EngineProfile, load_profile, shell_line
 from ..errors import ConfigError, WorkloadError
-from ..load.reuse import reuse_stats
-from ..load.traces import MAX_TRACE_BYTES
 from ..parsers.pooldev import pool_blockstat_argv
-from ..safeio import InputFileError, read_bytes
+from ..safeio import InputFileError
 from ..stats import bootstrap_ci
 from .base import GateContext, PlannedStep, ValidityCheck, Workload, WorkloadResult, register_workload, \
     write_summary
-from .g2_load import (LABEL_RE, Counters, G2Load, G2LoadEvidence, G2LoadParams, MetricInterval, PointTrial,
-                      TraceInfo, accounting_counters, evaluate_load, g2_view, load_trace, reevaluate_load)
+from .g2_load import (LABEL_RE, Counters, G2Load, G2LoadEvidence, G2LoadParams, MetricInterval, MetricTable,
+                      PointTrial, accounting_counters, evaluate_load, g2_view, load_fields, read_load_trace,
+                      reevaluate_load)
 from .g2_ttft import G2Ttft, launch_values
 from .phases import PhaseRunner, first_fallback
 
@@ -115,7 +113,7 @@ GAIN_FIGURES: dict[str, str] = {"goodput_gain": "ratio", "throughput_gain": "rat
                                 "ttft_p95_ratio": "x"}
 
 
-class GainMetricTable(dict):
+class GainMetricTable(MetricTable):
     """g2-gain's METRICS: the gain figures over the ladder (its keys) and each per point as ``FIGURE@LABEL``."""
 
     @staticmethod
@@ -124,21 +122,6 @@ class GainMetricTable(dict):
             return None
         fig, _, label = key.partition("@")
         return GAIN_FIGURES.get(fig) if LABEL_RE.fullmatch(label) else None
-
-    def __missing__(self, key: Any) -> str:
-        unit = self.point_unit(key)
-        if unit is None:
-            raise KeyError(key)
-        return unit
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        if dict.__contains__(self, key):
-            return dict.__getitem__(self, key)
-        unit = self.point_unit(key)
-        return default if unit is None else unit
-
-    def __contains__(self, key: Any) -> bool:
-        return dict.__contains__(self, key) or self.point_unit(key) is not None
 
 
 # --------------------------------------------------------------------------------------- pure evaluation
@@ -450,6 +433,51 @@ class G2Gain(Workload):
         profs = self._profiles(p)
         load = G2Load()
         ev = GainEvidence(no_tier_engine_profile=profs["no_tier"].name, engine_cache_tokens=p.engine_cache_tokens,
+                          min_tier_reuse_share=p.min_tier_reuse_share, **load_fields(p))
+        trace = None
+        if p.load.path is not None:
+            try:
+                trace, ev.trace = read_load_trace(p.load)
+            except (ConfigError, InputFileError, ValueError) as exc:
+                return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
+        longest = load._longest_prompt(p)
+        node = next(iter(ctx.nodes.values()))
+        steps: list[PlannedStep] = []
+        values = {}
+        for arm in ARMS:
+            view = self._arm_view(p, arm, longest)
+            v = launch_values(view, profs[arm], node.work_dir, ctx.gate.id, view.port or 8000, "<run>",
+                              node.transport, node.engine_python)
+            values[arm] = v
+            steps += G2Ttft()._plan_launch_setup(view, profs[arm], node, v)
+        for arm in ARMS:
+            argv = profs[arm].render_argv(values[arm])
+            steps.append(PlannedStep(node.name, f"start the {arm.replace('_', ' ')} arm's {profs[arm].name} once for "
+                                     f"the whole run, in its own process group: "
+                                     f"{shell_line(argv, profs[arm].render_env(values[arm]))}", tuple(argv)))
+        if p.warmup:
+            steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt per arm (not in the statistics)"))
+        for t, label, lv in load._schedule(p):
+            first = first_arm(t)
+            for arm in (first, "no_tier" if first == "tier" else "tier"):
+                pool = values[arm]["pool_dir"]
+                steps.append(PlannedStep(node.name, f"trial {t}/{p.trials}, {label}, {arm} arm: the pool device's "
+                                         "counters before", pool_blockstat_argv(pool)))
+                steps.append(PlannedStep("(control host)", f"trial {t}/{p.trials}, {label}, {arm} arm: "
+                                         + load._point_text(p, label, lv, t)))
+                steps.append(PlannedStep(node.name, f"trial {t}/{p.trials}, {label}, {arm} arm: the pool device's "
+                                         "counters after", pool_blockstat_argv(pool)))
+        steps.append(PlannedStep(node.name, "stop both engines (their process groups); their logs are checked for "
+                                 "fall-back / connector-failure lines (a match is INVALID)"))
+        return steps
+
+    # ------------------------------------------------------------------------------------------------ run
+
+    def run(self, ctx: GateContext) -> WorkloadResult:
+        p: GainParams = ctx.params
+        profs = self._profiles(p)
+        load = G2Load()
+        ev = GainEvidence(no_tier_engine_profile=profs["no_tier"].name, engine_cache_tokens=p.engine_cache_tokens,
                           min_tier_reuse_share=p.min_tier_reuse_share, load_kind=p.load.kind, trials=p.trials,
                           ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, knee_percentile=p.knee_percentile,
                           max_client_lag_p99_s=p.max_client_lag_p99_s, min_read_fraction=p.min_read_fraction)
@@ -470,10 +498,7 @@ class G2Gain(Workload):
         setups, arm_ev, runners, ctxs = {}, {}, {}, {}
         for arm in ARMS:
             setup = g2._setup_launched(ctx, self._arm_view(p, arm, longest), profs[arm], labels=(arm,))
-            arm_ev[arm] = G2LoadEvidence(load_kind=p.load.kind, trials=p.trials, ttft_slo_s=p.ttft_slo_s,
-                                         tpot_slo_s=p.tpot_slo_s, knee_percentile=p.knee_percentile,
-                                         max_client_lag_p99_s=p.max_client_lag_p99_s,
-                                         min_read_fraction=p.min_read_fraction, trace=ev.trace)
+            arm_ev[arm] = G2LoadEvidence(**load_fields(p), trace=ev.trace)
             if isinstance(setup, WorkloadResult):
                 load._engine_evidence(arm_ev[arm], setup.evidence)
                 ev.arms = arm_ev

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvgate_cli import kvgate
+from kvgate_cli import kvgate, signed_run
 from polling import wait_no_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -41,11 +41,7 @@ def run_gate(setup, name: str, **params):
     suite["gates"][0]["params"].update(params)
     gates = d / f"{name}.yaml"
     gates.write_text(yaml.safe_dump(suite, sort_keys=False))
-    out = d / name
-    r = kvgate("run", "-i", inv, "-g", gates, "--out", out, "--key", d / "op.key", home=home, timeout=900)
-    report_id = next((l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: ")), None)
-    assert report_id is not None, r.stdout[-3000:] + r.stderr[-3000:]
-    bundle = out / report_id
+    r, bundle = signed_run(inv, gates, d / name, d / "op.key", home, timeout=900)
     result = json.loads((bundle / "gates" / "G2-gain" / "result.json").read_text())
     v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
     wait_no_process(str(d / "work") + "/")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvgate_cli import kvgate
+from kvgate_cli import kvgate, signed_run
 from polling import wait_no_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -53,11 +53,7 @@ def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_pa
                                               "work_dir": str(tmp_path / "work"), "engine_python": engine_python}]}))
     home = tmp_path / "home"
     assert kvgate("keygen", "--out", tmp_path / "op", home=home).returncode == 0
-    out = tmp_path / "out"
-    r = kvgate("run", "-i", inv, "-g", gates, "--out", out, "--key", tmp_path / "op.key", home=home, timeout=1500)
-    report_id = next((l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: ")), None)
-    assert report_id is not None, r.stdout[-3000:] + r.stderr[-3000:]
-    bundle = out / report_id
+    r, bundle = signed_run(inv, gates, tmp_path / "out", tmp_path / "op.key", home)
     result = json.loads((bundle / "gates" / "G2-gain" / "result.json").read_text())
     v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
     assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"],
@@ -73,5 +69,5 @@ def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_pa
     assert tier["tier_hit_tokens"] >= 3 * 8 * 4096 and tier["memory_hit_tokens"] == 0
     assert none["tier_hit_tokens"] == 0 and none["recomputed_tokens"] == none["prompt_tokens"]
     vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
-    assert vr.returncode == 0 and vr.stdout.startswith(f"OK {report_id}"), vr.stdout + vr.stderr
+    assert vr.returncode == 0 and vr.stdout.startswith(f"OK {bundle.name}"), vr.stdout + vr.stderr
     wait_no_process(str(tmp_path / "work") + "/")

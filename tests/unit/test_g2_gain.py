@@ -19,7 +19,7 @@ from harness.suite.plan import gate_plan, plan_mismatch
 from harness.workloads import WORKLOADS
 from harness.workloads.g2_gain import GainEvidence, evaluate_gain, first_arm
 from harness.workloads.g2_load import PointTrial, evaluate_load, token_accounting
-from test_g2_load import gate_context, scripted_node
+from test_g2_load import gate_config, gate_context, scripted_node
 
 
 def fig(goodput_rps: float, ttft_p95_s: float, rate_rps: float = 2.0) -> LoadPoint:
@@ -73,15 +73,8 @@ def test_the_arm_that_goes_first_alternates_trial_by_trial():
 
 def gain_gate(tmp_path: Path, params: dict, metric: str = "goodput_gain", pass_: str = ">= 29 %",
               stop: str | None = "< 0 %") -> Path:
-    gate = {"id": "GAIN", "title": "gain", "workload": "g2-gain", "params": params, "metric": metric, "pass": pass_,
-            "reference": {"value": "35 %", "note": "R2 single-instance basis: +29-40 %"}}
-    if stop:
-        gate["stop_loss"] = stop
-    (tmp_path / "g.yaml").write_text(yaml.safe_dump({"suite": {"name": "t", "version": "1"}, "gates": [gate]},
-                                                    sort_keys=False))
-    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local",
-                                                                "work_dir": "/w"}]}))
-    return tmp_path
+    return gate_config(tmp_path, params, metric, pass_, stop, workload="g2-gain", gate_id="GAIN",
+                       reference={"value": "35 %", "note": "R2 single-instance basis: +29-40 %"})
 
 
 BASE = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000, "trials": 2, "ttft_slo_s": 1.0,
