@@ -43,7 +43,7 @@ from ..safeio import InputFileError
 from ..stats import bootstrap_ci
 from .base import GateContext, PlannedStep, ValidityCheck, Workload, WorkloadResult, register_workload, \
     write_summary
-from .g2_load import (LABEL_RE, Counters, G2Load, G2LoadEvidence, G2LoadParams, MetricInterval, MetricTable,
+from .g2_load import (Counters, G2Load, G2LoadEvidence, G2LoadParams, MetricInterval, MetricTable,
                       PointTrial, accounting_counters, evaluate_load, g2_view, load_fields, read_load_trace,
                       reevaluate_load)
 from .g2_ttft import G2Ttft, launch_values
@@ -116,12 +116,7 @@ GAIN_FIGURES: dict[str, str] = {"goodput_gain": "ratio", "throughput_gain": "rat
 class GainMetricTable(MetricTable):
     """g2-gain's METRICS: the gain figures over the ladder (its keys) and each per point as ``FIGURE@LABEL``."""
 
-    @staticmethod
-    def point_unit(key: Any) -> str | None:
-        if not isinstance(key, str) or "@" not in key:
-            return None
-        fig, _, label = key.partition("@")
-        return GAIN_FIGURES.get(fig) if LABEL_RE.fullmatch(label) else None
+    POINT_FIGURES = GAIN_FIGURES
 
 
 # --------------------------------------------------------------------------------------- pure evaluation

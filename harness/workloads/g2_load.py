@@ -318,14 +318,16 @@ LABEL_RE = re.compile(r"c[0-9]+|r[0-9][0-9.e+-]*|trace")
 class MetricTable(dict):
     """g2-load's METRICS: the ladder's summary metrics (its keys), and every point figure as ``FIGURE@LABEL``
     (``ttft_p95_s@c4``, ``goodput_rps@r2.5``, ``ttft_p99_s@trace``) in ``FIGURES[FIGURE]``'s unit: a gate names
-    the point its threshold is on."""
+    the point its threshold is on (``POINT_FIGURES``: figure -> unit)."""
 
-    @staticmethod
-    def point_unit(key: Any) -> str | None:
+    POINT_FIGURES: dict[str, str] = FIGURES
+
+    @classmethod
+    def point_unit(cls, key: Any) -> str | None:
         if not isinstance(key, str) or "@" not in key:
             return None
         fig, _, label = key.partition("@")
-        return FIGURES.get(fig) if LABEL_RE.fullmatch(label) else None
+        return cls.POINT_FIGURES.get(fig) if LABEL_RE.fullmatch(label) else None
 
     def __missing__(self, key: Any) -> str:
         unit = self.point_unit(key)
