@@ -269,3 +269,11 @@ def test_a_bundle_re_derives_the_gain_from_each_arms_requests_and_counters_files
         f.write_text(json.dumps(c))
     metrics, invalid = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
     assert invalid is not None and invalid.startswith("tier served the reuse: the tier served no token")
+
+
+def test_the_vllm_gates_arm_without_the_tier_is_the_same_launch_less_its_connector():
+    from harness.engines import load_profile
+    tier, none = load_profile("vllm-cpu-disk"), load_profile("vllm-cpu-no-tier")
+    i = tier.argv.index("--kv-transfer-config")
+    assert none.argv == tier.argv[:i] + tier.argv[i + 2:] and "--enforce-eager" in none.argv
+    assert none.env == tier.env and none.hit_metrics == tier.hit_metrics
