@@ -436,59 +436,6 @@ class G2Gain(Workload):
             except (ConfigError, InputFileError, ValueError) as exc:
                 return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
         longest = load._longest_prompt(p)
-        node = next(iter(ctx.nodes.values()))
-        steps: list[PlannedStep] = []
-        values = {}
-        for arm in ARMS:
-            view = self._arm_view(p, arm, longest)
-            v = launch_values(view, profs[arm], node.work_dir, ctx.gate.id, view.port or 8000, "<run>",
-                              node.transport, node.engine_python)
-            values[arm] = v
-            steps += G2Ttft()._plan_launch_setup(view, profs[arm], node, v)
-        for arm in ARMS:
-            argv = profs[arm].render_argv(values[arm])
-            steps.append(PlannedStep(node.name, f"start the {arm.replace('_', ' ')} arm's {profs[arm].name} once for "
-                                     f"the whole run, in its own process group: "
-                                     f"{shell_line(argv, profs[arm].render_env(values[arm]))}", tuple(argv)))
-        if p.warmup:
-            steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt per arm (not in the statistics)"))
-        for t, label, lv in load._schedule(p):
-            first = first_arm(t)
-            for arm in (first, "no_tier" if first == "tier" else "tier"):
-                pool = values[arm]["pool_dir"]
-                steps.append(PlannedStep(node.name, f"trial {t}/{p.trials}, {label}, {arm} arm: the pool device's "
-                                         "counters before", pool_blockstat_argv(pool)))
-                steps.append(PlannedStep("(control host)", f"trial {t}/{p.trials}, {label}, {arm} arm: "
-                                         + load._point_text(p, label, lv, t)))
-                steps.append(PlannedStep(node.name, f"trial {t}/{p.trials}, {label}, {arm} arm: the pool device's "
-                                         "counters after", pool_blockstat_argv(pool)))
-        steps.append(PlannedStep(node.name, "stop both engines (their process groups); their logs are checked for "
-                                 "fall-back / connector-failure lines (a match is INVALID)"))
-        return steps
-
-    # ------------------------------------------------------------------------------------------------ run
-
-    def run(self, ctx: GateContext) -> WorkloadResult:
-        p: GainParams = ctx.params
-        profs = self._profiles(p)
-        load = G2Load()
-        ev = GainEvidence(no_tier_engine_profile=profs["no_tier"].name, engine_cache_tokens=p.engine_cache_tokens,
-                          min_tier_reuse_share=p.min_tier_reuse_share, load_kind=p.load.kind, trials=p.trials,
-                          ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, knee_percentile=p.knee_percentile,
-                          max_client_lag_p99_s=p.max_client_lag_p99_s, min_read_fraction=p.min_read_fraction)
-        trace = None
-        if p.load.path is not None:
-            try:
-                trace = load_trace(p.load)
-                raw = read_bytes(p.load.path, max_bytes=MAX_TRACE_BYTES, what="trace")
-            except (ConfigError, InputFileError, ValueError) as exc:
-                return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
-            ev.trace = TraceInfo(path=p.load.path, format=trace.format, block_tokens=trace.block_tokens,
-                                 tokens_per_block=p.load.tokens_per_block or trace.block_tokens,
-                                 time_scale=p.load.time_scale or 1.0, requests=len(trace.requests),
-                                 duration_s=trace.duration_s, sha256=hashlib.sha256(raw).hexdigest(),
-                                 unbounded_hit_rate=reuse_stats(trace).unbounded_hit_rate)
-        longest = load._longest_prompt(p)
         g2 = G2Ttft()
         setups, arm_ev, runners, ctxs = {}, {}, {}, {}
         for arm in ARMS:

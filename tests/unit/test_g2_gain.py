@@ -277,3 +277,25 @@ def test_the_vllm_gates_arm_without_the_tier_is_the_same_launch_less_its_connect
     i = tier.argv.index("--kv-transfer-config")
     assert none.argv == tier.argv[:i] + tier.argv[i + 2:] and "--enforce-eager" in none.argv
     assert none.env == tier.env and none.hit_metrics == tier.hit_metrics
+
+
+def test_a_trace_is_replayed_on_both_arms_with_its_reuse_accounted_and_its_hit_rate_reported(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [0, 1]},
+            {"timestamp": 10, "input_length": 64, "output_length": 2, "hash_ids": [0, 2]}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    params = {k: v for k, v in BASE.items() if k not in ("load", "requests_per_point", "prompt_tokens",
+                                                         "shared_prefix_tokens")}
+    params.update(load={"path": str(trace), "format": "mooncake", "block_tokens": 32}, max_client_lag_p99_s=10)
+    d = gain_gate(tmp_path, params)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    node = scripted_node()
+    result = WORKLOADS["g2-gain"]().run(gate_context(tmp_path, cfg, node, TwoArms()))
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    mine = [s for s in gate_plan(cfg, cfg.suite.gates[0]) if s.node == "n1"]
+    assert plan_mismatch(mine, node.commands) is None
+    ev: GainEvidence = result.evidence
+    assert ev.trace.requests == 2 and ev.arms["tier"].trace.sha256 == ev.trace.sha256
+    # the second request's first block (32 of 128 prompt tokens) is the trace's reuse, and the tier served it
+    assert ev.reusable_share == pytest.approx(0.25) and result.metrics["tier_hit_rate"] == pytest.approx(1.0)
+    assert [p.accounting.tier_hit_tokens for p in ev.arms["tier"].points] == [32, 32]
