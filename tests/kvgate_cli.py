@@ -19,3 +19,13 @@ def kvgate(*args, home: Path | None = None, env: dict[str, str] | None = None,
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=e, timeout=timeout)
+
+
+def signed_run(inventory: Path, gates: Path, out: Path, key: Path, home: Path,
+               timeout: float = 1500) -> tuple[subprocess.CompletedProcess, Path]:
+    """``kvgate run`` into ``out`` signed with ``key``, and the bundle directory it wrote (the test fails, quoting
+    the run's output, when it printed no report ID)."""
+    r = kvgate("run", "-i", inventory, "-g", gates, "--out", out, "--key", key, home=home, timeout=timeout)
+    report_id = next((l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: ")), None)
+    assert report_id is not None, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, out / report_id

@@ -94,7 +94,7 @@ class Measured(_Strict):
 class Fleet(_Strict):
     sessions_per_day: PosNumber
     revisit_rate: Ratio01
-    hit_rate: Ratio01
+    hit_rate: Ratio01 | None = None  # required unless a bundle measures it (g2-gain's tier_hit_rate)
     retention_days: PosNumber
 
 
@@ -200,6 +200,8 @@ MEASURED_METRICS: dict[str, tuple[str, ...]] = {
     "per_gpu_read_gb_s": ("per_gpu_read_gb_s",),
     "readback_ttft_s": ("readback_ttft_p50_s", "ttft_readback_p50_s", "readback_ttft_s"),
     "recompute_ttft_s": ("recompute_ttft_p50_s", "ttft_recompute_p50_s", "recompute_ttft_s"),
+    # g2-gain: of the context its load could reuse, the share the tier served (docs/g2.md, "The tier's worth")
+    "hit_rate": ("tier_hit_rate",),
 }
 USABLE_OUTCOMES = ("PASS", "FAIL", "STOP", "INFO")
 """Verdict outcomes whose ``actual`` is a measurement. ERROR/INVALID/SKIPPED runs measured nothing usable."""
@@ -374,6 +376,9 @@ def resolve(
         else:
             inputs[name] = InputValue(name, float(value), default_source, "default")
 
+    if "hit_rate" not in inputs:
+        issues.append(ConfigIssue(fname, _line(lines, ("fleet",)), "fleet.hit_rate", (
+            "required field is missing (or pass a g2-gain bundle, whose tier_hit_rate is measured)")))
     if params.timing == "measured":
         missing = [n for n in cost.MEASURED_ONLY if n not in inputs]
         if missing:

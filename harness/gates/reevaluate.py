@@ -27,6 +27,7 @@ from ..workloads.base import RecordedEvidence, WorkloadResult
 from ..engines import load_profile
 from ..workloads.fio_faults import RAW_FILES as FAULT_RAW_FILES, reevaluate_faults
 from ..workloads.fio_read import reevaluate_fio_read
+from ..workloads.g2_gain import G2Gain, reevaluate_gain
 from ..workloads.g2_load import accounting_counters, reevaluate_load
 from ..workloads.kv_read import reevaluate_kv_read
 from .verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
@@ -280,3 +281,27 @@ def _fio_faults(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[s
            for k, name in FAULT_RAW_FILES.items()}
     again = reevaluate_faults(ev, raw, params)
     return again.metrics, again.invalid_reason, again.failed_check
+
+
+@rederiver("g2-gain")
+def _g2_gain(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """g2-gain from each arm's raw requests and counters files (``gates/ID/tier/``, ``gates/ID/no_tier/``) through
+    the workload's own pure functions (harness.workloads.g2_gain.reevaluate_gain)."""
+    ev = result.get("evidence") or {}
+    texts: dict[str, dict[str, dict[str, str]]] = {"requests": {}, "counters": {}}
+    for arm, arm_ev in (ev.get("arms") or {}).items():
+        if arm not in ("tier", "no_tier"):
+            continue
+        for pt in arm_ev.get("points") or []:
+            for key, kind, what in (("requests_file", "requests", "a load point's requests"),
+                                    ("counters_file", "counters", "a load point's engine counters")):
+                name = pt.get(key)
+                if name:
+                    texts[kind].setdefault(arm, {})[name] = read_text(
+                        gate_dir / arm / name, max_bytes=1 << 30, what=what, follow_symlinks=False,
+                        display_name=f"gates/{gate_dir.name}/{arm}/{name}")
+    profs = G2Gain()._profiles(params)
+    again = reevaluate_gain(ev, texts["requests"], texts["counters"],
+                            {a: accounting_counters(p) for a, p in profs.items()},
+                            {a: p.device_reads for a, p in profs.items()})
+    return again.metrics, again.invalid_reason

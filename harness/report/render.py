@@ -51,6 +51,7 @@ from ..workloads.base import ChartInputs, ValidityCheck
 from . import charts as rc
 from .jsonl import jsonl_objects
 from .junit import verdicts_to_junit
+from .gain_section import gain_charts
 from .load_section import load_section
 from .predicate import check_predicate, finite
 
@@ -474,7 +475,8 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             tables[rel] = frame
             g_tables.append({"path": rel, "rows": len(frame), "key": key})
         g_charts = []
-        for kind, (caption, svg) in {**gate_charts(v, gate_dir), **(load.charts if load else {})}.items():
+        for kind, (caption, svg) in {**gate_charts(v, gate_dir), **(load.charts if load else {}),
+                                     **gain_charts(v, gate_dir)}.items():
             rel = f"{CHARTS_DIR}/{file_part(gid)}-{kind}.svg"
             charts[rel] = svg
             g_charts.append({"path": rel, "kind": kind, "caption": caption, "id": f"chart-{gid}-{kind}"})

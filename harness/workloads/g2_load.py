@@ -318,14 +318,16 @@ LABEL_RE = re.compile(r"c[0-9]+|r[0-9][0-9.e+-]*|trace")
 class MetricTable(dict):
     """g2-load's METRICS: the ladder's summary metrics (its keys), and every point figure as ``FIGURE@LABEL``
     (``ttft_p95_s@c4``, ``goodput_rps@r2.5``, ``ttft_p99_s@trace``) in ``FIGURES[FIGURE]``'s unit: a gate names
-    the point its threshold is on."""
+    the point its threshold is on (``POINT_FIGURES``: figure -> unit)."""
 
-    @staticmethod
-    def point_unit(key: Any) -> str | None:
+    POINT_FIGURES: dict[str, str] = FIGURES
+
+    @classmethod
+    def point_unit(cls, key: Any) -> str | None:
         if not isinstance(key, str) or "@" not in key:
             return None
         fig, _, label = key.partition("@")
-        return FIGURES.get(fig) if LABEL_RE.fullmatch(label) else None
+        return cls.POINT_FIGURES.get(fig) if LABEL_RE.fullmatch(label) else None
 
     def __missing__(self, key: Any) -> str:
         unit = self.point_unit(key)
@@ -602,6 +604,32 @@ def load_trace(spec: LoadSpec) -> Trace:
     return scale_time(trace, 1.0 / (spec.time_scale or 1.0))
 
 
+def read_load_trace(spec: LoadSpec) -> tuple[Trace, TraceInfo]:
+    """The trace of a ``load:`` block, cut and time-scaled, and what the evidence records of it (its sha256, its
+    shape, its unbounded-cache hit rate); ConfigError, InputFileError or ValueError when it cannot be read."""
+    trace = load_trace(spec)
+    raw = read_bytes(spec.path, max_bytes=MAX_TRACE_BYTES, what="trace")
+    return trace, TraceInfo(path=spec.path, format=trace.format, block_tokens=trace.block_tokens,
+                            tokens_per_block=spec.tokens_per_block or trace.block_tokens,
+                            time_scale=spec.time_scale or 1.0, requests=len(trace.requests),
+                            duration_s=trace.duration_s, sha256=hashlib.sha256(raw).hexdigest(),
+                            unbounded_hit_rate=reuse_stats(trace).unbounded_hit_rate)
+
+
+def load_fields(p: G2LoadParams) -> dict[str, Any]:
+    """Pure: the load and its bounds as g2-load's evidence records them (the fields of :class:`G2LoadEvidence`)."""
+    synthetic = p.load.kind != "trace"
+    return dict(load_kind=p.load.kind, loads=[load for _, load in p.load.points()] if synthetic else [],
+                burstiness=(p.load.burstiness or 1.0) if p.load.kind == "open" else None, trials=p.trials,
+                requests_per_point=p.requests_per_point if synthetic else None,
+                prompt_tokens=p.prompt_tokens if synthetic else None,
+                shared_prefix_tokens=p.shared_prefix_tokens if synthetic else None,
+                prefix_groups=p.prefix_groups if synthetic else None, max_tokens=p.max_tokens,
+                ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, knee_percentile=p.knee_percentile,
+                knee_figure=f"ttft_p{p.knee_percentile}_s", max_client_lag_p99_s=p.max_client_lag_p99_s,
+                min_read_fraction=p.min_read_fraction)
+
+
 # ------------------------------------------------------------------------------------------------ the workload
 
 
@@ -744,29 +772,13 @@ class G2Load(Workload):
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: G2LoadParams = ctx.params
         prof = load_profile(p.engine)
-        ev = G2LoadEvidence(
-            load_kind=p.load.kind, loads=[load for _, load in p.load.points()] if p.load.kind != "trace" else [],
-            burstiness=(p.load.burstiness or 1.0) if p.load.kind == "open" else None, trials=p.trials,
-            requests_per_point=p.requests_per_point if p.load.kind != "trace" else None,
-            prompt_tokens=p.prompt_tokens if p.load.kind != "trace" else None,
-            shared_prefix_tokens=p.shared_prefix_tokens if p.load.kind != "trace" else None,
-            prefix_groups=p.prefix_groups if p.load.kind != "trace" else None, max_tokens=p.max_tokens,
-            ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, knee_percentile=p.knee_percentile,
-            knee_figure=f"ttft_p{p.knee_percentile}_s", max_client_lag_p99_s=p.max_client_lag_p99_s,
-            min_read_fraction=p.min_read_fraction)
+        ev = G2LoadEvidence(**load_fields(p))
         trace = None
         if p.load.path is not None:
             try:
-                trace = load_trace(p.load)
-                raw = read_bytes(p.load.path, max_bytes=MAX_TRACE_BYTES, what="trace")
+                trace, ev.trace = read_load_trace(p.load)
             except (ConfigError, InputFileError, ValueError) as exc:
                 return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
-            per = p.load.tokens_per_block or trace.block_tokens
-            ev.trace = TraceInfo(path=p.load.path, format=trace.format, block_tokens=trace.block_tokens,
-                                 tokens_per_block=per, time_scale=p.load.time_scale or 1.0,
-                                 requests=len(trace.requests), duration_s=trace.duration_s,
-                                 sha256=hashlib.sha256(raw).hexdigest(),
-                                 unbounded_hit_rate=reuse_stats(trace).unbounded_hit_rate)
         view = g2_view(p, self._longest_prompt(p))
         g2 = G2Ttft()
         setup = (g2._setup_attached(ctx, view, prof) if p.attach is not None

@@ -594,7 +594,7 @@ class G2Ttft(Workload):
                         labels: tuple[str, ...] = ("recompute", "readback")) -> "G2Setup | WorkloadResult":
         """An engine kvgate launches: pre-flight, a port, the run's files on the node, the random-weight model
         when asked, the prompts; the engine itself starts in the phases (``labels``: its starts' log names)."""
-        node, transport, prof, python = engine_node(ctx, p.engine, p.python)
+        node, transport, _, python = engine_node(ctx, p.engine, p.python)  # the profile as the caller gives it
         # Can the node's interpreter run this engine at all? (and the engine's versions, for the evidence)
         versions, err = engine_preflight(ctx, transport, node.name, prof, python, "g2-preflight")
         if err:

@@ -136,8 +136,9 @@ def test_a_point_whose_requests_all_failed_is_data_the_knee_stops_below_it_and_o
 
 
 def gate_config(tmp_path: Path, params: dict, metric: str = "knee_concurrency", pass_: str = ">= 3",
-                stop: str | None = "< 1") -> Path:
-    gate = {"id": "L", "title": "load", "workload": "g2-load", "params": params, "metric": metric, "pass": pass_}
+                stop: str | None = "< 1", workload: str = "g2-load", gate_id: str = "L", **more) -> Path:
+    gate = {"id": gate_id, "title": "load", "workload": workload, "params": params, "metric": metric, "pass": pass_,
+            **more}
     if stop:
         gate["stop_loss"] = stop
     (tmp_path / "g.yaml").write_text(yaml.safe_dump({"suite": {"name": "t", "version": "1"}, "gates": [gate]},

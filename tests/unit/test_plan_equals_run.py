@@ -207,10 +207,18 @@ def fio_faults(tmp_path) -> Scenario:
     return Scenario(cfg, "F1-path-down", {"guest": ScriptedTransport(handler, name="guest")})
 
 
+def g2_gain(tmp_path) -> Scenario:
+    """Both arms of a 2 x 2 concurrency ladder on the cpu-reference engine, as test_g2_gain scripts it."""
+    from test_g2_gain import BASE as GAIN_LADDER, TwoArms, gain_gate
+    d = gain_gate(tmp_path, GAIN_LADDER)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    return Scenario(cfg, "GAIN", {"n1": scripted_node()}, http=httpx.MockTransport(TwoArms()))
+
+
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
     "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
     "g2-multiturn": g2_multiturn, "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
-    "g2-load": g2_load, "pd-handoff": pd_handoff, "fio-faults": fio_faults,
+    "g2-load": g2_load, "pd-handoff": pd_handoff, "fio-faults": fio_faults, "g2-gain": g2_gain,
 }
 # More ways to run a workload than its first scenario: (workload, id, scenario)
 MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached),

@@ -1,0 +1,504 @@
+"""The tier's worth (``g2-gain``): the same load served by the same engine and model twice, once with the KV tier
+and once without, interleaved trial by trial, and the gain judged on its confidence interval (the reference's
+single-instance basis: +29-40 %).
+
+Two arms, two engine processes side by side on one node, started once for the whole run:
+
+- ``tier``: the profile ``engine`` as it is (its connector, or LMCache with a fresh pool);
+- ``no_tier``: the same engine without the tier: ``no_tier_engine`` (a profile that differs only by its
+  connector), or ``engine`` with its ``capabilities.no_tier_flag``. ``engine_cache_tokens`` bounds both arms'
+  engine memory alike (``capabilities.engine_cache_flag``).
+
+The load is g2-load's (``load:``: a closed or open ladder of synthetic prompts, or a trace replayed by its
+timestamps), with its prompts, its per point × trial phase (counters, pool device and log marks around it) and its
+token accounting (harness/workloads/g2_load.py). Each trial runs every load point on both arms, the arm that goes
+first alternating trial by trial, so drift on the machine falls on both; both arms get the same prompts.
+
+Metrics, each the median over trials of the paired per-trial figure with a bootstrap 95 % confidence interval
+(``_ci_low``, ``_ci_high``, ``_ci_trials``), judged as g2-load's (harness.gates.verdict.judge_interval):
+``goodput_gain`` (the tier arm's highest goodput over the ladder / the other's, minus 1: 0.35 is +35 %),
+``throughput_gain`` (the same for the completed request rate), ``ttft_p50_ratio`` and ``ttft_p95_ratio`` (the
+tier arm's TTFT / the other's at the ladder's highest load), and each of them per point as ``FIGURE@LABEL``.
+
+Proofs, one ValidityCheck each (any failing makes the gate INVALID; see :func:`gain_validity`): every point of both
+arms valid by g2-load's own rules (client lag, tier hits reconciled with the pool device's read bytes); neither
+arm's log shows a fall-back; the tier arm's reused context came from the tier (its tier hit tokens at least
+``min_tier_reuse_share`` of its reused tokens, engine memory and tier together: a tier arm served from engine
+memory, or with its connector off, is INVALID); the arm without the tier read nothing from a tier (its tier hit
+counter flat) and recomputed what the engine's memory did not hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engines import EngineProfile, load_profile, shell_line
+from ..errors import ConfigError, WorkloadError
+from ..parsers.pooldev import pool_blockstat_argv
+from ..safeio import InputFileError
+from ..stats import bootstrap_ci
+from .base import GateContext, PlannedStep, ValidityCheck, Workload, WorkloadResult, register_workload, \
+    write_summary
+from .g2_load import (Counters, G2Load, G2LoadEvidence, G2LoadParams, MetricInterval, MetricTable,
+                      PointTrial, accounting_counters, evaluate_load, g2_view, load_fields, read_load_trace,
+                      reevaluate_load)
+from .g2_ttft import G2Ttft, launch_values
+from .phases import PhaseRunner, first_fallback
+
+ARMS = ("tier", "no_tier")
+REFERENCE_GAIN = "+29-40 % (R2, single-instance basis)"
+
+
+class GainParams(G2LoadParams):
+    """g2-gain's ``params:``: g2-load's (the engine, the load, the SLOs, the bounds of a valid point), the arm
+    without the tier, the engine memory both arms get, and what proves the tier arm's reuse was the tier's."""
+
+    no_tier_engine: str | None = None      # the arm without the tier (default: engine + its no_tier_flag)
+    engine_cache_tokens: int | None = Field(default=None, ge=1)  # both arms' engine memory (engine_cache_flag)
+    min_tier_reuse_share: float = Field(default=0.9, ge=0, le=1)  # of the tier arm's reused tokens, from the tier
+
+
+# ----------------------------------------------------------------------------------------------- evidence
+
+
+class GainModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ArmProof(GainModel):
+    """Where one arm's prompt tokens came from over all its points and trials (sums of g2-load's accounting)."""
+
+    prompt_tokens: float = 0.0
+    memory_hit_tokens: float | None = None
+    tier_hit_tokens: float | None = None
+    recomputed_tokens: float | None = None
+    device_read_bytes: int | None = None
+    tier_hit_kv_bytes: float | None = None
+    tier_reuse_share: float | None = None   # tier hits / (engine-memory hits + tier hits)
+
+
+class GainTrial(GainModel):
+    """One trial × load point, both arms side by side: the paired figures the gain is computed from."""
+
+    label: str
+    trial: int
+    first: Literal["tier", "no_tier"]
+    goodput_rps: dict[str, float] = {}
+    request_rate_rps: dict[str, float] = {}
+    ttft_p50_s: dict[str, float] = {}
+    ttft_p95_s: dict[str, float] = {}
+
+
+class GainEvidence(G2LoadEvidence):
+    """g2-gain's evidence: each arm as g2-load records it (its points, accounting, summary), the pairs, the gain
+    figures over trials and each arm's proof."""
+
+    no_tier_engine_profile: str | None = None
+    engine_cache_tokens: int | None = None
+    min_tier_reuse_share: float | None = None
+    reference_gain: str = REFERENCE_GAIN
+    arms: dict[str, G2LoadEvidence] = {}
+    proofs: dict[str, ArmProof] = {}
+    pairs: list[GainTrial] = []
+    gain: dict[str, MetricInterval] = {}
+    reusable_share: float | None = None      # of the prompt tokens, what any cache could serve
+    tier_hit_rate: float | None = None       # of that, what the tier arm's tier served (kvgate cost's hit_rate)
+
+
+GAIN_FIGURES: dict[str, str] = {"goodput_gain": "ratio", "throughput_gain": "ratio", "ttft_p50_ratio": "x",
+                                "ttft_p95_ratio": "x"}
+
+
+class GainMetricTable(MetricTable):
+    """g2-gain's METRICS: the gain figures over the ladder (its keys) and each per point as ``FIGURE@LABEL``."""
+
+    POINT_FIGURES = GAIN_FIGURES
+
+
+# --------------------------------------------------------------------------------------- pure evaluation
+
+
+def first_arm(trial: int) -> Literal["tier", "no_tier"]:
+    """Pure: which arm goes first in a trial: the tier arm in odd trials, the other in even ones."""
+    return "tier" if trial % 2 else "no_tier"
+
+
+def arm_proof(points: list[PointTrial]) -> ArmProof:
+    """Pure: an arm's accounting summed over its points and trials (None where any point lacks the figure)."""
+    accs = [p.accounting for p in points if p.accounting is not None]
+
+    def total(name: str) -> float | None:
+        vals = [getattr(a, name) for a in accs]
+        return None if not vals or any(v is None for v in vals) else float(sum(vals))
+
+    mem, tier = total("memory_hit_tokens"), total("tier_hit_tokens")
+    reads = total("device_read_bytes")
+    reused = (mem or 0.0) + (tier or 0.0)
+    return ArmProof(prompt_tokens=sum(a.prompt_tokens for a in accs), memory_hit_tokens=mem, tier_hit_tokens=tier,
+                    recomputed_tokens=total("recomputed_tokens"),
+                    device_read_bytes=None if reads is None else int(reads),
+                    tier_hit_kv_bytes=total("tier_hit_kv_bytes"),
+                    tier_reuse_share=None if tier is None or reused <= 0 else tier / reused)
+
+
+def gain_validity(arms: dict[str, WorkloadResult], proofs: dict[str, ArmProof], min_tier_reuse_share: float,
+                  fallbacks: dict[str, str | None]) -> list[ValidityCheck]:
+    """Pure: what the gain rests on. Each arm valid by g2-load's rules and without a fall-back in its log; the tier
+    arm's reused context served by the tier (not engine memory, not a connector that is off); the arm without the
+    tier reading nothing from a tier, so what its engine memory did not hold was recomputed."""
+    out = []
+    for arm in ARMS:
+        res = arms.get(arm)
+        why = fallbacks.get(arm) or (res.invalid_reason if res is not None else "the arm did not run")
+        out.append(ValidityCheck(name=f"{arm} arm valid", ok=why is None,
+                                 claim=f"every point of the {arm.replace('_', ' ')} arm is valid by g2-load's rules and "
+                                       "its engine's log shows no fall-back",
+                                 how=why or "client lag within its bound, tier hits reconciled with the pool device's "
+                                            "read bytes, the whole log scanned for fall-back lines"))
+    t = proofs.get("tier", ArmProof())
+    share = t.tier_reuse_share
+    ok = bool(t.tier_hit_tokens) and share is not None and share >= min_tier_reuse_share
+    how = (f"tier hit tokens {t.tier_hit_tokens or 0:.0f}, engine-memory hit tokens {t.memory_hit_tokens or 0:.0f} of "
+           f"{t.prompt_tokens:.0f} prompt tokens (at least {min_tier_reuse_share} of the reuse from the tier)")
+    if t.tier_hit_tokens is None:
+        how = "the engine exposes no tier hit counter: the tier's service is unproven"
+    elif not t.tier_hit_tokens:
+        how = "the tier served no token: its connector is off, or the working set fit the engine's memory"
+    if t.device_read_bytes is not None and t.tier_hit_kv_bytes:
+        how += (f"; the pool device read {t.device_read_bytes} B for {t.tier_hit_kv_bytes:.0f} B of KV the hits "
+                f"claim")
+    out.append(ValidityCheck(name="tier served the reuse", ok=ok,
+                             claim="with the tier, returning context came from the tier, not from engine memory",
+                             how=how, figure="tier share of the reused tokens", value=share, unit="ratio"))
+    n = proofs.get("no_tier", ArmProof())
+    flat = n.tier_hit_tokens is not None and n.tier_hit_tokens == 0
+    out.append(ValidityCheck(
+        name="recomputed without the tier", ok=flat,
+        claim="without the tier, nothing was read from a tier: what engine memory did not hold was recomputed",
+        how=("the arm's tier hit counter is not exposed: unproven" if n.tier_hit_tokens is None else
+             f"tier hit tokens {n.tier_hit_tokens:.0f}; recomputed {n.recomputed_tokens or 0:.0f} and engine-memory "
+             f"hits {n.memory_hit_tokens or 0:.0f} of {n.prompt_tokens:.0f} prompt tokens"),
+        figure="tier hit tokens", value=n.tier_hit_tokens, unit="count"))
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def gain_pairs(arms: dict[str, list[PointTrial]]) -> list[GainTrial]:
+    """Pure: the two arms' points paired by (trial, label), in the order the tier arm ran them."""
+    other = {(p.trial, p.label): p for p in arms.get("no_tier", [])}
+    out = []
+    for p in arms.get("tier", []):
+        q = other.get((p.trial, p.label))
+        if q is None:
+            continue
+        g = GainTrial(label=p.label, trial=p.trial, first=first_arm(p.trial))
+        for arm, pt in (("tier", p), ("no_tier", q)):
+            f = pt.figures
+            if f is None:
+                continue
+            g.goodput_rps[arm], g.request_rate_rps[arm] = f.goodput_rps, f.request_rate_rps
+            if f.ttft_p50_s is not None:
+                g.ttft_p50_s[arm] = f.ttft_p50_s
+            if f.ttft_p95_s is not None:
+                g.ttft_p95_s[arm] = f.ttft_p95_s
+        out.append(g)
+    return out
+
+
+def gain_figures(pairs: list[GainTrial]) -> dict[str, dict[str, list[float]]]:
+    """Pure: per figure (``GAIN_FIGURES``), per scope (a point's label, or ``""`` for the ladder), the per-trial
+    values. Over the ladder: each arm's highest goodput / request rate over the trial's points, and the TTFT
+    ratios of the ladder's last (highest) point."""
+    out: dict[str, dict[str, list[float]]] = {f: {} for f in GAIN_FIGURES}
+
+    def put(fig: str, scope: str, v: float | None) -> None:
+        if v is not None:
+            out[fig].setdefault(scope, []).append(v)
+
+    for g in pairs:
+        gp = _ratio(g.goodput_rps.get("tier"), g.goodput_rps.get("no_tier"))
+        tp = _ratio(g.request_rate_rps.get("tier"), g.request_rate_rps.get("no_tier"))
+        put("goodput_gain", g.label, None if gp is None else gp - 1)
+        put("throughput_gain", g.label, None if tp is None else tp - 1)
+        put("ttft_p50_ratio", g.label, _ratio(g.ttft_p50_s.get("tier"), g.ttft_p50_s.get("no_tier")))
+        put("ttft_p95_ratio", g.label, _ratio(g.ttft_p95_s.get("tier"), g.ttft_p95_s.get("no_tier")))
+    labels = list(dict.fromkeys(g.label for g in pairs))
+    for t in sorted({g.trial for g in pairs}):
+        mine = [g for g in pairs if g.trial == t]
+
+        def best(field: str, arm: str) -> float | None:
+            vals = [getattr(g, field).get(arm) for g in mine if getattr(g, field).get(arm) is not None]
+            return max(vals) if vals else None
+
+        gp = _ratio(best("goodput_rps", "tier"), best("goodput_rps", "no_tier"))
+        tp = _ratio(best("request_rate_rps", "tier"), best("request_rate_rps", "no_tier"))
+        put("goodput_gain", "", None if gp is None else gp - 1)
+        put("throughput_gain", "", None if tp is None else tp - 1)
+        top = next((g for g in mine if g.label == labels[-1]), None)
+        if top is not None:
+            put("ttft_p50_ratio", "", _ratio(top.ttft_p50_s.get("tier"), top.ttft_p50_s.get("no_tier")))
+            put("ttft_p95_ratio", "", _ratio(top.ttft_p95_s.get("tier"), top.ttft_p95_s.get("no_tier")))
+    return out
+
+
+def reusable_share(p: G2LoadParams, unbounded_hit_rate: float | None) -> float | None:
+    """Pure: the share of the load's prompt tokens any cache could serve: a trace's unbounded-cache hit rate
+    (harness/load/reuse.py), or a synthetic ladder's shared prefixes after each group's first request."""
+    if p.load.path is not None:
+        return unbounded_hit_rate
+    if p.requests_per_point <= p.prefix_groups:
+        return 0.0
+    return (p.requests_per_point - p.prefix_groups) * p.shared_prefix_tokens / (p.requests_per_point
+                                                                                 * p.prompt_tokens)
+
+
+def tier_hit_rate(proof: ArmProof, share: float | None) -> float | None:
+    """Pure: of the context the load could reuse (``share`` of the tier arm's prompt tokens), the part the tier
+    served (at most 1): the hit rate ``kvgate cost`` takes (its ``hit_rate``)."""
+    if share is None or share <= 0 or not proof.prompt_tokens or proof.tier_hit_tokens is None:
+        return None
+    return min(1.0, proof.tier_hit_tokens / (proof.prompt_tokens * share))
+
+
+def evaluate_gain(arms: dict[str, WorkloadResult], min_tier_reuse_share: float,
+                  fallbacks: dict[str, str | None] | None = None,
+                  evidence: GainEvidence | None = None, reusable: float | None = None) -> WorkloadResult:
+    """Pure: the gain over trials and its validity from both arms' g2-load results (each from
+    :func:`~harness.workloads.g2_load.evaluate_load` over its points); ``reusable``: the share of the prompt tokens
+    a cache could serve (:func:`reusable_share`), for ``tier_hit_rate``. INVALID when a proof fails (the first one
+    named); ERROR when either arm served nothing."""
+    fallbacks = fallbacks or {}
+    ev = (evidence or GainEvidence()).model_copy(deep=True)
+    ev.arms = {a: r.evidence for a, r in arms.items()}
+    points = {a: list(r.evidence.points) for a, r in arms.items()}
+    ev.proofs = {a: arm_proof(pts) for a, pts in points.items()}
+    ev.pairs = gain_pairs(points)
+    metrics: dict[str, float] = {}
+    ev.gain = {}
+    for fig, scopes in gain_figures(ev.pairs).items():
+        for scope, values in scopes.items():
+            med, lo, hi = bootstrap_ci(values)
+            name = f"{fig}@{scope}" if scope else fig
+            iv = MetricInterval(median=med, ci_low=lo, ci_high=hi, trials=len(values))
+            ev.gain[name] = iv
+            metrics[name] = med
+            metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = lo, hi
+            metrics[f"{name}_ci_trials"] = float(len(values))
+    ev.reusable_share = reusable
+    ev.tier_hit_rate = tier_hit_rate(ev.proofs.get("tier", ArmProof()), reusable)
+    if ev.tier_hit_rate is not None:
+        metrics["tier_hit_rate"] = ev.tier_hit_rate
+    ev.validity = gain_validity(arms, ev.proofs, min_tier_reuse_share, fallbacks)
+    bad = next((c for c in ev.validity if not c.ok), None)
+    invalid = None if bad is None else f"{bad.name}: {bad.how}"
+    errors = [f"{a} arm: {r.error}" for a, r in arms.items() if r.error]
+    return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid,
+                          error=errors[0] if errors else None)
+
+
+def reevaluate_gain(evidence: dict[str, Any], requests: dict[str, dict[str, str]],
+                    counters_text: dict[str, dict[str, str]], counters: dict[str, Counters],
+                    device_reads: dict[str, bool]) -> WorkloadResult:
+    """Pure: a bundle's g2-gain result again from its raw files: each arm's points through g2-load's own
+    re-evaluation (``requests`` / ``counters_text``: arm -> file name -> text; ``counters``: arm -> which counters
+    are prompt tokens, memory and tier hits), an arm's fall-back as the run judged it, then :func:`evaluate_gain`."""
+    ev = GainEvidence.model_validate(evidence)
+    recorded = {c.name: c.how for c in ev.validity}
+    arms, fallbacks = {}, {}
+    for arm in ARMS:
+        arm_ev = ev.arms[arm]
+        fallbacks[arm] = recorded.get(f"{arm} arm valid") if arm_ev.fallback_lines else None
+        arms[arm] = reevaluate_load(arm_ev.model_dump(mode="json"), requests.get(arm, {}), counters_text.get(arm, {}),
+                                    counters[arm], device_reads[arm], fallbacks[arm])
+    return evaluate_gain(arms, ev.min_tier_reuse_share if ev.min_tier_reuse_share is not None else 0.9, fallbacks,
+                         ev, reusable=ev.reusable_share)
+
+
+# ------------------------------------------------------------------------------------------------ the workload
+
+
+def no_tier_profile(p: GainParams, prof: EngineProfile) -> EngineProfile:
+    """The arm without the tier: ``no_tier_engine``'s profile, or ``engine``'s with its ``no_tier_flag``; both arms
+    get ``engine_cache_flag engine_cache_tokens`` where the gate bounds the engine's memory."""
+    base = load_profile(p.no_tier_engine) if p.no_tier_engine else prof
+    flag = [] if p.no_tier_engine else [prof.capabilities.no_tier_flag]
+    return with_cache(p, base, flag)
+
+
+def with_cache(p: GainParams, prof: EngineProfile, extra: list[str] | None = None) -> EngineProfile:
+    """Pure: ``prof`` with ``extra`` argv and, when the gate bounds it, its engine memory."""
+    cache = [prof.capabilities.engine_cache_flag, str(p.engine_cache_tokens)] if p.engine_cache_tokens else []
+    more = cache + list(extra or [])
+    return prof.model_copy(update={"argv": list(prof.argv) + more}) if more else prof
+
+
+@register_workload("g2-gain")
+class G2Gain(Workload):
+    Params = GainParams
+    EvidenceModel = GainEvidence
+    METRICS = GainMetricTable({**GAIN_FIGURES, "tier_hit_rate": "ratio"})
+
+    def validate_against(self, params, nodes):
+        issues = G2Load().validate_against(params, nodes)
+        issues = [(path, msg.replace("g2-load", "g2-gain")) for path, msg in issues]
+        if params.attach is not None:
+            issues.append((("attach",), "g2-gain launches both arms itself (two engines, one with the tier and one "
+                           "without); an attached pair is not supported yet"))
+            return issues
+        try:
+            prof = load_profile(params.engine)
+        except ConfigError:
+            return issues
+        cap = prof.capabilities
+        if params.no_tier_engine is None and not cap.no_tier_flag:
+            issues.append((("no_tier_engine",), f"profile {prof.name!r} declares no capabilities.no_tier_flag: name "
+                           "the profile of the same engine without the tier (no_tier_engine)"))
+        if params.no_tier_engine is not None:
+            try:
+                other = load_profile(params.no_tier_engine)
+            except ConfigError as exc:
+                issues.append((("no_tier_engine",), str(exc.issues[0])))
+            else:
+                if other.engine != prof.engine:
+                    issues.append((("no_tier_engine",), f"profile {other.name!r} runs {other.engine}, not "
+                                   f"{prof.engine}: both arms must be the same engine"))
+        if params.engine_cache_tokens is not None and not cap.engine_cache_flag:
+            issues.append((("engine_cache_tokens",), f"profile {prof.name!r} declares no capabilities."
+                           "engine_cache_flag: bound its engine memory in the profile instead"))
+        return issues
+
+    # ----------------------------------------------------------------------------------------------- plan
+
+    def _profiles(self, p: GainParams) -> dict[str, EngineProfile]:
+        prof = load_profile(p.engine)
+        return {"tier": with_cache(p, prof), "no_tier": no_tier_profile(p, prof)}
+
+    @staticmethod
+    def _arm_view(p: GainParams, arm: str, longest: int):
+        view = g2_view(p, longest)
+        # the second engine listens on the next port when the gate fixes one
+        return view if arm == "tier" or not p.port else view.model_copy(update={"port": p.port + 1})
+
+    def plan(self, ctx: GateContext) -> list[PlannedStep]:
+        p: GainParams = ctx.params
+        profs = self._profiles(p)
+        load = G2Load()
+        longest = load._longest_prompt(p)
+        node = next(iter(ctx.nodes.values()))
+        steps: list[PlannedStep] = []
+        values = {}
+        for arm in ARMS:
+            view = self._arm_view(p, arm, longest)
+            v = launch_values(view, profs[arm], node.work_dir, ctx.gate.id, view.port or 8000, "<run>",
+                              node.transport, node.engine_python)
+            values[arm] = v
+            steps += G2Ttft()._plan_launch_setup(view, profs[arm], node, v)
+        for arm in ARMS:
+            argv = profs[arm].render_argv(values[arm])
+            steps.append(PlannedStep(node.name, f"start the {arm.replace('_', ' ')} arm's {profs[arm].name} once for "
+                                     f"the whole run, in its own process group: "
+                                     f"{shell_line(argv, profs[arm].render_env(values[arm]))}", tuple(argv)))
+        if p.warmup:
+            steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt per arm (not in the statistics)"))
+        for t, label, lv in load._schedule(p):
+            first = first_arm(t)
+            for arm in (first, "no_tier" if first == "tier" else "tier"):
+                pool = values[arm]["pool_dir"]
+                steps.append(PlannedStep(node.name, f"trial {t}/{p.trials}, {label}, {arm} arm: the pool device's "
+                                         "counters before", pool_blockstat_argv(pool)))
+                steps.append(PlannedStep("(control host)", f"trial {t}/{p.trials}, {label}, {arm} arm: "
+                                         + load._point_text(p, label, lv, t)))
+                steps.append(PlannedStep(node.name, f"trial {t}/{p.trials}, {label}, {arm} arm: the pool device's "
+                                         "counters after", pool_blockstat_argv(pool)))
+        steps.append(PlannedStep(node.name, "stop both engines (their process groups); their logs are checked for "
+                                 "fall-back / connector-failure lines (a match is INVALID)"))
+        return steps
+
+    # ------------------------------------------------------------------------------------------------ run
+
+    def run(self, ctx: GateContext) -> WorkloadResult:
+        p: GainParams = ctx.params
+        profs = self._profiles(p)
+        load = G2Load()
+        ev = GainEvidence(no_tier_engine_profile=profs["no_tier"].name, engine_cache_tokens=p.engine_cache_tokens,
+                          min_tier_reuse_share=p.min_tier_reuse_share, **load_fields(p))
+        trace = None
+        if p.load.path is not None:
+            try:
+                trace, ev.trace = read_load_trace(p.load)
+            except (ConfigError, InputFileError, ValueError) as exc:
+                return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
+        longest = load._longest_prompt(p)
+        g2 = G2Ttft()
+        setups, arm_ev, runners, ctxs = {}, {}, {}, {}
+        for arm in ARMS:
+            setup = g2._setup_launched(ctx, self._arm_view(p, arm, longest), profs[arm], labels=(arm,))
+            arm_ev[arm] = G2LoadEvidence(**load_fields(p), trace=ev.trace)
+            if isinstance(setup, WorkloadResult):
+                load._engine_evidence(arm_ev[arm], setup.evidence)
+                ev.arms = arm_ev
+                return WorkloadResult(evidence=ev, error=f"{arm} arm: {setup.error or setup.invalid_reason}")
+            load._engine_evidence(arm_ev[arm], setup.ev)
+            setups[arm] = setup
+            # each arm's requests and counters files in its own folder of the gate's directory
+            (ctx.gate_dir / arm).mkdir(parents=True, exist_ok=True)
+            ctxs[arm] = dataclasses.replace(ctx, gate_dir=ctx.gate_dir / arm)
+        load._engine_evidence(ev, setups["tier"].ev)
+        _, _, vocab = g2._kv_shape(g2_view(p, longest), profs["tier"])
+        seed = p.seed  # both arms, the same prompts
+        ev.prompt_seed = seed
+        counters = {arm: accounting_counters(profs[arm]) for arm in ARMS}
+        for arm in ARMS:
+            runners[arm] = PhaseRunner(ctxs[arm], {"engine": setups[arm].engine}, counters=counters[arm].any)
+        points: dict[str, list[PointTrial]] = {arm: [] for arm in ARMS}
+        opened: list[str] = []
+        fallbacks: dict[str, str | None] = {}
+        try:
+            for arm in ARMS:
+                err = runners[arm].open()
+                opened.append(arm)
+                if err:
+                    ev.arms = arm_ev
+                    return WorkloadResult(evidence=ev, error=f"{arm} arm: {err}")
+            if p.warmup:
+                for arm in ARMS:
+                    s, eng = setups[arm], setups[arm].engine
+                    mw = eng.metrics() if counters[arm].any else None
+                    g2._warm_up(ctxs[arm], g2_view(p, longest), profs[arm], eng.base_url, arm, s.warm[0], s.ev)
+                    arm_ev[arm].warmup = dict(s.ev.warmup)
+                    ok = s.ev.warmup.get("error") is None
+                    load._settled_metrics(ctx, eng, counters[arm], mw, (s.warm[0].prompt_tokens or 0) if ok else 0)
+            for t, label, lv in load._schedule(p):
+                first = first_arm(t)
+                for arm in (first, "no_tier" if first == "tier" else "tier"):
+                    ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}, {arm} arm")
+                    points[arm].append(load._point(ctxs[arm], p, profs[arm], runners[arm], setups[arm], counters[arm],
+                                                   t, label, lv, trace, seed, vocab, arm_ev[arm]))
+            for arm in ARMS:
+                logs = runners[arm].close(logs=True)
+                opened.remove(arm)
+                fallbacks[arm], found = first_fallback(logs, profs[arm].fallback_patterns, lambda _n, a=arm: a)
+                arm_ev[arm].fallback_lines = [m.quote() for m in found]
+        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+            for arm in ARMS:
+                arm_ev[arm].points = points[arm]
+            ev.arms = arm_ev
+            ctxt = "\n".join(runners[a].error_context() for a in opened)
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{ctxt}".strip())
+        finally:
+            for arm in opened:
+                runners[arm].close()
+        results = {arm: evaluate_load(points[arm], p.load.kind, p.ttft_slo_s, p.knee_percentile, arm_ev[arm],
+                                      fallback=fallbacks.get(arm)) for arm in ARMS}
+        result = evaluate_gain(results, p.min_tier_reuse_share, fallbacks, ev,
+                               reusable=reusable_share(p, ev.trace.unbounded_hit_rate if ev.trace else None))
+        write_summary(ctx.gate_dir, "g2-gain-summary.json", result)
+        return result
+

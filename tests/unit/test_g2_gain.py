@@ -1,0 +1,301 @@
+"""g2-gain: the gain over trials from paired points with its interval judged by the real verdict code, each arm's
+proof (a tier arm served from engine memory or with its connector off is INVALID; tier reads without the tier are
+INVALID), its configuration errors, and a scripted run of both arms (a scripted node, an httpx MockTransport that
+answers each arm on its own port) that sends exactly the commands `kvgate plan` lists."""
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from harness.config import load_config
+from harness.engines.load import LoadPoint
+from harness.errors import ConfigError
+from harness.gates.verdict import Outcome, evaluate
+from harness.report.gain_section import gain_charts
+from harness.suite.plan import gate_plan, plan_mismatch
+from harness.workloads import WORKLOADS
+from harness.workloads.g2_gain import GainEvidence, evaluate_gain, first_arm
+from harness.workloads.g2_load import PointTrial, evaluate_load, token_accounting
+from test_g2_load import gate_config, gate_context, scripted_node
+
+
+def fig(goodput_rps: float, ttft_p95_s: float, rate_rps: float = 2.0) -> LoadPoint:
+    return LoadPoint(requests=4, ok=4, failed=0, duration_s=2.0, ttft_p50_s=ttft_p95_s / 2, ttft_p90_s=ttft_p95_s,
+                     ttft_p95_s=ttft_p95_s, ttft_p99_s=ttft_p95_s, tpot_p50_s=0.01, e2e_p50_s=0.2, e2e_p99_s=0.3,
+                     request_rate_rps=rate_rps, output_token_rate_tps=8.0, goodput_rps=goodput_rps,
+                     client_lag_p99_s=0.0)
+
+
+def pt(label: str, trial: int, figures: LoadPoint, memory: float, tier: float) -> PointTrial:
+    acc = token_accounting(1000, 1000, memory, tier, 100, read_bytes=int(tier * 100), write_bytes=0, window_s=2.0)
+    return PointTrial(label=label, load=float(label[1:]), load_kind="concurrency", trial=trial, seed=1, requests=4,
+                      requests_file=f"requests-{label}-t{trial}.jsonl", figures=figures, accounting=acc)
+
+
+def arms(tier_goodput: list[float], tier_memory: float = 0.0, tier_hits: float = 600.0,
+         no_tier_hits: float = 0.0) -> dict:
+    """Three trials of a 2-point ladder: the arm without the tier has goodput 1.0 and 2.0 at c1 and c2."""
+    tier, none = [], []
+    for t, g in enumerate(tier_goodput, 1):
+        tier += [pt("c1", t, fig(1.0, 0.2), tier_memory, tier_hits), pt("c2", t, fig(g, 0.3, rate_rps=g),
+                                                                          tier_memory, tier_hits)]
+        none += [pt("c1", t, fig(1.0, 0.4), 0, no_tier_hits), pt("c2", t, fig(2.0, 0.6), 0, no_tier_hits)]
+    return {"tier": evaluate_load(tier, "closed", 1.0), "no_tier": evaluate_load(none, "closed", 1.0)}
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def test_the_gain_is_the_paired_per_trial_ratio_over_the_ladder_with_an_interval_and_per_point():
+    res = evaluate_gain(arms([2.6, 2.8, 2.7]), min_tier_reuse_share=0.9)
+    assert res.invalid_reason is None and res.error is None
+    m = res.metrics
+    # the ladder's highest goodput per arm and trial: 2.6/2, 2.8/2, 2.7/2 -> +30 %, +40 %, +35 %
+    assert m["goodput_gain"] == pytest.approx(0.35) and m["goodput_gain_ci_trials"] == 3
+    assert m["goodput_gain_ci_low"] == pytest.approx(0.30) and m["goodput_gain_ci_high"] == pytest.approx(0.40)
+    assert m["throughput_gain"] == pytest.approx(0.35)
+    # TTFT ratios at the ladder's top point (c2): 0.3 / 0.6
+    assert m["ttft_p95_ratio"] == pytest.approx(0.5) and m["ttft_p50_ratio"] == pytest.approx(0.5)
+    assert m["goodput_gain@c1"] == pytest.approx(0.0) and m["ttft_p95_ratio@c1"] == pytest.approx(0.5)
+    ev: GainEvidence = res.evidence
+    assert [(g.trial, g.label, g.first) for g in ev.pairs][:3] == [(1, "c1", "tier"), (1, "c2", "tier"),
+                                                                   (2, "c1", "no_tier")]
+    assert ev.reference_gain.startswith("+29-40 %")
+    assert all(c.ok for c in ev.validity) and len(ev.validity) == 4
+
+
+def test_the_arm_that_goes_first_alternates_trial_by_trial():
+    assert [first_arm(t) for t in (1, 2, 3, 4)] == ["tier", "no_tier", "tier", "no_tier"]
+
+
+def gain_gate(tmp_path: Path, params: dict, metric: str = "goodput_gain", pass_: str = ">= 29 %",
+              stop: str | None = "< 0 %") -> Path:
+    return gate_config(tmp_path, params, metric, pass_, stop, workload="g2-gain", gate_id="GAIN",
+                       reference={"value": "35 %", "note": "R2 single-instance basis: +29-40 %"})
+
+
+BASE = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000, "trials": 2, "ttft_slo_s": 1.0,
+        "max_tokens": 2, "load": {"concurrency": [1, 2]}, "requests_per_point": 3, "prompt_tokens": 64,
+        "shared_prefix_tokens": 32, "min_read_fraction": 0}
+
+
+@pytest.mark.parametrize("goodputs, outcome", [([2.7, 2.8, 2.9], Outcome.PASS), ([2.0, 2.8, 3.4], Outcome.FAIL),
+                                               ([1.5, 1.6, 1.7], Outcome.STOP)])
+def test_the_gate_is_judged_on_the_interval_by_the_real_verdict_code(tmp_path, goodputs, outcome):
+    d = gain_gate(tmp_path, BASE)
+    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
+    unit = WORKLOADS["g2-gain"].METRICS[gate.metric]
+    assert unit == "ratio" and WORKLOADS["g2-gain"].METRICS["ttft_p95_ratio@c2"] == "x"
+    v = evaluate(gate, evaluate_gain(arms(goodputs), 0.9), unit)
+    assert v.outcome is outcome, v.reason
+    if outcome is Outcome.FAIL:
+        assert "inconclusive" in v.reason
+
+
+# ------------------------------------------------------------------------------------------------ proofs
+
+
+@pytest.mark.parametrize("kw, check, words", [
+    ({"tier_hits": 0.0}, "tier served the reuse", "connector is off, or the working set fit"),
+    ({"tier_hits": 100.0, "tier_memory": 500.0}, "tier served the reuse", "tier hit tokens 600, engine-memory hit tokens 3000"),
+    ({"no_tier_hits": 50.0}, "recomputed without the tier", "tier hit tokens 300"),
+])
+def test_an_arm_whose_proof_fails_makes_the_gate_invalid_never_pass(tmp_path, kw, check, words):
+    res = evaluate_gain(arms([2.7, 2.8, 2.9], **kw), min_tier_reuse_share=0.9)
+    bad = [c for c in res.evidence.validity if not c.ok]
+    assert [c.name for c in bad] == [check] and words in bad[0].how
+    assert res.invalid_reason.startswith(check)
+    d = gain_gate(tmp_path, BASE)
+    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
+    assert evaluate(gate, res, "ratio").outcome is Outcome.INVALID
+
+
+def test_an_arm_with_an_invalid_point_or_a_fall_back_makes_the_gate_invalid_naming_the_arm():
+    a = arms([2.7, 2.8, 2.9])
+    res = evaluate_gain(a, 0.9, fallbacks={"tier": "tier's log: 'fell back to recompute'"})
+    assert res.invalid_reason == "tier arm valid: tier's log: 'fell back to recompute'"
+    bad = a["no_tier"].evidence.points[0].model_copy(update={"invalid_reason": "client lag p99 3 ms exceeds"})
+    none = evaluate_load([bad] + a["no_tier"].evidence.points[1:], "closed", 1.0)
+    res = evaluate_gain({"tier": a["tier"], "no_tier": none}, 0.9)
+    assert res.invalid_reason.startswith("no_tier arm valid: load point c1, trial 1: client lag")
+
+
+# ----------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("params, where, message", [
+    ({"attach": {"url": "http://e:8000"}}, "params.attach", "launches both arms itself"),
+    ({"engine": "vllm-cpu-prefix", "python": None}, "params.no_tier_engine", "declares no capabilities.no_tier_flag"),
+    ({"no_tier_engine": "vllm-cpu-disk"}, "params.no_tier_engine", "both arms must be the same engine"),
+    ({"engine": "vllm-cpu-prefix", "no_tier_engine": "vllm-cpu-disk", "engine_cache_tokens": 512},
+     "params.engine_cache_tokens", "declares no capabilities.engine_cache_flag"),
+])
+def test_bad_gain_params_are_config_errors_naming_file_line_and_field(tmp_path, params, where, message):
+    d = gain_gate(tmp_path, {**{k: v for k, v in BASE.items() if k != "python"},
+                             **{k: v for k, v in params.items() if v is not None}})
+    with pytest.raises(ConfigError) as exc:
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    text = str(exc.value)
+    assert "g.yaml:" in text and where in text and message in text, text
+
+
+# ------------------------------------------------------------------------------------------- scripted run
+
+
+class TwoArms:
+    """Both arms' engines as one MockTransport handler, told apart by port: the tier arm (``port``) finds a prompt's
+    first 32 tokens in its tier once any earlier prompt had them (or in its engine memory, ``serve_from``); the arm
+    on ``port + 1`` has no tier and recomputes everything."""
+
+    def __init__(self, port: int = 18000, serve_from: str = "external"):
+        self.port, self.serve_from = port, serve_from
+        self.counts = {a: {"prompt": 0, "gpu_hit": 0, "external_hit": 0} for a in ("tier", "no_tier")}
+        self.seen: set[tuple[int, ...]] = set()
+        self.ports: list[int] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        arm = "tier" if request.url.port == self.port else "no_tier"
+        self.ports.append(request.url.port)
+        c = self.counts[arm]
+        if request.url.path == "/health":
+            return httpx.Response(200, json={})
+        if request.url.path == "/metrics":
+            text = "".join(f"kvgate_cpu_ref_{k}_tokens_total {v}\n" for k, v in c.items())
+            return httpx.Response(200, text=text + f"kvgate_cpu_ref_external_query_tokens_total {c['prompt']}\n")
+        ids = json.loads(request.content)["prompt"]
+        c["prompt"] += len(ids)
+        if arm == "tier":
+            head = tuple(ids[:32])
+            if head in self.seen:
+                c[f"{self.serve_from}_hit"] += 32
+            self.seen.add(head)
+        body = 'data: {"choices": [{"text": " a"}]}\n\ndata: {"choices": [{"text": " b"}]}\n\ndata: [DONE]\n\n'
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+
+def test_a_scripted_run_sends_exactly_the_planned_commands_on_both_arms_with_the_same_prompts(tmp_path):
+    d = gain_gate(tmp_path, BASE)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    gate = cfg.suite.gates[0]
+    node, engine = scripted_node(), TwoArms()
+    ctx = gate_context(tmp_path, cfg, node, engine)
+    result = WORKLOADS["g2-gain"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    mine = [s for s in gate_plan(cfg, gate) if s.node == "n1"]
+    assert plan_mismatch(mine, node.commands) is None, plan_mismatch(mine, node.commands)
+    spawns = [e.argv for e in node.events if e.kind == "spawn"]
+    assert len(spawns) == 2 and "--no-kv-tier" in spawns[1] and "--no-kv-tier" not in spawns[0]
+    assert {18000, 18001} <= set(engine.ports)
+
+    ev: GainEvidence = result.evidence
+    tier, none = ev.arms["tier"].points, ev.arms["no_tier"].points
+    assert [(p.trial, p.label) for p in tier] == [(p.trial, p.label) for p in none] == [
+        (1, "c1"), (1, "c2"), (2, "c1"), (2, "c2")]
+    for a, b in zip(tier, none):  # the same prompts on both arms, each arm's files in its own folder
+        ra = [json.loads(x) for x in (ctx.gate_dir / "tier" / a.requests_file).read_text().splitlines()]
+        rb = [json.loads(x) for x in (ctx.gate_dir / "no_tier" / b.requests_file).read_text().splitlines()]
+        assert a.seed == b.seed and len(ra) == len(rb) == 3
+        assert a.accounting.tier_hit_tokens == 64 and b.accounting.tier_hit_tokens == 0
+        assert b.accounting.recomputed_tokens == 192
+    assert ev.proofs["tier"].tier_reuse_share == 1.0
+    assert {c.name: c.ok for c in ev.validity} == {"tier arm valid": True, "no_tier arm valid": True,
+                                                   "tier served the reuse": True, "recomputed without the tier": True}
+    assert result.metrics["goodput_gain_ci_trials"] == 2
+    assert json.loads((ctx.gate_dir / "g2-gain-summary.json").read_text())["evidence"]["pairs"]
+    # the report overlays the two arms' TTFT distributions, read back from each arm's requests files
+    verdict = {"gate_id": "GAIN", "evidence": json.loads(result.evidence.model_dump_json())}
+    (caption, svg), = gain_charts(verdict, ctx.gate_dir).values()
+    assert "with the tier (n=12)" in svg and "without the tier (n=12)" in svg and "SLO 1 s" in svg
+    assert gain_charts(verdict, None) == {} and gain_charts({"gate_id": "L", "evidence": {}}, ctx.gate_dir) == {}
+
+
+def test_a_tier_arm_silently_served_from_engine_memory_is_invalid(tmp_path):
+    d = gain_gate(tmp_path, BASE)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    gate = cfg.suite.gates[0]
+    result = WORKLOADS["g2-gain"]().run(gate_context(tmp_path, cfg, scripted_node(), TwoArms(serve_from="gpu")))
+    assert result.error is None
+    assert result.invalid_reason.startswith("tier served the reuse: the tier served no token")
+    assert evaluate(gate, result, "ratio").outcome is Outcome.INVALID
+
+
+# ------------------------------------------------------------------------------------------ kvgate cost
+
+
+def test_the_tier_hit_rate_feeds_kvgate_cost_by_report_id_and_an_invalid_run_feeds_nothing(tmp_path):
+    import shutil
+    from harness.cost import params as cp
+    root = Path(__file__).resolve().parents[2]
+    # of the 1000 prompt tokens per point, 0.75 could be reused; the tier served 600 of them per point
+    res = evaluate_gain(arms([2.7, 2.8, 2.9]), 0.9, reusable=0.75)
+    assert res.metrics["tier_hit_rate"] == pytest.approx(0.8) and res.evidence.tier_hit_rate == pytest.approx(0.8)
+    d = gain_gate(tmp_path, BASE)
+    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
+    verdict = evaluate(gate, res, "ratio", WORKLOADS["g2-gain"].METRICS).to_dict()
+    (m,) = cp.extract_measured({"verdicts": [verdict]}, "KVG-20261201-gain")
+    assert (m.name, m.value, m.gate_id, m.metric) == ("hit_rate", pytest.approx(0.8), "GAIN", "tier_hit_rate")
+    shutil.copytree(root / "workloads" / "models", tmp_path / "models")
+    lines = (root / "workloads" / "cost-params.example.yaml").read_text().replace("  hit_rate: 90 %\n", "")
+    (tmp_path / "params.yaml").write_text(lines)
+    with pytest.raises(cp.ConfigError, match=r"params.yaml:\d+: fleet.hit_rate: required field is missing \(or pass a "
+                       "g2-gain bundle"):
+        cp.resolve(tmp_path / "params.yaml", [])  # neither set nor measured
+    r = cp.resolve(tmp_path / "params.yaml", [m])
+    v = r.inputs["hit_rate"]
+    assert v.kind == "measured" and v.value == pytest.approx(0.8) and "KVG-20261201-gain GAIN" in v.source
+    invalid = evaluate(gate, evaluate_gain(arms([2.7, 2.8, 2.9], tier_hits=0.0), 0.9, reusable=0.75), "ratio",
+                       WORKLOADS["g2-gain"].METRICS).to_dict()
+    assert invalid["outcome"] == "INVALID" and cp.extract_measured({"verdicts": [invalid]}, "KVG-x") == []
+
+
+def test_a_bundle_re_derives_the_gain_from_each_arms_requests_and_counters_files(tmp_path):
+    from harness.gates.reevaluate import REDERIVERS
+    d = gain_gate(tmp_path, BASE)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    ctx = gate_context(tmp_path, cfg, scripted_node(), TwoArms())
+    result = WORKLOADS["g2-gain"]().run(ctx)
+    signed = json.loads(json.dumps(result.as_dict()))  # result.json as the bundle holds it
+    metrics, invalid = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    assert invalid is None and metrics.keys() == result.metrics.keys()
+    assert all(metrics[k] == pytest.approx(v) for k, v in result.metrics.items())
+    # the tier arm's counters edited after the run to claim no tier hits: the proof follows the raw files
+    for pt in signed["evidence"]["arms"]["tier"]["points"]:
+        f = ctx.gate_dir / "tier" / pt["counters_file"]
+        c = json.loads(f.read_text())
+        c["after"]["kvgate_cpu_ref_external_hit_tokens_total"] = c["before"]["kvgate_cpu_ref_external_hit_tokens_total"]
+        f.write_text(json.dumps(c))
+    metrics, invalid = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    assert invalid is not None and invalid.startswith("tier served the reuse: the tier served no token")
+
+
+def test_the_vllm_gates_arm_without_the_tier_is_the_same_launch_less_its_connector():
+    from harness.engines import load_profile
+    tier, none = load_profile("vllm-cpu-disk"), load_profile("vllm-cpu-no-tier")
+    i = tier.argv.index("--kv-transfer-config")
+    assert none.argv == tier.argv[:i] + tier.argv[i + 2:] and "--enforce-eager" in none.argv
+    assert none.env == tier.env and none.hit_metrics == tier.hit_metrics
+
+
+def test_a_trace_is_replayed_on_both_arms_with_its_reuse_accounted_and_its_hit_rate_reported(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [0, 1]},
+            {"timestamp": 10, "input_length": 64, "output_length": 2, "hash_ids": [0, 2]}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    params = {k: v for k, v in BASE.items() if k not in ("load", "requests_per_point", "prompt_tokens",
+                                                         "shared_prefix_tokens")}
+    params.update(load={"path": str(trace), "format": "mooncake", "block_tokens": 32}, max_client_lag_p99_s=10)
+    d = gain_gate(tmp_path, params)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    node = scripted_node()
+    result = WORKLOADS["g2-gain"]().run(gate_context(tmp_path, cfg, node, TwoArms()))
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    mine = [s for s in gate_plan(cfg, cfg.suite.gates[0]) if s.node == "n1"]
+    assert plan_mismatch(mine, node.commands) is None
+    ev: GainEvidence = result.evidence
+    assert ev.trace.requests == 2 and ev.arms["tier"].trace.sha256 == ev.trace.sha256
+    # the second request's first block (32 of 128 prompt tokens) is the trace's reuse, and the tier served it
+    assert ev.reusable_share == pytest.approx(0.25) and result.metrics["tier_hit_rate"] == pytest.approx(1.0)
+    assert [p.accounting.tier_hit_tokens for p in ev.arms["tier"].points] == [32, 32]
