@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
+import kubernetes_validate  # the test extras (pyproject.toml): not optional, the manifests' one schema check
 
-from harness.cli.main import main  # noqa: E402
-from harness.config import load_config  # noqa: E402
-from harness.gates.reevaluate import reevaluate_bundle  # noqa: E402
-from harness.node import program_path  # noqa: E402
-from harness.report.bundle import generate_keypair, load_private_key, verify_bundle  # noqa: E402
-from harness.suite.k8s import collect_k8s, render_k8s  # noqa: E402
-from harness.workloads import WORKLOADS  # noqa: E402
+from harness.cli.main import main
+from harness.config import load_config
+from harness.gates.reevaluate import reevaluate_bundle
+from harness.node import program_path
+from harness.report.bundle import generate_keypair, load_private_key, verify_bundle
+from harness.suite.k8s import collect_k8s, render_k8s
+from harness.workloads import WORKLOADS
 
 READERS = ("n1", "n2", "n3")
 K8S_VERSION = kubernetes_validate.latest_version()
@@ -44,8 +44,8 @@ def write_suite(d: Path, pool: str, *, k8s: bool = True, extra_gate: bool = Fals
                       "node_selector": {"nvidia.com/gpu.present": "true"}, "gpus_per_pod": 1, "go_lead_s": 0.5}
     gates = {"suite": {"name": "g3-k8s", "version": "1"}, "gates": [{
         "id": "G3", "title": "three pods read one shared copy", "workload": "g3-shared-read",
-        "params": {"port": "storage:st0", "readers": list(READERS), "kv_bytes_per_token": 4096, "chunk_tokens": 16,
-                   "chunks": 4, "block": "4 KiB", "streams": 1, "direct": "on", "drop_caches": False,
+        "params": {"port": "storage:st0", "readers": list(READERS), "kv_bytes_per_token": 65536, "chunk_tokens": 16,
+                   "chunks": 8, "block": "4 KiB", "streams": 1, "direct": "on", "drop_caches": False,
                    "interval_s": 0.05, "arm_timeout_s": 30, "read_timeout_s": 60, "min_window_s": 0,
                    "max_failed_share": max_failed_share},
         "metric": "nodes_completed", "pass": ">= 3 count"}]}
@@ -143,6 +143,14 @@ def test_render_without_a_k8s_block_names_the_inventory(tmp_path, capsys):
     assert f"{inv}: k8s: render k8s needs a `k8s:` block" in capsys.readouterr().err
 
 
+def test_a_bad_k8s_field_is_one_line_naming_file_line_and_field(tmp_path, capsys):
+    inv, gates = write_suite(tmp_path, "/mnt/pool")
+    inv.write_text(inv.read_text().replace("results_claim: kvgate-results", "results_claim: Kvgate_Results"))
+    assert main(["render", "k8s", str(inv), str(gates), "-o", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0].startswith(f"{inv}:") and "k8s.results_claim: " in err[0], err
+
+
 def test_a_collected_run_is_evaluated_and_signed_like_any_other(pods, tmp_path):
     go = json.loads((pods["results"] / "G3" / "go.json").read_text())
     assert go["armed"] == list(READERS) and go["missing"] == []
@@ -194,3 +202,32 @@ def test_collect_of_a_directory_without_a_render_record_is_a_one_line_error(tmp_
     assert main(["collect", str(tmp_path), "-o", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     assert "render.json" in err and "Traceback" not in err
+
+
+def test_a_pod_stopped_by_kubernetes_stops_its_program_and_records_its_status(tmp_path):
+    """SIGTERM (the Job's deadline, kubectl delete) reaches the node program's process group; the task still
+    writes the exit status collect reads."""
+    cfg, results = tmp_path / "kvgate", tmp_path / "results"
+    cfg.mkdir()
+    (results / "G3").mkdir(parents=True)
+    (results / "G3" / "pool.ready").write_text("n1\n")
+    spec = {"gate": "G3", "arm_timeout_s": 5, "go_lead_s": 0.5, "drop_caches": False,
+            "entries": {"n2": {"argv": [sys.executable, "-c", "import time; time.sleep(60)"], "creates_pool": False}}}
+    (cfg / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "JOB_COMPLETION_INDEX": "1", "KVGATE_K8S_NODE": "n2"}
+    task = subprocess.Popen([sys.executable, str(program_path("k8s_task.py")), "--config-dir", str(cfg),
+                             "--results", str(results)], env=env)
+    try:
+        for _ in range(200):
+            if (results / "G3" / "n2.task.json").exists():
+                break
+            task.wait(0.05) if task.poll() is not None else __import__("time").sleep(0.05)
+        child = json.loads((results / "G3" / "n2.task.json").read_text())["child_pid"]
+        task.terminate()
+        assert task.wait(20) == 1
+        assert (results / "G3" / "n2.rc").read_text() == "-15\n"
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+    finally:
+        if task.poll() is None:
+            task.kill()
