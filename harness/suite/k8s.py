@@ -184,7 +184,9 @@ def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict) 
     go = _json(src / "go.json")
     if go is not None:
         shutil.copyfile(src / "go.json", raw_dir / "go.json")
-    go_s = float(go["go_s"]) if go is not None and isinstance(go.get("go_s"), (int, float)) else None
+    go_s = go.get("go_s") if go is not None else None
+    if isinstance(go_s, bool) or not isinstance(go_s, (int, float)):
+        go, go_s = None, None  # a go.json without a start time records no common start
     series: dict[str, NodeSeries] = {}
     records: dict[str, G3NodeRecord] = {}
     failed: dict[str, str] = {}
@@ -242,7 +244,7 @@ def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict) 
     if missing:
         unproven.append(f"no output from {len(missing)} of {len(readers)} reader pod(s): {', '.join(missing)}")
     if go is None:
-        unproven.append("no go.json: the common start is not recorded")
+        unproven.append("no go.json with a start time: the common start is not recorded")
     if unproven:
         result = dataclasses.replace(result, error="k8s: " + "; ".join(unproven))
     write_summary(gate_dir, "g3.json", result)

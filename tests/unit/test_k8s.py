@@ -101,7 +101,8 @@ def pods(tmp_path_factory):
     [manifest] = render_k8s(load_config(inv, gates, WORKLOADS), root / "manifests", run_id="t1")
     results = run_pods(manifest, root / "cluster")
     key, pub = generate_keypair(root / "key")
-    return {"root": root, "manifest": manifest, "results": results, "key": load_private_key(key), "pub": pub}
+    return {"root": root, "manifest": manifest, "results": results, "key": load_private_key(key), "pub": pub,
+            "key_path": key}
 
 
 def test_rendered_objects_validate_against_the_kubernetes_schema(pods):
@@ -190,10 +191,14 @@ def test_a_missing_rank_is_error_with_the_others_data_kept(pods, tmp_path, max_f
         "nodes_completed"] == 2.0
 
 
-def test_no_record_of_the_common_start_is_error(pods, tmp_path):
+@pytest.mark.parametrize("go_json", [None, '{"armed": ["n1", "n2", "n3"]}', "not json"])
+def test_no_record_of_the_common_start_is_error(pods, tmp_path, go_json):
     results = tmp_path / "t1"
     shutil.copytree(pods["results"], results)
-    (results / "G3" / "go.json").unlink()
+    if go_json is None:
+        (results / "G3" / "go.json").unlink()
+    else:
+        (results / "G3" / "go.json").write_text(go_json)
     [v] = collect_k8s(results, tmp_path / "runs", pods["key"], make_tar=False).verdicts
     assert v.outcome.value == "ERROR" and "go.json" in v.reason
 
@@ -231,3 +236,12 @@ def test_a_pod_stopped_by_kubernetes_stops_its_program_and_records_its_status(tm
     finally:
         if task.poll() is None:
             task.kill()
+
+
+def test_the_cli_renders_and_collects_with_the_run_exit_codes(pods, tmp_path, capsys):
+    inv, gates = pods["root"] / "inv.yaml", pods["root"] / "gates.yaml"
+    assert main(["render", "k8s", str(inv), str(gates), "-o", str(tmp_path / "m"), "--run-id", "x"]) == 0
+    assert (tmp_path / "m" / "G3.yaml").is_file()
+    assert main(["collect", str(pods["results"]), "-o", str(tmp_path / "runs"), "--key", str(pods["key_path"])]) == 0
+    out = capsys.readouterr().out
+    assert "overall: PASS" in out and "report ID: " in out
