@@ -1,7 +1,8 @@
 """The kvgate command line: one parser, one module per command group, one exit-code map.
 
 Command groups: ``suite`` (validate, plan, run), ``report`` (keygen, verify, report, compare), ``evidence``
-(cosign, library build|check), ``cost``, ``loopback``, ``rig``, ``trace`` (synth, stats). Every subcommand returns a status from
+(cosign, library build|check), ``cost``, ``loopback``, ``rig``, ``trace`` (synth, stats),
+``render k8s`` and ``collect`` (Kubernetes). Every subcommand returns a status from
 :mod:`harness.cli.exits` or raises; ``main`` maps what it raised with :func:`harness.cli.exits.exit_for_error`,
 so a HarnessError exits 3 whichever subcommand raised it, a configuration or bundle error 2.
 
@@ -23,7 +24,7 @@ import threading
 
 from .. import __version__
 from ..errors import ConfigError
-from . import cost, evidence, loopback, report, rig, suite, trace
+from . import cost, evidence, k8s, loopback, report, rig, suite, trace
 from .exits import exit_for_error
 
 # The signals that stop kvgate as Ctrl-C does (SIGINT keeps Python's own handler, which raises KeyboardInterrupt).
@@ -69,7 +70,7 @@ def restore_handlers(previous: dict[int, object]) -> None:
         signal.signal(sig, handler)
 
 
-COMMAND_GROUPS = (suite, report, evidence, cost, loopback, rig, trace)
+COMMAND_GROUPS = (suite, report, evidence, cost, loopback, rig, trace, k8s)
 
 
 def build_parser() -> argparse.ArgumentParser:

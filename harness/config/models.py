@@ -382,9 +382,34 @@ class SlurmConfig(Strict):
         return v
 
 
+class K8sConfig(Strict):
+    """``k8s:`` in the inventory: what ``kvgate render k8s`` writes into a gate's Indexed Job (harness/execute/k8s.py;
+    docs/launchers.md). Node names are the cluster's node names (``kubernetes.io/hostname``)."""
+
+    namespace: str = "default"
+    image: str = Field(min_length=1, description="a container image with python3 (stdlib only is needed)")
+    python: str = "python3"
+    results_claim: str = Field(min_length=1, description="a ReadWriteMany PersistentVolumeClaim every pod mounts")
+    pool_claim: str | None = None  # the shared pool as a PVC; default: each node's pool directory as a hostPath
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    gpu_resource: str = "nvidia.com/gpu"
+    gpus_per_pod: int = Field(default=0, ge=0)
+    privileged: bool = False  # a pod drops its node's page cache only when privileged (else recorded as not dropped)
+    go_lead_s: float = Field(default=2.0, gt=0, le=60)  # the common start: this long after the last rank armed
+    time_margin_s: float = Field(default=60.0, ge=0)  # added to arm + read timeouts for activeDeadlineSeconds
+
+    @field_validator("namespace", "results_claim", "pool_claim")
+    @classmethod
+    def _dns_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
+            raise ValueError(f"expected a Kubernetes name (lower-case letters, digits and '-'), got {v!r}")
+        return v
+
+
 class Inventory(Strict):
     nodes: list[Node] = Field(min_length=1)
     slurm: SlurmConfig | None = None
+    k8s: K8sConfig | None = None
     # Environment variables whose values are secret wherever kvgate passes them (engine profiles' env, any
     # command's), on top of the default name patterns: redacted in everything kvgate writes.
     secret_env: list[str] = Field(default_factory=list)

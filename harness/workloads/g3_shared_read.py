@@ -219,6 +219,7 @@ class G3Evidence(Evidence, SeriesEvidence):
     start_times_node_clock_s: dict[str, float | None] = {}
     launcher: str = "ssh"
     slurm_job: dict[str, Any] | None = None  # harness.execute.slurm.SlurmJob.record(): job id, nodes, scontrol
+    k8s_job: dict[str, Any] | None = None  # kvgate collect (harness.suite.k8s): the Job, its go.json, each pod's record
 
 
 def evaluate_g3(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, policy: FailurePolicy,
