@@ -60,7 +60,7 @@ from .engine import (FREE_PORT_CODE, LaunchedEngine, build_random_model, build_r
                      engine_port, engine_preflight, engine_values, model_config_issues, node_engine_python,
                      pool_contents, pool_files_argv, profile_issues, random_model_dir, stage_engine_files,
                      stored_kv_tokens)
-from .phases import PhaseRecord, PhaseRunner, first_fallback
+from .phases import PhaseRunner, first_fallback
 from .probes import run_probe
 
 ROLES = ("producer", "consumer")
