@@ -1,7 +1,7 @@
 """One pod of a kvgate Indexed Job: start this node's program, release all ranks together, keep the output.
 
 ``kvgate render k8s`` writes one Indexed Job per gate; every pod runs this program from the gate's ConfigMap
-(mounted at ``--config-dir``: ``spec.json``, the node program, the suite's inventory and gates). It finds its
+(mounted at ``--config-dir``: ``spec.json``, the node program, ``slurm_task.py`` (whose helpers this imports), the suite's inventory and gates). It finds its
 entry in ``spec.json`` by the Kubernetes node it runs on (``KVGATE_K8S_NODE``, the downward API's
 ``spec.nodeName``); its rank is the pod's completion index (``JOB_COMPLETION_INDEX``). Under
 ``--results/GATE/`` (a volume every pod shares) it leaves, as the slurm launcher's tasks do:
@@ -31,22 +31,9 @@ import sys
 import threading
 import time
 
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
-def _drop_caches() -> dict:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as fh:
-            fh.write("3\n")
-        return {"dropped": True, "error": None}
-    except OSError as exc:
-        return {"dropped": False, "error": str(exc)}
+# the slurm launcher's task, beside this one in the ConfigMap (and in harness/node/): its file writes, page-cache
+# drop and process-group stop, one copy for both launchers
+from slurm_task import drop_caches, stop_group, write_atomic  # noqa: E402
 
 
 def _wait_for(path: str, deadline: float) -> bool:
@@ -68,10 +55,10 @@ def coordinate(spec: dict, gate_dir: str, started_s: float) -> dict:
     armed = [n for n in nodes if os.path.exists(os.path.join(gate_dir, f"{n}.armed"))]
     go_s = time.time() + float(spec["go_lead_s"])
     for n in armed:
-        _write_atomic(os.path.join(gate_dir, f"{n}.go"), f"{go_s!r}\n")
+        write_atomic(os.path.join(gate_dir, f"{n}.go"), f"{go_s!r}\n")
     record = {"go_s": go_s, "written_at_s": time.time(), "armed": armed,
               "missing": [n for n in nodes if n not in armed]}
-    _write_atomic(os.path.join(gate_dir, "go.json"), json.dumps(record))
+    write_atomic(os.path.join(gate_dir, "go.json"), json.dumps(record))
     return record
 
 
@@ -124,35 +111,25 @@ def main(argv: list[str] | None = None) -> int:
             rc = _ensure_pool(entry, err)
             prov["pool_create_rc"] = rc
             if rc == 0:
-                _write_atomic(ready, f"{node}\n")
+                write_atomic(ready, f"{node}\n")
         elif not _wait_for(ready, started_s + float(spec["arm_timeout_s"])):
             err.write(b"k8s_task: the shared KV copy was not ready before the arm timeout\n")
         if spec.get("drop_caches"):
-            prov["cache_drop"] = _drop_caches()
+            prov["cache_drop"] = drop_caches()
         child = subprocess.Popen(entry["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                  start_new_session=True)
         prov["child_pid"] = child.pid
-        _write_atomic(f"{base}.task.json", json.dumps(prov))
+        write_atomic(f"{base}.task.json", json.dumps(prov))
 
         def stop(_sig=None, _frame=None) -> None:
             # Kubernetes sends SIGTERM on the Job's deadline or its deletion: pass it on to the reader's group.
-            try:
-                os.killpg(child.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                return
-            try:
-                child.wait(5)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(child.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            stop_group(child)
 
         signal.signal(signal.SIGTERM, stop)
         rc = child.wait()
     if coordinator is not None:
         coordinator.join(float(spec["arm_timeout_s"]))
-    _write_atomic(f"{base}.rc", f"{rc}\n")
+    write_atomic(f"{base}.rc", f"{rc}\n")
     return 0 if rc == 0 else 1
 
 

@@ -25,14 +25,14 @@ import sys
 import time
 
 
-def _write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:
         fh.write(text)
     os.replace(tmp, path)
 
 
-def _drop_caches() -> dict:
+def drop_caches() -> dict:
     try:
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as fh:
@@ -40,6 +40,22 @@ def _drop_caches() -> dict:
         return {"dropped": True, "error": None}
     except OSError as exc:
         return {"dropped": False, "error": str(exc)}
+
+
+def stop_group(child: subprocess.Popen) -> None:
+    """SIGTERM the child's process group, SIGKILL it if it has not ended 5 s later (the task's own stop, and
+    k8s_task.py's on the pod's SIGTERM)."""
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        child.wait(5)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,25 +75,15 @@ def main(argv: list[str] | None = None) -> int:
             "step_id": os.environ.get("SLURM_STEP_ID"), "task_rank": os.environ.get("SLURM_PROCID"),
             "pid": os.getpid(), "started_at_s": time.time(), "python": platform.python_version()}
     if entry.get("drop_caches"):
-        prov["cache_drop"] = _drop_caches()
+        prov["cache_drop"] = drop_caches()
     with open(f"{base}.out", "wb") as out, open(f"{base}.err", "wb") as err:
         child = subprocess.Popen(entry["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                  start_new_session=True)
         prov["child_pid"] = child.pid
-        _write_atomic(f"{base}.task.json", json.dumps(prov))
+        write_atomic(f"{base}.task.json", json.dumps(prov))
 
         def stop(_sig=None, _frame=None) -> None:
-            try:
-                os.killpg(child.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                return
-            try:
-                child.wait(5)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(child.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            stop_group(child)
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             time.sleep(0.1)
         rc = child.wait()
-    _write_atomic(f"{base}.rc", f"{rc}\n")
+    write_atomic(f"{base}.rc", f"{rc}\n")
     return 0 if rc == 0 else 1
 
 

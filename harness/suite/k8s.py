@@ -130,6 +130,8 @@ def render_k8s(cfg: Config, out_dir: str | Path, run_id: str | None = None) -> l
               "launcher": "k8s", "gates": rendered}
     common = {TASK_PROGRAM: Path(program_path(TASK_PROGRAM)).read_text(),
               "g3_reader.py": Path(program_path("g3_reader.py")).read_text(),
+              # k8s_task.py imports its file writes, cache drop and process-group stop from it
+              "slurm_task.py": Path(program_path("slurm_task.py")).read_text(),
               "inventory.yaml": redact_text(Path(cfg.inventory_path).read_text()),
               "gates.yaml": redact_text(Path(cfg.gates_path).read_text()),
               RENDER_FILE: json.dumps(render, indent=1)}
