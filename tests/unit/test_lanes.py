@@ -1,0 +1,86 @@
+"""The README test command's two lanes (`pytest -n 2`, tests/conftest.py): integration tests measure bandwidth,
+skew and TTFT on this machine, so two of them must never run side by side, nor two qemu guests; unit and e2e
+tests may run beside either. Checked by running a small suite laid out like ours through pytest-xdist with the
+suite's own conftest, each test recording which worker ran it and when."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lanes import GUEST_LANE, lane_of
+
+pytest_plugins = ["pytester"]
+
+TESTS = Path(__file__).resolve().parents[1]
+
+BODY = """\
+import json, os, time
+
+import pytest
+
+@pytest.mark.parametrize("i", range({n}))
+def test_case(i):
+    start = time.monotonic()
+    time.sleep({sleep_s})
+    with open(os.environ["LANES_LOG"], "a") as f:
+        f.write(json.dumps({{"module": "{name}", "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+                            "start": start, "end": time.monotonic()}}) + "\\n")
+"""
+
+
+def _overlaps(rows: list[dict]) -> bool:
+    rows = sorted(rows, key=lambda r: r["start"])
+    return any(b["start"] < a["end"] for a, b in zip(rows, rows[1:]))
+
+
+def test_every_guest_lane_module_exists():
+    # a renamed module would silently leave the guest lane (and run, slower, in the serial one)
+    assert all((TESTS / m).is_file() for m in GUEST_LANE), sorted(m for m in GUEST_LANE if not (TESTS / m).is_file())
+
+
+@pytest.mark.parametrize("nodeid,lane", [
+    ("tests/integration/test_kv_read_loopback.py::test_x[a]", "guest"),
+    ("integration/test_faults_guest.py::test_y", "guest"),
+    ("tests/e2e/test_loopback_main_command.py::test_z", "guest"),
+    ("tests/integration/test_g3_rig.py::test_a", "integration"),
+    ("/abs/checkout/tests/integration/test_pd_vllm_cpu.py::Test::test_b", "integration"),
+    ("tests/e2e/test_cli_run.py::test_c", None),
+    ("tests/unit/test_integration_names.py::test_d", None),
+])
+def test_lane_of_a_node_id(nodeid, lane):
+    assert lane_of(nodeid) == lane
+
+
+def test_integration_tests_never_overlap_nor_guests_and_the_two_lanes_run_on_different_workers(pytester,
+                                                                                                 monkeypatch):
+    (pytester.path / "tests").mkdir()
+    for name in ("conftest.py", "lanes.py"):
+        (pytester.path / "tests" / name).write_text((TESTS / name).read_text())
+    modules = {
+        "integration/test_engine_a.py": (3, 0.3),
+        "integration/test_engine_b.py": (3, 0.3),
+        "integration/test_kv_read_loopback.py": (2, 0.3),
+        "e2e/test_loopback_main_command.py": (2, 0.3),
+        "e2e/test_cli.py": (4, 0.1),
+        "unit/test_pure.py": (6, 0.05),
+    }
+    for name, (n, sleep_s) in modules.items():
+        path = pytester.path / "tests" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(BODY.format(n=n, sleep_s=sleep_s, name=name))
+    log = pytester.path / "lanes.jsonl"
+    monkeypatch.setenv("LANES_LOG", str(log))
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "tests")
+    result.assert_outcomes(passed=20)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    lane = {"integration": [r for r in rows if r["module"].startswith("integration/test_engine")],
+            "guest": [r for r in rows if r["module"].endswith(("kv_read_loopback.py", "main_command.py"))]}
+    assert len(lane["integration"]) == 6 and len(lane["guest"]) == 4
+    for rs in lane.values():
+        assert not _overlaps(rs) and len({r["worker"] for r in rs}) == 1
+    assert {r["worker"] for r in lane["integration"]} != {r["worker"] for r in lane["guest"]}
+    # unit and e2e tests are not held to one worker
+    assert {r["worker"] for r in rows} == {"gw0", "gw1"}
