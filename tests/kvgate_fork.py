@@ -51,14 +51,15 @@ class ForkServer:
         self._n = 0
 
     def run(self, module: str, *args, env: dict[str, str] | None = None, user: tuple[int, int] | None = None,
-            merge: bool = True, timeout_s: float = 120) -> Ran:
-        """``python -m MODULE ARGS`` in a forked child; ``env`` is added to the server's environment, ``user``
-        is ``(uid, gid)`` to run as; ``merge`` sends stderr to the same file as stdout."""
+            merge: bool = True, timeout_s: float = 120, whole_env: bool = False) -> Ran:
+        """``python -m MODULE ARGS`` in a forked child; ``env`` is added to the server's environment (with
+        ``whole_env``, it is the environment), ``user`` is ``(uid, gid)`` to run as; ``merge`` sends stderr to the
+        same file as stdout."""
         self._n += 1
         out = Path(self._tmp.name) / f"{self._n}.out"
         err = out if merge else Path(self._tmp.name) / f"{self._n}.err"
-        req = {"module": module, "argv": [str(a) for a in args], "env": env or {}, "user": user,
-               "stdout": str(out), "stderr": str(err), "timeout_s": timeout_s}
+        req = {"module": module, "argv": [str(a) for a in args], "env": env or {}, "whole_env": whole_env,
+               "user": user, "stdout": str(out), "stderr": str(err), "timeout_s": timeout_s}
         self._proc.stdin.write(json.dumps(req) + "\n")
         self._proc.stdin.flush()
         line = self._proc.stdout.readline()
@@ -71,6 +72,20 @@ class ForkServer:
         if not merge:
             err.unlink()
         return Ran(res["rc"], text, etext, res["maxrss_bytes"])
+
+    def kvgate(self, *args, home: Path | None = None, env: dict[str, str] | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess:
+        """tests/kvgate_cli.py's ``kvgate``, forked: ``kvgate ARGS`` in this process's environment as a
+        subprocess inherits it, KVGATE_HOME ``home``, ``env`` added; stdout and stderr apart."""
+        e = dict(os.environ)
+        if home is not None:
+            e["KVGATE_HOME"] = str(home)
+        e.update(env or {})
+        argv = ["kvgate", *map(str, args)]
+        r = self.run("harness", *args, env=e, whole_env=True, merge=False, timeout_s=timeout)
+        if r.rc == -9:
+            raise subprocess.TimeoutExpired(argv, timeout, r.out, r.err)
+        return subprocess.CompletedProcess(argv, r.rc, r.out, r.err)
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -116,6 +131,8 @@ def _child(req: dict) -> None:
         os.dup2(err, 2)
         for fd in {null, out, err}:
             os.close(fd)
+        if req["whole_env"]:
+            os.environ.clear()
         os.environ.update(req["env"])
         try:  # the peak from here on: before setuid, which makes /proc/self root's
             with open("/proc/self/clear_refs", "w") as f:
