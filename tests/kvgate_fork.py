@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# For commands that draw charts (report, cost, library): pyplot imported once too, about a second a command on
+# a busy 2-core machine. Each command still picks its backend itself (``matplotlib.use("Agg", force=True)``).
+WITH_CHARTS = ("harness.cli.main", "matplotlib.pyplot")
 
 
 @dataclass

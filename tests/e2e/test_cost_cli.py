@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.report import bundle
-from kvgate_fork import ForkServer
+from kvgate_fork import WITH_CHARTS, ForkServer
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +30,7 @@ def kvgate_home(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def forks():
-    with ForkServer() as server:
+    with ForkServer(WITH_CHARTS) as server:
         yield server
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kvgate_cli import kvgate as kvgate_python_m
-from kvgate_fork import ForkServer
+from kvgate_fork import WITH_CHARTS, ForkServer
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def kvgate():
     """``kvgate ARGS`` (home=, env=) as tests/kvgate_cli.py runs it, each command forked from one server."""
-    with ForkServer() as server:
+    with ForkServer(WITH_CHARTS) as server:
         yield server.kvgate
 
 
