@@ -218,15 +218,21 @@ def work(shared):
 
 
 @pytest.fixture(scope="module")
-def forked(shared):
-    """Each command a child of one fork server (tests/kvgate_fork.py), in the environment ``python_m`` gives."""
+def fork_server(shared):
+    """The fork server (tests/kvgate_fork.py), in the environment ``python_m`` gives its commands."""
     with ForkServer(PRELOAD, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **home_env(shared))) as server:
-        def run_forked(argv: list[str], as_nobody: bool) -> Ran:
-            r = server.run(argv[0], *argv[1:], user=nobody() if as_nobody else None, timeout_s=HANG_GUARD_S)
-            assert r.rc != -9, f"hang guard killed {argv} after {HANG_GUARD_S} s:\n{r.out}"
-            return r
+        yield server
 
-        yield Runner("forked", run_forked)
+
+@pytest.fixture(scope="module")
+def forked(fork_server):
+    """Each command a child of the fork server."""
+    def run_forked(argv: list[str], as_nobody: bool) -> Ran:
+        r = fork_server.run(argv[0], *argv[1:], user=nobody() if as_nobody else None, timeout_s=HANG_GUARD_S)
+        assert r.rc != -9, f"hang guard killed {argv} after {HANG_GUARD_S} s:\n{r.out}"
+        return r
+
+    return Runner("forked", run_forked)
 
 
 @pytest.fixture(scope="module")
@@ -548,11 +554,11 @@ def test_bad_bundle_json_python_m(kind, group, case, command, python_m, shared, 
 # ------------------------------------------------------------------------------------------ the fork server
 
 
-def test_forked_runs_are_processes(forked, python_m, tmp_path):
+def test_forked_runs_are_processes(forked, python_m, fork_server, tmp_path):
     """What the forked cases rely on, each against ``python -m`` where it could differ: the same exit code and
     output for a command, and for an exception that escapes one (a traceback, exit 1, which fails a case);
-    memory a command takes shows in its peak RSS; and what one run changes (the environment, the working
-    directory, kvgate's modules) does not reach the next."""
+    memory a command takes shows in its peak RSS; a command that hangs is killed; and what one run changes
+    (the environment, the working directory, kvgate's modules) does not reach the next."""
     for argv in (["harness", "--version"], ["base64", str(tmp_path / "missing")]):  # base64 lets OSError escape
         f, p = forked(argv), python_m(argv)
         assert (f.rc, f.out.splitlines()[-1]) == (p.rc, p.out.splitlines()[-1]), (f, p)
@@ -561,6 +567,7 @@ def test_forked_runs_are_processes(forked, python_m, tmp_path):
     big = forked(["timeit", "-n1", "-r1", "b'x' * (256 << 20)"])
     assert (small.rc, big.rc) == (0, 0), (small, big)
     assert big.maxrss_bytes >= small.maxrss_bytes + (200 << 20), (small.maxrss_bytes, big.maxrss_bytes)
+    assert fork_server.run("timeit", "-n1", "-r1", "import time; time.sleep(600)", timeout_s=1).rc == -9
     change = ("import os, sys, harness.safeio; os.environ['KVGATE_LEAK'] = '1'; os.chdir('/');"
               " harness.safeio.MAX_DEPTH = 1; sys.modules['kvgate_leak'] = sys")
     show = ("import os, sys, harness.safeio; print(os.environ.get('KVGATE_LEAK'), os.getcwd(),"
