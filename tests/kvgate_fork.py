@@ -177,13 +177,26 @@ def _child(req: dict) -> None:
 def _wait(pid: int, timeout_s: float) -> tuple[int, int]:
     """(exit code, peak RSS in bytes) of child ``pid``; killed after ``timeout_s`` (exit code -9)."""
     import select
+    import time
 
-    fd = os.pidfd_open(pid)
     try:
-        if not select.select([fd], [], [], timeout_s)[0]:
-            os.kill(pid, 9)
-    finally:
-        os.close(fd)
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # before Linux 5.3: poll
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                break
+            time.sleep(0.005)
+    else:
+        try:
+            if not select.select([fd], [], [], timeout_s)[0]:
+                os.kill(pid, 9)
+        finally:
+            os.close(fd)
     _, status, usage = os.wait4(pid, 0)
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024
 
