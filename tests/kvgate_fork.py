@@ -8,7 +8,8 @@ For each command it forks a child that runs the module as ``python -m MODULE ARG
 another user (``setgid``/``setuid``, what ``setpriv`` does); the child ends as the interpreter would (exit code
 from ``SystemExit``, a traceback and exit 1 for any other exception, ``atexit`` handlers and non-daemon threads
 run). Each child starts from the server's pristine state and takes nothing back to it, so no cache, working
-directory, environment variable or handler of one run reaches the next.
+directory, environment variable or handler of one run reaches the next. What they do share is what the
+interpreter fixed at the server's start: its hash seed and ``-X`` / ``PYTHON*`` start-up settings.
 
 The server reports each child's exit code and peak RSS (``wait4``). The child resets its high-water mark
 (``/proc/self/clear_refs`` 5) before the command, so the peak is that of the command on top of the imports the
