@@ -64,8 +64,8 @@ def world(tmp_path_factory, kvgate):
         "metric": "per_gpu_read_gb_s", "pass": ">= 1 MB/s", "stop_loss": "< 0.01 MB/s"}]}, sort_keys=False))
     bundles = []
     for i in range(2):
-        r = kvgate_python_m("run", "-i", inv, "-g", gates, "--out", tmp / "runs" / f"out{i}", "--key", keys / "vendor.key",
-                   home=home)
+        r = kvgate_python_m("run", "-i", inv, "-g", gates, "--out", tmp / "runs" / f"out{i}",
+                            "--key", keys / "vendor.key", home=home)
         assert r.returncode == 0, r.stdout + r.stderr
         rid = next(l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: "))
         bundles.append(tmp / "runs" / f"out{i}" / rid)
