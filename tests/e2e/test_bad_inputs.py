@@ -6,7 +6,17 @@ The corpus is tests/fixtures/bad_inputs/ (yaml/ and json/ apply to every YAML an
 the wrong types and unknown keys of each kind); random bytes, a 50 MB file, a directory, a FIFO with no
 writer, a symlink loop and an unreadable file are made here. "Unreadable" is honest even though tests run
 as root: the command runs as nobody (root reads any file), or as this user where the tests are not root.
-Subprocess timeouts are hang guards only; no assertion depends on time.
+A command that refuses a file writes nothing: the test's directory (the bad file, the bundle, the --out
+targets) is as it was after the run, except the re-rendered report of a bundle whose signed raw file
+re-evaluates differently (exit 1, the report says what differs).
+
+Every case runs as a process of its own, forked from a server that imported kvgate once (tests/kvgate_fork.py):
+its exit code, output, peak RSS (wait4, from a reset at the fork) and user (nobody, by setuid) are a process's,
+and nothing one case does reaches another. What a fork skips, the interpreter's start and kvgate's imports,
+the ``python_m`` tests cover with ``python -m harness`` for one case of each reader kind, among them the
+process-level ones (the bombs' peak RSS against the same command's, nobody, a FIFO, a symlink loop); and
+test_forked_runs_are_processes checks the fork against ``python -m`` where it could differ.
+Timeouts are hang guards only; no assertion depends on time.
 """
 
 from __future__ import annotations
@@ -16,17 +26,20 @@ import os
 import pwd
 import random
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from harness.report import bundle
 from harness.safeio import MAX_DEPTH
+from kvgate_fork import ForkServer, Ran
 
 pytestmark = pytest.mark.e2e
 
@@ -109,11 +122,16 @@ JSON_KINDS = ("envelope", "verdicts", "result")
 IN_BUNDLE = {"envelope": "attestation.dsse.json", "verdicts": "verdicts.json", "result": "gates/G1/result.json"}
 
 
-@dataclass
-class Ran:
-    rc: int
-    out: str  # stdout and stderr
-    maxrss_bytes: int
+# Modules the fork server imports before it forks: those the cases run (importing them is most of what a short
+# `python -m` run spends).
+PRELOAD = ("harness.cli.main", "harness.engines.cpu_reference")
+# One case of each reader kind that also runs as `python -m` (the tests named *_python_m), the process-level
+# cases among them: peak RSS of a bomb, deep nesting and the 50 MB file; nobody; a FIFO; a symlink loop.
+PYTHON_M_YAML = [("inventory", "yaml", "alias_bomb"), ("gates", "special", "symlink_loop"),
+                 ("engine", "yaml", "deep_nesting"), ("lmcache", "special", "unreadable"),
+                 ("cost", "special", "fifo"), ("keyring", "kinds", "unknown_key")]
+PYTHON_M_JSON = [("envelope", "special", "big", "verify"), ("result", "json", "syntax_error", "report"),
+                 ("verdicts", "kinds", "wrong_types", "cost")]
 
 
 def nobody() -> tuple[int, int] | None:
@@ -147,7 +165,33 @@ def run(argv: list[str], *, as_nobody: bool = False, env_extra: dict[str, str] |
         out.seek(0)
         text = out.read().decode(errors="replace")
     assert p.returncode != -9, f"hang guard killed {argv} after {HANG_GUARD_S} s:\n{text}"
-    return Ran(p.returncode, text, usage.ru_maxrss * 1024)
+    return Ran(p.returncode, text, "", usage.ru_maxrss * 1024)
+
+
+def home_env(shared: Path) -> dict[str, str]:
+    """Keys, caches and matplotlib's config in the module's shared home (nobody may write it)."""
+    home = str(shared / "home")
+    return {"KVGATE_HOME": home, "HOME": home, "MPLCONFIGDIR": home}
+
+
+class Runner:
+    """How a case's command runs: ``python -m`` (a new interpreter) or forked from the fork server. ``argv`` is
+    ``[MODULE, ARGS...]``. Keeps the peak RSS of each command on a harmless input, measured the same way."""
+
+    def __init__(self, name: str, run_argv: Callable[[list[str], bool], Ran]):
+        self.name, self._run, self._baselines = name, run_argv, {}
+
+    def __call__(self, argv: list[str], as_nobody: bool = False) -> Ran:
+        return self._run(argv, as_nobody)
+
+    def baseline_rss(self, key: str, argv: Callable[[], tuple[list[str], int | None]]) -> int:
+        """Peak RSS of ``argv()`` (run once per key), which must exit as it says (None: any code)."""
+        if key not in self._baselines:
+            cmd, rc = argv()
+            r = self(cmd)
+            assert rc is None or r.rc == rc, f"baseline {cmd}: exit {r.rc}:\n{r.out}"
+            self._baselines[key] = r.maxrss_bytes
+        return self._baselines[key]
 
 
 # ------------------------------------------------------------------------------------------ fixtures
@@ -173,6 +217,31 @@ def work(shared):
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def fork_server(shared):
+    """The fork server (tests/kvgate_fork.py), in the environment ``python_m`` gives its commands."""
+    with ForkServer(PRELOAD, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **home_env(shared))) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def forked(fork_server):
+    """Each command a child of the fork server."""
+    def run_forked(argv: list[str], as_nobody: bool) -> Ran:
+        r = fork_server.run(argv[0], *argv[1:], user=nobody() if as_nobody else None, timeout_s=HANG_GUARD_S)
+        assert r.rc != -9, f"hang guard killed {argv} after {HANG_GUARD_S} s:\n{r.out}"
+        return r
+
+    return Runner("forked", run_forked)
+
+
+@pytest.fixture(scope="module")
+def python_m(shared):
+    """Each command ``python -m MODULE ARGS`` from the checkout's root, as a user runs it."""
+    return Runner("python -m", lambda argv, as_nobody: run([sys.executable, "-m", *argv], as_nobody=as_nobody,
+                                                           env_extra=home_env(shared)))
+
+
 def make_special(case: str, p: Path) -> Path:
     """A bad file of ``case`` at ``p``: random bytes, 50 MB, a directory, a FIFO, a symlink loop, unreadable."""
     if case == "random_bytes":
@@ -193,18 +262,26 @@ def make_special(case: str, p: Path) -> Path:
     return p
 
 
+@cache
+def _cannot_run_as_nobody() -> str | None:
+    """Why this root cannot run the command as nobody, or None when it can."""
+    if nobody() is None:
+        return "running as root and there is no user 'nobody' to drop to"
+    try:
+        probe = run([sys.executable, "-c", "pass"], as_nobody=True)
+    except OSError as exc:
+        return f"running as root and cannot start {sys.executable} as nobody: {exc}"
+    if probe.rc != 0:
+        return f"running as root and nobody cannot run {sys.executable}: {probe.out.strip()}"
+    return None
+
+
 def needs_nobody(case: str) -> bool:
     """Whether the command must run as nobody for the file to be unreadable (root reads anything)."""
     if case != "unreadable" or os.geteuid() != 0:
         return False
-    if nobody() is None:
-        pytest.skip("running as root and there is no user 'nobody' to drop to")
-    try:
-        probe = run([sys.executable, "-c", "pass"], as_nobody=True)
-    except OSError as exc:
-        pytest.skip(f"running as root and cannot start {sys.executable} as nobody: {exc}")
-    if probe.rc != 0:
-        pytest.skip(f"running as root and nobody cannot run {sys.executable}: {probe.out.strip()}")
+    if (why := _cannot_run_as_nobody()) is not None:
+        pytest.skip(why)
     return True
 
 
@@ -226,39 +303,44 @@ def assert_one_line_error(r: Ran, rc: int, display: str, line: int | None, fragm
     assert hits, f"expected a line with {where!r} and {fragment!r}; got:\n{r.out}"
 
 
+def tree(d: Path) -> dict[str, tuple[int, int, int]]:
+    """Every entry under ``d`` (symbolic links not followed): its type, size and mtime, by relative path."""
+    entries = {}
+    for top, dirs, files in os.walk(d):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(top, name))
+            entries[os.path.relpath(os.path.join(top, name), d)] = (stat.S_IFMT(st.st_mode), st.st_size,
+                                                                    st.st_mtime_ns)
+    return entries
+
+
+def assert_wrote_nothing(before: dict, after: dict, out: str) -> None:
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"the command that refused its input changed {changed}:\n{out}"
+
+
 # ------------------------------------------------------------------------------------------ YAML inputs
 
 
 def yaml_command(kind: str, path: Path, work: Path) -> tuple[list[str], int]:
-    """The command that reads a YAML file of ``kind``, and its exit code for a bad file."""
-    py = [sys.executable, "-m", "harness"]
+    """The command (``[MODULE, ARGS...]``) that reads a YAML file of ``kind``, and its exit code for a bad file."""
     if kind == "inventory":
-        return py + ["validate", "-i", str(path), "-g", str(CONFIGS / "good_gates.yaml")], 2
+        return ["harness", "validate", "-i", str(path), "-g", str(CONFIGS / "good_gates.yaml")], 2
     if kind == "gates":
-        return py + ["validate", "-i", str(CONFIGS / "good_inventory.yaml"), "-g", str(path)], 2
+        return ["harness", "validate", "-i", str(CONFIGS / "good_inventory.yaml"), "-g", str(path)], 2
     if kind == "engine":  # a gate suite names the profile by path
         suite = work / f"suite-{path.name}.yaml"
         suite.write_text((ROOT / "gates" / "g2-cpu-reference.yaml").read_text()
                          .replace("engine: cpu-reference", f"engine: {path}"))
         suite.chmod(0o644)
-        return py + ["validate", "-i", str(ROOT / "inventory" / "localhost.yaml"), "-g", str(suite)], 2
+        return ["harness", "validate", "-i", str(ROOT / "inventory" / "localhost.yaml"), "-g", str(suite)], 2
     if kind == "lmcache":  # the LMCache YAML the reference engine is given (checked before LMCache reads it)
-        return [sys.executable, "-m", "harness.engines.cpu_reference", "--port", "1", "--lmcache-config", str(path)], 2
+        return ["harness.engines.cpu_reference", "--port", "1", "--lmcache-config", str(path)], 2
     if kind == "cost":
-        return py + ["cost", "--params", str(path), "--out", str(work / "cost-out")], 2
+        return ["harness", "cost", "--params", str(path), "--out", str(work / "cost-out")], 2
     if kind == "keyring":  # verify reads the keyring before the bundle (which need not exist here)
-        return py + ["verify", str(work / "no-such-bundle"), "--keyring", str(path)], 2
+        return ["harness", "verify", str(work / "no-such-bundle"), "--keyring", str(path)], 2
     raise AssertionError(kind)
-
-
-_baselines: dict[str, int] = {}
-
-
-def baseline_rss(kind: str, work: Path) -> int:
-    """Peak RSS of the same command on an empty file: what the bad cases are measured against."""
-    if kind not in _baselines:
-        _baselines[kind] = run(yaml_command(kind, CORPUS / "yaml" / "empty.yaml", work)[0]).maxrss_bytes
-    return _baselines[kind]
 
 
 YAML_PARAMS = ([(k, "yaml", c) for k in YAML_KINDS for c in YAML_CASES]
@@ -266,8 +348,7 @@ YAML_PARAMS = ([(k, "yaml", c) for k in YAML_KINDS for c in YAML_CASES]
                + [(k, "kinds", c) for k in YAML_KINDS for c in KIND_CASES[k]])
 
 
-@pytest.mark.parametrize("kind,group,case", YAML_PARAMS, ids=[f"{k}-{c}" for k, _, c in YAML_PARAMS])
-def test_bad_yaml_input(kind, group, case, shared, work):
+def check_bad_yaml(run: Runner, kind: str, group: str, case: str, work: Path) -> None:
     if group == "yaml":
         path, (line, fragment) = CORPUS / "yaml" / f"{case}.yaml", YAML_CASES[case]
     elif group == "kinds":
@@ -276,10 +357,23 @@ def test_bad_yaml_input(kind, group, case, shared, work):
         path, (line, fragment) = make_special(case, work / f"{case}.yaml"), SPECIAL_CASES[case]
     as_nobody = needs_nobody(case)
     argv, rc = yaml_command(kind, path, work)
-    r = run(argv, as_nobody=as_nobody, env_extra={"KVGATE_HOME": str(shared / "home"), "HOME": str(shared / "home")})
+    before = tree(work)
+    r = run(argv, as_nobody)
     assert_one_line_error(r, rc, str(path), expected_line(case, path, line), fragment)
-    if case in MEMORY_CASES:
-        assert r.maxrss_bytes <= baseline_rss(kind, work) + RSS_MARGIN_BYTES, (r.maxrss_bytes, _baselines)
+    assert_wrote_nothing(before, tree(work), r.out)
+    if case in MEMORY_CASES:  # against the same command on an empty file
+        base = run.baseline_rss(kind, lambda: (yaml_command(kind, CORPUS / "yaml" / "empty.yaml", work)[0], None))
+        assert r.maxrss_bytes <= base + RSS_MARGIN_BYTES, (r.maxrss_bytes, base)
+
+
+@pytest.mark.parametrize("kind,group,case", YAML_PARAMS, ids=[f"{k}-{c}" for k, _, c in YAML_PARAMS])
+def test_bad_yaml_input(kind, group, case, forked, work):
+    check_bad_yaml(forked, kind, group, case, work)
+
+
+@pytest.mark.parametrize("kind,group,case", PYTHON_M_YAML, ids=[f"{k}-{c}" for k, _, c in PYTHON_M_YAML])
+def test_bad_yaml_input_python_m(kind, group, case, python_m, work):
+    check_bad_yaml(python_m, kind, group, case, work)
 
 
 # ------------------------------------------------------------------------------------------ bundle JSON
@@ -340,18 +434,18 @@ def make_bundle(work: Path, signer, replace: str | None = None, content: Path | 
 
 
 def bundle_command(command: str, b: Path, pub: Path, work: Path) -> tuple[list[str], int]:
-    py = [sys.executable, "-m", "harness"]
+    """The command (``[MODULE, ARGS...]``) that reads bundle ``b``, and its exit code for a bad file."""
     if command == "verify":
-        return py + ["verify", str(b), "--pubkey", str(pub)], 1
+        return ["harness", "verify", str(b), "--pubkey", str(pub)], 1
     if command == "report":
-        return py + ["report", str(b), "--pubkey", str(pub), "--out", str(work / "report-out")], 1
+        return ["harness", "report", str(b), "--pubkey", str(pub), "--out", str(work / "report-out")], 1
     if command == "cost":
         params = work / "params.yaml"
         if not params.exists():
             shutil.copytree(ROOT / "workloads" / "models", work / "models")
             params.write_text(_without_per_gpu_read((ROOT / "workloads" / "cost-params.example.yaml").read_text()))
-        return py + ["cost", "--params", str(params), "--bundle", str(b), "--pubkey", str(pub),
-                     "--out", str(work / "cost-out")], 2
+        return ["harness", "cost", "--params", str(params), "--bundle", str(b), "--pubkey", str(pub),
+                "--out", str(work / "cost-out")], 2
     raise AssertionError(command)
 
 
@@ -383,20 +477,26 @@ def _json_params():
 JSON_PARAMS = _json_params()
 
 
-def test_good_bundle_passes_every_reader(shared, signer, work):
+def good_bundle_command(command: str, signer, shared: Path) -> tuple[list[str], int]:
+    """``command`` on a fresh good bundle in a directory of its own: exit 0."""
+    d = Path(tempfile.mkdtemp(dir=shared))
+    d.chmod(0o755)
+    return bundle_command(command, make_bundle(d, signer), signer[1], d)[0], 0
+
+
+def test_good_bundle_passes_every_reader(forked, shared, signer):
     """The bundle the bad cases start from verifies, re-evaluates SAME and feeds cost: so each failure
     below comes from the one bad file."""
-    _, pub = signer
-    b = make_bundle(work, signer)
     for command in ("verify", "report", "cost"):
-        argv, _ = bundle_command(command, b, pub, work)
-        r = run(argv, env_extra={"KVGATE_HOME": str(shared / "home")})
+        argv, _ = good_bundle_command(command, signer, shared)
+        r = forked(argv)
         assert r.rc == 0, f"{command}:\n{r.out}"
+        if command == "report":
+            assert "verdicts: SAME as signed" in r.out, r.out
 
 
-@pytest.mark.parametrize("kind,group,case,command", JSON_PARAMS,
-                         ids=[f"{k}-{c}-{cmd}" for k, _, c, cmd in JSON_PARAMS])
-def test_bad_bundle_json(kind, group, case, command, shared, signer, work):
+def check_bad_bundle_json(run: Runner, kind: str, group: str, case: str, command: str, shared: Path, signer,
+                          work: Path) -> None:
     _, pub = signer
     rel = IN_BUNDLE[kind]
     if group == "json":
@@ -423,13 +523,55 @@ def test_bad_bundle_json(kind, group, case, command, shared, signer, work):
         b = make_bundle(work, signer, rel, src)  # signed: verification passes, the file's reader refuses it
     as_nobody = needs_nobody(case)
     argv, rc = bundle_command(command, b, pub, work)
-    r = run(argv, as_nobody=as_nobody, env_extra={"KVGATE_HOME": str(shared / "home"), "HOME": str(shared / "home"),
-                                                  "MPLCONFIGDIR": str(shared / "home")})
-    if kind == "result" and case not in AFTER_SIGNING:
+    before = tree(work)
+    r = run(argv, as_nobody)
+    rerendered = kind == "result" and case not in AFTER_SIGNING
+    if rerendered:
         assert "DIFFERS" in r.out, r.out  # re-evaluation found the bad raw file: the report says so, exit 1
     assert_one_line_error(r, rc, rel, expected_line(case, src, line) if src else line, fragment)
-    if case in MEMORY_CASES:  # against the same command on the good bundle
-        base_dir = Path(tempfile.mkdtemp(dir=work))
-        base = run(bundle_command(command, make_bundle(base_dir, signer), pub, base_dir)[0],
-                   env_extra={"KVGATE_HOME": str(shared / "home")})
-        assert r.maxrss_bytes <= base.maxrss_bytes + RSS_MARGIN_BYTES, (r.maxrss_bytes, base.maxrss_bytes)
+    after = tree(work)
+    if rerendered:  # the re-rendered report, which says what differs, is the one thing written
+        assert (work / "report-out" / "reevaluation.json").is_file(), r.out
+        after = {k: v for k, v in after.items() if k.split(os.sep)[0] != "report-out"}
+    assert_wrote_nothing(before, after, r.out)
+    if case in MEMORY_CASES:  # against the same command on a good bundle
+        base = run.baseline_rss(command, lambda: good_bundle_command(command, signer, shared))
+        assert r.maxrss_bytes <= base + RSS_MARGIN_BYTES, (r.maxrss_bytes, base)
+
+
+@pytest.mark.parametrize("kind,group,case,command", JSON_PARAMS,
+                         ids=[f"{k}-{c}-{cmd}" for k, _, c, cmd in JSON_PARAMS])
+def test_bad_bundle_json(kind, group, case, command, forked, shared, signer, work):
+    check_bad_bundle_json(forked, kind, group, case, command, shared, signer, work)
+
+
+@pytest.mark.parametrize("kind,group,case,command", PYTHON_M_JSON,
+                         ids=[f"{k}-{c}-{cmd}" for k, _, c, cmd in PYTHON_M_JSON])
+def test_bad_bundle_json_python_m(kind, group, case, command, python_m, shared, signer, work):
+    check_bad_bundle_json(python_m, kind, group, case, command, shared, signer, work)
+
+
+# ------------------------------------------------------------------------------------------ the fork server
+
+
+def test_forked_runs_are_processes(forked, python_m, fork_server, tmp_path):
+    """What the forked cases rely on, each against ``python -m`` where it could differ: the same exit code and
+    output for a command, and for an exception that escapes one (a traceback, exit 1, which fails a case);
+    memory a command takes shows in its peak RSS; a command that hangs is killed; and what one run changes
+    (the environment, the working directory, kvgate's modules) does not reach the next."""
+    for argv in (["harness", "--version"], ["base64", str(tmp_path / "missing")]):  # base64 lets OSError escape
+        f, p = forked(argv), python_m(argv)
+        assert (f.rc, f.out.splitlines()[-1]) == (p.rc, p.out.splitlines()[-1]), (f, p)
+        assert ("Traceback" in f.out) == ("Traceback" in p.out) == (argv[0] == "base64"), (f, p)
+    small = forked(["timeit", "-n1", "-r1", "b'x' * 1"])
+    big = forked(["timeit", "-n1", "-r1", "b'x' * (256 << 20)"])
+    assert (small.rc, big.rc) == (0, 0), (small, big)
+    assert big.maxrss_bytes >= small.maxrss_bytes + (200 << 20), (small.maxrss_bytes, big.maxrss_bytes)
+    assert fork_server.run("timeit", "-n1", "-r1", "import time; time.sleep(600)", timeout_s=1).rc == -9
+    change = ("import os, sys, harness.safeio; os.environ['KVGATE_LEAK'] = '1'; os.chdir('/');"
+              " harness.safeio.MAX_DEPTH = 1; sys.modules['kvgate_leak'] = sys")
+    show = ("import os, sys, harness.safeio; print(os.environ.get('KVGATE_LEAK'), os.getcwd(),"
+            " harness.safeio.MAX_DEPTH, 'kvgate_leak' in sys.modules, file=sys.stderr)")
+    assert forked(["timeit", "-n1", "-r1", "-s", change, "pass"]).rc == 0
+    seen = forked(["timeit", "-n1", "-r1", "-s", show, "pass"]).out
+    assert f"None {ROOT} {MAX_DEPTH} False" in seen, seen

@@ -1,4 +1,7 @@
-"""kvgate as a user runs it: over real SSH to localhost, real fio on a file target, signed bundle."""
+"""kvgate as a user runs it: over real SSH to localhost, real fio on a file target, signed bundle.
+
+The runs are ``python -m harness run``; keygen, plan and verify are processes forked from a server that imported
+kvgate once (tests/kvgate_fork.py, checked against ``python -m`` in tests/e2e/test_bad_inputs.py)."""
 
 import json
 import os
@@ -11,11 +14,19 @@ from polling import wait_no_process
 from signals import default_signals
 import yaml
 
-from kvgate_cli import kvgate
+from kvgate_cli import kvgate as kvgate_python_m
+from kvgate_fork import ForkServer
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def kvgate():
+    """``kvgate ARGS`` (home=, env=) as tests/kvgate_cli.py runs it, each command forked from one server."""
+    with ForkServer() as server:
+        yield server.kvgate
 
 
 def write_inventory(tmp_path, sshd, target_path):
@@ -39,15 +50,15 @@ def write_gates(tmp_path, g1_pass, g1_stop, name="gates.yaml"):
     return path
 
 
-def test_run_over_ssh_produces_a_bundle_that_verifies(tmp_path, sshd):
+def test_run_over_ssh_produces_a_bundle_that_verifies(tmp_path, sshd, kvgate):
     # shell metacharacters stay one literal argument on the remote side
     target = tmp_path / "data" / "target bin &|`touch pwned`$(touch pwned)"
     inv = write_inventory(tmp_path, sshd, target)
     gates = write_gates(tmp_path, ">= 1 MB/s", "< 0.01 MB/s")
     assert kvgate("keygen", "--out", tmp_path / "op").returncode == 0
     out = tmp_path / "out"
-    r = kvgate("run", "-i", inv, "-g", gates, "--out", out, "--key", tmp_path / "op.key",
-               "--known-hosts", sshd.known_hosts)
+    r = kvgate_python_m("run", "-i", inv, "-g", gates, "--out", out, "--key", tmp_path / "op.key",
+                        "--known-hosts", sshd.known_hosts)
     assert r.returncode == 0, r.stdout + r.stderr
     report_id = next(l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: "))
     bundle = out / report_id
@@ -76,8 +87,8 @@ def test_run_over_ssh_produces_a_bundle_that_verifies(tmp_path, sshd):
 def test_stop_loss_ends_with_exit_4_and_skips_later_gates(tmp_path, sshd):
     inv = write_inventory(tmp_path, sshd, tmp_path / "t.bin")
     gates = write_gates(tmp_path, ">= 10000 GB/s", "< 5000 GB/s")
-    r = kvgate("run", "-i", inv, "-g", gates, "--out", tmp_path / "out", "--known-hosts", sshd.known_hosts,
-               env={"KVGATE_HOME": str(tmp_path / "home")})
+    r = kvgate_python_m("run", "-i", inv, "-g", gates, "--out", tmp_path / "out", "--known-hosts",
+                        sshd.known_hosts, env={"KVGATE_HOME": str(tmp_path / "home")})
     assert r.returncode == 4, r.stdout + r.stderr
     lines = {l.split()[0]: l.split()[1] for l in r.stdout.splitlines() if l.startswith("G1")}
     assert lines == {"G1": "STOP", "G1b": "SKIPPED"}
@@ -90,14 +101,14 @@ def test_stop_loss_ends_with_exit_4_and_skips_later_gates(tmp_path, sshd):
 def test_unknown_host_key_is_an_infrastructure_error(tmp_path, sshd):
     inv = write_inventory(tmp_path, sshd, tmp_path / "t.bin")
     gates = write_gates(tmp_path, ">= 1 MB/s", "< 0.01 MB/s")
-    r = kvgate("run", "-i", inv, "-g", gates, "--out", tmp_path / "out", "--known-hosts", tmp_path / "none",
-               env={"KVGATE_HOME": str(tmp_path / "home")})
+    r = kvgate_python_m("run", "-i", inv, "-g", gates, "--out", tmp_path / "out", "--known-hosts",
+                        tmp_path / "none", env={"KVGATE_HOME": str(tmp_path / "home")})
     assert r.returncode == 3
     assert "unknown host key" in r.stderr and "ERROR" in r.stdout
     assert "overall: ERROR" in r.stdout
 
 
-def test_plan_runs_nothing(tmp_path, sshd):
+def test_plan_runs_nothing(tmp_path, sshd, kvgate):
     target = tmp_path / "never-created.bin"
     inv = write_inventory(tmp_path, sshd, target)
     gates = write_gates(tmp_path, ">= 1 MB/s", "< 0.01 MB/s")
@@ -107,8 +118,8 @@ def test_plan_runs_nothing(tmp_path, sshd):
     assert not target.exists()
 
 
-def test_default_run_without_arguments(tmp_path):
-    r = kvgate("run", "--out", tmp_path / "out", env={"KVGATE_HOME": str(tmp_path / "home")})
+def test_default_run_without_arguments(tmp_path, kvgate):
+    r = kvgate_python_m("run", "--out", tmp_path / "out", env={"KVGATE_HOME": str(tmp_path / "home")})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "development key" in r.stderr
     tar = next((tmp_path / "out").glob("KVG-*.tar.gz"))

@@ -1,15 +1,18 @@
-"""`kvgate cost` as a user runs it: signed output, verified inputs, refusals, rerun determinism."""
+"""`kvgate cost` as a user runs it: signed output, verified inputs, refusals, rerun determinism.
+
+Each command is a process forked from a server that imported kvgate once (tests/kvgate_fork.py, checked against
+``python -m`` in tests/e2e/test_bad_inputs.py), in this test's environment."""
 
 import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.report import bundle
+from kvgate_fork import WITH_CHARTS, ForkServer
 
 pytestmark = pytest.mark.e2e
 
@@ -25,9 +28,19 @@ def kvgate_home(tmp_path, monkeypatch):
     return home
 
 
-def kvgate_cost(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", "cost", *map(str, args)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+@pytest.fixture(scope="module")
+def forks():
+    with ForkServer(WITH_CHARTS) as server:
+        yield server
+
+
+@pytest.fixture()
+def kvgate_cost(forks):
+    """``kvgate cost ARGS`` from the checkout's root, in this test's environment (its $KVGATE_HOME)."""
+    def cost(*args) -> subprocess.CompletedProcess:
+        return forks.kvgate("cost", *args, timeout=120)
+
+    return cost
 
 
 @pytest.fixture()
@@ -69,7 +82,7 @@ def only_bundle(out: Path) -> Path:
     return b
 
 
-def test_writes_a_signed_bundle_with_tables_charts_and_reports(params, tmp_path, kvgate_home):
+def test_writes_a_signed_bundle_with_tables_charts_and_reports(params, tmp_path, kvgate_home, kvgate_cost):
     out = tmp_path / "out"
     proc = kvgate_cost("--params", params, "--out", out)
     assert proc.returncode == 0, proc.stderr
@@ -100,7 +113,7 @@ def test_writes_a_signed_bundle_with_tables_charts_and_reports(params, tmp_path,
     assert not bundle.verify_bundle(b, pub).ok
 
 
-def test_same_params_give_byte_identical_tables(params, tmp_path):
+def test_same_params_give_byte_identical_tables(params, tmp_path, kvgate_cost):
     runs = []
     for name in ("a", "b"):
         proc = kvgate_cost("--params", params, "--out", tmp_path / name)
@@ -117,7 +130,7 @@ def test_same_params_give_byte_identical_tables(params, tmp_path):
     assert (c / "tables/results.csv").read_bytes() != (runs[0] / "tables/results.csv").read_bytes()
 
 
-def test_measured_input_from_a_verified_bundle_is_used_and_cited(params, tmp_path, g1_bundle):
+def test_measured_input_from_a_verified_bundle_is_used_and_cited(params, tmp_path, g1_bundle, kvgate_cost):
     path, pub, report_id = g1_bundle
     without_line(params, "per_gpu_read: 5.23 GB/s")
     key, my_pub = bundle.generate_keypair(tmp_path / "operator")
@@ -137,7 +150,7 @@ def test_measured_input_from_a_verified_bundle_is_used_and_cited(params, tmp_pat
                          "metric": "per_gpu_read_gb_s", "outcome": "PASS"}]
 
 
-def test_tar_archive_input_is_accepted(params, tmp_path, g1_bundle):
+def test_tar_archive_input_is_accepted(params, tmp_path, g1_bundle, kvgate_cost):
     path, pub, report_id = g1_bundle
     without_line(params, "per_gpu_read: 5.23 GB/s")
     tar = path.parent / f"{report_id}.tar.gz"
@@ -145,7 +158,7 @@ def test_tar_archive_input_is_accepted(params, tmp_path, g1_bundle):
     assert proc.returncode == 0, proc.stderr
 
 
-def test_parameter_may_not_override_a_measured_input(params, tmp_path, g1_bundle):
+def test_parameter_may_not_override_a_measured_input(params, tmp_path, g1_bundle, kvgate_cost):
     path, pub, report_id = g1_bundle
     out = tmp_path / "out"
     proc = kvgate_cost("--params", params, "--bundle", path, "--pubkey", pub, "--out", out)
@@ -156,7 +169,7 @@ def test_parameter_may_not_override_a_measured_input(params, tmp_path, g1_bundle
     assert not out.exists() or not any(p.name.startswith("KVG-") for p in out.iterdir())
 
 
-def test_tampered_input_bundle_is_refused(params, tmp_path, g1_bundle):
+def test_tampered_input_bundle_is_refused(params, tmp_path, g1_bundle, kvgate_cost):
     path, pub, report_id = g1_bundle
     without_line(params, "per_gpu_read: 5.23 GB/s")
     v = json.loads((path / "verdicts.json").read_text())
@@ -170,7 +183,7 @@ def test_tampered_input_bundle_is_refused(params, tmp_path, g1_bundle):
     assert not out.exists()
 
 
-def test_bundle_signed_by_another_key_is_refused(params, tmp_path, g1_bundle):
+def test_bundle_signed_by_another_key_is_refused(params, tmp_path, g1_bundle, kvgate_cost):
     path, _, _ = g1_bundle
     without_line(params, "per_gpu_read: 5.23 GB/s")
     _, other_pub = bundle.generate_keypair(tmp_path / "other")
@@ -178,7 +191,7 @@ def test_bundle_signed_by_another_key_is_refused(params, tmp_path, g1_bundle):
     assert proc.returncode == 2 and "signature does not verify" in proc.stderr
 
 
-def test_bad_params_exit_2_with_every_issue_on_its_own_line(params, tmp_path):
+def test_bad_params_exit_2_with_every_issue_on_its_own_line(params, tmp_path, kvgate_cost):
     params.write_text(params.read_text().replace("  per_gpu_read: 5.23 GB/s", "  per_gpu_read: 5.23 s")
                       .replace("revisit_rate: 0.5", "revisit_rate: 1.5"))
     proc = kvgate_cost("--params", params, "--out", tmp_path / "out")

@@ -1,5 +1,8 @@
 """kvgate cosign / verify --pubkey ... --keyring / report --keyring / library build|check as a user runs
-them, on bundles of real local G1 runs (real fio) and a real kvgate cost bundle that cites one of them."""
+them, on bundles of real local G1 runs (real fio) and a real kvgate cost bundle that cites one of them.
+
+The runs are ``python -m harness run``; every other command is a process forked from a server that imported
+kvgate once (tests/kvgate_fork.py, checked against ``python -m`` in tests/e2e/test_bad_inputs.py)."""
 
 import base64
 import json
@@ -10,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvgate_cli import kvgate
+from kvgate_cli import kvgate as kvgate_python_m
+from kvgate_fork import WITH_CHARTS, ForkServer
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +38,14 @@ def keyring(path: Path, keys: Path, customer_extra: str = "") -> Path:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def kvgate():
+    """``kvgate ARGS`` (home=, env=) as tests/kvgate_cli.py runs it, each command forked from one server."""
+    with ForkServer(WITH_CHARTS) as server:
+        yield server.kvgate
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, kvgate):
     """Two real G1 runs signed by the vendor key; the first co-signed by the customer; a cost bundle citing it."""
     tmp = tmp_path_factory.mktemp("evidence-cli")
     home = tmp / "home"
@@ -53,8 +64,8 @@ def world(tmp_path_factory):
         "metric": "per_gpu_read_gb_s", "pass": ">= 1 MB/s", "stop_loss": "< 0.01 MB/s"}]}, sort_keys=False))
     bundles = []
     for i in range(2):
-        r = kvgate("run", "-i", inv, "-g", gates, "--out", tmp / "runs" / f"out{i}", "--key", keys / "vendor.key",
-                   home=home)
+        r = kvgate_python_m("run", "-i", inv, "-g", gates, "--out", tmp / "runs" / f"out{i}",
+                            "--key", keys / "vendor.key", home=home)
         assert r.returncode == 0, r.stdout + r.stderr
         rid = next(l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: "))
         bundles.append(tmp / "runs" / f"out{i}" / rid)
@@ -84,7 +95,7 @@ def test_cosign_keeps_the_report_id_and_every_subject(world):
     assert (b0 / "REPORT_ID").read_text().strip() == b0.name
 
 
-def test_verify_passes_only_when_every_named_key_signed(world):
+def test_verify_passes_only_when_every_named_key_signed(world, kvgate):
     b0, b1 = world["bundles"]
     keys, home = world["keys"], world["home"]
     for b in (b0, f"{b0}.tar.gz"):
@@ -96,7 +107,7 @@ def test_verify_passes_only_when_every_named_key_signed(world):
     assert r.returncode == 0, r.stdout
 
 
-def test_verify_with_a_keyring_names_signers_and_roles(world):
+def test_verify_with_a_keyring_names_signers_and_roles(world, kvgate):
     b0 = world["bundles"][0]
     r = kvgate("verify", f"{b0}.tar.gz", "--keyring", world["ring"], home=world["home"])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -109,7 +120,7 @@ def test_verify_with_a_keyring_names_signers_and_roles(world):
     assert r.returncode == 1 and "no accepted signature by a key in role lab" in r.stdout
 
 
-def test_a_signature_after_the_keys_revocation_is_refused(world):
+def test_a_signature_after_the_keys_revocation_is_refused(world, kvgate):
     b0 = world["bundles"][0]
     created = datetime.strptime(json.loads(payload(b0))["predicate"]["created_utc"], "%Y-%m-%dT%H:%M:%SZ")
     revoked_before = keyring(world["tmp"] / "revoked.yaml", world["keys"],
@@ -125,7 +136,7 @@ def test_a_signature_after_the_keys_revocation_is_refused(world):
     assert r.returncode == 0, r.stdout
 
 
-def test_report_shows_the_signers(world):
+def test_report_shows_the_signers(world, kvgate):
     b0 = world["bundles"][0]
     assert "Signed when the bundle was written, by the operator key" in (b0 / "report.md").read_text()
     out = world["tmp"] / "rerendered"
@@ -137,7 +148,7 @@ def test_report_shows_the_signers(world):
     assert 'id="signer-table"' in html and "Example Bank" in html
 
 
-def test_library_build_and_check(world):
+def test_library_build_and_check(world, kvgate):
     tmp, home = world["tmp"], world["home"]
     b0, b1 = world["bundles"]
     site = tmp / "site"
@@ -162,7 +173,7 @@ def one_line_error(r) -> str:
     return lines[0]
 
 
-def test_bad_input_is_one_line_and_writes_nothing(world, tmp_path):
+def test_bad_input_is_one_line_and_writes_nothing(world, tmp_path, kvgate):
     home, keys, b0 = world["home"], world["keys"], world["bundles"][0]
     bad_ring = tmp_path / "ring.yaml"
     bad_ring.write_text(f"keys:\n  - name: X\n    role: auditor\n    public_key_file: {keys}/vendor.pub\n")
@@ -191,7 +202,7 @@ def test_bad_input_is_one_line_and_writes_nothing(world, tmp_path):
     assert one_line_error(r).startswith(f"error: {keys}/customer.pub: not a readable unencrypted PEM private key")
 
 
-def test_refusals_exit_through_the_one_exit_code_map(world, tmp_path):
+def test_refusals_exit_through_the_one_exit_code_map(world, tmp_path, kvgate):
     """A bundle that does not verify is not cosigned (1, a negative answer); a usage error is 2."""
     home, keys, b1 = world["home"], world["keys"], world["bundles"][1]
     copy = Path(shutil.copytree(b1, tmp_path / b1.name))

@@ -1,4 +1,7 @@
-"""kvgate report and kvgate compare as a user runs them, on bundles of real local G1 runs (real fio)."""
+"""kvgate report and kvgate compare as a user runs them, on bundles of real local G1 runs (real fio).
+
+The runs are ``python -m harness run``; report and compare are processes forked from a server that imported
+kvgate once (tests/kvgate_fork.py, checked against ``python -m`` in tests/e2e/test_bad_inputs.py)."""
 
 import json
 import shutil
@@ -8,11 +11,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvgate_cli import kvgate
+from kvgate_cli import kvgate as kvgate_python_m
+from kvgate_fork import WITH_CHARTS, ForkServer
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def kvgate():
+    """``kvgate ARGS`` (home=, env=) as tests/kvgate_cli.py runs it, each command forked from one server."""
+    with ForkServer(WITH_CHARTS) as server:
+        yield server.kvgate
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +43,14 @@ def runs(tmp_path_factory):
         "reference": {"value": "5.23 GB/s"}}]}, sort_keys=False))
     bundles = []
     for i in range(2):
-        r = kvgate("run", "-i", inv, "-g", gates, "--out", tmp / f"out{i}", home=home)
+        r = kvgate_python_m("run", "-i", inv, "-g", gates, "--out", tmp / f"out{i}", home=home)
         assert r.returncode == 0, r.stdout + r.stderr
         rid = next(l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: "))
         bundles.append(tmp / f"out{i}" / f"{rid}.tar.gz")
     return tmp, home, bundles
 
 
-def test_report_reproduces_verdicts_and_bytes(runs):
+def test_report_reproduces_verdicts_and_bytes(runs, kvgate):
     tmp, home, (a, _) = runs
     out = tmp / "rerender"
     r = kvgate("report", a, "--out", out, home=home)
@@ -59,7 +70,7 @@ def test_report_reproduces_verdicts_and_bytes(runs):
     assert "## Provenance" in (bundle / "report.md").read_text()
 
 
-def test_tampered_raw_file_is_caught_before_any_rerender(runs):
+def test_tampered_raw_file_is_caught_before_any_rerender(runs, kvgate):
     tmp, home, (a, _) = runs
     work = tmp / "tampered"
     with tarfile.open(a) as tf:
@@ -74,7 +85,7 @@ def test_tampered_raw_file_is_caught_before_any_rerender(runs):
     assert not out.exists()
 
 
-def test_signed_but_wrong_verdict_is_reported_as_different(runs):
+def test_signed_but_wrong_verdict_is_reported_as_different(runs, kvgate):
     """A bundle correctly signed whose verdict does not follow from its raw fio output."""
     from harness.report.bundle import load_private_key, write_bundle
     from harness.report.render import render_bundle_reports
@@ -107,13 +118,13 @@ def test_signed_but_wrong_verdict_is_reported_as_different(runs):
     assert "differ from the signed ones" in md
 
 
-def test_report_needs_the_signers_key(runs, tmp_path):
+def test_report_needs_the_signers_key(runs, tmp_path, kvgate):
     _, _, (a, _) = runs
     r = kvgate("report", a, home=tmp_path / "other-home")
     assert r.returncode == 2 and "give --pubkey" in r.stderr
 
 
-def test_compare_two_runs(runs):
+def test_compare_two_runs(runs, kvgate):
     tmp, home, (a, b) = runs
     out = tmp / "cmp"
     r = kvgate("compare", a, b, "--out", out, home=home)
