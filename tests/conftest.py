@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from lanes import lane_of  # tests/lanes.py: which lane a test runs in under `-n`
+from lanes import LANES, lane_of  # tests/lanes.py: which lane a test runs in under `-n`
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -14,7 +14,15 @@ def pytest_xdist_make_scheduler(config, log):
 
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return lane_of(nodeid) or nodeid
+            # outside the lanes a module is the unit, so its module-scoped fixtures are set up once
+            return lane_of(nodeid) or nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node) -> None:
+            # the two lanes are the long units: each worker starts with one, free modules fill in after
+            for lane in LANES[::-1]:
+                if lane in self.workqueue:
+                    self.workqueue.move_to_end(lane, last=False)
+            super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)
 

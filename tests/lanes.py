@@ -5,7 +5,8 @@
 # another by one worker. Every other integration test (real engines, rigs, shaped links, Slurm: bandwidth, skew and
 # TTFT measured on this machine) forms the other lane, also one at a time, on the other worker. So no two guests,
 # and no two integration tests outside the guest lane, ever run side by side; unit and e2e tests, which check
-# contracts rather than speeds, fill whichever worker is free. An integration module missing from GUEST_LANE only
+# contracts rather than speeds, fill whichever worker is free, a module at a time (its module-scoped fixtures
+# are set up once). An integration module missing from GUEST_LANE only
 # runs in the serial lane: slower, never side by side with its kind.
 # Paths under tests/, matched on the node id's end, so they hold whatever directory pytest runs from.
 GUEST_LANE = frozenset({
@@ -15,6 +16,9 @@ GUEST_LANE = frozenset({
     "integration/test_loopback_guest.py",
     "e2e/test_loopback_main_command.py",
 })
+
+
+LANES = ("integration", "guest")
 
 
 def lane_of(nodeid: str) -> str | None:
