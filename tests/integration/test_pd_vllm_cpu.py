@@ -33,7 +33,7 @@ from harness.transport.local import free_port
 from harness.workloads import WORKLOADS
 from harness.workloads.engine import engine_values
 from polling import wait_no_process, wait_until
-from vllm_engines import ENGINE_PYTHON, SERVED_MODEL_NAME, engine_python, preseed_model
+from vllm_engines import ENGINE_PYTHON, SERVED_MODEL_NAME, engine_python, ext4_pool, preseed_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -47,22 +47,11 @@ def rig(tmp_path_factory, vllm_model):
     d = tmp_path_factory.mktemp("pd")
     gp = _gate()["gates"][0]["params"]
     preseed_model(d / "work", vllm_model, gp["model_config_inline"], gp["seed"])
-    backing, pool = d / "pool.img", d / "pool"
-    pool.mkdir()
-    subprocess.run(["truncate", "-s", "256M", str(backing)], check=True)
-    loop = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    mounted = False
-    try:
-        subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True, capture_output=True)
-        subprocess.run(["mount", loop, str(pool)], check=True)
-        mounted = True
-        yield {"dir": d, "pool": pool, "loop": loop}
-    finally:
-        wait_no_process(str(d / "work") + "/", 120)  # every engine the runs started is gone
-        if mounted:
-            subprocess.run(["umount", str(pool)], capture_output=True)
-        subprocess.run(["losetup", "-d", loop], capture_output=True)
+    with ext4_pool(d) as (pool, loop):
+        try:
+            yield {"dir": d, "pool": pool, "loop": loop}
+        finally:
+            wait_no_process(str(d / "work") + "/", 120)  # every engine the runs started is gone
 
 
 def _gate() -> dict:

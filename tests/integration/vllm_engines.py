@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -129,20 +131,37 @@ class AttachedVllm:
         return self
 
 
-def start_attached(d: Path, model: Path):
-    """Generator for a fixture: the attached engine on ``model``, its pool ext4 on a loop device of its own, stopped
-    (the whole group, checked), unmounted and detached at the end."""
+@contextmanager
+def ext4_pool(d: Path) -> Iterator[tuple[Path, str]]:
+    """(mount point, loop device): a 256 MiB ext4 on a loop device of its own mounted at ``d / "pool"`` (so the
+    pool device's counters are the pool's alone); unmounted and detached at the end."""
     backing, pool = d / "pool.img", d / "pool"
     pool.mkdir()
     subprocess.run(["truncate", "-s", "256M", str(backing)], check=True)
     loop = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True, capture_output=True,
                           text=True).stdout.strip()
     mounted = False
-    ctl = d / "engine-ctl.sh"
     try:
         subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True, capture_output=True)
         subprocess.run(["mount", loop, str(pool)], check=True)
         mounted = True
+        yield pool, loop
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(pool)], capture_output=True)
+        subprocess.run(["losetup", "-d", loop], capture_output=True)
+
+
+def start_attached(d: Path, model: Path):
+    """Generator for a fixture: the attached engine on ``model``, its pool ext4 on a loop device of its own
+    (:func:`ext4_pool`), stopped (the whole group, checked) before the pool is unmounted."""
+    with ext4_pool(d) as (pool, _loop):
+        yield from _serve_attached(d, model, pool)
+
+
+def _serve_attached(d: Path, model: Path, pool: Path):
+    ctl = d / "engine-ctl.sh"
+    try:
         port = free_port("127.0.0.1")
         kv = json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                          "kv_connector_extra_config": {"shared_storage_path": str(pool / "kv")}})
@@ -168,7 +187,4 @@ def start_attached(d: Path, model: Path):
         leftover = pgrep(str(pool))
         subprocess.run(["pkill", "-KILL", "-f", str(pool)], capture_output=True)
         wait_no_process(str(pool), 120)
-        if mounted:
-            subprocess.run(["umount", str(pool)], capture_output=True)
-        subprocess.run(["losetup", "-d", loop], capture_output=True)
         assert leftover == "", f"engine processes left after stop: {leftover}"
