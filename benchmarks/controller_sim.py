@@ -179,7 +179,8 @@ def main() -> int:
     k_cpu = exponent(ns, [r["cpu_s"] for r in rows])
     k_wall = exponent(ns, [r["wall_s"] for r in rows])
     k_rss = exponent(ns, [max(r["rss_growth_mib"], 1e-3) for r in rows])
-    print(f"growth exponent in N: CPU-s {k_cpu:.2f}, wall {k_wall:.2f}, RSS {k_rss:.2f}   (goal: <= {GOALS['exponent']})")
+    if k_cpu is not None:  # one size has no slope
+        print(f"growth exponent in N: CPU-s {k_cpu:.2f}, wall {k_wall:.2f}, RSS {k_rss:.2f}   (goal: <= {GOALS['exponent']})")
     last = rows[-1]
     print(f"goals at {last['nodes']} nodes: CPU-s/node {last['cpu_s_per_node']:.4f} (<= {GOALS['cpu_s_per_node']}), "
           f"RSS MiB/node {last['rss_mib_per_node']:.3f} (<= {GOALS['rss_mib_per_node']}), threads left "
