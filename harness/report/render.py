@@ -34,9 +34,10 @@ import hashlib
 import json
 import math
 import re
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jinja2
 import pandas as pd
@@ -453,6 +454,16 @@ class Rendered:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # relative path -> frame
     charts: dict[str, str] = field(default_factory=dict)  # relative path -> svg
     files: dict[str, bytes] = field(default_factory=dict)  # relative path -> bytes (llm-d reports)
+    # makers of the files that print the report ID (llm-d reports), for :meth:`for_id`
+    id_files: list[Callable[[str], dict[str, bytes]]] = field(default_factory=list)
+
+    def for_id(self, report_id: str) -> "Rendered":
+        """The same report for another report ID: the view's ID and the files that print it are redone; the
+        tables and charts (drawn from the bundle's files, which hold no ID) are shared, not drawn again."""
+        files: dict[str, bytes] = {}
+        for make in self.id_files:
+            files.update(make(report_id))
+        return dataclasses.replace(self, view={**self.view, "report_id": report_id}, files=files)
 
 
 def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Rendered:
@@ -463,6 +474,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
     tables: dict[str, pd.DataFrame] = {f"{TABLES_DIR}/verdicts.csv": verdicts_frame(verdicts)}
     charts: dict[str, str] = {}
     files: dict[str, bytes] = {}
+    id_files: list[Callable[[str], dict[str, bytes]]] = []
     gates = []
     for v in verdicts:
         gid = v["gate_id"]
@@ -480,7 +492,9 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             rel = f"{CHARTS_DIR}/{file_part(gid)}-{kind}.svg"
             charts[rel] = svg
             g_charts.append({"path": rel, "kind": kind, "caption": caption, "id": f"chart-{gid}-{kind}"})
-        files.update(load.files(report_id) if load else {})
+        if load:
+            id_files.append(load.files)
+            files.update(load.files(report_id))
         started, finished = result.get("started_unix_s"), result.get("finished_unix_s")
         ref = v.get("reference") or {}
         gates.append({
@@ -503,7 +517,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
         "signers": (predicate.get("rerender_signers") or {}).get("signatures"),
         "signers_checked_with": (predicate.get("rerender_signers") or {}).get("checked_with"),
     }
-    return Rendered(view, tables, charts, files)
+    return Rendered(view, tables, charts, files, id_files)
 
 
 class MdText(str):
@@ -578,8 +592,14 @@ def render_markdown(report_id: str, predicate: dict[str, Any], bundle_dir: Path 
 def write_reports(report_id: str, bundle_dir: Path, predicate: dict[str, Any], out_dir: Path | None = None) -> list[str]:
     """Render every report file of ``bundle_dir`` into ``out_dir`` (default: the bundle itself);
     return the written paths relative to ``out_dir``, sorted."""
-    out_dir = Path(out_dir or bundle_dir)
-    r = build(report_id, Path(bundle_dir), predicate)
+    return write_rendered(build(report_id, Path(bundle_dir), predicate), predicate, Path(out_dir or bundle_dir))
+
+
+def write_rendered(r: Rendered, predicate: dict[str, Any], out_dir: Path,
+                   static: dict[str, bytes] | None = None) -> list[str]:
+    """Write the report files of ``r`` (its view's report ID) into ``out_dir``; the written paths, sorted.
+    ``static``, when given, caches the tables' and charts' bytes (the same for every report ID)."""
+    report_id = r.view["report_id"]
     files: dict[str, bytes] = {
         "report.md": render_markdown_view(r).encode(),
         "report.html": render_html_view(r).encode(),
@@ -588,10 +608,11 @@ def write_reports(report_id: str, bundle_dir: Path, predicate: dict[str, Any], o
                                        predicate.get("overall"),
                                        {g["gate_id"]: g["duration_s"] for g in r.view["gates"]}).encode(),
     }
-    for rel, frame in r.tables.items():
-        files[rel] = to_csv_bytes(frame)
-    for rel, svg in r.charts.items():
-        files[rel] = svg.encode()
+    if not static:
+        static = {} if static is None else static
+        static.update((rel, to_csv_bytes(frame)) for rel, frame in r.tables.items())
+        static.update((rel, svg.encode()) for rel, svg in r.charts.items())
+    files.update(static)
     files.update(r.files)
     for rel, data in files.items():
         confined(out_dir, rel).write_bytes(data)
@@ -601,6 +622,23 @@ def write_reports(report_id: str, bundle_dir: Path, predicate: dict[str, Any], o
 def render_bundle_reports(report_id: str, staging: Path, predicate: dict[str, Any]) -> list[str]:
     """The render hook of :func:`harness.report.bundle.write_bundle`: write every report file into the staging bundle."""
     return write_reports(report_id, Path(staging), predicate)
+
+
+def bundle_renderer(predicate: dict[str, Any]) -> Callable[[str, Path], list[str]]:
+    """A render hook for one :func:`harness.report.bundle.write_bundle`, which calls it twice on the same staging
+    bundle (the ID placeholder, then the derived ID): the report is built from the bundle's files once (reading
+    every node's files, drawing the charts: seconds at a thousand nodes) and written for each ID, the same
+    bytes :func:`render_bundle_reports` writes. The evidence files do not change between the calls (the
+    rendered files, which do, are not read by :func:`build`)."""
+    built: dict[Path, tuple[Rendered, dict[str, bytes]]] = {}
+
+    def render(report_id: str, staging: Path) -> list[str]:
+        staging = Path(staging)
+        if staging not in built:
+            built[staging] = (build(report_id, staging, predicate), {})
+        r, static = built[staging]
+        return write_rendered(r.for_id(report_id), predicate, staging, static)
+    return render
 
 
 def render_predicate(signed_predicate: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from ..parsers.g3series import NodeSeries, cross_check_port_rate, parse_reader_o
 from ..paths import git_commit
 from ..redact import redact_obj, redact_text
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
-from ..report.render import render_bundle_reports
+from ..report.render import bundle_renderer
 from ..workloads import WORKLOADS
 from ..workloads.base import CacheDrop, WorkloadResult, target_path, write_summary
 from ..workloads.g3_shared_read import (MANIFEST, G3Evidence, G3Launch, G3NodeRecord, G3Params, G3SharedRead,
@@ -309,7 +309,7 @@ def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, key_
                  "signing_key": {"kind": key_kind, "fingerprint": key_fingerprint(private_key.public_key())}}
     try:
         bundle = write_bundle(run_dir, Path(out_dir), private_key, predicate, make_tar=make_tar,
-                              render=lambda rid, d: render_bundle_reports(rid, d, predicate), move=True)
+                              render=bundle_renderer(predicate), move=True)
     except OSError as exc:
         raise HarnessError(f"the bundle was not written ({exc}); the run directory is kept at {run_dir}") from None
     return CollectOutcome(verdicts, overall, bundle)

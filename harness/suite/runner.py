@@ -32,7 +32,7 @@ from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 from ..paths import git_commit
 from ..redact import redact_line, redact_obj, redact_text, scrub_tree
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
-from ..report.render import render_bundle_reports
+from ..report.render import bundle_renderer
 from ..transport import ScopedTransport, Transport, open_transport
 from ..transport.steps import StepLog
 from ..workloads.base import Evidence, GateContext, WorkloadResult
@@ -234,6 +234,9 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     views: list[ScopedTransport] = []  # every gate's view of its nodes, stopped at the end like the connections
     node_errors: dict[str, str] = {}
     verdicts: list[Verdict] = []
+    # each verdict as a dict, made once (a gate's evidence at a thousand nodes is megabytes of series):
+    # verdict.json, verdicts.json and the signed predicate hold the same one; only read after this
+    as_dict: dict[int, dict[str, Any]] = {}
     interrupted = False
     interrupt: KeyboardInterrupt | None = None
     still_running: list[str] = []  # gates whose workload did not return after they were stopped
@@ -306,7 +309,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
                                           evidence=redact_obj(verdict.evidence))
             _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
                                                    "finished_unix_s": time.time()})
-            _write_json(gate_dir / "verdict.json", verdict.to_dict())
+            as_dict[id(verdict)] = verdict.to_dict()
+            _write_json(gate_dir / "verdict.json", as_dict[id(verdict)])
             verdicts.append(verdict)
             progress(f"{gate.id}: {verdict.outcome.value}: {verdict.reason}")
             if interrupted:
@@ -344,11 +348,12 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
         if gate.id not in done_ids:
             verdicts.append(skipped(gate, "skipped: run interrupted", config.workload(gate).METRICS[gate.metric]))
     overall = overall_outcome(verdicts)
+    verdict_dicts = [as_dict.get(id(v)) or v.to_dict() for v in verdicts]
     finished = time.time()
     pub = private_key.public_key()
     summary = {
         "suite": suite.suite.model_dump(), "overall": overall.value,
-        "verdicts": [v.to_dict() for v in verdicts],
+        "verdicts": verdict_dicts,
         "run": {"started_unix_s": started, "finished_unix_s": finished, "interrupted": interrupted,
                 "node_errors": node_errors},
     }
@@ -367,7 +372,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
         "kvgate": {"version": __version__, "commit": git_commit()},
         "suite": suite.suite.model_dump(),
         "overall": overall.value,
-        "verdicts": [v.to_dict() for v in verdicts],
+        "verdicts": verdict_dicts,
         "run": {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
                 "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
                 "duration_s": round(finished - started, 3)},
@@ -377,7 +382,7 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     # The run directory becomes the bundle (renamed, not copied); if signing fails it is renamed back.
     try:
         outcome.bundle = write_bundle(run_dir, Path(out_dir), private_key, predicate, make_tar=make_tar,
-                                      render=lambda rid, d: render_bundle_reports(rid, d, predicate), move=True)
+                                      render=bundle_renderer(predicate), move=True)
     except OSError as exc:
         raise HarnessError(f"the bundle was not written ({exc}); no half-written bundle was left, and the run "
                           f"directory with every result is kept at {run_dir}") from None

@@ -3,6 +3,7 @@ and its llm-d Benchmark Reports inside the signed bundle, checked by llm-d's own
 
 import json
 import shutil
+import time
 
 import pandas as pd
 import pytest
@@ -13,7 +14,7 @@ from harness.engines.client import RequestRecord
 from harness.engines.load import LoadRecord, load_point
 from harness.gates.verdict import Outcome, Verdict
 from harness.report.bundle import verify_bundle, write_bundle
-from harness.report.render import _env, render_bundle_reports, signed_render_differences, write_reports
+from harness.report.render import _env, bundle_renderer, render_bundle_reports, signed_render_differences, write_reports
 from harness.safeio import InputFileError
 from harness.workloads.g2_load import G2LoadEvidence, PointTrial, evaluate_load, point_invalid, token_accounting
 from report_fixture import fixed_run
@@ -317,3 +318,24 @@ def test_a_point_whose_requests_all_failed_is_shown_not_drawn_at_zero(tmp_path):
     assert (reqs["total"], reqs["failures"]) == (8, 8)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| r8 | 8 req/s | — | — | — | — |" in md and "tables/G2L-requests.csv" in files
+
+
+def test_the_runs_render_hook_writes_the_same_bundle_as_rendering_each_id_from_scratch(tmp_path):
+    # bundle_renderer (what `kvgate run` signs with) builds the report once and writes it for the placeholder and
+    # then the derived ID: the llm-d reports, which print the ID, must still name the final one, byte for byte
+    run, pred, _, _ = load_run(tmp_path)
+    key = Ed25519PrivateKey.generate()
+    clock = lambda: time.strptime("2026-12-02T00:00:00Z", "%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    infos = [write_bundle(run, tmp_path / name, key, pred, make_tar=False, clock=clock, render=hook)
+             for name, hook in (("scratch", lambda rid, d: render_bundle_reports(rid, d, pred)),
+                                ("once", bundle_renderer(pred)))]
+    assert infos[0].report_id == infos[1].report_id
+    assert verify_bundle(infos[1].path, public_key=key.public_key()).ok
+    files = sorted(p.relative_to(infos[0].path).as_posix() for p in infos[0].path.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(infos[1].path).as_posix() for p in infos[1].path.rglob("*") if p.is_file())
+    llmd = [f for f in files if f.startswith("llmd/")]
+    assert llmd and all(json.loads((infos[1].path / f).read_text())["run"]["uid"].startswith(infos[1].report_id)
+                        for f in llmd)
+    for f in files:
+        if not f.startswith("signatures/") and f != "attestation.dsse.json":  # signing records are dated
+            assert (infos[0].path / f).read_bytes() == (infos[1].path / f).read_bytes(), f
