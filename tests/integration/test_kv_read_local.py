@@ -139,8 +139,8 @@ def test_kv_read_through_real_lmcache_on_a_directory_target(request, tmp_path, b
     pool = run.work_dir / "tier" / "kvgate-kv-read"
     suffix = ".data" if backend == "fs" else ".pt"
     assert len(list(pool.glob("*" + suffix))) == 8  # LMCache's own files, in its own naming
-    # the bundle re-evaluates from its raw files to the same verdict
-    rep = kvgate(tmp_path, "report", str(bundle), "--out", str(tmp_path / "re"), timeout=300)
+    # the bundle re-evaluates from its raw files to the same verdict (KVGATE_HOME of the run: its signing key)
+    rep = kvgate(run.tmp, "report", str(bundle), "--out", str(tmp_path / "re"), timeout=300)
     assert rep.returncode == 0 and "verdicts: SAME as signed" in rep.stdout, rep.stdout + rep.stderr
 
 
