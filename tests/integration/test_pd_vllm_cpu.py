@@ -31,6 +31,7 @@ from harness.suite.runner import run_suite
 from harness.transport.local import free_port
 from harness.workloads import WORKLOADS
 from harness.workloads.engine import build_random_model_argv, engine_values, random_model_dir
+from loopfs import ext4_on_loop
 from polling import wait_no_process, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -45,22 +46,13 @@ def rig(tmp_path_factory):
     if not ENGINE_PYTHON.exists():
         pytest.fail(f"{ENGINE_PYTHON} missing: run `bash scripts/setup.sh --vllm` (scripts/setup.sh --test does)")
     d = tmp_path_factory.mktemp("pd")
-    backing, pool = d / "pool.img", d / "pool"
+    pool = d / "pool"
     pool.mkdir()
-    subprocess.run(["truncate", "-s", "256M", str(backing)], check=True)
-    loop = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    mounted = False
-    try:
-        subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True, capture_output=True)
-        subprocess.run(["mount", loop, str(pool)], check=True)
-        mounted = True
-        yield {"dir": d, "pool": pool, "loop": loop}
-    finally:
-        wait_no_process(str(d / "work") + "/", 120)  # every engine the runs started is gone
-        if mounted:
-            subprocess.run(["umount", str(pool)], capture_output=True)
-        subprocess.run(["losetup", "-d", loop], capture_output=True)
+    with ext4_on_loop(d / "pool.img", pool) as loop:
+        try:
+            yield {"dir": d, "pool": pool, "loop": loop}
+        finally:
+            wait_no_process(str(d / "work") + "/", 120)  # every engine the runs started is gone
 
 
 def _gate() -> dict:
