@@ -502,8 +502,9 @@ class PdHandoff(Workload):
             if p.warmup else ""
         out.append(PlannedStep("(control host)", f"{n} prompts of {p.prompt_tokens} tokens, one at a time{warm}"))
         pn, cn = roles["producer"], roles["consumer"]
-        files = tuple(pool_files_argv(pools["producer"], profs["producer"].pool_files))
         at = self.counted_at(p, ctx.nodes, roles, pools)
+        # the chunk files are listed where the pool is counted: a network mount's listing can lag another node's files
+        ln, files = at["producer"][0], tuple(pool_files_argv(at["producer"][1], profs["producer"].pool_files))
         drop_on = list(dict.fromkeys([pn, cn, at["producer"][0], at["consumer"][0]]))
         side = " (on the pool's storage side)" if at["producer"][0] not in (pn, cn) else ""
 
@@ -516,13 +517,13 @@ class PdHandoff(Workload):
             out += [PlannedStep(d, f"prompt {i + 1}/{n}: sync (what earlier requests stored, the consumer's fresh "
                                 "prompts included, reaches the device before the producer's writes are counted)",
                                 SYNC_ARGV) for d in drop_on]
-            out.append(PlannedStep(pn, "the pool's chunk files before the prefill", files))
+            out.append(PlannedStep(ln, "the pool's chunk files before the prefill", files))
             out.append(PlannedStep(at["producer"][0], f"the producer's pool device counters before the prefill{side}",
                                    pool_blockstat_argv(at["producer"][1])))
             out += log("producer", "before the prefill")
             out.append(PlannedStep("(control host)", "producer: the prompt, 1 output token (prefill TTFT); its "
                                    "counters before and after"))
-            out.append(PlannedStep(pn, "wait until the pool holds the prompt's KV (store complete)", files,
+            out.append(PlannedStep(ln, "wait until the pool holds the prompt's KV (store complete)", files,
                                    repeats=True))
             if p.drop_caches:
                 out += [PlannedStep(d, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV)
@@ -545,7 +546,7 @@ class PdHandoff(Workload):
             out.append(PlannedStep("(control host)", "consumer: a fresh prompt of the same length (recompute TTFT); "
                                    "its hit counters must not move"))
             out += log("consumer", "after the fresh prompt")
-        out.append(PlannedStep(pn, "the pool's chunk files at the end", files))
+        out.append(PlannedStep(ln, "the pool's chunk files at the end", files))
         if p.attach is None:
             out.append(PlannedStep("(control host)", "stop both engines (process groups); their whole logs are "
                                    "checked for fall-back / connector-failure lines (a match is INVALID)"))
@@ -672,7 +673,8 @@ class PdHandoff(Workload):
             for i, (req, new, exp) in enumerate(zip(prompts, fresh, expected)):
                 ctx.progress(f"{ctx.gate.id}: prompt {i + 1}/{len(prompts)}: prefill -> tier -> decode")
                 records.append(self._one(ctx, p, profs, roles, lay, runner, handles, i, req, new, exp, ev, requests))
-            ev.pool_end = pool_contents(ctx, ctx.transports[roles["producer"]], lay["producer"]["pool_dir"], 0, 0,
+            ln, ldir = lay["producer"]["counted_at"]
+            ev.pool_end = pool_contents(ctx, ctx.transports[ln], ldir, 0, 0,
                                         "pd-pool-end", profs["producer"].pool_files)
         except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
             return WorkloadResult(evidence=ev.model_copy(update={"prompts": records}),
@@ -742,13 +744,14 @@ class PdHandoff(Workload):
              requests: dict[str, list[RequestRecord]]) -> PdPrompt:
         """One prompt's hand-off, as the module's docstring describes it."""
         pn, cn = roles["producer"], roles["consumer"]
-        pt = ctx.transports[pn]
-        pool_p = lay["producer"]["pool_dir"]
         pattern = profs["producer"].pool_files
         clock = ctx.clock
         # earlier stores (the warm-ups', the consumer's of its fresh prompts) reach the device now, so the producer's
         # write counters around its prefill count its own store
         (dpn, dir_p), (dcn, dir_c) = lay["producer"]["counted_at"], lay["consumer"]["counted_at"]
+        # the pool's chunk files are listed where its device is counted (the storage side, with pool_storage): a
+        # network mount's listing on the producer's node can lag the files the consumer's node wrote (sshfs caches it)
+        pt, pool_p = ctx.transports[dpn], dir_p
         on = list(dict.fromkeys([pn, cn, dpn, dcn]))  # the storage side's too: its writes reach its device
         for n in on:
             ctx.steps.run(ctx.transports[n], f"pd-sync-before-{i}-{n}", SYNC_ARGV, timeout_s=300)

@@ -194,6 +194,9 @@ def test_over_a_network_mount_the_pool_device_is_counted_on_its_storage_side_for
     assert all(c[-1] == ev.pool_device_dir["producer"] for c in st if "kvgate-pool-blockstat" in c)
     assert sum("drop_caches" in " ".join(c) for c in st) == 3  # its page cache too: reads reach its device
     assert not any("kvgate-pool-blockstat" in c for n in ("p1", "d1") for c in nodes[n].commands)
+    # the store is watched there too: a network mount's listing on p1 can lag the files d1 wrote
+    assert any(c[:2] == ("find", ev.pool_device_dir["producer"]) for c in st)
+    assert not any(c[0] == "find" for n in ("p1", "d1") for c in nodes[n].commands)
     assert "on the pool's storage side" in "\n".join(s.description for s in planned if s.node == "st")
 
 
