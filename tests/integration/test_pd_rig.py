@@ -85,6 +85,9 @@ def test_the_hand_off_across_two_rig_nodes_passes_with_storage_side_device_bytes
     assert ev["pool_device_side"] == "storage"
     assert ev["pool_device_node"] == {"producer": "storage", "consumer": "storage"}
     assert ev["pool_device"]["producer"] == ev["pool_device"]["consumer"] and ev["pool_device"]["consumer"].startswith(loop)
+    # each prefill's KV as the pool gained it, listed on the storage side (n1's sshfs listing shows n2's files late)
+    kv = 4096 * 4 * 2 * 2 * 64 * 2  # the gate's model: 4 layers, K and V, 2 KV heads of 64, bfloat16
+    assert kv <= m["kv_bytes_per_request"] < 1.1 * kv
     # the producer's store phase wrote the prompts' KV there; the consumer's hand-off phase read it back
     assert m["kv_bytes_per_request"] * 3 * 0.5 <= m["producer_device_write_bytes"] <= m["kv_bytes_per_request"] * 3 * 1.5
     assert m["consumer_device_read_bytes"] > 0 and m["read_fraction"] >= 0.5
