@@ -25,7 +25,10 @@ were new to the producer (no hits); each prompt's KV reached the pool; the produ
 ``min_write_fraction`` of it; the consumer's external-prefix hits cover the prompt (counter deltas, at least
 ``min_hit_rate`` of the looked-up tokens); the consumer's pool device read at least ``min_read_fraction`` of the
 KV its hits claim; the fresh prompt was computed (no hits). A consumer that re-computed (hit counters flat, or a
-fall-back line in its log) makes the gate INVALID. Both instances are handles of the one phase runner
+fall-back line in its log) makes the gate INVALID. Where the nodes mount the pool over the network (no block device
+on them), ``pool_storage`` names the node that holds it: both roles' device counters (one device, attributed by phase:
+the producer's around its prefill, the consumer's around its hand-off), the sync and the page-cache drop run there.
+Both instances are handles of the one phase runner
 (``workloads/phases.py``); requests go through the streaming client (``engines/client.py``).
 """
 
@@ -120,12 +123,28 @@ class PdParams(StrictModel):
     populate_timeout_s: float = Field(default=120.0, gt=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
     attach: PdAttach | None = None  # the two instances already run (a deployment's prefill and decode workers)
+    # NODE:TARGET, the pool where it lives: a node of the gate on the storage side and its directory target, the
+    # directory the producer's and the consumer's `pool_target` mount (sshfs, NFS). Both roles' pool device
+    # counters, and the sync and page-cache drop, run there too: a network mount has no block device on the nodes.
+    pool_storage: str | None = None
 
     @model_validator(mode="after")
     def _lengths(self):
         if any(n < 2 for n in self.prompt_tokens):
             raise ValueError("every prompt length must be >= 2 tokens")
         return self
+
+    @field_validator("pool_storage")
+    @classmethod
+    def _node_target(cls, v: str | None) -> str | None:
+        if v is not None and (v.count(":") != 1 or not all(v.split(":"))):
+            raise ValueError(f"expected NODE:TARGET (e.g. storage:kvpool), got {v!r}")
+        return v
+
+    @property
+    def storage(self) -> tuple[str, str] | None:
+        """(node, directory target) of ``pool_storage``, or None: the pool is counted on the roles' nodes."""
+        return tuple(self.pool_storage.split(":")) if self.pool_storage else None  # type: ignore[return-value]
 
 
 class PdInstance(StrictModel):
@@ -182,6 +201,9 @@ class PdEvidence(Evidence, TtftEvidence):
     page_cache_dropped: bool | None = None
     page_cache_drop_error: str | None = None
     pool_device: dict[str, str] = {}        # role -> the device counted (findmnt SOURCE, MAJ:MIN)
+    pool_device_node: dict[str, str] = {}   # role -> the node its device counters were read on
+    pool_device_side: str | None = None     # "storage": on the pool's storage-side node (pool_storage); "nodes"
+    pool_device_dir: dict[str, str] = {}    # role -> the pool directory the device probe was given, on that node
     pool_device_error: str | None = None
     pool_end: PoolSnapshot | None = None
     prompts: list[PdPrompt] = []
@@ -219,9 +241,14 @@ def distinct_instances(instances: Mapping[str, PdInstance]) -> tuple[bool, str]:
 
 def pd_validity(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance], fallback: str | None,
                 bpt: int, min_hit_rate: float, min_read_fraction: float,
-                min_write_fraction: float) -> list[ValidityCheck]:
+                min_write_fraction: float, where: Mapping[str, str] | None = None) -> list[ValidityCheck]:
     """Pure: what the hand-off figures rest on, in the order :func:`evaluate_pd` takes the first failure as its
-    reason."""
+    reason. ``where``: role -> where its pool device was counted (or why it could not be), for the checks' text."""
+    where = where or {}
+
+    def on(role: str) -> str:
+        return f" ({where[role]})" if where.get(role) else ""
+
     distinct, seen = distinct_instances(instances)
     hit = _sum([x.handoff_hit_tokens for x in prompts])
     query = _sum([x.handoff_query_tokens for x in prompts])
@@ -253,13 +280,13 @@ def pd_validity(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance]
         ValidityCheck(name="consumer read the tier", ok=read_fraction is not None and read > 0
                       and read_fraction >= min_read_fraction,
                       claim="the consumer's KV came from the pool's device, not from memory or a cache",
-                      how=f"the consumer's pool device read counters around each hand-off request, against the "
-                          f"{format_quantity(claimed, 'B')} of KV its hits claim (at least {min_read_fraction} of it "
-                          "required)", figure="bytes the consumer's pool device read", value=read, unit="B"),
+                      how=f"the consumer's pool device read counters around each hand-off request{on('consumer')}, "
+                          f"against the {format_quantity(claimed, 'B')} of KV its hits claim (at least "
+                          f"{min_read_fraction} of it required)", figure="bytes the consumer's pool device read", value=read, unit="B"),
         ValidityCheck(name="producer wrote the tier", ok=write_fraction is not None and write_fraction >= min_write_fraction,
                       claim="the producer's store reached the pool's device",
-                      how=f"the producer's pool device write counters around each prefill (a sync before the after "
-                          f"read), against the {format_quantity(stored, 'B')} the pool gained (at least "
+                      how=f"the producer's pool device write counters around each prefill{on('producer')} (a sync "
+                          f"before the after read), against the {format_quantity(stored, 'B')} the pool gained (at least "
                           f"{min_write_fraction} of it required)",
                       figure="bytes the producer's pool device wrote", value=wrote, unit="B"),
         ValidityCheck(name="stored", ok=not short and stored is not None,
@@ -276,6 +303,20 @@ def pd_validity(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance]
                       how="the consumer's hit counters around each fresh prompt", figure="recompute hit tokens",
                       value=fresh_hits, unit="count"),
     ]
+
+
+def device_where(ev: PdEvidence) -> dict[str, str]:
+    """Pure: role -> where the evidence says its pool device was counted (node, device, side), or the probe's error."""
+    out = {}
+    for role in ROLES:
+        node, dev = ev.pool_device_node.get(role), ev.pool_device.get(role)
+        if node and dev:
+            side = ("the pool's storage side, one device for both roles, attributed by phase"
+                    if ev.pool_device_side == "storage" else "the role's own node")
+            out[role] = f"{dev} on {node}, {side}"
+        elif ev.pool_device_error:  # the first probe that failed (either role's)
+            out[role] = f"no device counted: {ev.pool_device_error}"
+    return out
 
 
 def evaluate_pd(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance], bpt: int, min_hit_rate: float,
@@ -312,7 +353,8 @@ def evaluate_pd(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance]
         metrics["hit_rate"] = hit / query
         if read is not None and hit:
             metrics["read_fraction"] = read / (hit * bpt)
-    checks = pd_validity(prompts, instances, fallback, bpt, min_hit_rate, min_read_fraction, min_write_fraction)
+    checks = pd_validity(prompts, instances, fallback, bpt, min_hit_rate, min_read_fraction, min_write_fraction,
+                         device_where(evidence) if evidence is not None else None)
     ev = (evidence or PdEvidence()).model_copy(update=dict(prompts=list(prompts), ttft_recompute_s=rec or None,
                                                            ttft_readback_s=hand or None, validity=checks))
     failed = [f"{x.request_id}: {e}" for x in prompts for e in x.errors]
@@ -342,14 +384,16 @@ class PdHandoff(Workload):
     }
 
     # parameters only launched instances use: set with attach:, they would be accepted and ignored
-    LAUNCH_ONLY = ("python", "random_weights", "random_weights_dtype", "model", "pool_target", "pool_subdir")
+    LAUNCH_ONLY = ("python", "random_weights", "random_weights_dtype", "model", "pool_target", "pool_subdir",
+                   "pool_storage")
 
     # ------------------------------------------------------------------------------------ validation
 
     def roles(self, p: PdParams, nodes: Mapping[str, Any]) -> dict[str, str | None]:
         """role -> node: the producer on the gate's first node unless named, the consumer on the second (the
-        first when the gate has one node)."""
-        names = list(nodes)
+        first when the gate has one node); the ``pool_storage`` node is neither unless named."""
+        st = p.storage[0] if p.storage else None
+        names = [n for n in nodes if n != st]
         producer = p.producer or (names[0] if names else None)
         consumer = p.consumer or next((n for n in names if n != producer), producer)
         return {"producer": producer, "consumer": consumer}
@@ -372,8 +416,19 @@ class PdHandoff(Workload):
             if prof.hit_metrics is None:
                 issues.append(((key,), f"pd-handoff proves hits from counters: profile {prof.name!r} declares no "
                                        "hit_metrics"))
-        if not 1 <= len(nodes) <= 2:
-            issues.append((("nodes",), f"pd-handoff runs on one node or two, got {len(nodes)}"))
+        st = params.storage
+        engine_nodes = [n for n in nodes if st is None or n != st[0]]
+        if not 1 <= len(engine_nodes) <= 2:
+            issues.append((("nodes",), f"pd-handoff runs on one node or two, got {len(engine_nodes)}"
+                           + (f" besides the pool_storage node {st[0]!r}" if st else "")))
+        if st is not None:
+            if st[0] not in nodes:
+                issues.append((("pool_storage",), f"node {st[0]!r} is not one of the gate's nodes "
+                               f"({', '.join(nodes)}): add it to the gate's nodes"))
+            else:
+                t = nodes[st[0]].target(st[1])
+                if t is None or t.kind != "directory":
+                    issues.append((("pool_storage",), f"node {st[0]!r} has no directory target {st[1]!r}"))
         kv_dtype = profs["producer"].capabilities.kv_dtype if "producer" in profs else None
         issues += model_config_issues(params.model_config_inline, "model_config_inline", kv_dtype)
         if params.producer and params.consumer and params.producer == params.consumer and len(nodes) == 2:
@@ -410,6 +465,19 @@ class PdHandoff(Workload):
         """One pre-flight per node, interpreter and declared check (two roles of one engine on one node share it)."""
         return node, v["python"], json.dumps(prof.preflight.model_dump() if prof.preflight else None, sort_keys=True)
 
+    @staticmethod
+    def counted_at(p: PdParams, nodes: Mapping[str, Any], roles: Mapping[str, str],
+                   pools: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+        """role -> (node, pool directory there) where its pool device is counted: the role's own node and pool
+        directory, or with ``pool_storage`` the storage-side node and the run's pool directory as stored there (the
+        same ``<pool_subdir>/run-<tag>`` under that node's target)."""
+        if p.storage is None or p.attach is not None:
+            return {r: (roles[r], pools[r]) for r in ROLES}
+        node, target = p.storage
+        n = nodes[node]
+        where = posixpath.join(target_path(n, n.target(target)), p.pool_subdir, posixpath.basename(pools["producer"]))
+        return {r: (node, where) for r in ROLES}
+
     def route(self, p: PdParams, roles: Mapping[str, str], urls: Mapping[str, str],
               pools: Mapping[str, str]) -> str:
         """The route every prompt takes, as the plan and the evidence say it."""
@@ -434,8 +502,11 @@ class PdHandoff(Workload):
             if p.warmup else ""
         out.append(PlannedStep("(control host)", f"{n} prompts of {p.prompt_tokens} tokens, one at a time{warm}"))
         pn, cn = roles["producer"], roles["consumer"]
-        files = tuple(pool_files_argv(pools["producer"], profs["producer"].pool_files))
-        drop_on = list(dict.fromkeys([pn, cn]))
+        at = self.counted_at(p, ctx.nodes, roles, pools)
+        # the chunk files are listed where the pool is counted: a network mount's listing can lag another node's files
+        ln, files = at["producer"][0], tuple(pool_files_argv(at["producer"][1], profs["producer"].pool_files))
+        drop_on = list(dict.fromkeys([pn, cn, at["producer"][0], at["consumer"][0]]))
+        side = " (on the pool's storage side)" if at["producer"][0] not in (pn, cn) else ""
 
         def log(role: str, where: str) -> list[PlannedStep]:  # an attached instance's log, where the run marks it
             cmd = getattr(p.attach, role).log if p.attach is not None else None
@@ -446,36 +517,36 @@ class PdHandoff(Workload):
             out += [PlannedStep(d, f"prompt {i + 1}/{n}: sync (what earlier requests stored, the consumer's fresh "
                                 "prompts included, reaches the device before the producer's writes are counted)",
                                 SYNC_ARGV) for d in drop_on]
-            out.append(PlannedStep(pn, "the pool's chunk files before the prefill", files))
-            out.append(PlannedStep(pn, "the producer's pool device counters before the prefill",
-                                   pool_blockstat_argv(pools["producer"])))
+            out.append(PlannedStep(ln, "the pool's chunk files before the prefill", files))
+            out.append(PlannedStep(at["producer"][0], f"the producer's pool device counters before the prefill{side}",
+                                   pool_blockstat_argv(at["producer"][1])))
             out += log("producer", "before the prefill")
             out.append(PlannedStep("(control host)", "producer: the prompt, 1 output token (prefill TTFT); its "
                                    "counters before and after"))
-            out.append(PlannedStep(pn, "wait until the pool holds the prompt's KV (store complete)", files,
+            out.append(PlannedStep(ln, "wait until the pool holds the prompt's KV (store complete)", files,
                                    repeats=True))
             if p.drop_caches:
                 out += [PlannedStep(d, "sync and drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV)
                         for d in drop_on]
             else:
-                out.append(PlannedStep(pn, "sync (the store's writes reach the device before they are counted)",
-                                       SYNC_ARGV))
-            out.append(PlannedStep(pn, "the producer's pool device counters after the prefill (writes)",
-                                   pool_blockstat_argv(pools["producer"])))
+                out += [PlannedStep(d, "sync (the store's writes reach the device before they are counted)",
+                                    SYNC_ARGV) for d in dict.fromkeys([pn, at["producer"][0]])]
+            out.append(PlannedStep(at["producer"][0], f"the producer's pool device counters after the prefill "
+                                   f"(writes){side}", pool_blockstat_argv(at["producer"][1])))
             out += log("producer", "after the prefill")
-            out.append(PlannedStep(cn, "the consumer's pool device counters before the hand-off",
-                                   pool_blockstat_argv(pools["consumer"])))
+            out.append(PlannedStep(at["consumer"][0], f"the consumer's pool device counters before the hand-off{side}",
+                                   pool_blockstat_argv(at["consumer"][1])))
             out += log("consumer", "before the hand-off")
             out.append(PlannedStep("(control host)", f"consumer: the same prompt, {p.decode_tokens} output tokens "
                                    "(hand-off TTFT); its hit and lookup counters before and after"))
-            out.append(PlannedStep(cn, "the consumer's pool device counters after the hand-off (reads)",
-                                   pool_blockstat_argv(pools["consumer"])))
+            out.append(PlannedStep(at["consumer"][0], f"the consumer's pool device counters after the hand-off "
+                                   f"(reads){side}", pool_blockstat_argv(at["consumer"][1])))
             out += log("consumer", "after the hand-off")
             out += log("consumer", "before the fresh prompt")
             out.append(PlannedStep("(control host)", "consumer: a fresh prompt of the same length (recompute TTFT); "
                                    "its hit counters must not move"))
             out += log("consumer", "after the fresh prompt")
-        out.append(PlannedStep(pn, "the pool's chunk files at the end", files))
+        out.append(PlannedStep(ln, "the pool's chunk files at the end", files))
         if p.attach is None:
             out.append(PlannedStep("(control host)", "stop both engines (process groups); their whole logs are "
                                    "checked for fall-back / connector-failure lines (a match is INVALID)"))
@@ -573,6 +644,11 @@ class PdHandoff(Workload):
                 return setup
             lay, handles = setup
         ev.pool_dir = lay["producer"]["pool_dir"]
+        at = self.counted_at(p, ctx.nodes, roles, {r: lay[r]["pool_dir"] for r in ROLES})
+        ev.pool_device_side = "storage" if p.storage is not None and p.attach is None else "nodes"
+        ev.pool_device_dir = {r: at[r][1] for r in ROLES}
+        for r in ROLES:
+            lay[r]["counted_at"] = at[r]
         ev.route = self.route(p, roles, {r: handles[r].base_url for r in ROLES}, {r: lay[r]["pool_dir"] for r in ROLES})
         expected = [stored_kv_tokens(r.prompt_tokens or 0, profs["producer"].kv_block_tokens) * bpt for r in prompts]
 
@@ -597,7 +673,8 @@ class PdHandoff(Workload):
             for i, (req, new, exp) in enumerate(zip(prompts, fresh, expected)):
                 ctx.progress(f"{ctx.gate.id}: prompt {i + 1}/{len(prompts)}: prefill -> tier -> decode")
                 records.append(self._one(ctx, p, profs, roles, lay, runner, handles, i, req, new, exp, ev, requests))
-            ev.pool_end = pool_contents(ctx, ctx.transports[roles["producer"]], lay["producer"]["pool_dir"], 0, 0,
+            ln, ldir = lay["producer"]["counted_at"]
+            ev.pool_end = pool_contents(ctx, ctx.transports[ln], ldir, 0, 0,
                                         "pd-pool-end", profs["producer"].pool_files)
         except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
             return WorkloadResult(evidence=ev.model_copy(update={"prompts": records}),
@@ -667,13 +744,16 @@ class PdHandoff(Workload):
              requests: dict[str, list[RequestRecord]]) -> PdPrompt:
         """One prompt's hand-off, as the module's docstring describes it."""
         pn, cn = roles["producer"], roles["consumer"]
-        pt, ct = ctx.transports[pn], ctx.transports[cn]
-        pool_p, pool_c = lay["producer"]["pool_dir"], lay["consumer"]["pool_dir"]
         pattern = profs["producer"].pool_files
         clock = ctx.clock
         # earlier stores (the warm-ups', the consumer's of its fresh prompts) reach the device now, so the producer's
         # write counters around its prefill count its own store
-        for n in dict.fromkeys([pn, cn]):
+        (dpn, dir_p), (dcn, dir_c) = lay["producer"]["counted_at"], lay["consumer"]["counted_at"]
+        # the pool's chunk files are listed where its device is counted (the storage side, with pool_storage): a
+        # network mount's listing on the producer's node can lag the files the consumer's node wrote (sshfs caches it)
+        pt, pool_p = ctx.transports[dpn], dir_p
+        on = list(dict.fromkeys([pn, cn, dpn, dcn]))  # the storage side's too: its writes reach its device
+        for n in on:
             ctx.steps.run(ctx.transports[n], f"pd-sync-before-{i}-{n}", SYNC_ARGV, timeout_s=300)
         before = pool_contents(ctx, pt, pool_p, 0, 0, f"pd-pool-before-{i}", pattern)
         store: dict[str, Any] = {}
@@ -688,13 +768,15 @@ class PdHandoff(Workload):
             store["wait_s"] = store["t"] - first if rec.ok else None
             store["added"] = pool.bytes - before.bytes
             if p.drop_caches:  # the consumer is to read the tier's device, not this machine's page cache
-                drops = [drop_caches(ctx, ctx.transports[n], f"pd-drop-caches-{i}-{n}") for n in dict.fromkeys([pn, cn])]
+                drops = [drop_caches(ctx, ctx.transports[n], f"pd-drop-caches-{i}-{n}") for n in on]
                 ev.page_cache_dropped = all(d.dropped for d in drops) and ev.page_cache_dropped is not False
                 ev.page_cache_drop_error = ev.page_cache_drop_error or \
                     ("; ".join(d.error for d in drops if d.error) or None)
             else:  # the store's writes reach the device before the producer's counters are read again
                 ev.page_cache_dropped = False
-                ctx.steps.run(pt, f"pd-sync-{i}", SYNC_ARGV, timeout_s=300)
+                for n in dict.fromkeys([pn, dpn]):
+                    ctx.steps.run(ctx.transports[n], f"pd-sync-{i}" + ("" if n == pn else f"-{n}"), SYNC_ARGV,
+                                  timeout_s=300)
             store["cold_s"] = clock.now() - store["t"]
             return rec
 
@@ -704,10 +786,12 @@ class PdHandoff(Workload):
             store["gap_s"] = t0 - store["t"] + rec.ttft_s if rec.ttft_s is not None else None
             return rec
 
+        # both roles' device phases bracket only their own request: on one storage-side device the producer's store
+        # phase and the consumer's hand-off phase are attributed by when they ran
         pre = runner.phase(f"prefill-{i}", prefill, on=["producer"],
-                           device=lambda: self._device(ctx, pt, pool_p, "producer", f"pd-producer-blockstat-{i}", ev))
+                           device=lambda: self._device(ctx, dpn, dir_p, "producer", f"pd-producer-blockstat-{i}", ev))
         hand = runner.phase(f"handoff-{i}", handoff, on=["consumer"],
-                            device=lambda: self._device(ctx, ct, pool_c, "consumer", f"pd-consumer-blockstat-{i}", ev))
+                            device=lambda: self._device(ctx, dcn, dir_c, "consumer", f"pd-consumer-blockstat-{i}", ev))
         rec = runner.phase(f"recompute-{i}", lambda: self._send(ctx, p, handles["consumer"].base_url, new,
                                                                  p.decode_tokens), on=["consumer"])
         if i == 0:
@@ -744,14 +828,16 @@ class PdHandoff(Workload):
         return rec
 
     @staticmethod
-    def _device(ctx: GateContext, transport: Any, pool_dir: str, role: str, step: str,
+    def _device(ctx: GateContext, node: str, pool_dir: str, role: str, step: str,
                 ev: PdEvidence) -> PoolDeviceStat | None:
-        """The pool's block device and its counters on a role's node (the one probe G2 and kv-read use)."""
-        dev, res = run_probe(ctx, transport, pool_device_probe(pool_dir), step)
+        """The pool's block device and its counters for a role, on the node where they are counted (its own, or the
+        pool's storage side): the one probe G2 and kv-read use."""
+        dev, res = run_probe(ctx, ctx.transports[node], pool_device_probe(pool_dir), step)
         if dev is None:
-            ev.pool_device_error = ev.pool_device_error or f"{role}: {res.summary()}"
+            ev.pool_device_error = ev.pool_device_error or f"{role}: on {node}: {res.summary()}"
             return None
         ev.pool_device = {**ev.pool_device, role: f"{dev.source} ({dev.maj_min})"}
+        ev.pool_device_node = {**ev.pool_device_node, role: node}
         return dev
 
 

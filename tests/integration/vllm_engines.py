@@ -31,6 +31,7 @@ import yaml
 
 from harness.transport.local import free_port
 from harness.workloads.engine import random_model_dir
+from loopfs import ext4_on_loop
 from polling import pgrep, wait_no_process, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,21 +136,10 @@ class AttachedVllm:
 def ext4_pool(d: Path) -> Iterator[tuple[Path, str]]:
     """(mount point, loop device): a 256 MiB ext4 on a loop device of its own mounted at ``d / "pool"`` (so the
     pool device's counters are the pool's alone); unmounted and detached at the end."""
-    backing, pool = d / "pool.img", d / "pool"
+    pool = d / "pool"
     pool.mkdir()
-    subprocess.run(["truncate", "-s", "256M", str(backing)], check=True)
-    loop = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    mounted = False
-    try:
-        subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True, capture_output=True)
-        subprocess.run(["mount", loop, str(pool)], check=True)
-        mounted = True
+    with ext4_on_loop(d / "pool.img", pool) as loop:
         yield pool, loop
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(pool)], capture_output=True)
-        subprocess.run(["losetup", "-d", loop], capture_output=True)
 
 
 def start_attached(d: Path, model: Path):

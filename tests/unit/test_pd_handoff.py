@@ -25,9 +25,10 @@ PREFLIGHT_VLLM = (ROOT / "tests" / "fixtures" / "preflight" / "vllm-cpu-build.st
 BPT = 4 * 2 * 2 * 64 * 2  # the gate's model: 4 layers, K and V, 2 KV heads of 64, bfloat16
 
 
-def pd_config(tmp_path, nodes=("n1",), attach=None, **params):
+def pd_config(tmp_path, nodes=("n1",), attach=None, storage=None, **params):
     """The shipped gate on ``nodes`` (local, each with the kvpool directory target); ``attach``: the attach block
-    given instead of the launch settings (True: two URLs on p1 and d1)."""
+    given instead of the launch settings (True: two URLs on p1 and d1); ``storage``: one more node, the pool's
+    storage side, whose kvpool target is the pool as stored there (/srv/pool)."""
     suite = yaml.safe_load((ROOT / "gates" / "pd-vllm-cpu.yaml").read_text())
     gp = suite["gates"][0]["params"]
     if attach is None:
@@ -41,7 +42,9 @@ def pd_config(tmp_path, nodes=("n1",), attach=None, **params):
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
     (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [
         {"name": n, "transport": "local", "work_dir": "/w",
-         "targets": [{"name": "kvpool", "kind": "directory", "path": "/mnt/pool"}]} for n in nodes]}))
+         "targets": [{"name": "kvpool", "kind": "directory", "path": "/mnt/pool"}]} for n in nodes]
+        + ([{"name": storage, "transport": "local", "work_dir": "/w",
+             "targets": [{"name": "kvpool", "kind": "directory", "path": "/srv/pool"}]}] if storage else [])}))
     return load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
 
 
@@ -50,8 +53,9 @@ class Tier:
     appear in the pool and are written to the device); the consumer hits a stored prompt and reads it from the
     device (``consumer_hits=False``: a consumer without the connector, computing everything)."""
 
-    def __init__(self, consumer_hits: bool = True, block: int = 128):
+    def __init__(self, consumer_hits: bool = True, block: int = 128, device_on=None):
         self.block = block
+        self.device_on = device_on  # the nodes where the pool has a block device (None: every node)
         self.engines: dict[int, EngineServer] = {}
         self.roles: dict[int, str] = {}
         self.files: list[int] = []
@@ -83,6 +87,9 @@ class Tier:
 
     def node(self, name: str = "n1") -> ScriptedTransport:
         def stat(call: Call) -> Reply:
+            if self.device_on is not None and name not in self.device_on:  # a network mount: no block device
+                return Reply(rc=1, stdout="kvgate-pool-device 0:53 root@10.77.0.100:/srv/pool\n",
+                             stderr="cat: /sys/dev/block/0:53/stat: No such file or directory\n")
             return Reply(stdout=f"kvgate-pool-device 7:3 /dev/loop3\n1 0 {self.read_sectors} 0 1 0 "
                                 f"{self.write_sectors} 0 0 0 0\n")
         return ScriptedTransport(Router(
@@ -93,9 +100,11 @@ class Tier:
                 argv_is("sync"))), name=name)
 
 
-def run_pd(tmp_path, tier: Tier, nodes=("n1",), **params):
-    cfg = pd_config(tmp_path, nodes, **params)
+def run_pd(tmp_path, tier: Tier, nodes=("n1",), storage=None, storage_node=None, **params):
+    cfg = pd_config(tmp_path, nodes, storage=storage, **params)
     transports = {n: tier.node(n) for n in nodes}
+    if storage:
+        transports[storage] = storage_node or tier.node(storage)
     ctx = gate_context(tmp_path / "run", cfg, transports=transports, http=tier.http)
     return cfg, transports, WORKLOADS["pd-handoff"]().run(ctx)
 
@@ -159,6 +168,83 @@ def test_on_two_nodes_each_side_is_probed_on_its_own_node(tmp_path):
         assert sum("kvgate-pool-blockstat" in c for c in nodes[n].commands) == 2 * 3, n
     assert sum(c[0] == "find" for c in nodes["d1"].commands) == 0  # the store is watched from the producer's node
     assert res.evidence.instances["producer"].node == "p1" and res.evidence.instances["consumer"].node == "d1"
+
+
+def test_over_a_network_mount_the_pool_device_is_counted_on_its_storage_side_for_both_phases(tmp_path):
+    # p1 and d1 mount the pool over sshfs (no block device there); "st" holds it on a block device
+    tier = Tier(device_on={"st"})
+    cfg, nodes, res = run_pd(tmp_path, tier, nodes=("p1", "d1"), storage="st", pool_storage="st:kvpool")
+    assert res.invalid_reason is None and res.error is None, (res.invalid_reason, res.error)
+    ev = res.evidence
+    assert ev.pool_device_side == "storage" and ev.pool_device_node == {"producer": "st", "consumer": "st"}
+    assert ev.pool_device == {"producer": "/dev/loop3 (7:3)", "consumer": "/dev/loop3 (7:3)"}
+    # the storage side's path of the run's pool: the same <pool_subdir>/run-<tag> under its own target
+    run = ev.pool_dir.rsplit("/", 1)[1]
+    assert ev.pool_dir == f"/mnt/pool/kvgate-pd/{run}" and ev.pool_device_dir["consumer"] == f"/srv/pool/kvgate-pd/{run}"
+    # one device, attributed by phase: the prefills' writes, the hand-offs' reads
+    assert res.metrics["producer_device_write_bytes"] >= 3 * 4096 * BPT
+    assert res.metrics["consumer_device_read_bytes"] == 3 * 4096 * BPT
+    wrote = next(c for c in ev.validity if c.name == "producer wrote the tier").how
+    assert "/dev/loop3 (7:3) on st, the pool's storage side" in wrote
+    planned = gate_plan(cfg, cfg.suite.gates[0])
+    for n in ("p1", "d1", "st"):
+        assert plan_mismatch([s for s in planned if s.node == n], nodes[n].commands) is None, n
+    st = nodes["st"].commands
+    assert sum("kvgate-pool-blockstat" in " ".join(c) for c in st) == 4 * 3  # before/after each prefill and hand-off
+    assert all(c[-1] == ev.pool_device_dir["producer"] for c in st if "kvgate-pool-blockstat" in c)
+    assert sum("drop_caches" in " ".join(c) for c in st) == 3  # its page cache too: reads reach its device
+    assert not any("kvgate-pool-blockstat" in c for n in ("p1", "d1") for c in nodes[n].commands)
+    # the store is watched there too: a network mount's listing on p1 can lag the files d1 wrote
+    assert any(c[:2] == ("find", ev.pool_device_dir["producer"]) for c in st)
+    assert not any(c[0] == "find" for n in ("p1", "d1") for c in nodes[n].commands)
+    assert "on the pool's storage side" in "\n".join(s.description for s in planned if s.node == "st")
+
+
+def test_over_a_network_mount_without_the_storage_side_the_device_proofs_fail_invalid(tmp_path):
+    _, _, res = run_pd(tmp_path, Tier(device_on=set()), nodes=("p1", "d1"))
+    assert res.error is None and res.invalid_reason.startswith("consumer read the tier"), res.invalid_reason
+    assert "no device counted: producer: on p1" in res.invalid_reason  # the first probe that failed, named
+
+
+@pytest.mark.parametrize("storage_node, why", [
+    # the storage node's sshd does not answer
+    (ScriptedTransport(Router((lambda c: True, Reply(rc=255, stderr="ssh: connect to host 127.0.0.1 port 2200: "
+                                                                     "Connection refused\n"))), name="st"),
+     "Connection refused"),
+    # it answers, but the pool's directory there is on no block device (tmpfs, a typo'd target path)
+    (None, "No such file or directory"),
+])
+def test_a_storage_side_unreachable_or_without_a_device_is_invalid_never_pass(tmp_path, storage_node, why):
+    tier = Tier(device_on=set())
+    _, _, res = run_pd(tmp_path, tier, nodes=("p1", "d1"), storage="st", pool_storage="st:kvpool",
+                       storage_node=storage_node)
+    assert res.error is None, res.error
+    assert res.invalid_reason is not None and res.invalid_reason.startswith("consumer read the tier"), res.invalid_reason
+    failed = {c.name for c in res.evidence.validity if not c.ok}
+    assert {"consumer read the tier", "producer wrote the tier"} <= failed
+    assert res.evidence.pool_device == {} and why in res.evidence.pool_device_error
+    assert "on st" in res.evidence.pool_device_error
+    assert "no device counted" in res.invalid_reason and why in res.invalid_reason
+    assert "consumer_device_read_bytes" not in res.metrics and "producer_device_write_bytes" not in res.metrics
+
+
+def test_pool_storage_names_a_gate_node_with_a_directory_target_and_is_refused_beside_attach(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1"), pool_storage="st:kvpool")
+    assert "pool_storage: node 'st' is not one of the gate's nodes" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1"), storage="st", pool_storage="st:nope")
+    assert "pool_storage: node 'st' has no directory target 'nope'" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1"), pool_storage="st")
+    assert "expected NODE:TARGET" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1"), attach=True, storage="st", pool_storage="st:kvpool")
+    assert "pool_storage: a launch parameter: kvgate does not launch attached instances" in str(exc.value)
+    # two engine nodes besides the storage node, not three
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1", "x1"), storage="st", pool_storage="st:kvpool")
+    assert "pd-handoff runs on one node or two, got 3 besides the pool_storage node 'st'" in str(exc.value)
 
 
 def test_validation_names_the_missing_pool_and_a_profile_without_counters(tmp_path):

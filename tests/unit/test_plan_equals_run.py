@@ -157,6 +157,14 @@ def pd_handoff_two_nodes(tmp_path) -> Scenario:
                     http=httpx.MockTransport(tier.http))
 
 
+def pd_handoff_storage_side(tmp_path) -> Scenario:
+    """The producer and the consumer on two nodes that mount the pool over a network (no block device there), its
+    device counted on the storage-side node that holds it (pool_storage)."""
+    tier = Tier(device_on={"st"})
+    return Scenario(pd_config(tmp_path, ("p1", "d1"), storage="st", pool_storage="st:kvpool"), "PD",
+                    {n: tier.node(n) for n in ("p1", "d1", "st")}, http=httpx.MockTransport(tier.http))
+
+
 def pd_handoff_attached(tmp_path) -> Scenario:
     """A deployment's prefill and decode instances by URL, their logs by the operator's command."""
     cfg, tier, nodes = attached(tmp_path)
@@ -223,6 +231,7 @@ SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
 # More ways to run a workload than its first scenario: (workload, id, scenario)
 MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached),
                   ("pd-handoff", "pd-handoff-two-nodes", pd_handoff_two_nodes),
+                  ("pd-handoff", "pd-handoff-storage-side", pd_handoff_storage_side),
                   ("pd-handoff", "pd-handoff-attached", pd_handoff_attached)]
 
 
