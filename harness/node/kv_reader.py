@@ -41,7 +41,14 @@ import traceback
 SCHEMA = "kvgate-kv-read/1"
 SPEC_SCHEMA = "kvgate-kv-read-spec/1"
 MANIFEST = "kvgate-kv-manifest.json"
-BARRIER_TIMEOUT_S = 600.0
+BARRIER_TIMEOUT_S = 600.0  # the readers' start-up bound when the spec names no read_timeout_s
+
+
+def barrier_timeout_s(spec: dict) -> float:
+    """How long the readers may take to start (each spawned reader imports torch and LMCache and builds its
+    engine before the barrier): the gate's ``read_timeout_s``, so a start-up the gate allows (minutes under qemu
+    TCG on a loaded host) is not cut short by a bound of the reader's own."""
+    return float(spec.get("read_timeout_s") or BARRIER_TIMEOUT_S)
 
 
 class SpecError(ValueError):
@@ -508,7 +515,7 @@ def read(spec: dict) -> dict:
            "versions": versions()}
     started = False
     try:
-        ready.wait(BARRIER_TIMEOUT_S)
+        ready.wait(barrier_timeout_s(spec))
         doc["device_stat_before"] = read_text(spec.get("device_stat"))
         doc["go_unix_s"] = time.time()
         go.wait(BARRIER_TIMEOUT_S)

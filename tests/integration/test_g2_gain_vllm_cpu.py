@@ -60,12 +60,16 @@ def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_pa
     v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
     assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"],
                                                           r.stderr[-3000:])
-    assert "95 % CI" in v["reason"] and "3 trials" in v["reason"]
     m, ev = result["metrics"], result["evidence"]
+    # a trial whose no-tier arm met no request's SLO has no goodput ratio (x / 0): the interval leaves it out and
+    # says over how many trials it stands (seen once at load ~10: the first trial's two arms both at 0)
+    defined = [t for t in ev["pairs"] if t["goodput_rps"]["no_tier"] > 0]
+    assert len(ev["pairs"]) == 3 and len(defined) >= 2
+    assert "95 % CI" in v["reason"] and f"{len(defined)} trials" in v["reason"]
     assert {c["name"]: c["ok"] for c in ev["validity"]} == {
         "tier arm valid": True, "no_tier arm valid": True, "tier served the reuse": True,
         "recomputed without the tier": True}
-    assert m["goodput_gain_ci_trials"] == 3 and m["goodput_gain_ci_low"] <= m["goodput_gain"]
+    assert m["goodput_gain_ci_trials"] == len(defined) and m["goodput_gain_ci_low"] <= m["goodput_gain"]
     tier, none = ev["proofs"]["tier"], ev["proofs"]["no_tier"]
     # 8 resumed sessions per trial, all but their last two tokens (4096) from the tier
     assert tier["tier_hit_tokens"] >= 3 * 8 * 4096 and tier["memory_hit_tokens"] == 0

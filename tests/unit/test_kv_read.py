@@ -14,6 +14,7 @@ from harness.engines import arch_from_config, check_lmcache_config, load_profile
 from harness.errors import WorkloadError
 from harness.gates.verdict import Outcome, evaluate
 from harness.parsers.fio import parse_fio_json
+from harness.node.kv_reader import BARRIER_TIMEOUT_S, barrier_timeout_s
 from harness.parsers.kvread import parse_layout, parse_read
 from harness.report.render import gate_charts
 from harness.suite.plan import gate_plan
@@ -288,6 +289,9 @@ def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_o
     assert spec["device_stat"] == "/sys/dev/block/254:0/stat"
     assert [s["prompts"] for s in spec["streams"]] == [[0, 2], [1, 3]]
     assert spec["chunk_bytes"] == 32 * 2 ** 20 and spec["kv_dtype"] == "bfloat16" and spec["destination"] == "cpu"
+    # the readers may take as long to start as the gate lets them read (their imports under qemu TCG took over
+    # the reader's own 600 s bound on a loaded host, and broke its barrier)
+    assert barrier_timeout_s(spec) == spec["read_timeout_s"] == cfg.params[gate.id].read_timeout_s
     lm = yaml.safe_load(node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/lmcache.yaml"])
     assert lm["remote_url"] == "fs://localhost:0/var/tmp/kvgate-work/kvgate-kv-read" and lm["max_local_cpu_size"] == 1.0
     assert node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/kv_reader.py"].startswith(b'"""kvgate\'s KV')
@@ -308,6 +312,11 @@ def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_o
     for raw in ("layout.json", "read.json", "fio.json", "spec.json", "lmcache.yaml", "kv-fio.job"):
         assert (ctx.gate_dir / "localhost" / raw).is_file(), raw
     assert evaluate(gate, result, "GB/s").outcome is Outcome.PASS
+
+
+def test_readers_without_a_read_timeout_start_within_the_readers_own_bound():
+    assert barrier_timeout_s({}) == barrier_timeout_s({"read_timeout_s": None}) == BARRIER_TIMEOUT_S
+    assert barrier_timeout_s({"read_timeout_s": 1200}) == 1200.0
 
 
 def test_run_with_a_corrupted_chunk_is_fail_and_keeps_the_measurement(tmp_path):
