@@ -278,13 +278,14 @@ def scrub_read(path: str | Path) -> bytes:
     with os.fdopen(fd, "rb") as f:
         data = f.read()
         mode = os.fstat(fd).st_mode
-    return _scrubbed(Path(path), data, mode)[0]
+    return _scrubbed(path, data, mode)[0]
 
 
-def _scrubbed(p: Path, data: bytes, mode: int) -> tuple[bytes, bool]:
+def _scrubbed(path: str | Path, data: bytes, mode: int) -> tuple[bytes, bool]:
     clean = redact_bytes(data)
     if clean == data:
         return data, False
+    p = Path(path)
     tmp = p.with_name(p.name + ".kvgate-redact")
     tmp.write_bytes(clean)
     os.chmod(tmp, stat.S_IMODE(mode))

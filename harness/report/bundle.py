@@ -298,14 +298,15 @@ def _copy_hashing(src: Path, dst: Path) -> str:
     return h.hexdigest()
 
 
-def _scrub_hashing(scrub: Callable[[Path], bytes], src: Path, dst: Path, moved: bool, rel: str) -> str:
-    """The sha256 of an evidence file as ``scrub`` leaves it (redacted in place where it lies: the run directory
-    itself when it was not moved, then copied), read once; one that holds the ID placeholder is refused as by
-    :func:`scan_file`."""
-    data = scrub(dst if moved else src)
+def _scrub_hashing(scrub: Callable[[str], bytes], run_dir: Path, tmp: Path, moved: bool, rel: str) -> str:
+    """The sha256 of the evidence file ``rel`` as ``scrub`` leaves it (redacted in place where it lies: in ``tmp``
+    when the run directory was moved there, else in the run directory, then copied), read once; one that holds
+    the ID placeholder is refused as by :func:`scan_file`. Paths as text: no Path object per file."""
+    data = scrub(f"{tmp if moved else run_dir}/{rel}")
     if ID_PLACEHOLDER.encode() in data:
         raise PlaceholderFound(f"{rel}: holds the report ID placeholder {ID_PLACEHOLDER}")
     if not moved:
+        dst = tmp / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_bytes(data)
     return hashlib.sha256(data).hexdigest()
@@ -322,7 +323,7 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
                  predicate: dict[str, Any], make_tar: bool = True,
                  render: Callable[[str, Path], list[str]] | None = None, move: bool = False,
                  clock: Callable[[], time.struct_time] = time.gmtime,
-                 scrub: Callable[[Path], bytes] | None = None) -> BundleInfo:
+                 scrub: Callable[[str], bytes] | None = None) -> BundleInfo:
     """Sign every file under ``run_dir`` into a bundle under ``out_dir``.
 
     The files go into a hidden temporary directory beside the final one: copied, or, with ``move=True``, the
@@ -358,7 +359,7 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
         digests: dict[str, str] = {}
         for rel in files:
             if scrub is not None:
-                digests[rel] = _scrub_hashing(scrub, run_dir / rel, tmp / rel, moved, rel)
+                digests[rel] = _scrub_hashing(scrub, run_dir, tmp, moved, rel)
                 continue
             if not moved:
                 dst = tmp / rel
