@@ -267,15 +267,30 @@ def scrub_file(path: str | Path) -> bool:
         return False
     if not stat.S_ISREG(st.st_mode):
         return False
-    data = p.read_bytes()
+    return _scrubbed(p, p.read_bytes(), st.st_mode)[1]
+
+
+def scrub_read(path: str | Path) -> bytes:
+    """A regular file's bytes as :func:`scrub_file` leaves it: read once, redacted, written back only when it
+    held a secret. For a reader that needs the clean bytes anyway (the bundle writer hashes them), so the file
+    is not read twice. A symbolic link is refused (OSError), not followed."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+        mode = os.fstat(fd).st_mode
+    return _scrubbed(path, data, mode)[0]
+
+
+def _scrubbed(path: str | Path, data: bytes, mode: int) -> tuple[bytes, bool]:
     clean = redact_bytes(data)
     if clean == data:
-        return False
+        return data, False
+    p = Path(path)
     tmp = p.with_name(p.name + ".kvgate-redact")
     tmp.write_bytes(clean)
-    os.chmod(tmp, stat.S_IMODE(st.st_mode))
+    os.chmod(tmp, stat.S_IMODE(mode))
     os.replace(tmp, p)
-    return True
+    return clean, True
 
 
 def scrub_tree(root: str | Path) -> list[str]:

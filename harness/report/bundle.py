@@ -298,6 +298,20 @@ def _copy_hashing(src: Path, dst: Path) -> str:
     return h.hexdigest()
 
 
+def _scrub_hashing(scrub: Callable[[str], bytes], run_dir: Path, tmp: Path, moved: bool, rel: str) -> str:
+    """The sha256 of the evidence file ``rel`` as ``scrub`` leaves it (redacted in place where it lies: in ``tmp``
+    when the run directory was moved there, else in the run directory, then copied), read once; one that holds
+    the ID placeholder is refused as by :func:`scan_file`. Paths as text: no Path object per file."""
+    data = scrub(f"{tmp if moved else run_dir}/{rel}")
+    if ID_PLACEHOLDER.encode() in data:
+        raise PlaceholderFound(f"{rel}: holds the report ID placeholder {ID_PLACEHOLDER}")
+    if not moved:
+        dst = tmp / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
 @dataclass(frozen=True)
 class BundleInfo:
     path: Path
@@ -308,7 +322,8 @@ class BundleInfo:
 def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519PrivateKey,
                  predicate: dict[str, Any], make_tar: bool = True,
                  render: Callable[[str, Path], list[str]] | None = None, move: bool = False,
-                 clock: Callable[[], time.struct_time] = time.gmtime) -> BundleInfo:
+                 clock: Callable[[], time.struct_time] = time.gmtime,
+                 scrub: Callable[[str], bytes] | None = None) -> BundleInfo:
     """Sign every file under ``run_dir`` into a bundle under ``out_dir``.
 
     The files go into a hidden temporary directory beside the final one: copied, or, with ``move=True``, the
@@ -317,7 +332,9 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
     ID and that directory) may then write reports that print the ID: it is called twice, first with
     ID_PLACEHOLDER (the files the ID is derived from), then with the derived ID, and the written bundle is
     checked to derive that same ID (docs/evidence.md, "What a report ID binds"). ``clock`` gives
-    ``created_utc`` (a seam for tests that need bundles of different dates).
+    ``created_utc`` (a seam for tests that need bundles of different dates). ``scrub`` (harness.redact.scrub_read:
+    a file's bytes, redacted in place) is applied to every evidence file in the pass that hashes it, so the run
+    directory's last scrub and its hashing read each file once; what is signed is the scrubbed bytes.
     The directory is renamed into place (and tarred) only after the envelope is written.
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -341,6 +358,9 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
                 shutil.rmtree(tmp / d)
         digests: dict[str, str] = {}
         for rel in files:
+            if scrub is not None:
+                digests[rel] = _scrub_hashing(scrub, run_dir, tmp, moved, rel)
+                continue
             if not moved:
                 dst = tmp / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)

@@ -193,23 +193,35 @@ def aggregate_series(series: Mapping[str, Sequence[Sequence[float]]]) -> list[tu
     return out
 
 
+#: the most nodes :func:`node_series_svg`'s legend names one by one
+LEGEND_NODES = 32
+
+
 def node_series_svg(series: Mapping[str, Sequence[Sequence[float]]], *, nic_line_rate_gb_s: float | None = None,
                     pass_value: float | None = None, unit: str = "GB/s",
                     title: str = "Read rate per node over time",
                     marks: Sequence[Sequence[Any]] = ()) -> str:
     """Per-node read rate over time (t_s, rate), their aggregate, the NIC ceiling and the pass line; ``marks``:
-    (t_s, label) events drawn as vertical lines (a fault and its inverse)."""
+    (t_s, label) events drawn as vertical lines (a fault and its inverse). The legend names each node up to
+    :data:`LEGEND_NODES` nodes; above, one entry says how many lines there are (a legend of a thousand names is
+    taller than the chart, and laying it out was most of a 1,024-node bundle's rendering); every node's line
+    keeps its ``series-<node>`` id either way."""
     mpl, plt = _plt()
     with mpl.rc_context(RC):
         fig, ax = plt.subplots(figsize=(10, 4))
         cmap = plt.get_cmap("tab10")
+        named = len(series) <= LEGEND_NODES
+        drawn = 0
         for i, node in enumerate(sorted(series)):
             pts = sorted((float(t), float(v)) for t, v in series[node])
             if not pts:
                 continue
             (line,) = ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", linewidth=0.9,
-                              color=cmap(i % 10), label=node)
+                              color=cmap(i % 10), label=node if named else None)
             line.set_gid(f"series-{_gid(node)}")
+            drawn += 1
+        if not named and drawn:
+            ax.plot([], [], color=cmap(0), linewidth=0.9, label=f"{drawn} nodes, one line each")
         agg = aggregate_series(series)
         tops = [v for _, v in agg]
         if agg:

@@ -30,7 +30,7 @@ from ..execute.fanout import fan_out
 from ..execute.nvmeof import ManagedTargets, managed_targets
 from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 from ..paths import git_commit
-from ..redact import redact_line, redact_obj, redact_text, scrub_tree
+from ..redact import redact_line, redact_obj, redact_text, scrub_read, scrub_tree
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
 from ..report.render import bundle_renderer
 from ..transport import ScopedTransport, Transport, open_transport
@@ -246,145 +246,149 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     managed = ManagedTargets(steps, run_dir, progress)
     # inverses of the changes gates make to nodes (faults): run whatever ends a gate (harness.execute.undo)
     undo = UndoLog(run_dir / "undo.json")
+    # The last line of defence: every secret value known by the end (some were learnt after the files that hold
+    # them were written) is redacted in every file of the run directory, bundle or not: by the bundle writer in
+    # the pass that hashes each file (one read, not two), else below (no bundle, or it was not written).
     try:
-        # Every node is connected at once (a dead node costs one connect timeout, not one per node before
-        # it); each keeps this one connection for the whole run: facts, gates, file transfers and stops.
-        to_open = {n.name: n for n in config.inventory.nodes if n.name not in opened}
-        if to_open:
-            progress(f"connecting to {', '.join(to_open)} (in parallel)")
-        connected = fan_out(to_open, lambda _name, node: open_transport(
-            node, trust_new_hosts=trust_new_hosts, known_hosts_path=known_hosts_path))
-        for name in to_open:  # inventory order, whatever order the connections completed in
-            o = connected[name]
-            if o.ok:
-                opened[name] = o.value
-            else:
-                node_errors[name] = o.error or "not connected"
-                progress(f"ERROR {node_errors[name]}")
-        _write_json(run_dir / "nodes" / "connect-errors.json", node_errors)
-        managed.attach(managed_targets(config), opened)
+        try:
+            # Every node is connected at once (a dead node costs one connect timeout, not one per node before
+            # it); each keeps this one connection for the whole run: facts, gates, file transfers and stops.
+            to_open = {n.name: n for n in config.inventory.nodes if n.name not in opened}
+            if to_open:
+                progress(f"connecting to {', '.join(to_open)} (in parallel)")
+            connected = fan_out(to_open, lambda _name, node: open_transport(
+                node, trust_new_hosts=trust_new_hosts, known_hosts_path=known_hosts_path))
+            for name in to_open:  # inventory order, whatever order the connections completed in
+                o = connected[name]
+                if o.ok:
+                    opened[name] = o.value
+                else:
+                    node_errors[name] = o.error or "not connected"
+                    progress(f"ERROR {node_errors[name]}")
+            _write_json(run_dir / "nodes" / "connect-errors.json", node_errors)
+            managed.attach(managed_targets(config), opened)
 
-        def facts(name: str, tr: Transport) -> None:
-            # snapshot.json (kernel, CPU, memory, fio, block devices, NUMA, NICs) and provenance.json (GPUs,
-            # NVMe, NVMe-oF, vLLM/LMCache versions): one command list, also what `kvgate plan` prints.
-            engine_python = getattr(config.inventory.node(name), "engine_python", None)
-            for file, data in collect_node_facts(tr, steps, engine_python).items():
-                _write_json(run_dir / "nodes" / name / f"{file}.json", data)
+            def facts(name: str, tr: Transport) -> None:
+                # snapshot.json (kernel, CPU, memory, fio, block devices, NUMA, NICs) and provenance.json (GPUs,
+                # NVMe, NVMe-oF, vLLM/LMCache versions): one command list, also what `kvgate plan` prints.
+                engine_python = getattr(config.inventory.node(name), "engine_python", None)
+                for file, data in collect_node_facts(tr, steps, engine_python).items():
+                    _write_json(run_dir / "nodes" / name / f"{file}.json", data)
 
-        if opened:
-            progress(f"snapshot of {', '.join(opened)} (in parallel)")
-            for name, err in fan_out(opened, facts).failed.items():
-                progress(f"snapshot of {name} failed: {err}")
-        stop_at: str | None = None
-        for gate in suite.gates:
-            wl_cls = config.workload(gate)
-            unit = wl_cls.METRICS[gate.metric]
-            if stop_at:
-                verdicts.append(skipped(gate, f"skipped: stop-loss hit at {stop_at}", unit))
-                continue
-            gate_dir = run_dir / "gates" / gate.id
-            gate_dir.mkdir(parents=True, exist_ok=True)
-            nodes = {n.name: n for n in config.gate_nodes(gate)}
-            missing = [n for n in nodes if n not in opened]
-            t0 = time.time()
-            progress(f"{gate.id} {gate.title}: workload {gate.workload} on {', '.join(nodes)}")
-            if missing:
-                result = WorkloadResult(error="node(s) unreachable: " + "; ".join(
-                    f"{n}: {node_errors.get(n, 'not connected')}" for n in missing))
-            else:
-                scoped = {n: ScopedTransport(opened[n]) for n in nodes}
-                views.extend(scoped.values())
-                ctx = gate_context(gate, config.params[gate.id], nodes, scoped, steps, gate_dir, progress, managed,
-                                   slurm=config.inventory.slurm)
-                ctx.undo = undo
+            if opened:
+                progress(f"snapshot of {', '.join(opened)} (in parallel)")
+                for name, err in fan_out(opened, facts).failed.items():
+                    progress(f"snapshot of {name} failed: {err}")
+            stop_at: str | None = None
+            for gate in suite.gates:
+                wl_cls = config.workload(gate)
+                unit = wl_cls.METRICS[gate.metric]
+                if stop_at:
+                    verdicts.append(skipped(gate, f"skipped: stop-loss hit at {stop_at}", unit))
+                    continue
+                gate_dir = run_dir / "gates" / gate.id
+                gate_dir.mkdir(parents=True, exist_ok=True)
+                nodes = {n.name: n for n in config.gate_nodes(gate)}
+                missing = [n for n in nodes if n not in opened]
+                t0 = time.time()
+                progress(f"{gate.id} {gate.title}: workload {gate.workload} on {', '.join(nodes)}")
+                if missing:
+                    result = WorkloadResult(error="node(s) unreachable: " + "; ".join(
+                        f"{n}: {node_errors.get(n, 'not connected')}" for n in missing))
+                else:
+                    scoped = {n: ScopedTransport(opened[n]) for n in nodes}
+                    views.extend(scoped.values())
+                    ctx = gate_context(gate, config.params[gate.id], nodes, scoped, steps, gate_dir, progress, managed,
+                                       slurm=config.inventory.slurm)
+                    ctx.undo = undo
+                    try:
+                        result = run_gate_workload(wl_cls(), ctx, scoped, progress, still_running)
+                    except KeyboardInterrupt as exc:
+                        interrupted, interrupt = True, exc
+                        result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
+                    result = undo_after_gate(undo, result, opened, steps, progress)
+                verdict = evaluate(gate, result, unit, wl_cls.METRICS)
+                # the verdict goes into verdicts.json and the signed predicate: its texts and evidence redacted
+                verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason),
+                                              evidence=redact_obj(verdict.evidence))
+                _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
+                                                       "finished_unix_s": time.time()})
+                as_dict[id(verdict)] = verdict.to_dict()
+                _write_json(gate_dir / "verdict.json", as_dict[id(verdict)])
+                verdicts.append(verdict)
+                progress(f"{gate.id}: {verdict.outcome.value}: {verdict.reason}")
+                if interrupted:
+                    stop_at = f"{gate.id} (interrupted)"
+                elif still_running:
+                    # Its workload may still send requests to a shared engine or run on its nodes: no gate runs
+                    # beside it, and no bundle is written around it.
+                    stop_at = f"{gate.id} (its workload did not stop)"
+                elif verdict.outcome is Outcome.STOP:
+                    stop_at = gate.id
+        except KeyboardInterrupt as exc:
+            interrupted, interrupt = True, exc
+            progress(f"stopping the run: {_stopped_by(exc)}")
+        finally:
+            for view in views:
                 try:
-                    result = run_gate_workload(wl_cls(), ctx, scoped, progress, still_running)
-                except KeyboardInterrupt as exc:
-                    interrupted, interrupt = True, exc
-                    result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
-                result = undo_after_gate(undo, result, opened, steps, progress)
-            verdict = evaluate(gate, result, unit, wl_cls.METRICS)
-            # the verdict goes into verdicts.json and the signed predicate: its texts and evidence redacted
-            verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason),
-                                          evidence=redact_obj(verdict.evidence))
-            _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
-                                                   "finished_unix_s": time.time()})
-            as_dict[id(verdict)] = verdict.to_dict()
-            _write_json(gate_dir / "verdict.json", as_dict[id(verdict)])
-            verdicts.append(verdict)
-            progress(f"{gate.id}: {verdict.outcome.value}: {verdict.reason}")
-            if interrupted:
-                stop_at = f"{gate.id} (interrupted)"
-            elif still_running:
-                # Its workload may still send requests to a shared engine or run on its nodes: no gate runs
-                # beside it, and no bundle is written around it.
-                stop_at = f"{gate.id} (its workload did not stop)"
-            elif verdict.outcome is Outcome.STOP:
-                stop_at = gate.id
-    except KeyboardInterrupt as exc:
-        interrupted, interrupt = True, exc
-        progress(f"stopping the run: {_stopped_by(exc)}")
+                    if view.abort():
+                        progress(f"stopped the commands still running on {view.name}")
+                except Exception:  # noqa: BLE001
+                    pass
+            undo.run_pending(opened, steps, progress)  # Ctrl-C between gates, or a second one during an undo
+            managed.detach(opened)
+            for tr in opened.values():
+                try:
+                    if tr.abort():
+                        progress(f"stopped the commands still running on {tr.name}")
+                    tr.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        done_ids = {v.gate_id for v in verdicts}
+        for gate in suite.gates:
+            if gate.id not in done_ids:
+                verdicts.append(skipped(gate, "skipped: run interrupted", config.workload(gate).METRICS[gate.metric]))
+        overall = overall_outcome(verdicts)
+        verdict_dicts = [as_dict.get(id(v)) or v.to_dict() for v in verdicts]
+        finished = time.time()
+        pub = private_key.public_key()
+        summary = {
+            "suite": suite.suite.model_dump(), "overall": overall.value,
+            "verdicts": verdict_dicts,
+            "run": {"started_unix_s": started, "finished_unix_s": finished, "interrupted": interrupted,
+                    "node_errors": node_errors},
+        }
+        _write_json(run_dir / "verdicts.json", summary)
+        outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted, interrupt=interrupt)
+        if interrupted:
+            outcome.messages.append(f"interrupted ({_stopped_by(interrupt) if interrupt else 'Ctrl-C'}): partial results "
+                                    f"kept in {run_dir}; no bundle was written")
+            return outcome
+        if still_running:
+            outcome.unstopped = list(still_running)
+            outcome.messages.append(f"the workload of {', '.join(still_running)} did not stop within {STOP_GRACE_S:g} s "
+                                    f"after its gate ended: partial results kept in {run_dir}; no bundle was written")
+            return outcome
+        predicate = {
+            "kvgate": {"version": __version__, "commit": git_commit()},
+            "suite": suite.suite.model_dump(),
+            "overall": overall.value,
+            "verdicts": verdict_dicts,
+            "run": {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                    "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
+                    "duration_s": round(finished - started, 3)},
+            "signing_key": {"kind": key_kind, "fingerprint": key_fingerprint(pub)},
+        }
+        progress("signing the bundle")
+        # The run directory becomes the bundle (renamed, not copied); if signing fails it is renamed back.
+        try:
+            outcome.bundle = write_bundle(run_dir, Path(out_dir), private_key, predicate, make_tar=make_tar,
+                                          render=bundle_renderer(predicate), move=True, scrub=scrub_read)
+        except OSError as exc:
+            raise HarnessError(f"the bundle was not written ({exc}); no half-written bundle was left, and the run "
+                              f"directory with every result is kept at {run_dir}") from None
+        outcome.run_dir = outcome.bundle.path
+        return outcome
     finally:
-        for view in views:
-            try:
-                if view.abort():
-                    progress(f"stopped the commands still running on {view.name}")
-            except Exception:  # noqa: BLE001
-                pass
-        undo.run_pending(opened, steps, progress)  # Ctrl-C between gates, or a second one during an undo
-        managed.detach(opened)
-        for tr in opened.values():
-            try:
-                if tr.abort():
-                    progress(f"stopped the commands still running on {tr.name}")
-                tr.close()
-            except Exception:  # noqa: BLE001
-                pass
-        # The last line of defence: every secret value known by now (some were learnt after the files that
-        # hold them were written) is redacted in every file of the run directory, bundle or not.
-        scrub_tree(run_dir)
-    done_ids = {v.gate_id for v in verdicts}
-    for gate in suite.gates:
-        if gate.id not in done_ids:
-            verdicts.append(skipped(gate, "skipped: run interrupted", config.workload(gate).METRICS[gate.metric]))
-    overall = overall_outcome(verdicts)
-    verdict_dicts = [as_dict.get(id(v)) or v.to_dict() for v in verdicts]
-    finished = time.time()
-    pub = private_key.public_key()
-    summary = {
-        "suite": suite.suite.model_dump(), "overall": overall.value,
-        "verdicts": verdict_dicts,
-        "run": {"started_unix_s": started, "finished_unix_s": finished, "interrupted": interrupted,
-                "node_errors": node_errors},
-    }
-    _write_json(run_dir / "verdicts.json", summary)
-    outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted, interrupt=interrupt)
-    if interrupted:
-        outcome.messages.append(f"interrupted ({_stopped_by(interrupt) if interrupt else 'Ctrl-C'}): partial results "
-                                f"kept in {run_dir}; no bundle was written")
-        return outcome
-    if still_running:
-        outcome.unstopped = list(still_running)
-        outcome.messages.append(f"the workload of {', '.join(still_running)} did not stop within {STOP_GRACE_S:g} s "
-                                f"after its gate ended: partial results kept in {run_dir}; no bundle was written")
-        return outcome
-    predicate = {
-        "kvgate": {"version": __version__, "commit": git_commit()},
-        "suite": suite.suite.model_dump(),
-        "overall": overall.value,
-        "verdicts": verdict_dicts,
-        "run": {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
-                "duration_s": round(finished - started, 3)},
-        "signing_key": {"kind": key_kind, "fingerprint": key_fingerprint(pub)},
-    }
-    progress("signing the bundle")
-    # The run directory becomes the bundle (renamed, not copied); if signing fails it is renamed back.
-    try:
-        outcome.bundle = write_bundle(run_dir, Path(out_dir), private_key, predicate, make_tar=make_tar,
-                                      render=bundle_renderer(predicate), move=True)
-    except OSError as exc:
-        raise HarnessError(f"the bundle was not written ({exc}); no half-written bundle was left, and the run "
-                          f"directory with every result is kept at {run_dir}") from None
-    outcome.run_dir = outcome.bundle.path
-    return outcome
+        if run_dir.exists():  # the bundle is the run directory renamed: gone from here once written
+            scrub_tree(run_dir)

@@ -91,17 +91,24 @@ def _write_argv(d: Path, node: str, argv: Sequence[str], env: Mapping[str, str] 
         rec = {"node": node, "argv": rec["argv"], "env": rec["env"], "log_path": log_path}
     if part_of is not None:
         rec["part_of"] = part_of
-    (d / "argv.json").write_text(json.dumps(rec, indent=1))
+    _put(d, "argv.json", json.dumps(rec, indent=1))
 
 
 def _write_status(d: Path, status: dict) -> None:
-    (d / "status.json").write_text(json.dumps(status, indent=1))
+    _put(d, "status.json", json.dumps(status, indent=1))
+
+
+def _put(d: Path, name: str, text: str) -> None:
+    """One file of a step, as ``(d / name).write_text(text)`` writes it (UTF-8 here), without a Path object or
+    a text layer per file: a run of a thousand nodes writes some ninety thousand of these."""
+    with open(f"{d}/{name}", "wb") as f:
+        f.write(text.encode())
 
 
 def record(d: Path, result: CommandResult) -> None:
-    (d / "stdout").write_text(redact_text(result.stdout))
-    (d / "stderr").write_text(redact_text(result.stderr))
-    (d / "rc").write_text("" if result.rc is None else f"{result.rc}\n")
+    _put(d, "stdout", redact_text(result.stdout))
+    _put(d, "stderr", redact_text(result.stderr))
+    _put(d, "rc", "" if result.rc is None else f"{result.rc}\n")
     status = "ok" if result.ok else ("timeout" if result.timed_out else ("error" if result.error else "failed"))
     _write_status(d, {"status": status, "rc": result.rc, "timed_out": result.timed_out,
                       "error": redact_text(result.error) if result.error else result.error,

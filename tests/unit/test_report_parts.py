@@ -46,6 +46,20 @@ def test_ttft_and_series_charts():
     assert all(f'id="{g}"' in s for g in ("series-n1", "series-n2", "aggregate-line", "nic-ceiling-line", "pass-line"))
 
 
+def _legend_texts(svg: str) -> int:
+    legend = svg[svg.index('<g id="legend_1">'):]
+    return legend.count('<g id="text_')
+
+
+def test_the_series_legend_names_each_node_up_to_a_bound_then_counts_them():
+    few = {f"n{i}": [(0, 1.0), (1, 1.1)] for i in range(1, rc.LEGEND_NODES + 1)}
+    many = {f"n{i}": [(0, 1.0), (1, 1.1)] for i in range(1, rc.LEGEND_NODES + 2)}
+    s_few, s_many = rc.node_series_svg(few, pass_value=11), rc.node_series_svg(many, pass_value=11)
+    assert _legend_texts(s_few) == rc.LEGEND_NODES + 2  # every node, the aggregate, the pass line
+    assert _legend_texts(s_many) == 1 + 2  # "33 nodes, one line each", the aggregate, the pass line
+    assert all(f'id="series-{n}"' in s_many for n in many)  # every node's line is drawn and findable
+
+
 def _v(gid, outcome):
     return {"gate_id": gid, "title": f"gate {gid}", "metric": "m", "pass_threshold": ">= 1 GB/s",
             "stop_loss_threshold": None, "actual": 0.5, "unit": "GB/s", "outcome": outcome, "reason": f"why {gid}"}

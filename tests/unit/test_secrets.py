@@ -289,6 +289,36 @@ def test_a_known_value_is_found_in_its_json_and_url_encoded_forms(tmp_path):
     assert files_with(run, value, quote(value, safe="")) == [] and outside.read_text() == value
 
 
+@pytest.mark.parametrize("move", [True, False])
+def test_the_bundle_signs_its_files_as_scrubbed_in_the_pass_that_hashes_them(tmp_path, move):
+    """A value learnt after the files holding it were written (an engine's log, a late error): the bundle writer's
+    one pass redacts each file, in the run directory too, and signs the redacted bytes, which verify."""
+    import hashlib
+    from harness.redact import add_secret_value, scrub_read
+    from harness.report.bundle import verify_content, write_bundle
+    value = canary()
+    run = tmp_path / "run"
+    (run / "steps" / "001-n1-x").mkdir(parents=True)
+    (run / "steps" / "001-n1-x" / "stdout").write_text(f"token {value} end\n")
+    (run / "steps" / "001-n1-x" / "rc").write_text("0\n")
+    (run / "log.jsonl").write_text(json.dumps({"msg": value}) + "\n")
+    (run / "steps" / "001-n1-x" / "stdout").chmod(0o640)
+    add_secret_value(value)
+    key, _ = generate_keypair(tmp_path / "k")
+    info = write_bundle(run, tmp_path / "out", load_private_key(key), {"suite": {"name": "t"}}, make_tar=False,
+                        move=move, scrub=scrub_read)
+    assert files_with(tmp_path, value) == []  # the bundle and, when copied, the run directory left behind
+    out = info.path / "steps" / "001-n1-x" / "stdout"
+    assert out.read_text() == "token REDACTED end\n"
+    in_place = out if move else run / "steps" / "001-n1-x" / "stdout"  # redacted where it lay: its mode kept
+    assert in_place.read_text() == "token REDACTED end\n" and (in_place.stat().st_mode & 0o777) == 0o640
+    assert (info.path / "steps" / "001-n1-x" / "rc").read_text() == "0\n"  # a file without a secret: as it was
+    checked = verify_content(info.path)
+    assert checked.ok, checked.error
+    signed = {s["name"]: s["digest"]["sha256"] for s in checked.statement["subject"]}
+    assert signed["steps/001-n1-x/stdout"] == hashlib.sha256(out.read_bytes()).hexdigest()
+
+
 def test_redaction_keeps_measurements_and_is_idempotent():
     from harness.redact import MARK, add_secret_value, redact_text
     add_secret_value("12345678")  # digits only: would match byte counts
