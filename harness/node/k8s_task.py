@@ -1,7 +1,8 @@
 """One pod of a kvgate Indexed Job: start this node's program, release all ranks together, keep the output.
 
 ``kvgate render k8s`` writes one Indexed Job per gate; every pod runs this program from the gate's ConfigMap
-(mounted at ``--config-dir``: ``spec.json``, the node program, ``slurm_task.py`` (whose helpers this imports), the suite's inventory and gates). It finds its
+(mounted at ``--config-dir``: ``spec.json``, the node program, ``slurm_task.py`` (whose helpers this imports),
+the suite's inventory and gates). It finds its
 entry in ``spec.json`` by the Kubernetes node it runs on (``KVGATE_K8S_NODE``, the downward API's
 ``spec.nodeName``); its rank is the pod's completion index (``JOB_COMPLETION_INDEX``). Under
 ``--results/GATE/`` (a volume every pod shares) it leaves, as the slurm launcher's tasks do:

@@ -30,11 +30,11 @@ Raw fio JSON under gates/<gate>/<node>/fio.json becomes <gate>-jobs.csv (one row
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import re
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -608,8 +608,9 @@ def write_rendered(r: Rendered, predicate: dict[str, Any], out_dir: Path,
                                        predicate.get("overall"),
                                        {g["gate_id"]: g["duration_s"] for g in r.view["gates"]}).encode(),
     }
+    if static is None:
+        static = {}
     if not static:
-        static = {} if static is None else static
         static.update((rel, to_csv_bytes(frame)) for rel, frame in r.tables.items())
         static.update((rel, svg.encode()) for rel, svg in r.charts.items())
     files.update(static)

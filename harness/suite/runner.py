@@ -361,13 +361,14 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
         _write_json(run_dir / "verdicts.json", summary)
         outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted, interrupt=interrupt)
         if interrupted:
-            outcome.messages.append(f"interrupted ({_stopped_by(interrupt) if interrupt else 'Ctrl-C'}): partial results "
-                                    f"kept in {run_dir}; no bundle was written")
+            outcome.messages.append(f"interrupted ({_stopped_by(interrupt) if interrupt else 'Ctrl-C'}): "
+                                    f"partial results kept in {run_dir}; no bundle was written")
             return outcome
         if still_running:
             outcome.unstopped = list(still_running)
-            outcome.messages.append(f"the workload of {', '.join(still_running)} did not stop within {STOP_GRACE_S:g} s "
-                                    f"after its gate ended: partial results kept in {run_dir}; no bundle was written")
+            outcome.messages.append(f"the workload of {', '.join(still_running)} did not stop within "
+                                    f"{STOP_GRACE_S:g} s after its gate ended: partial results kept in {run_dir}; "
+                                    "no bundle was written")
             return outcome
         predicate = {
             "kvgate": {"version": __version__, "commit": git_commit()},

@@ -282,12 +282,14 @@ def pd_validity(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance]
                       claim="the consumer's KV came from the pool's device, not from memory or a cache",
                       how=f"the consumer's pool device read counters around each hand-off request{on('consumer')}, "
                           f"against the {format_quantity(claimed, 'B')} of KV its hits claim (at least "
-                          f"{min_read_fraction} of it required)", figure="bytes the consumer's pool device read", value=read, unit="B"),
-        ValidityCheck(name="producer wrote the tier", ok=write_fraction is not None and write_fraction >= min_write_fraction,
+                          f"{min_read_fraction} of it required)",
+                      figure="bytes the consumer's pool device read", value=read, unit="B"),
+        ValidityCheck(name="producer wrote the tier",
+                      ok=write_fraction is not None and write_fraction >= min_write_fraction,
                       claim="the producer's store reached the pool's device",
                       how=f"the producer's pool device write counters around each prefill{on('producer')} (a sync "
-                          f"before the after read), against the {format_quantity(stored, 'B')} the pool gained (at least "
-                          f"{min_write_fraction} of it required)",
+                          f"before the after read), against the {format_quantity(stored, 'B')} the pool gained "
+                          f"(at least {min_write_fraction} of it required)",
                       figure="bytes the producer's pool device wrote", value=wrote, unit="B"),
         ValidityCheck(name="stored", ok=not short and stored is not None,
                       claim="every prompt's KV was in the pool before the consumer was asked for it",
