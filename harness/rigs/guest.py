@@ -536,11 +536,14 @@ def qemu_argv(image: GuestImage, ssh_port: int, console_log: Path, memory_mib: i
 
     With ``engine_python`` (a host path) the host's tree is shared with the guest over virtio-9p, read-only in
     qemu (``readonly=on``: the guest cannot write whatever it mounts) and mounted read-only at /host, and the
-    path rides on the kernel command line for the guest's ``kvgate-engine-python``."""
+    path rides on the kernel command line for the guest's ``kvgate-engine-python``. ``multidevs=remap``: the
+    host's / spans filesystems whose inode numbers collide (procfs, sysfs, tmpfs roots are all inode 1); without
+    it the guest's 9p client takes /host/proc and /host/sys for one inode, the engine's chroot binds /sys over
+    both, and the engine finds no /proc/cpuinfo nor /proc/sys/vm/drop_caches."""
     share: list[str] = []
     if engine_python is not None:
         kernel_args = f"{kernel_args} {ENGINE_PYTHON_ARG}={engine_python}".strip()
-        share = ["-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on",
+        share = ["-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
                  "-device", f"virtio-9p-pci,fsdev=hostroot,mount_tag={HOST_SHARE_TAG}"]
     return [
         "qemu-system-x86_64",

@@ -77,6 +77,9 @@ def test_host_tree_is_shared_read_only_and_only_when_an_engine_python_is_named(t
     argv = G.qemu_argv(_image(tmp_path), 2222, tmp_path / "console.log", engine_python="/opt/venv/bin/python")
     fsdev = argv[argv.index("-fsdev") + 1].split(",")
     assert fsdev[0] == "local" and "path=/" in fsdev and "readonly=on" in fsdev  # qemu refuses every guest write
+    # inode numbers of the host's filesystems remapped per device: /proc and /sys (both inode 1) stay two
+    # directories in the guest, so the engine's chroot gets the guest's procfs at /proc
+    assert "multidevs=remap" in fsdev
     assert f"mount_tag={G.HOST_SHARE_TAG}" in argv[argv.index("-fsdev") + 3]
     assert argv[argv.index("-append") + 1].endswith(" kvgate.engine_python=/opt/venv/bin/python")
     # the guest mounts it read-only too, and the wrapper refuses to run on a share that is not read-only
