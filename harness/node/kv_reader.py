@@ -22,6 +22,15 @@ JSON document on stdout (schema ``kvgate-kv-read/1``):
     ``/sys/dev/block/MAJ:MIN/stat`` line is read just before the common start and after every stream has
     finished reading. Prints ``{"type": "read", "streams": [...], ...}``.
 
+``layout-read --spec SPEC [--drop-caches]``
+    Both in one interpreter, for stacks whose imports are the slow part (minutes under qemu TCG): torch and
+    LMCache's modules are imported once, with no engine built and the pool untouched; the layout runs in a
+    process forked from that interpreter and exits (its engine and buffers go with it); with ``--drop-caches``
+    the interpreter then syncs and drops the page cache itself, as the ``drop the page cache`` step does;
+    the readers are forked from it too (each builds its own engine: nothing of the layout's is shared).
+    Prints the layout document, with ``--drop-caches`` a ``{"type": "drop-caches", "dropped": ..., "error":
+    ...}`` document, and the read document, one per line, in that order.
+
 LMCache 0.5.6's local_disk keeps its index in memory only, so a fresh reader re-registers the chunk files the
 layout made (key, size, shape, dtype, format from the manifest) with ``LocalDiskBackend.insert_key`` before
 the start; its reads are then LMCache's own. Exit status: 0 when the document was printed (failures of a
@@ -489,7 +498,7 @@ def format_cpulist(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def read(spec: dict) -> dict:
+def read(spec: dict, start_method: str = "spawn") -> dict:
     import multiprocessing as mp
     import queue as queue_mod
 
@@ -500,7 +509,7 @@ def read(spec: dict) -> dict:
     by_prompt: dict[int, list] = {}
     for c in m["chunks"]:
         by_prompt.setdefault(int(c["prompt"]), []).append(c)
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(start_method)
     n = len(spec["streams"])
     ready, go = ctx.Barrier(n + 1), ctx.Barrier(n + 1)
     results = ctx.Queue()
@@ -512,7 +521,7 @@ def read(spec: dict) -> dict:
         procs.append(proc)
     doc = {"schema": SCHEMA, "type": "read", "pool_dir": pool, "layout_id": spec["layout_id"],
            "backend": spec["backend"], "device_stat_path": spec.get("device_stat"), "errors": [],
-           "versions": versions()}
+           "versions": versions(), "start_method": start_method}
     started = False
     try:
         ready.wait(barrier_timeout_s(spec))
@@ -544,13 +553,100 @@ def read(spec: dict) -> dict:
     return doc
 
 
+# ---------------------------------------------------------------------------------------------- layout-read
+
+PRELOAD = ("torch", "lmcache.v1.cache_engine", "lmcache.v1.config", "lmcache.v1.metadata",
+           "lmcache.v1.memory_management", "lmcache.v1.gpu_connector.gpu_connectors", "lmcache.v1.token_database",
+           "lmcache.v1.storage_backend")
+# imported by LMCache 0.5.6 while it builds an engine (the token database's hash function, from vLLM where vLLM is
+# installed: ~2,000 modules, most of an engine's build time), where they are there
+PRELOAD_IF_PRESENT = ("vllm.v1.core.kv_cache_utils", "vllm.utils.hashing")
+
+
+def preload() -> float:
+    """Import what the layout and the readers use, and nothing else (no engine, no CUDA, no pool access), so
+    processes forked from here start with it imported. Returns the seconds it took."""
+    import importlib
+    t0 = time.perf_counter()
+    for name in PRELOAD:
+        importlib.import_module(name)
+    for name in PRELOAD_IF_PRESENT:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - LMCache falls back to its own hash without it, and so do we
+            pass
+    return time.perf_counter() - t0
+
+
+def in_forked_child(fn, *args) -> dict:
+    """``fn(*args)``'s document, computed in a process forked from this one (which exits when it is done, taking
+    whatever ``fn`` built with it); an exception or a child that died is an ``error`` document."""
+    rfd, wfd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: one JSON document into the pipe, then out without running the parent's cleanup
+        os.close(rfd)
+        try:
+            doc = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the parent reports it
+            traceback.print_exc()
+            doc = {"error": f"{type(exc).__name__}: {exc}"}
+        with os.fdopen(wfd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, separators=(",", ":"))
+        sys.stderr.flush()
+        os._exit(0)
+    os.close(wfd)
+    with os.fdopen(rfd, encoding="utf-8") as fh:
+        text = fh.read()
+    _, status = os.waitpid(pid, 0)
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        code = os.waitstatus_to_exitcode(status)
+        doc = {"error": f"the forked process printed no document (exit status {code})"}
+    return doc if isinstance(doc, dict) else {"error": "the forked process printed no object"}
+
+
+def drop_page_cache() -> dict:
+    """``sync``, then drop the page cache (what the controller's ``sync && echo 3 > /proc/sys/vm/drop_caches``
+    step does); a refusal (not root, a read-only /proc) is recorded, not raised."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as fh:
+            fh.write("3\n")
+        return {"dropped": True, "error": None}
+    except OSError as exc:
+        return {"dropped": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def layout_read(spec: dict, drop_caches: bool) -> dict:
+    """``layout-read``: prints the layout and drop-caches documents as they are known, returns the read's."""
+    try:
+        import_s = preload()
+    except Exception as exc:  # noqa: BLE001 - both documents say why
+        traceback.print_exc()
+        err = f"{type(exc).__name__}: {exc}"
+        emit({"schema": SCHEMA, "type": "layout", "error": f"import: {err}"})
+        return {"schema": SCHEMA, "type": "read", "error": f"not read: the import failed ({err})"}
+    lay = in_forked_child(layout, spec)
+    lay = {**lay, "schema": SCHEMA, "type": "layout", "import_s": import_s}
+    emit(lay)
+    if lay.get("error"):
+        return {"schema": SCHEMA, "type": "read", "error": f"not read: the layout failed ({lay['error']})"}
+    if drop_caches:
+        emit({"schema": SCHEMA, "type": "drop-caches", **drop_page_cache()})
+    return read(spec, start_method="fork")
+
+
 # --------------------------------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kv_reader.py", description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=("layout", "read"))
+    ap.add_argument("command", choices=("layout", "read", "layout-read"))
     ap.add_argument("--spec", required=True)
+    ap.add_argument("--drop-caches", action="store_true", help="layout-read: drop the page cache between them")
     args = ap.parse_args(argv)
     try:
         spec = load_spec(args.spec)
@@ -559,10 +655,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
     try:
-        doc = layout(spec) if args.command == "layout" else read(spec)
+        if args.command == "layout-read":
+            doc = layout_read(spec, args.drop_caches)
+        else:
+            doc = layout(spec) if args.command == "layout" else read(spec)
     except Exception as exc:  # noqa: BLE001 - the orchestrator reads the one line and the traceback
         traceback.print_exc()
-        emit({"schema": SCHEMA, "type": args.command, "error": f"{type(exc).__name__}: {exc}"})
+        kind = "read" if args.command == "layout-read" else args.command
+        emit({"schema": SCHEMA, "type": kind, "error": f"{type(exc).__name__}: {exc}"})
         return 3
     emit(doc)
     return 0

@@ -1,8 +1,9 @@
 """The KV connector reader's output (harness/node/kv_reader.py, ``kvgate-kv-read/1``) and the pool's device, parsed
 (pure).
 
-The reader prints one JSON document per run on stdout (LMCache logs to stderr); ``layout`` describes the chunk
-files LMCache wrote, ``read`` every reader process's retrieves and the device's ``/sys/dev/block/MAJ:MIN/stat``
+The reader prints one JSON document per phase on stdout (LMCache logs to stderr); ``layout`` describes the chunk
+files LMCache wrote, ``drop-caches`` (``layout-read`` only) whether its interpreter dropped the page cache,
+``read`` every reader process's retrieves and the device's ``/sys/dev/block/MAJ:MIN/stat``
 line before the common start and after the last read. Bandwidth is decimal: GB/s = 1e9 bytes per second.
 """
 
@@ -31,6 +32,49 @@ def _document(text: str, kind: str) -> dict[str, Any]:
         if isinstance(doc, dict) and doc.get("schema") == SCHEMA and doc.get("type") == kind:
             return doc
     raise WorkloadError(f"the KV reader printed no {kind} document (see its stderr)")
+
+
+def split_documents(text: str) -> dict[str, str]:
+    """``kv_reader.py layout-read``'s stdout split by document type (layout, drop-caches, read): each type's
+    lines, the document and any line before it since the previous document, so each phase's raw file reads as
+    that phase's own output would."""
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    for line in text.splitlines(keepends=True):
+        pending.append(line)
+        s = line.strip()
+        if not s.startswith("{"):
+            continue
+        try:
+            doc = json.loads(s)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == SCHEMA and isinstance(doc.get("type"), str):
+            out[doc["type"]] = out.get(doc["type"], "") + "".join(pending)
+            pending = []
+    if pending and out:
+        last = list(out)[-1]
+        out[last] += "".join(pending)
+    return out
+
+
+@dataclass(frozen=True)
+class DropCaches:
+    """Whether the reader's interpreter dropped the page cache, and why not."""
+
+    dropped: bool
+    error: str | None = None
+
+
+def parse_drop_caches(text: str) -> DropCaches:
+    """The page-cache drop ``kv_reader.py layout-read --drop-caches`` did between the layout and the read; no
+    document is a drop that did not happen (recorded, not raised)."""
+    try:
+        d = _document(text, "drop-caches")
+    except WorkloadError as exc:
+        return DropCaches(dropped=False, error=str(exc))
+    dropped = d.get("dropped") is True
+    return DropCaches(dropped=dropped, error=None if dropped else str(d.get("error") or "not dropped"))
 
 
 def _num(d: dict[str, Any], key: str, default: float | None = None) -> float | None:
@@ -138,6 +182,7 @@ class ReadRun:
     versions: dict[str, Any] = field(default_factory=dict)
     go_unix_s: float | None = None
     error: str | None = None
+    start_method: str | None = None  # how the reader processes started: spawn (a fresh interpreter) or fork
 
     @property
     def device_read_bytes(self) -> int | None:
@@ -191,4 +236,5 @@ def parse_read(text: str) -> ReadRun:
     return ReadRun(streams=tuple(_stream(s) for s in streams), device_stat_before=_stat(d.get("device_stat_before")),
                    device_stat_after=_stat(d.get("device_stat_after")),
                    errors=tuple(str(e) for e in d.get("errors") or []), versions=dict(d.get("versions") or {}),
-                   go_unix_s=_num(d, "go_unix_s"))
+                   go_unix_s=_num(d, "go_unix_s"),
+                   start_method=str(d["start_method"]) if d.get("start_method") in ("spawn", "fork") else None)

@@ -49,7 +49,7 @@ from ..errors import ConfigError, WorkloadError
 from ..execute.fanout import fan_out
 from ..node import program_path
 from ..parsers.fio import FioRun, parse_fio_json
-from ..parsers.kvread import ReadRun, parse_layout, parse_read
+from ..parsers.kvread import ReadRun, parse_drop_caches, parse_layout, parse_read, split_documents
 from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
 from ..paths import data_path
 from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
@@ -98,6 +98,9 @@ class KvReadParams(StrictModel):
     python: str | None = None  # the engine's interpreter; default: the node's engine_python, else kvgate's
     layout_timeout_s: float = Field(default=3600.0, gt=0)
     read_timeout_s: float = Field(default=3600.0, gt=0)
+    # one engine interpreter for the layout, the page-cache drop and the readers (forked from it), for stacks
+    # whose imports are the slow part (minutes under qemu TCG); default: a fresh interpreter per phase
+    import_once: bool = False
 
     @field_validator("kv_size_bytes", mode="before")
     @classmethod
@@ -303,6 +306,7 @@ class KvNodeEvidence(Evidence):
     versions: dict[str, Any] = {}
     page_cache_dropped: bool | None = None
     drop_caches_error: str | None = None
+    reader_start: str | None = None  # spawn: a fresh interpreter per reader; fork: from one (import_once)
     kv_bytes_read: int | None = None
     device_read_bytes: int | None = None
     reader_errors: list[str] = []
@@ -540,11 +544,17 @@ def _reader_step(steps: Any, tr: Any, nd: Path, step: str, argv: list[str], time
     r = steps.run(tr, step, argv, timeout_s=timeout_s, env=READER_ENV)
     write_gate_file(nd / f"{name}.json", r.stdout)
     write_gate_file(nd / f"{name}.stderr", r.stderr)
+    return _checked(r, r.stdout, parse, failed)
+
+
+def _checked(r: Any, text: str, parse: Callable[[str], Any], failed: str, need_ok: bool = True) -> Any:
+    """``parse(text)`` of a reader step's output; WorkloadError starting with ``failed`` when it printed no
+    such document, or one carrying an error, or (``need_ok``) the step itself failed."""
     try:
-        out = parse(r.stdout)
+        out = parse(text)
     except WorkloadError as exc:
         raise WorkloadError(f"{failed}: {r.summary()} ({exc})") from None
-    if out.error or not r.ok:
+    if out.error or (need_ok and not r.ok):
         raise WorkloadError(f"{failed}: {out.error or r.summary()}")
     return out
 
@@ -695,6 +705,9 @@ class KvRead(Workload):
     def _argv(self, s: "KvSetup", command: str) -> tuple[str, ...]:
         return (s.python, s.program, command, "--spec", s.spec)
 
+    def _layout_read_argv(self, s: "KvSetup", p: KvReadParams) -> tuple[str, ...]:
+        return self._argv(s, "layout-read") + (("--drop-caches",) if p.drop_caches else ())
+
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: KvReadParams = ctx.params
         out = []
@@ -712,15 +725,20 @@ class KvRead(Workload):
                                           s.program: "(harness/node/kv_reader.py)",
                                           s.spec: json.dumps(self._spec(ctx, node, s, None, "<device stat>"),
                                                                 indent=1)}))
-            out.append(PlannedStep(n, f"lay out {sz.prompts * sz.chunks_per_retrieve} chunks of {sz.chunk_bytes} bytes "
-                                   f"({sz.kv_bytes} bytes of {s.model} KV) through LMCache {p.backend} in "
-                                   f"{s.pool}, unless an intact layout {s.layout_id} is there",
-                                   self._argv(s, "layout")))
-            if p.drop_caches:
-                out.append(PlannedStep(n, "drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV))
-            out.append(PlannedStep(n, f"{node.stream_count} fresh reader process(es) retrieve "
-                                   f"{sz.kv_bytes_per_stream} bytes each through LMCache into {s.destination} "
-                                   "memory; every chunk checked", self._argv(s, "read")))
+            lay = (f"lay out {sz.prompts * sz.chunks_per_retrieve} chunks of {sz.chunk_bytes} bytes "
+                   f"({sz.kv_bytes} bytes of {s.model} KV) through LMCache {p.backend} in {s.pool}, unless an intact "
+                   f"layout {s.layout_id} is there")
+            reads = (f"{node.stream_count} fresh reader process(es) retrieve {sz.kv_bytes_per_stream} bytes each "
+                     f"through LMCache into {s.destination} memory; every chunk checked")
+            if p.import_once:
+                out.append(PlannedStep(n, f"one interpreter imports torch and LMCache once; forked from it: {lay}; "
+                                       + ("then it drops the page cache (recorded whether permitted); " if
+                                          p.drop_caches else "") + reads, self._layout_read_argv(s, p)))
+            else:
+                out.append(PlannedStep(n, lay, self._argv(s, "layout")))
+                if p.drop_caches:
+                    out.append(PlannedStep(n, "drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV))
+                out.append(PlannedStep(n, reads, self._argv(s, "read")))
             if p.drop_caches:
                 out.append(PlannedStep(n, "drop the page cache again before fio", DROP_CACHES_ARGV))
             out.append(PlannedStep(n, "the pool device's read counters before fio", pool_blockstat_argv(s.pool)))
@@ -803,8 +821,17 @@ class KvRead(Workload):
 
         ctx.progress(f"{ctx.gate.id} {node.name}: laying out {sz.kv_bytes / 1e9:.3f} GB of KV through LMCache "
                      f"{p.backend} in {s.pool}")
-        lay = _reader_step(steps, tr, nd, "kv-layout", self._argv(s, "layout"), p.layout_timeout_s, "layout",
-                           parse_layout, "layout failed")
+        if p.import_once:  # one step: layout, drop, read (each phase's document on its own stdout line)
+            r = steps.run(tr, "kv-layout-read", self._layout_read_argv(s, p),
+                          timeout_s=p.layout_timeout_s + p.read_timeout_s + 600, env=READER_ENV)
+            parts = split_documents(r.stdout)
+            for name in ("layout", "drop-caches", "read"):
+                write_gate_file(nd / f"{name}.json", parts.get(name, ""))
+            write_gate_file(nd / "layout-read.stderr", r.stderr)
+            lay = _checked(r, parts.get("layout", ""), parse_layout, "layout failed", need_ok=False)
+        else:
+            lay = _reader_step(steps, tr, nd, "kv-layout", self._argv(s, "layout"), p.layout_timeout_s, "layout",
+                               parse_layout, "layout failed")
         rec.layout = KvLayoutRecord(reused=lay.reused, chunks=lay.chunks, kv_bytes=lay.kv_bytes,
                                     file_bytes=lay.file_bytes, elapsed_s=lay.elapsed_s,
                                     engine_init_s=lay.engine_init_s, layout_id=s.layout_id)
@@ -812,13 +839,20 @@ class KvRead(Workload):
         if lay.chunks != sz.prompts * sz.chunks_per_retrieve:
             raise WorkloadError(f"layout holds {lay.chunks} chunks, expected {sz.prompts * sz.chunks_per_retrieve}")
 
-        if p.drop_caches:
-            drop = drop_caches(ctx, tr, "kv-drop-caches", timeout_s=300)
-            rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
-        ctx.progress(f"{ctx.gate.id} {node.name}: {node.stream_count} reader(s) retrieving through LMCache")
-        run = _reader_step(steps, tr, nd, "kv-read", self._argv(s, "read"), p.read_timeout_s + 600, "read",
-                           parse_read, "readers failed")
+        if p.import_once:
+            if p.drop_caches:
+                drop = parse_drop_caches(parts.get("drop-caches", ""))
+                rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
+            run = _checked(r, parts.get("read", ""), parse_read, "readers failed")
+        else:
+            if p.drop_caches:
+                drop = drop_caches(ctx, tr, "kv-drop-caches", timeout_s=300)
+                rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
+            ctx.progress(f"{ctx.gate.id} {node.name}: {node.stream_count} reader(s) retrieving through LMCache")
+            run = _reader_step(steps, tr, nd, "kv-read", self._argv(s, "read"), p.read_timeout_s + 600, "read",
+                               parse_read, "readers failed")
         record_checks(rec, run)
+        rec.reader_start = run.start_method
         acc["rows"], acc["details"] = connector_rows(node.name, run, None)
 
         # fio over the same chunk files, stream by stream

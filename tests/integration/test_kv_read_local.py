@@ -74,21 +74,21 @@ def fs_run(tmp_path_factory):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(tmp: Path, work: Path, backend: str, lmcache: dict, out: str) -> Run:
-    inv, gates = suite(tmp, work, backend, lmcache)
+def _run(tmp: Path, work: Path, backend: str, lmcache: dict, out: str, import_once: bool = False) -> Run:
+    inv, gates = suite(tmp, work, backend, lmcache, import_once)
     proc = kvgate(tmp, "run", "-i", str(inv), "-g", str(gates), "--out", str(tmp / out))
     v, result, bundle = verdict(tmp / out)
     return Run(tmp, work, proc, v, result, bundle)
 
 
-def suite(tmp_path: Path, work_dir: Path, backend: str, lmcache: dict) -> tuple[Path, Path]:
+def suite(tmp_path: Path, work_dir: Path, backend: str, lmcache: dict, import_once: bool = False) -> tuple[Path, Path]:
     inv = {"nodes": [{"name": "localhost", "transport": "local", "work_dir": str(work_dir), "read_streams": 2,
                       "targets": [{"name": "pool", "kind": "directory", "path": str(work_dir / "tier")}]}]}
     gates = {"suite": {"name": "kv-read-it", "version": "1"}, "gates": [{
         "id": "G1C", "title": "kv-read on a local directory", "workload": "kv-read",
         "params": {"target": "pool", "engine": "cpu-reference", "backend": backend, "model": "small-gqa",
                    "model_config_inline": MODEL, "kv_size": "32 MiB", "chunks_per_retrieve": 2,
-                   "lmcache": lmcache, "fio": {"iodepth": 4}},
+                   "lmcache": lmcache, "fio": {"iodepth": 4}, "import_once": import_once},
         "metric": "connector_read_gb_s", "pass": ">= 1 MB/s", "stop_loss": "< 0.1 MB/s", "timeout_s": 1200,
         "reference": {"value": "5.23 GB/s", "source": "R1"}}]}
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
@@ -122,7 +122,8 @@ def test_kv_read_through_real_lmcache_on_a_directory_target(request, tmp_path, b
     else:
         work = _var_tmp_dir()
         request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
-        run = _run(tmp_path, work, backend, lmcache, "out")
+        # local_disk's run with import_once: one interpreter lays out, drops the page cache and forks the readers
+        run = _run(tmp_path, work, backend, lmcache, "out", import_once=True)
     v, result, bundle = run.verdict, run.result, run.bundle
     assert run.proc.returncode == 0 and v["outcome"] == "PASS", (v.get("reason"), run.proc.stderr[-3000:])
     ev = result["evidence"]
@@ -134,6 +135,15 @@ def test_kv_read_through_real_lmcache_on_a_directory_target(request, tmp_path, b
     assert rec["mismatch_count"] == 0 and rec["missing_count"] == 0
     assert rec["kv_bytes_read"] == 8 * 256 * 16384
     assert rec["device_read_bytes"] >= rec["kv_bytes_read"]  # cold: the device read every KV byte
+    assert rec["page_cache_dropped"] is True
+    steps = sorted(p.name.split("-", 1)[1] for p in (bundle / "steps").iterdir())
+    if backend == "fs":  # a fresh interpreter per phase, the drop a step of its own
+        assert rec["reader_start"] == "spawn" and {"localhost-kv-layout", "localhost-kv-drop-caches",
+                                                   "localhost-kv-read"} <= set(steps)
+    else:  # import_once: the three phases are one step, the readers forked from the layout's interpreter
+        assert rec["reader_start"] == "fork" and "localhost-kv-layout-read" in steps
+        assert not {"localhost-kv-layout", "localhost-kv-drop-caches", "localhost-kv-read"} & set(steps)
+        assert rec["layout"]["engine_init_s"] is not None
     m = result["metrics"]
     assert m["connector_efficiency"] == pytest.approx(m["connector_read_gb_s"] / m["fio_read_gb_s"])
     pool = run.work_dir / "tier" / "kvgate-kv-read"

@@ -314,6 +314,81 @@ def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_o
     assert evaluate(gate, result, "GB/s").outcome is Outcome.PASS
 
 
+def g1c_import_once(tmp_path, drop_caches: bool = True):
+    g = yaml.safe_load((ROOT / "gates" / "g1-connector.yaml").read_text())
+    g["gates"][0]["params"].update(import_once=True, drop_caches=drop_caches)
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(g, sort_keys=False))
+    cfg = load_config(ROOT / "inventory" / "localhost.yaml", tmp_path / "g.yaml", WORKLOADS)
+    return cfg, cfg.suite.gates[0]
+
+
+def layout_read_node(drop_doc: str | None, read_json: str = "read-fs-2streams.json") -> ScriptedTransport:
+    """reader_node's localhost, whose reader answers ``layout-read`` with the three documents in one stdout."""
+    inner = reader_node(read_json)
+
+    def handler(call):
+        if len(call.argv) > 2 and call.argv[1].endswith("/kv_reader.py"):
+            assert call.argv[2] == "layout-read", call.argv
+            return Reply(stdout=fixture("layout-fs-2streams.json") + (drop_doc or "") + fixture(read_json))
+        return inner.handler(call)
+    return ScriptedTransport(handler, name="localhost")
+
+
+@pytest.mark.parametrize("drop_caches", [True, False])
+def test_import_once_runs_layout_drop_and_read_as_one_planned_step_and_files_each_phase(tmp_path, drop_caches):
+    cfg, gate = g1c_import_once(tmp_path, drop_caches)
+    node = layout_read_node('{"schema":"kvgate-kv-read/1","type":"drop-caches","dropped":true,"error":null}\n'
+                            if drop_caches else None)
+    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"localhost": node}, steps=StepLog(tmp_path / "run"), gate_dir=tmp_path / "gate")
+    ctx.gate_dir.mkdir()
+    result = WORKLOADS["kv-read"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    assert node.commands == [s.argv for s in gate_plan(cfg, gate) if s.argv]
+    readers = [c for c in node.commands if len(c) > 2 and c[1].endswith("kv_reader.py")]
+    assert [c[2:3] + c[5:] for c in readers] == [("layout-read", "--drop-caches") if drop_caches else ("layout-read",)]
+    # the drop before the read is the reader interpreter's own; the controller's drop step runs only before fio
+    assert node.commands.count(DROP_CACHES_ARGV) == (1 if drop_caches else 0)
+    rec = result.evidence.nodes["localhost"]
+    assert rec.page_cache_dropped is (True if drop_caches else None) and rec.layout.chunks == 16
+    # each phase's document in its own raw file, as the per-phase steps leave them (re-evaluation reads read.json)
+    nd = ctx.gate_dir / "localhost"
+    assert parse_layout((nd / "layout.json").read_text()).chunks == 16
+    assert len(parse_read((nd / "read.json").read_text()).streams) == 2
+    assert evaluate(gate, result, "GB/s").outcome is Outcome.PASS
+
+
+@pytest.mark.parametrize("drop_doc,error", [
+    ('{"schema":"kvgate-kv-read/1","type":"drop-caches","dropped":false,"error":"PermissionError: denied"}\n',
+     "PermissionError: denied"),
+    ("", "printed no drop-caches document")])
+def test_import_once_whose_drop_was_refused_or_silent_records_it(tmp_path, drop_doc, error):
+    cfg, gate = g1c_import_once(tmp_path)
+    node = layout_read_node(drop_doc, "read-fs-warm-cache.json")
+    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"localhost": node}, steps=StepLog(tmp_path / "run"), gate_dir=tmp_path / "gate")
+    ctx.gate_dir.mkdir()
+    result = WORKLOADS["kv-read"]().run(ctx)
+    rec = result.evidence.nodes["localhost"]
+    assert rec.page_cache_dropped is False and error in rec.drop_caches_error
+    assert evaluate(gate, result, "GB/s").outcome is Outcome.INVALID
+
+
+def test_import_once_whose_layout_failed_reads_nothing_and_is_an_error(tmp_path):
+    cfg, gate = g1c_import_once(tmp_path)
+    bad = ('{"schema":"kvgate-kv-read/1","type":"layout","error":"RuntimeError: no space"}\n'
+           '{"schema":"kvgate-kv-read/1","type":"read","error":"not read: the layout failed (RuntimeError: no space)"}\n')
+    node = ScriptedTransport(lambda call: Reply(rc=3, stdout=bad) if len(call.argv) > 2 and call.argv[1].endswith(
+        "kv_reader.py") else reader_node("read-fs-2streams.json").handler(call), name="localhost")
+    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"localhost": node}, steps=StepLog(tmp_path / "run"), gate_dir=tmp_path / "gate")
+    ctx.gate_dir.mkdir()
+    result = WORKLOADS["kv-read"]().run(ctx)
+    assert result.error == "node localhost: layout failed: RuntimeError: no space"
+    assert not any(c[0] == "fio" for c in node.commands)
+    assert evaluate(gate, result, "GB/s").outcome is Outcome.ERROR
+
+
 def test_readers_without_a_read_timeout_start_within_the_readers_own_bound():
     assert barrier_timeout_s({}) == barrier_timeout_s({"read_timeout_s": None}) == BARRIER_TIMEOUT_S
     assert barrier_timeout_s({"read_timeout_s": 1200}) == 1200.0
