@@ -1,13 +1,15 @@
 """The README test command's two lanes under pytest-xdist (tests/conftest.py installs the scheduler)."""
 
 # The README test command runs the suite in two lanes (`-n 2`, pytest-xdist with conftest.py's scheduler). The modules
-# that boot a qemu TCG guest keep one core busy emulating for most of their run; they form one lane, run one after
-# another by one worker. Every other integration test (real engines, rigs, shaped links, Slurm: bandwidth, skew and
-# TTFT measured on this machine) forms the other lane, also one at a time, on the other worker. So no two guests,
-# and no two integration tests outside the guest lane, ever run side by side; unit and e2e tests, which check
-# contracts rather than speeds, fill whichever worker is free, a module at a time (its module-scoped fixtures
-# are set up once). An integration module missing from GUEST_LANE only
-# runs in the serial lane: slower, never side by side with its kind.
+# that boot a qemu TCG guest keep one core busy emulating for most of their run; they form one lane, with the
+# integration modules that start no engine (namespace rigs, Slurm, fio on loop devices, transports, Chromium), run
+# one after another by one worker. Every integration module that starts an engine (vLLM, cpu-reference, LMCache
+# readers: TTFT and hits measured on this machine) forms the other lane, also one at a time, on the other worker.
+# So no two guests, no two engine modules and no two rigs ever run side by side; a rig's shaped bandwidth and
+# start skew are measured beside an engine module, as they were beside a guest before, and the lanes' sums are
+# about equal. Unit and e2e tests, which check contracts rather than speeds,
+# fill whichever worker is free, a module at a time (its module-scoped fixtures are set up once). An integration
+# module in neither list runs in the engine lane: never side by side with another integration module.
 # Paths under tests/, matched on the node id's end, so they hold whatever directory pytest runs from.
 GUEST_LANE = frozenset({
     "integration/test_kv_read_loopback.py",
@@ -15,6 +17,25 @@ GUEST_LANE = frozenset({
     "integration/test_faults_guest.py",
     "integration/test_loopback_guest.py",
     "e2e/test_loopback_main_command.py",
+    # no engine: beside the guests
+    "integration/test_g3_rig.py",
+    "integration/test_g3_rig32.py",
+    "integration/test_g3_slurm.py",
+    "integration/test_slurm_launch.py",
+    "integration/test_cost_from_g1_run.py",
+    "integration/test_fanout_local.py",
+    "integration/test_fio_buffered_cold.py",
+    "integration/test_integrity_guard_loop.py",
+    "integration/test_library_chromium.py",
+    "integration/test_load_client_processes.py",
+    "integration/test_loopback_link_guard.py",
+    "integration/test_pooldev_loop.py",
+    "integration/test_report_html_chromium.py",
+    "integration/test_scoped_transport.py",
+    "integration/test_secrets_transport.py",
+    "integration/test_third_party_verification.py",
+    "integration/test_transport_contract.py",
+    "integration/test_write_guard_loop.py",
 })
 
 

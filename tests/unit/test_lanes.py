@@ -1,7 +1,8 @@
 """The README test command's two lanes (`pytest -n 2`, tests/conftest.py): integration tests measure bandwidth,
-skew and TTFT on this machine, so two of them must never run side by side, nor two qemu guests; unit and e2e
-tests may run beside either. Checked by running a small suite laid out like ours through pytest-xdist with the
-suite's own conftest, each test recording which worker ran it and when."""
+skew and TTFT on this machine, so two engine modules must never run side by side, nor two qemu guests or rigs
+(one lane each: tests/lanes.py); unit and e2e tests may run beside either. Checked by running a small suite laid
+out like ours through pytest-xdist with the suite's own conftest, each test recording which worker ran it and
+when."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def test_every_guest_lane_module_exists():
     ("tests/integration/test_kv_read_loopback.py::test_x[a]", "guest"),
     ("integration/test_faults_guest.py::test_y", "guest"),
     ("tests/e2e/test_loopback_main_command.py::test_z", "guest"),
-    ("tests/integration/test_g3_rig.py::test_a", "integration"),
+    ("tests/integration/test_g3_rig.py::test_a", "guest"),  # a rig: no engine
+    ("tests/integration/test_g2_gain_cpu_reference.py::test_e", "integration"),
     ("/abs/checkout/tests/integration/test_pd_vllm_cpu.py::Test::test_b", "integration"),
     ("tests/e2e/test_cli_run.py::test_c", None),
     ("tests/unit/test_integration_names.py::test_d", None),
