@@ -26,6 +26,11 @@ arm's log shows a fall-back; the tier arm's reused context came from the tier (i
 ``min_tier_reuse_share`` of its reused tokens, engine memory and tier together: a tier arm served from engine
 memory, or with its connector off, is INVALID); the arm without the tier read nothing from a tier (its tier hit
 counter flat) and recomputed what the engine's memory did not hold.
+
+With ``capacity:`` instead of ``load:`` the gate is the capacity curve: a working-set sweep on the tier arm alone
+(one engine, its memory bounded by ``engine_cache_tokens``), each point a session-recovery trace replayed by
+g2-load's point runner with the per-level counters read around it; the curve, its knee, where the tier ran out and
+the requirement are harness/workloads/g2_capacity.py's, judged here by :func:`evaluate_sweep`.
 """
 
 from __future__ import annotations
