@@ -92,7 +92,8 @@ def capacity_svg(cap: CapacityEvidence, *, title: str = "capacity curve") -> str
                 for bar in bars:
                     bar.set_gid(f"level-{level}-{bar.get_x() + bar.get_width() / 2:g}")
                 bottom = [b + v for b, v in zip(bottom, vals)]
-            ax.set_xticks(xs, [f"{c.working_set_x:g}x\n{c.sessions} s." for c in cap.curve])
+            ax.set_xticks(xs, [f"{c.working_set_x:g}x\n{c.sessions} session{'s' if c.sessions != 1 else ''}"
+                               for c in cap.curve])
             ax.set_xlabel("working set (x engine memory; sessions)")
             ax.set_ylabel("share of the reusable prompt tokens")
             ax.set_ylim(0, 1.05)
@@ -108,9 +109,9 @@ def capacity_svg(cap: CapacityEvidence, *, title: str = "capacity curve") -> str
                 ax.axvline(f, color=STOP_COLOR, linestyle="--", linewidth=1.2,
                            label=f"tier full {cap.tier_exhausted_x:g}x").set_gid("tier-full-line")
             if cap.require_up_to_x is not None and cap.require_levels:
-                ax.text(0.01, 1.01, f"required: {' + '.join(cap.require_levels)} up to {cap.require_up_to_x:g}x "
-                        f"(lowest {'-' if cap.capacity_hit_rate is None else f'{cap.capacity_hit_rate:.2f}'})",
-                        transform=ax.transAxes, fontsize=7, va="bottom")
+                low = "-" if cap.capacity_hit_rate is None else f"{cap.capacity_hit_rate:.2f}"
+                title += (f"\nrequired: {' + '.join(cap.require_levels)} from past engine memory up to "
+                          f"{cap.require_up_to_x:g}x (lowest {low})")
             good = [c.figures.get("goodput_rps") for c in cap.curve]
             if any(g is not None for g in good):
                 ax2 = ax.twinx()
@@ -124,7 +125,7 @@ def capacity_svg(cap: CapacityEvidence, *, title: str = "capacity curve") -> str
                 ax.legend(h1 + h2, l1 + l2, loc="upper left", bbox_to_anchor=(1.12, 1.0), fontsize=7)
             else:
                 ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
-            ax.set_title(title)
+            ax.set_title(title, fontsize=9)
             fig.tight_layout()
             return svg_text(fig)
         finally:
