@@ -233,7 +233,11 @@ def test_a_scripted_sweep_sends_exactly_the_planned_commands_and_draws_the_level
     assert WORKLOADS["g2-gain"].METRICS["tier_hit_rate@x2"] == "ratio" and "knee_x" in WORKLOADS["g2-gain"].METRICS
     assert {c.name: c.ok for c in ev.validity} == {"tier arm valid": True, "levels counted": True,
                                                    "engine memory held the smallest working set": True}
-    assert evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].METRICS).outcome is Outcome.FAIL
+    verdict_ = evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].METRICS)
+    assert verdict_.outcome is Outcome.FAIL
+    # a sweep measures no fleet hit rate and no gain: kvgate cost takes nothing from it
+    from harness.cost.params import extract_measured
+    assert extract_measured({"verdicts": [json.loads(json.dumps(verdict_.to_dict()))]}, "KVG-x") == []
     # every point's requests and counters in the tier arm's folder, each point's prompts new
     pts = ev.arms["tier"].points
     assert [p.label for p in pts] == ["x0.5", "x1", "x2", "x4"] and len({p.seed for p in pts}) == 4
