@@ -202,7 +202,12 @@ MEASURED_METRICS: dict[str, tuple[str, ...]] = {
     "recompute_ttft_s": ("recompute_ttft_p50_s", "ttft_recompute_p50_s", "recompute_ttft_s"),
     # g2-gain: of the context its load could reuse, the share the tier served (docs/g2.md, "The tier's worth")
     "hit_rate": ("tier_hit_rate",),
+    # g2-gain: the measured throughput gain of the same load with the tier over without it; not a model input,
+    # set beside the model's own throughput_gain in the report (a cross-check, as the measured TTFTs are)
+    "measured_throughput_gain": ("throughput_gain",),
 }
+SIGNED_MEASUREMENTS = frozenset({"measured_throughput_gain"})
+"""Measured figures that may be zero or negative (a gain): any finite number is a measurement."""
 USABLE_OUTCOMES = ("PASS", "FAIL", "STOP", "INFO")
 """Verdict outcomes whose ``actual`` is a measurement. ERROR/INVALID/SKIPPED runs measured nothing usable."""
 
@@ -222,16 +227,22 @@ class MeasuredInput:
     outcome: str
 
 
-def _finite_positive(val: Any) -> float | None:
-    """A measured figure as a float, when it is a finite number above zero (a signed 10**400, NaN or inf is
-    not a measurement, whatever signed it)."""
+def _finite(val: Any) -> float | None:
+    """A measured figure as a float, when it is a finite number (zero and below included)."""
     if isinstance(val, bool) or not isinstance(val, (int, float)):
         return None
     try:
         x = float(val)
     except OverflowError:
         return None
-    return x if math.isfinite(x) and x > 0 else None
+    return x if math.isfinite(x) else None
+
+
+def _finite_positive(val: Any) -> float | None:
+    """A measured figure as a float, when it is a finite number above zero (a signed 10**400, NaN or inf is
+    not a measurement, whatever signed it)."""
+    x = _finite(val)
+    return x if x is not None and x > 0 else None
 
 
 def extract_measured(verdicts: Mapping[str, Any], report_id: str) -> list[MeasuredInput]:
@@ -253,11 +264,9 @@ def extract_measured(verdicts: Mapping[str, Any], report_id: str) -> list[Measur
             if isinstance(scope, Mapping):
                 candidates.extend((str(k), val) for k, val in scope.items())
         for key, val in candidates:
-            x = _finite_positive(val)
-            if x is None:
-                continue
             for name, keys in MEASURED_METRICS.items():
-                if key in keys and name not in seen:
+                x = _finite(val) if name in SIGNED_MEASUREMENTS else _finite_positive(val)
+                if x is not None and key in keys and name not in seen:
                     seen.add(name)
                     found.append(MeasuredInput(name, x, report_id, gate_id, key, outcome))
     return found
@@ -295,6 +304,11 @@ class Resolved:
     @property
     def input_report_ids(self) -> list[str]:
         return sorted({m.report_id for m in self.measured})
+
+    @property
+    def measured_gain(self) -> MeasuredInput | None:
+        """The throughput gain a g2-gain bundle measured (set beside the model's in the report), if one did."""
+        return next((m for m in self.measured if m.name == "measured_throughput_gain"), None)
 
 
 def _section_value(params: CostParams, path: tuple[str, ...]) -> tuple[Any, bool]:

@@ -252,6 +252,11 @@ def _blocks(r: Resolved, tables: dict[str, pd.DataFrame], report_id: str) -> lis
             f"{_fmt(res['recompute_s'])} s per session; measured TTFT p50: read-back "
             f"{_fmt(r.inputs['readback_ttft_s'].value)} s ({r.inputs['readback_ttft_s'].source}), re-compute "
             f"{_fmt(r.inputs['recompute_ttft_s'].value)} s ({r.inputs['recompute_ttft_s'].source}).")))
+    if (g := r.measured_gain) is not None:
+        blocks.append(("p", (
+            f"Cross-check: the model gives a throughput gain of {res['throughput_gain']:+.1%} at these inputs; "
+            f"measured on the same load with the tier and without: {g.value:+.1%} ({g.report_id} {g.gate_id} "
+            f"{g.metric}, {g.outcome}; docs/g2.md, \"The tier's worth\").")))
     inputs = tables["inputs"]
     blocks += [
         ("h2", "Inputs and their sources"),

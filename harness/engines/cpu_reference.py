@@ -68,7 +68,8 @@ class Counters:
         "requests_total": "Completion requests served",
         "prompt_tokens_total": "Prompt tokens received",
         "external_query_tokens_total": "Prompt tokens looked up in the KV pool",
-        "external_hit_tokens_total": "Prompt tokens whose KV was read back from the KV pool",
+        "external_hit_tokens_total": "Prompt tokens whose KV was read back from LMCache (its RAM level or the pool)",
+        "ram_hit_tokens_total": "Of those, prompt tokens whose KV LMCache held in its RAM level (local_cpu)",
         "external_read_bytes_total": "KV bytes read back from the KV pool",
         "external_stored_tokens_total": "Prompt tokens whose KV was handed to LMCache for storing",
         "prefill_tokens_total": "Prompt tokens computed by the model (not read back)",
@@ -146,6 +147,14 @@ class Engine:
         _log(f"LMCache engine up: chunk_size={self.chunk_size} remote_url={cfg.remote_url} "
              f"local_cpu={cfg.local_cpu} max_local_cpu_size={cfg.max_local_cpu_size}")
 
+    def _ram_tokens(self, ids) -> int:
+        """How many of the prompt's leading tokens LMCache holds in its RAM level (local_cpu), asked before the
+        retrieve (which copies what it reads from the pool into that level). LMCache looks a prompt's chunks up
+        backend by backend, RAM first, by prefix: the RAM level's share is the first tokens of the hit."""
+        chunks = [(key, start, end) for start, end, key in self.lmc.token_database.process_tokens(tokens=ids)]
+        mapping = self.lmc.storage_manager.get_block_mapping(chunks)
+        return sum(end - start for _, start, end in mapping.get("LocalCPUBackend", []))
+
     def close(self) -> None:
         if self.lmc is not None:
             from lmcache.v1.cache_engine import LMCacheEngineBuilder
@@ -177,11 +186,13 @@ class Engine:
             if self.lmc is not None:
                 self.counters.add(external_query_tokens_total=n)
                 # Like a real connector, the tier is asked only for what the engine's memory lacks.
-                if self.gpu_cache is None or self.lmc.lookup(ids) > gpu_hit:
+                # (at most n - 1 tokens are reused: an exact repeat the engine holds is not asked for again)
+                if self.gpu_cache is None or min(self.lmc.lookup(ids), n - 1) > gpu_hit:
+                    in_ram = self._ram_tokens(ids)
                     keys, values = self._empty_kv(n)
                     mask = self.lmc.retrieve(ids, kvcaches=(keys, values), req_id=uuid.uuid4().hex)
                     hit = int(mask.sum().item())
-                    self.counters.add(external_hit_tokens_total=hit,
+                    self.counters.add(external_hit_tokens_total=hit, ram_hit_tokens_total=min(in_ram, hit),
                                       external_read_bytes_total=hit * self.kv_bytes_per_token)
             # At least the last prompt token is computed: its logits give the first output token.
             if min(hit, n - 1) > gpu_hit:

@@ -26,15 +26,22 @@ arm's log shows a fall-back; the tier arm's reused context came from the tier (i
 ``min_tier_reuse_share`` of its reused tokens, engine memory and tier together: a tier arm served from engine
 memory, or with its connector off, is INVALID); the arm without the tier read nothing from a tier (its tier hit
 counter flat) and recomputed what the engine's memory did not hold.
+
+With ``capacity:`` instead of ``load:`` the gate is the capacity curve: a working-set sweep on the tier arm alone
+(one engine, its memory bounded by ``engine_cache_tokens``), each point a session-recovery trace replayed by
+g2-load's point runner with the per-level counters read around it; the curve, its knee, where the tier ran out and
+the requirement are harness/workloads/g2_capacity.py's, judged here by :func:`evaluate_sweep`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engines import EngineProfile, load_profile, shell_line
 from ..errors import ConfigError, WorkloadError
@@ -44,9 +51,11 @@ from ..safeio import InputFileError
 from ..stats import bootstrap_ci
 from .base import GateContext, PlannedStep, ValidityCheck, Workload, WorkloadResult, register_workload, \
     write_summary
-from .g2_load import (Counters, G2Load, G2LoadEvidence, G2LoadParams, MetricInterval, MetricTable,
-                      PointTrial, accounting_counters, evaluate_load, g2_view, load_fields, read_load_trace,
-                      reevaluate_load)
+from .g2_capacity import (CAPACITY_FIGURES, CAPACITY_METRICS, CapacityEvidence, CapacityPoint, CapacitySpec,
+                          evaluate_capacity, point_levels, reusable_tokens, sweep_issues, sweep_points, sweep_trace)
+from .g2_load import (Counters, G2Load, G2LoadEvidence, G2LoadParams, LoadSpec, MetricInterval, MetricTable,
+                      PointTrial, accounting_counters, evaluate_load, g2_view, load_fields, point_invalid,
+                      read_load_trace, reevaluate_load, token_accounting)
 from .g2_ttft import G2Ttft, launch_values
 from .phases import PhaseRunner, first_fallback
 
@@ -54,13 +63,38 @@ ARMS = ("tier", "no_tier")
 REFERENCE_GAIN = "+29-40 % (R2, single-instance basis)"
 
 
+SWEEP_PATH = "(capacity sweep)"   # the load a capacity sweep's points replay: one session trace per point
+
+
 class GainParams(G2LoadParams):
     """g2-gain's ``params:``: g2-load's (the engine, the load, the SLOs, the bounds of a valid point), the arm
-    without the tier, the engine memory both arms get, and what proves the tier arm's reuse was the tier's."""
+    without the tier, the engine memory both arms get, and what proves the tier arm's reuse was the tier's; or,
+    instead of ``load:``, ``capacity:`` (the capacity curve: a working-set sweep on the arm with the tier,
+    harness/workloads/g2_capacity.py)."""
 
+    load: LoadSpec | None = None  # type: ignore[assignment]
+    capacity: CapacitySpec | None = None
     no_tier_engine: str | None = None      # the arm without the tier (default: engine + its no_tier_flag)
     engine_cache_tokens: int | None = Field(default=None, ge=1)  # both arms' engine memory (engine_cache_flag)
     min_tier_reuse_share: float = Field(default=0.9, ge=0, le=1)  # of the tier arm's reused tokens, from the tier
+
+    @model_validator(mode="after")
+    def _prefix(self) -> "GainParams":
+        if (self.load is None) == (self.capacity is None):
+            raise ValueError("give exactly one of load (the gain: the same load with the tier and without) or "
+                             "capacity (the capacity curve: a working-set sweep)")
+        if self.capacity is not None:
+            given = [k for k in ("requests_per_point", "prompt_tokens", "shared_prefix_tokens", "prefix_groups",
+                                 "no_tier_engine") if k in self.model_fields_set]
+            if given:
+                raise ValueError(f"{', '.join(given)}: not for a capacity sweep (its sessions are capacity's)")
+            return self
+        return G2LoadParams._prefix(self)
+
+
+def sweep_params(p: GainParams) -> GainParams:
+    """Pure: a capacity sweep's parameters as g2-load's point runner reads them: each point a trace replay."""
+    return p.model_copy(update={"load": LoadSpec(path=SWEEP_PATH)})
 
 
 # ----------------------------------------------------------------------------------------------- evidence
@@ -108,16 +142,29 @@ class GainEvidence(G2LoadEvidence):
     gain: dict[str, MetricInterval] = {}
     reusable_share: float | None = None      # of the prompt tokens, what any cache could serve
     tier_hit_rate: float | None = None       # of that, what the tier arm's tier served (kvgate cost's hit_rate)
+    capacity: CapacityEvidence | None = None  # a capacity sweep's curve (then only the tier arm ran)
 
 
 GAIN_FIGURES: dict[str, str] = {"goodput_gain": "ratio", "throughput_gain": "ratio", "ttft_p50_ratio": "x",
                                 "ttft_p95_ratio": "x"}
 
 
+SWEEP_LABEL_RE = re.compile(r"x[0-9][0-9.e+-]*")
+
+
 class GainMetricTable(MetricTable):
-    """g2-gain's METRICS: the gain figures over the ladder (its keys) and each per point as ``FIGURE@LABEL``."""
+    """g2-gain's METRICS: the gain figures over the ladder (its keys) and each per point as ``FIGURE@LABEL``; a
+    capacity sweep's figures per working set as ``FIGURE@x<working set>`` (``tier_hit_rate@x8``)."""
 
     POINT_FIGURES = GAIN_FIGURES
+
+    @classmethod
+    def point_unit(cls, key: Any) -> str | None:
+        if isinstance(key, str) and "@" in key:
+            fig, _, label = key.partition("@")
+            if SWEEP_LABEL_RE.fullmatch(label) and fig in CAPACITY_FIGURES:
+                return CAPACITY_FIGURES[fig]
+        return super().point_unit(key)
 
 
 # --------------------------------------------------------------------------------------- pure evaluation
@@ -304,6 +351,92 @@ def evaluate_gain(arms: dict[str, WorkloadResult], min_tier_reuse_share: float,
                           error=errors[0] if errors else None)
 
 
+def sweep_point(pt: PointTrial, shape: CapacityPoint, ram_counter: str, evicted_counter: str,
+                max_client_lag_p99_s: float, min_read_fraction: float, device_reads: bool,
+                device_error: str | None = None) -> tuple[PointTrial, CapacityPoint]:
+    """Pure: one sweep point × trial judged: its tokens by level (engine memory; the RAM level's hits, a further
+    counter; the tier's, the connector's hits less those) and g2-load's validity with the tier's hits reconciled
+    with the pool device's read bytes (RAM-level hits read no device)."""
+    acc, extra = pt.accounting, pt.extra_counters or {}
+    cp = shape.model_copy(update={"requests": pt.requests})
+    if pt.figures is not None:
+        cp = cp.model_copy(update={"goodput_rps": pt.figures.goodput_rps, "ttft_p95_s": pt.figures.ttft_p95_s})
+    if acc is None:
+        return pt, cp
+    cp = point_levels(cp, acc.prompt_tokens, acc.memory_hit_tokens, acc.tier_hit_tokens, extra.get(ram_counter),
+                      extra.get(evicted_counter))
+    cp = cp.model_copy(update={"device_read_bytes": acc.device_read_bytes})
+    if pt.figures is not None:
+        pool = token_accounting(0, acc.prompt_tokens, acc.memory_hit_tokens, cp.tier_hit_tokens, acc.kv_bytes_per_token,
+                                acc.device_read_bytes, acc.device_write_bytes, acc.window_s)
+        why = point_invalid(pt.figures, pool, max_client_lag_p99_s, min_read_fraction, device_reads, device_error)
+        pt = pt.model_copy(update={"invalid_reason": why})
+        cp = cp.model_copy(update={"invalid_reason": why})
+    return pt, cp
+
+
+def evaluate_sweep(points: list[PointTrial], shapes: list[CapacityPoint], ev: GainEvidence, arm_ev: G2LoadEvidence,
+                   device_reads: bool, fallback: str | None = None) -> WorkloadResult:
+    """Pure: a capacity sweep's result from the tier arm's points (g2-load's, with the RAM-level and tier-eviction
+    counters' deltas in ``extra_counters``, named in ``ev.capacity``) and each point's shape (``shapes``, by label
+    and trial): every point judged (:func:`sweep_point`), the arm as g2-load evaluates it, then the curve, its
+    knee, the tier's end and the requirement (harness.workloads.g2_capacity.evaluate_capacity). INVALID when a
+    proof fails."""
+    ev = ev.model_copy(deep=True)
+    assert ev.capacity is not None
+    ram_counter, evicted_counter = ev.capacity.ram_counter, ev.capacity.evicted_counter
+    by = {(c.label, c.trial): c for c in shapes}
+    judged, cpoints = [], []
+    for pt in points:
+        shape = by.get((pt.label, pt.trial))
+        if shape is None:
+            continue
+        pt, cp = sweep_point(pt, shape, ram_counter, evicted_counter, ev.max_client_lag_p99_s or 0.001,
+                             ev.min_read_fraction if ev.min_read_fraction is not None else 0.5, device_reads,
+                             arm_ev.pool_device_error)
+        judged.append(pt)
+        cpoints.append(cp)
+    arm = evaluate_load(judged, "trace", ev.ttft_slo_s or 0.0, ev.knee_percentile or 95, arm_ev, fallback=fallback)
+    ev.arms = {"tier": arm.evidence}
+    cap_ev, metrics, checks = evaluate_capacity(cpoints, ev.capacity, arm.invalid_reason, None)
+    ev.capacity = cap_ev
+    ev.validity = checks
+    bad = next((c for c in checks if not c.ok), None)
+    return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=None if bad is None else f"{bad.name}: {bad.how}",
+                          error=arm.error)
+
+
+def sweep_counters(prof: EngineProfile) -> Counters:
+    """Pure: the counters a capacity sweep reads: g2-load's, then the profile's per-level RAM-level hit and tier
+    eviction counters (``capabilities.level_counters``), in that order."""
+    level = prof.capabilities.level_counters or ""
+    return dataclasses.replace(accounting_counters(prof), extra=(level + "ram_hit_tokens_total",
+                                                                 level + "tier_evicted_tokens_total"))
+
+
+def reevaluate_sweep(ev: GainEvidence, requests: dict[str, str], counters_text: dict[str, str], counters: Counters,
+                     device_reads: bool) -> WorkloadResult:
+    """Pure: a capacity sweep again from the tier arm's raw files: each point through g2-load's re-evaluation,
+    the further counters' deltas from its counters file, then :func:`evaluate_sweep`."""
+    recorded = {c.name: c.how for c in ev.validity}
+    arm_ev = ev.arms["tier"]
+    fallback = recorded.get("tier arm valid") if arm_ev.fallback_lines else None
+    again = reevaluate_load(arm_ev.model_dump(mode="json"), requests, counters_text, counters, device_reads, fallback)
+    assert ev.capacity is not None
+    names = [n for n in (ev.capacity.ram_counter, ev.capacity.evicted_counter) if n]
+    points = []
+    for pt in again.evidence.points:
+        if pt.counters_file is not None and pt.counters_file in counters_text:
+            c = json.loads(counters_text[pt.counters_file])
+            extra = {}
+            for n in names:
+                a, b = c["before"].get(n), c["after"].get(n)
+                extra[n] = None if a is None or b is None else b - a
+            pt = pt.model_copy(update={"extra_counters": extra})
+        points.append(pt)
+    return evaluate_sweep(points, ev.capacity.points, ev, again.evidence, device_reads, fallback)
+
+
 def reevaluate_gain(evidence: dict[str, Any], requests: dict[str, dict[str, str]],
                     counters_text: dict[str, dict[str, str]], counters: dict[str, Counters],
                     device_reads: dict[str, bool]) -> WorkloadResult:
@@ -311,6 +444,9 @@ def reevaluate_gain(evidence: dict[str, Any], requests: dict[str, dict[str, str]
     re-evaluation (``requests`` / ``counters_text``: arm -> file name -> text; ``counters``: arm -> which counters
     are prompt tokens, memory and tier hits), an arm's fall-back as the run judged it, then :func:`evaluate_gain`."""
     ev = GainEvidence.model_validate(evidence)
+    if ev.capacity is not None:
+        return reevaluate_sweep(ev, requests.get("tier", {}), counters_text.get("tier", {}), counters["tier"],
+                                device_reads["tier"])
     recorded = {c.name: c.how for c in ev.validity}
     arms, fallbacks = {}, {}
     for arm in ARMS:
@@ -344,9 +480,11 @@ def with_cache(p: GainParams, prof: EngineProfile, extra: list[str] | None = Non
 class G2Gain(Workload):
     Params = GainParams
     EvidenceModel = GainEvidence
-    METRICS = GainMetricTable({**GAIN_FIGURES, "tier_hit_rate": "ratio"})
+    METRICS = GainMetricTable({**GAIN_FIGURES, "tier_hit_rate": "ratio", **CAPACITY_METRICS})
 
     def validate_against(self, params, nodes):
+        if params.capacity is not None:
+            return self._validate_sweep(params, nodes)
         issues = G2Load().validate_against(params, nodes)
         issues = [(path, msg.replace("g2-load", "g2-gain")) for path, msg in issues]
         if params.attach is not None:
@@ -375,6 +513,28 @@ class G2Gain(Workload):
                            "engine_cache_flag: bound its engine memory in the profile instead"))
         return issues
 
+    def _validate_sweep(self, params: GainParams, nodes) -> list[tuple[tuple, str]]:
+        """A capacity sweep: g2-load's engine checks on its view, the engine memory it is measured against, the
+        per-level counters it splits the reuse by, and a sweep that runs as written."""
+        view = sweep_params(params)
+        issues = [(path, msg.replace("g2-load", "g2-gain"))
+                  for path, msg in G2Load().validate_against(view, nodes) if path[:1] != ("load",)]
+        if params.attach is not None:
+            return issues + [(("attach",), "a capacity sweep launches its engine itself (its engine memory bounded "
+                              "by engine_cache_tokens); an attached engine is not supported yet")]
+        try:
+            prof = load_profile(params.engine)
+        except ConfigError:
+            return issues
+        cap = prof.capabilities
+        if params.engine_cache_tokens is not None and not cap.engine_cache_flag:
+            issues.append((("engine_cache_tokens",), f"profile {prof.name!r} declares no capabilities."
+                           "engine_cache_flag: a capacity sweep needs the engine's memory bounded"))
+        if not cap.level_counters:
+            issues.append((("capacity",), f"profile {prof.name!r} declares no capabilities.level_counters: a capacity "
+                           "sweep splits the reuse by the engine's per-level counters"))
+        return issues + sweep_issues(params.capacity, params.engine_cache_tokens)
+
     # ----------------------------------------------------------------------------------------------- plan
 
     def _profiles(self, p: GainParams) -> dict[str, EngineProfile]:
@@ -387,8 +547,43 @@ class G2Gain(Workload):
         # the second engine listens on the next port when the gate fixes one
         return view if arm == "tier" or not p.port else view.model_copy(update={"port": p.port + 1})
 
+    def _plan_sweep(self, ctx: GateContext) -> list[PlannedStep]:
+        p: GainParams = ctx.params
+        spec = p.capacity
+        assert spec is not None and p.engine_cache_tokens is not None
+        view = sweep_params(p)
+        prof = with_cache(p, load_profile(p.engine))
+        node = next(iter(ctx.nodes.values()))
+        g2v = self._arm_view(view, "tier", spec.context_tokens)
+        v = launch_values(g2v, prof, node.work_dir, ctx.gate.id, g2v.port or 8000, "<run>", node.transport,
+                          node.engine_python)
+        steps = G2Ttft()._plan_launch_setup(g2v, prof, node, v)
+        argv = prof.render_argv(v)
+        steps.append(PlannedStep(node.name, f"start {prof.name} with the tier, engine memory {p.engine_cache_tokens} "
+                                 f"tokens, once for the whole sweep, in its own process group: "
+                                 f"{shell_line(argv, prof.render_env(v))}", tuple(argv)))
+        if p.warmup:
+            steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt (not in the statistics)"))
+        for t in range(1, p.trials + 1):
+            for label, x, n in sweep_points(spec, p.engine_cache_tokens):
+                what = f"trial {t}/{p.trials}, working set {label} ({x:g}x engine memory)"
+                steps.append(PlannedStep(node.name, f"{what}: the pool device's counters before",
+                                         pool_blockstat_argv(v["pool_dir"])))
+                steps.append(PlannedStep("(control host)", f"{what}: {n} session(s) of {spec.context_tokens} tokens, "
+                                         f"each resumed whole {spec.rounds} times round-robin ({n * spec.rounds} "
+                                         f"requests at {spec.rate_rps:g}/s), {p.max_tokens} output token(s) at most; "
+                                         f"the engine's counters (per level) before and after; every request to "
+                                         f"tier/requests-{label}-t{t}.jsonl"))
+                steps.append(PlannedStep(node.name, f"{what}: the pool device's counters after",
+                                         pool_blockstat_argv(v["pool_dir"])))
+        steps.append(PlannedStep(node.name, "stop the engine (its process group); its log is checked for fall-back / "
+                                 "connector-failure lines (a match is INVALID)"))
+        return steps
+
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: GainParams = ctx.params
+        if p.capacity is not None:
+            return self._plan_sweep(ctx)
         profs = self._profiles(p)
         load = G2Load()
         longest = load._longest_prompt(p)
@@ -429,8 +624,80 @@ class G2Gain(Workload):
 
     # ------------------------------------------------------------------------------------------------ run
 
+    def _run_sweep(self, ctx: GateContext) -> WorkloadResult:
+        """The capacity curve: the tier arm's engine started once, then each working set × trial a trace-replay
+        point of g2-load's runner with the per-level counters read around it; judged by :func:`evaluate_sweep`."""
+        p: GainParams = ctx.params
+        spec = p.capacity
+        assert spec is not None and p.engine_cache_tokens is not None
+        view = sweep_params(p)
+        prof = with_cache(p, load_profile(p.engine))
+        load, g2 = G2Load(), G2Ttft()
+        counters = sweep_counters(prof)
+        ev = GainEvidence(engine_cache_tokens=p.engine_cache_tokens, min_tier_reuse_share=p.min_tier_reuse_share,
+                          **load_fields(view))
+        ev.capacity = CapacityEvidence(
+            engine_cache_tokens=p.engine_cache_tokens, context_tokens=spec.context_tokens, rounds=spec.rounds,
+            rate_rps=spec.rate_rps, require_levels=list(spec.require.levels) if spec.require else None,
+            require_up_to_x=spec.require.up_to_x if spec.require else None, ram_counter=counters.extra[0],
+            evicted_counter=counters.extra[1])
+        arm_ev = G2LoadEvidence(**load_fields(view))
+        g2v = self._arm_view(view, "tier", spec.context_tokens)
+        setup = g2._setup_launched(ctx, g2v, prof, labels=("tier",))
+        if isinstance(setup, WorkloadResult):
+            load._engine_evidence(arm_ev, setup.evidence)
+            ev.arms = {"tier": arm_ev}
+            return WorkloadResult(evidence=ev, error=f"tier arm: {setup.error or setup.invalid_reason}")
+        load._engine_evidence(arm_ev, setup.ev)
+        load._engine_evidence(ev, setup.ev)
+        (ctx.gate_dir / "tier").mkdir(parents=True, exist_ok=True)
+        actx = dataclasses.replace(ctx, gate_dir=ctx.gate_dir / "tier")
+        _, _, vocab = g2._kv_shape(g2v, prof)
+        ev.prompt_seed = p.seed
+        runner = PhaseRunner(actx, {"engine": setup.engine}, counters=True)
+        points: list[PointTrial] = []
+        shapes: list[CapacityPoint] = []
+        closed, fallback = False, None
+        try:
+            err = runner.open()
+            if err:
+                ev.arms = {"tier": arm_ev}
+                return WorkloadResult(evidence=ev, error=f"tier arm: {err}")
+            if p.warmup:
+                eng, s = setup.engine, setup
+                mw = eng.metrics()
+                g2._warm_up(actx, g2v, prof, eng.base_url, "tier", s.warm[0], s.ev)
+                arm_ev.warmup = dict(s.ev.warmup)
+                ok = s.ev.warmup.get("error") is None
+                load._settled_metrics(ctx, eng, counters, mw, (s.warm[0].prompt_tokens or 0) if ok else 0)
+            for t in range(1, p.trials + 1):
+                for label, x, n in sweep_points(spec, p.engine_cache_tokens):
+                    ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, working set {label} ({n} sessions)")
+                    trace = sweep_trace(n, spec.context_tokens, spec.rounds, spec.rate_rps)
+                    shapes.append(CapacityPoint(label=label, trial=t, working_set_x=x, sessions=n,
+                                                working_set_tokens=n * spec.context_tokens, requests=len(trace.requests),
+                                                reusable_tokens=float(reusable_tokens(trace))))
+                    points.append(load._point(actx, view, prof, runner, setup, counters, t, label, 0.0, trace, p.seed,
+                                              vocab, arm_ev))
+            logs = runner.close(logs=True)
+            closed = True
+            fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "tier")
+            arm_ev.fallback_lines = [m.quote() for m in found]
+        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+            arm_ev.points = points
+            ev.arms = {"tier": arm_ev}
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
+        finally:
+            if not closed:
+                runner.close()
+        result = evaluate_sweep(points, shapes, ev, arm_ev, prof.device_reads, fallback)
+        write_summary(ctx.gate_dir, "g2-gain-summary.json", result)
+        return result
+
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: GainParams = ctx.params
+        if p.capacity is not None:
+            return self._run_sweep(ctx)
         profs = self._profiles(p)
         load = G2Load()
         ev = GainEvidence(no_tier_engine_profile=profs["no_tier"].name, engine_cache_tokens=p.engine_cache_tokens,

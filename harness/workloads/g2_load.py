@@ -210,6 +210,7 @@ class PointTrial(LoadModel):
     requests_file: str                           # requests-<label>-t<trial>.jsonl in the gate's directory
     counters_file: str | None = None             # counters-<label>-t<trial>.json: the engine's counters read
                                                  # before and after (what the accounting is computed from)
+    extra_counters: dict[str, float | None] | None = None  # deltas of the caller's further counters
     started_unix_s: float | None = None          # wall clock at the point's start (sent_s counts from it)
     figures: LoadPoint | None = None
     accounting: TokenAccounting | None = None
@@ -355,6 +356,7 @@ class Counters:
     prompt_tokens: list[str]
     memory_hit_tokens: list[str]
     tier_hit_tokens: list[str]
+    extra: tuple[str, ...] = ()   # more counters recorded per point (their deltas: PointTrial.extra_counters)
 
     @property
     def any(self) -> bool:
@@ -872,7 +874,7 @@ class G2Load(Workload):
         m0, m1, s0, s1 = reading.metrics_before, reading.metrics_after, rec.device_before, rec.device_after
         write_gate_file(ctx.gate_dir / name, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
         if m0 is not None and m1 is not None:
-            names = counters.prompt_tokens + counters.memory_hit_tokens + counters.tier_hit_tokens
+            names = counters.prompt_tokens + counters.memory_hit_tokens + counters.tier_hit_tokens + list(counters.extra)
             pt.counters_file = f"counters-{label}-t{t}.json"
             write_gate_file(ctx.gate_dir / pt.counters_file, json.dumps(
                 {when: {n: metric_total(m, [n]) for n in names} for when, m in (("before", m0), ("after", m1))},
@@ -884,6 +886,8 @@ class G2Load(Workload):
         pt.figures = fig
 
         delta = reading.delta
+        if counters.extra:
+            pt.extra_counters = {n: delta([n]) for n in counters.extra}
         sent = sum(r.record.prompt_tokens or 0 for r in records if r.record.ok)
         writes = None if s0 is None or s1 is None or s0.maj_min != s1.maj_min \
             else s1.stat.write_bytes - s0.stat.write_bytes

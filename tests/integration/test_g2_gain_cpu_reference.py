@@ -3,7 +3,9 @@ trace synth` writes a session trace, `kvgate run` of gates/g2-gain-cpu-reference
 (with LMCache, and with --no-kv-tier) interleaved over 3 trials, into a signed bundle that verifies: PASS with both
 arms proven (the tier served the returning sessions' context; without it nothing came from a tier). The same gate
 with an engine memory that holds the whole working set (engine_cache_tokens) is INVALID: the tier arm was served
-from engine memory, not from the tier."""
+from engine memory, not from the tier. The capacity curve (gates/g2-gain-capacity-cpu-reference.yaml): a
+working-set sweep from half the engine memory to 4x it, engine memory serving the reuse below the knee and
+LMCache's RAM level past it, its requirement PASS and the curve drawn in the signed report."""
 
 import json
 from pathlib import Path
@@ -76,3 +78,31 @@ def test_a_tier_arm_whose_engine_memory_holds_the_working_set_is_invalid_not_pas
     assert v["outcome"] == "INVALID" and r.returncode != 0, v
     assert result["invalid_reason"].startswith("tier served the reuse"), result["invalid_reason"]
     assert result["evidence"]["proofs"]["tier"]["memory_hit_tokens"] > 0
+
+
+def test_the_capacity_curve_hands_the_reuse_from_engine_memory_to_lmcache_at_the_knee(setup):
+    d, home, _, inv = setup
+    r, bundle = signed_run(inv, ROOT / "gates" / "g2-gain-capacity-cpu-reference.yaml", d / "capacity", d / "op.key",
+                           home, timeout=600)
+    result = json.loads((bundle / "gates" / "G2-capacity" / "result.json").read_text())
+    v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
+    wait_no_process(str(d / "work") + "/")
+    assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"])
+    ev = result["evidence"]
+    assert {c["name"]: c["ok"] for c in ev["validity"]} == {
+        "tier arm valid": True, "levels counted": True, "engine memory held the smallest working set": True}
+    cap = ev["capacity"]
+    curve = {c["label"]: c["figures"] for c in cap["curve"]}
+    assert [(c["label"], c["sessions"]) for c in cap["curve"]] == [("x0.5", 1), ("x1", 2), ("x2", 4), ("x4", 8)]
+    # up to engine memory (1024 tokens: two sessions of 512) the engine's own prefix cache serves every
+    # returning context; past it, round-robin over 4 and 8 sessions, it serves none and LMCache's RAM level all
+    for x in ("x0.5", "x1"):
+        assert curve[x]["memory_hit_rate"] == 1.0 and curve[x]["ram_hit_rate"] == 0, (x, curve[x])
+    for x in ("x2", "x4"):
+        assert curve[x]["memory_hit_rate"] == 0 and curve[x]["ram_hit_rate"] == 1.0, (x, curve[x])
+        assert curve[x]["recomputed_rate"] == 0 and curve[x]["goodput_rps"] > 0
+    assert cap["knee_x"] == 2 and result["metrics"]["capacity_hit_rate"] == 1.0
+    # the fs:// pool never evicts and cpu-reference does not count tier evictions: no "tier full" point claimed
+    assert cap["tier_exhausted_x"] is None and not cap["tier_evictions_counted"]
+    (svg,) = (bundle / "charts").glob("*capacity-curve.svg")
+    assert "knee 2x" in svg.read_text()

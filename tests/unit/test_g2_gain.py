@@ -236,7 +236,7 @@ def test_the_tier_hit_rate_feeds_kvgate_cost_by_report_id_and_an_invalid_run_fee
     d = gain_gate(tmp_path, BASE)
     gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
     verdict = evaluate(gate, res, "ratio", WORKLOADS["g2-gain"].METRICS).to_dict()
-    (m,) = cp.extract_measured({"verdicts": [verdict]}, "KVG-20261201-gain")
+    (m,) = [x for x in cp.extract_measured({"verdicts": [verdict]}, "KVG-20261201-gain") if x.name == "hit_rate"]
     assert (m.name, m.value, m.gate_id, m.metric) == ("hit_rate", pytest.approx(0.8), "GAIN", "tier_hit_rate")
     shutil.copytree(root / "workloads" / "models", tmp_path / "models")
     lines = (root / "workloads" / "cost-params.example.yaml").read_text().replace("  hit_rate: 90 %\n", "")
@@ -244,12 +244,43 @@ def test_the_tier_hit_rate_feeds_kvgate_cost_by_report_id_and_an_invalid_run_fee
     with pytest.raises(cp.ConfigError, match=r"params.yaml:\d+: fleet.hit_rate: required field is missing \(or pass a "
                        "g2-gain bundle"):
         cp.resolve(tmp_path / "params.yaml", [])  # neither set nor measured
-    r = cp.resolve(tmp_path / "params.yaml", [m])
+    r = cp.resolve(tmp_path / "params.yaml", [m])  # the hit rate alone (the measured gain: the next test)
     v = r.inputs["hit_rate"]
     assert v.kind == "measured" and v.value == pytest.approx(0.8) and "KVG-20261201-gain GAIN" in v.source
     invalid = evaluate(gate, evaluate_gain(arms([2.7, 2.8, 2.9], tier_hits=0.0), 0.9, reusable=0.75), "ratio",
                        WORKLOADS["g2-gain"].METRICS).to_dict()
     assert invalid["outcome"] == "INVALID" and cp.extract_measured({"verdicts": [invalid]}, "KVG-x") == []
+
+
+def test_the_measured_gain_is_set_beside_the_models_in_kvgate_costs_report_by_report_id(tmp_path):
+    import shutil
+    from harness.cost import params as cp
+    from harness.cost.report import build_tables, render_markdown
+    root = Path(__file__).resolve().parents[2]
+    d = gain_gate(tmp_path, BASE, metric="throughput_gain")
+    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
+    # both arms complete 2 requests/s at best: a measured gain of 0 is a measurement, not nothing
+    flat = evaluate(gate, evaluate_gain(arms([1.8, 1.8, 1.8]), 0.9, reusable=0.75), "ratio",
+                    WORKLOADS["g2-gain"].METRICS).to_dict()
+    found = {m.name: m for m in cp.extract_measured({"verdicts": [flat]}, "KVG-20261202-gain")}
+    gain = found["measured_throughput_gain"]
+    assert gain.value == 0.0 and (gain.gate_id, gain.metric) == ("GAIN", "throughput_gain")
+    shutil.copytree(root / "workloads" / "models", tmp_path / "models")
+    (tmp_path / "params.yaml").write_text((root / "workloads" / "cost-params.example.yaml").read_text()
+                                          .replace("  hit_rate: 90 %\n", ""))
+    r = cp.resolve(tmp_path / "params.yaml", list(found.values()))
+    assert r.measured_gain is gain and "measured_throughput_gain" not in r.inputs  # not a model input
+    md = render_markdown(r, build_tables(r), "KVG-cost")
+    line = next(x for x in md.splitlines() if x.startswith("Cross-check: the model gives a throughput gain"))
+    assert "measured on the same load with the tier and without: +0.0% (KVG-20261202-gain GAIN throughput_gain" \
+        in line
+    # no g2-gain bundle: no such line; an INVALID gain run feeds nothing
+    r0 = cp.resolve(tmp_path / "params.yaml", [found["hit_rate"]])
+    assert r0.measured_gain is None and "Cross-check: the model gives a throughput" not in render_markdown(
+        r0, build_tables(r0), "KVG-cost")
+    invalid = evaluate(gate, evaluate_gain(arms([2.7, 2.8, 2.9], tier_hits=0.0), 0.9), "ratio",
+                       WORKLOADS["g2-gain"].METRICS).to_dict()
+    assert cp.extract_measured({"verdicts": [invalid]}, "KVG-x") == []
 
 
 def test_a_bundle_re_derives_the_gain_from_each_arms_requests_and_counters_files(tmp_path):
