@@ -10,8 +10,8 @@ command builders, one (apply, inverse) pair of argv per fault.
 * ``target-restart``: the subsystem is unlinked from every port of the namespace and the namespace disabled (the
   target is gone for the host, every path down); inverse: the namespace enabled and every link made again.
 * ``pool-path-loss`` (an engine gate's pool): every packet from the engine's node to the pool's server dropped
-  (``tc netem loss 100%`` on a prio band of the node's interface, a u32 filter on the server's address: the
-  node's other traffic, kvgate's own session included, goes on); inverse: kvgate's qdisc deleted, as slow-path.
+  (a blackhole route for the server's address: the node's other traffic, kvgate's own session included, goes
+  on); inverse: that route deleted.
 * ``slow-path``: ``tc netem`` delay on one port's traffic (a prio qdisc with handle ``4b56:`` on the interface,
   a u32 filter on the port's source port sending its replies to the delayed band); inverse: that qdisc deleted,
   only when it is kvgate's (handle ``4b56:``).
@@ -122,12 +122,10 @@ def slow_path(interface: str, port: PortRef, delay_ms: float, loss_pct: float = 
             ("sh", "-c", undo, "kvgate-slow-path-undo", interface))
 
 
-def pool_path_loss(interface: str, server: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(apply, inverse): every packet leaving ``interface`` for ``server`` (an IPv4 address) dropped (netem loss
-    100% on band 3 of a prio root qdisc with kvgate's handle, a u32 filter on the destination); the inverse
-    deletes the root qdisc only when it is kvgate's (handle 4b56:), as :func:`slow_path`'s."""
-    script = (f'tc qdisc add dev "$1" root handle {TC_HANDLE}: prio && '
-              f'tc qdisc add dev "$1" parent {TC_HANDLE}:3 handle {TC_HANDLE}3: netem loss 100% && '
-              f'tc filter add dev "$1" parent {TC_HANDLE}: protocol ip prio 1 u32 match ip dst "$2"/32 '
-              f'flowid {TC_HANDLE}:3')
-    return (("sh", "-c", script, "kvgate-pool-path-loss", interface, server), slow_path(interface, PortRef("", ""), 1)[1])
+def pool_path_loss(server: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(apply, inverse): a blackhole route for ``server`` (an IPv4 address, /32) in the node's main routing table:
+    every packet the node sends it is dropped silently (a cable pull or a dead switch port, for that traffic only;
+    no qdisc or firewall module needed); the inverse deletes that route only when it is there."""
+    return (("ip", "route", "add", "blackhole", f"{server}/32"),
+            ("sh", "-c", 'if ip route show table main exact "$1/32" type blackhole | grep -q .; then '
+                         'ip route del blackhole "$1/32"; fi', "kvgate-pool-path-back", server))

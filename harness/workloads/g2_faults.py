@@ -21,9 +21,8 @@ a fault's undo to the first answer served from the tier again). A fall-back is a
 reported in the verdict as DEGRADED, never a hit. A failed request, a wrong answer, or no recovery within
 ``recovery_bound_s`` is FAIL. The engine log's tier-failure lines during the phase are quoted beside the counters.
 
-Faults: ``pool-path-loss`` (every packet from the engine's node to the pool's server dropped: ``tc netem loss
-100%`` on ``interface``, filtered on the server's address, harness.rigs.faults; the server is the pool mount's
-source host unless given) and ``operator`` (the operator's command and undo, or by hand; docs/faults.md).
+Faults: ``pool-path-loss`` (every packet from the engine's node to the pool's server dropped: a blackhole route
+for the server's address, harness.rigs.faults; the server is the pool mount's source host unless given) and ``operator`` (the operator's command and undo, or by hand; docs/faults.md).
 """
 
 from __future__ import annotations
@@ -67,7 +66,6 @@ class EngineFaultSpec(StrictModel):
     kind: Literal["pool-path-loss", "operator"]
     at_s: float = Field(gt=0, le=3600)
     duration_s: float = Field(gt=0, le=3600)
-    interface: str = Field(default="eth0", pattern=r"^[A-Za-z0-9_.@-]{1,15}$")  # the engine node's link to the pool
     server: str | None = None  # the pool's server (IPv4); default: the host of the pool mount's source
     description: str | None = None
     command: list[str] | None = None
@@ -312,7 +310,7 @@ def fault_commands(f: EngineFaultSpec, server: str) -> tuple[str, tuple[str, ...
     """(what, apply, inverse) of one fault on the engine's node."""
     if f.kind == "operator":
         return (f"operator: {f.description}", tuple(f.command or ("true",)), tuple(f.undo or ("true",)))
-    return (f"pool path lost ({f.interface} -> {server}: netem loss 100%)", *F.pool_path_loss(f.interface, server))
+    return (f"pool path lost (every packet to {server} dropped: blackhole route)", *F.pool_path_loss(server))
 
 
 def faulted_phase(ctx: GateContext, node: str, faults: list[tuple[int, EngineFaultSpec, str, tuple, tuple]],

@@ -39,7 +39,7 @@ def suite(tmp_path, **params) -> SimpleNamespace:
     g = data["gates"][0]
     g["params"].update(python="/engine/bin/python", port=18000, populate_timeout_s=1, prompts_per_length=10,
                        interval_s=0.05, recovery_bound_s=5,
-                       faults=[{"kind": "pool-path-loss", "interface": "eth0", "at_s": 0.1, "duration_s": 0.1}])
+                       faults=[{"kind": "pool-path-loss", "at_s": 0.1, "duration_s": 0.1}])
     g["params"].update(params)
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{
@@ -71,17 +71,17 @@ class Tier(EngineServer):
 
 
 def faulty_node(tier: Tier, sent: list, undo_rc: int = 0):
-    def tc(call):
+    def route(call):
         sent.append(call.argv)
-        if "kvgate-pool-path-loss" in call.argv:
+        if call.argv[:3] == ("ip", "route", "add"):
             tier.tier_down = True
-        elif "kvgate-slow-path-undo" in call.argv:
+        elif "kvgate-pool-path-back" in call.argv:
             if undo_rc == 0:
                 tier.tier_down = False
             return Reply(rc=undo_rc, stderr="tc: busy" if undo_rc else "")
         return Reply()
     node = engine_node("n1", engine=tier, pool=(4 * 10 ** 7,))
-    node.handler.on(lambda c: c.argv[:1] == ("sh",) and "tc " in c.argv[2], tc)
+    node.handler.on(lambda c: c.argv[:2] == ("ip", "route") or "kvgate-pool-path-back" in c.argv, route)
     node.handler.on(lambda c: c.argv[:1] == ("findmnt",), Reply(stdout=f"root@{SERVER}:/srv/pool\n"))
     return node
 
@@ -117,8 +117,8 @@ def test_requests_the_engine_recomputed_while_the_path_was_lost_are_degraded_nev
     f = ev.faults[0]
     assert f.applied_ok and f.undone_ok and f.undone_by == "workload" and f.recompute == len(recomputed)
     assert f.recovery_s is not None and f.recovery_s <= 5
-    assert ev.pool_server == SERVER and any(SERVER in a for a in sent[0])
-    assert [a[3] for a in sent] == ["kvgate-pool-path-loss", "kvgate-slow-path-undo"]
+    assert ev.pool_server == SERVER
+    assert sent == list(F.pool_path_loss(SERVER))  # made once with the mount's server, undone once
     assert ctx.undo.pending() == []
     assert (ctx.gate_dir / "requests-faulted.jsonl").read_text().count("\n") == 10
 
@@ -139,7 +139,7 @@ def test_a_tier_that_never_comes_back_is_fail(tmp_path):
     sent: list = []
     node = faulty_node(tier, sent)
     # the inverse is sent and succeeds, but the tier stays lost (as an sshfs mount whose connection died)
-    node.handler.on(lambda c: "kvgate-slow-path-undo" in c.argv, Reply())
+    node.handler.on(lambda c: "kvgate-pool-path-back" in c.argv, Reply())
     ctx = gate_context(tmp_path, cfg, transports={"n1": node}, http=tier, clock=Clock())
     result = WORKLOADS["g2-faults"]().run(ctx)
     v = evaluate(cfg.suite.gates[0], result, "s", WORKLOADS["g2-faults"].METRICS)
@@ -193,13 +193,13 @@ def test_the_inverse_is_registered_before_the_fault_is_sent(tmp_path):
     from harness.transport.doubles import ScriptedTransport
 
     def handler(call):
-        seen.append((call.argv[3], [e.name for e in undo.pending()]))
+        seen.append((call.argv[:3], [e.name for e in undo.pending()]))
         return Reply()
     ctx = gate_context(tmp_path, gate=SimpleNamespace(id="G", timeout_s=None), clock=Clock(),
                        transports={"n1": ScriptedTransport(handler, name="n1")})
     f = EngineFaultSpec(kind="pool-path-loss", at_s=0.05, duration_s=0.05)
     faulted_phase(ctx, "n1", [(0, f, *fault_commands(f, SERVER))], lambda i, t0: i, 3, 0.05, undo)
-    assert seen[0] == ("kvgate-pool-path-loss", ["fault0-pool-path-loss"])  # pending before the fault went out
+    assert seen[0] == (("ip", "route", "add"), ["fault0-pool-path-loss"])  # pending before the fault went out
     assert undo.pending() == []
 
 
@@ -276,10 +276,10 @@ def test_parse_mount_server():
     assert parse_mount_server("nfs.example:/kv") is None
 
 
-def test_pool_path_loss_and_its_inverse_are_kvgates_tc_qdisc():
-    apply, inverse = F.pool_path_loss("eth0", SERVER)
-    assert apply[-2:] == ("eth0", SERVER) and "netem loss 100%" in apply[2] and "match ip dst" in apply[2]
-    assert "4b56:" in inverse[2] and inverse[-1] == "eth0"  # deletes only kvgate's root qdisc
+def test_pool_path_loss_and_its_inverse_are_a_blackhole_route_for_the_server():
+    apply, inverse = F.pool_path_loss(SERVER)
+    assert apply == ("ip", "route", "add", "blackhole", f"{SERVER}/32")
+    assert inverse[-1] == SERVER and "ip route del blackhole" in inverse[2] and "exact" in inverse[2]
 
 
 @pytest.mark.parametrize("faults, message", [
@@ -302,6 +302,6 @@ def test_the_plan_lists_each_fault_and_its_inverse_as_run(tmp_path):
     from harness.suite.plan import gate_plan
     cfg = suite(tmp_path, faults=[{"kind": "pool-path-loss", "server": SERVER, "at_s": 0.1, "duration_s": 0.1}])
     steps = gate_plan(cfg, cfg.suite.gates[0])
-    apply, inverse = F.pool_path_loss("eth0", SERVER)
+    apply, inverse = F.pool_path_loss(SERVER)
     assert [s.argv for s in steps if s.argv in (apply, inverse)] == [apply, inverse]
     assert not any(s.argv[:1] == ("findmnt",) for s in steps)  # the server is given: nothing to look up
