@@ -47,6 +47,7 @@ from ..stats import percentile
 from .base import GateContext, PlannedStep, StrictModel, ValidityCheck, WorkloadResult, register_workload, \
     target_path, write_gate_file, write_summary
 from .engine import fallbacks_between, pool_contents, pool_files_argv, stored_kv_tokens
+from .fio_faults import check_operator_fields, one_at_a_time
 from .g2_ttft import G2Evidence, G2Params, G2Setup, G2Ttft, launch_values
 from .phases import PhaseRunner
 
@@ -73,14 +74,8 @@ class EngineFaultSpec(StrictModel):
 
     @model_validator(mode="after")
     def _kind(self) -> "EngineFaultSpec":
-        if self.kind == "operator":
-            if not self.description:
-                raise ValueError("an operator fault needs description: what the operator does (shown, recorded)")
-            if bool(self.command) != bool(self.undo):
-                raise ValueError("an operator fault's command and undo go together (none: done by hand)")
+        if check_operator_fields(self):
             return self
-        if self.command or self.undo or self.description:
-            raise ValueError(f"command, undo, description: only for kind operator, not {self.kind}")
         if self.server is not None:
             try:
                 ipaddress.IPv4Address(self.server)
@@ -99,12 +94,7 @@ class G2FaultsParams(G2Params):
 
     @model_validator(mode="after")
     def _schedule(self) -> "G2FaultsParams":
-        end = 0.0
-        for i, f in enumerate(sorted(self.faults, key=lambda f: f.at_s)):
-            if f.at_s < end:
-                raise ValueError(f"faults[{i}] starts at {f.at_s:g} s, before the one before it is undone "
-                                 f"({end:g} s): faults run one at a time")
-            end = f.at_s + f.duration_s
+        end = one_at_a_time(self.faults)
         last = (len(self.prompt_tokens) * self.prompts_per_length - 1) * self.interval_s
         if end >= last:
             raise ValueError(f"the last fault is undone at {end:g} s, not before the last request starts "

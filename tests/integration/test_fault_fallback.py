@@ -36,7 +36,10 @@ if missing:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    spec = RigSpec(prefix=PREFIX, state_dir=tmp_path_factory.mktemp("rig"), node_count=1, subnet="10.84.0.0/24")
+    # the pool mount as a deployment would set it up to ride out a lost path: a lost connection declared dead after
+    # ~2 s, reconnected on the next access once the path is back (RigSpec's defaults keep a dead mount dead)
+    spec = RigSpec(prefix=PREFIX, state_dir=tmp_path_factory.mktemp("rig"), node_count=1, subnet="10.84.0.0/24",
+                   sshfs_keepalive=(1, 2), sshfs_reconnect=True)
     try:
         yield spec, rig_up(spec)
     finally:
