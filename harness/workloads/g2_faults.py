@@ -22,7 +22,8 @@ reported in the verdict as DEGRADED, never a hit. A failed request, a wrong answ
 ``recovery_bound_s`` is FAIL. The engine log's tier-failure lines during the phase are quoted beside the counters.
 
 Faults: ``pool-path-loss`` (every packet from the engine's node to the pool's server dropped: a blackhole route
-for the server's address, harness.rigs.faults; the server is the pool mount's source host unless given) and ``operator`` (the operator's command and undo, or by hand; docs/faults.md).
+for the server's address, harness.rigs.faults; the server is the pool mount's source host unless given) and
+``operator`` (the operator's command and undo, or by hand; docs/faults.md).
 """
 
 from __future__ import annotations
@@ -241,7 +242,8 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
                       claim="every fault was undone (its inverse exited 0)",
                       how="the inverse as a step, by the workload or, whatever ended the gate, by the runner",
                       figure="faults undone", value=float(sum(f.undone_ok for f in judged)), unit=None),
-        ValidityCheck(name="tier served before the fault", ok=bool(by["before"]) and len(before_tier) == len(by["before"]),
+        ValidityCheck(name="tier served before the fault",
+                      ok=bool(by["before"]) and len(before_tier) == len(by["before"]),
                       claim="before the first fault every request was served from the tier (there was a tier to lose)",
                       how="the engine's hit counter over each request grew by the KV its prompt stored",
                       figure="tier-served requests before the fault", value=float(len(before_tier)), unit=None),
@@ -305,7 +307,7 @@ def fault_commands(f: EngineFaultSpec, server: str) -> tuple[str, tuple[str, ...
 
 def faulted_phase(ctx: GateContext, node: str, faults: list[tuple[int, EngineFaultSpec, str, tuple, tuple]],
                   send_one: Callable[[int, float], Any], n: int, interval_s: float, undo: UndoLog
-                  ) -> tuple[list[Any], list[tuple[int, EngineFaultSpec, str, Any, Any, Any, float, float | None]], float]:
+                  ) -> tuple[list[Any], list[tuple], float]:
     """The faulted phase's driver: ``send_one(i, t0)`` for i in 0..n-1, one every ``interval_s`` (a worker thread,
     one at a time) while the faults are made and undone on ``node`` at their times. Each inverse is registered
     with ``undo`` before its fault is sent and run in a ``finally``: whatever ends the phase (a request that
@@ -477,27 +479,25 @@ class G2Faults(G2Ttft):
             if ev.pool_after_populate.bytes < s.expected_bytes:
                 return WorkloadResult(evidence=ev, error=f"the pool holds {ev.pool_after_populate.bytes} B of the "
                                       f"{s.expected_bytes} B the prompts' KV needs: nothing to lose")
-            for err in (runner.forget(), runner.resume()):  # a fresh process: no prompt's KV in its memory
-                if err:
-                    return WorkloadResult(evidence=ev, error=err)
-            lock = threading.Lock()
+            err = runner.forget() or runner.resume()  # a fresh process: no prompt's KV in its memory or LMCache's
+            if err:
+                return WorkloadResult(evidence=ev, error=err)
 
-            def send_one(i: int, t_zero: float) -> dict[str, Any]:
-                with lock:
-                    m0 = eng.metrics()
-                    a = ctx.clock.now() - t_zero
-                    rec: RequestRecord = run_requests_sync(
-                        eng.base_url, [prompts[i]], p.served_model_name, concurrency=1,
-                        timeout_s=ctx.cancel.bound_timeout_s(p.request_timeout_s), transport=ctx.http,
-                        path=prof.api.request_path, api=prof.api.shape(), stop=ctx.cancel)[0]
-                    b = ctx.clock.now() - t_zero
-                    try:
-                        m1 = eng.metrics()
-                    except (httpx.HTTPError, ValueError):
-                        m1 = None
-                    hit = counter_delta(m0, m1, hm.hit_tokens) if m1 is not None else None
-                    pre = counter_delta(m0, m1, prefill) if m1 is not None else None
-                    return dict(rec=rec, t_start=round(a, 3), t_end=round(b, 3), hit=hit, prefill=pre)
+            def send_one(i: int, t_zero: float) -> dict[str, Any]:  # the counters around this request alone
+                m0 = eng.metrics()
+                a = ctx.clock.now() - t_zero
+                rec: RequestRecord = run_requests_sync(
+                    eng.base_url, [prompts[i]], p.served_model_name, concurrency=1,
+                    timeout_s=ctx.cancel.bound_timeout_s(p.request_timeout_s), transport=ctx.http,
+                    path=prof.api.request_path, api=prof.api.shape(), stop=ctx.cancel)[0]
+                b = ctx.clock.now() - t_zero
+                try:
+                    m1 = eng.metrics()
+                except (httpx.HTTPError, ValueError):
+                    m1 = None
+                hit = counter_delta(m0, m1, hm.hit_tokens) if m1 is not None else None
+                pre = counter_delta(m0, m1, prefill) if m1 is not None else None
+                return dict(rec=rec, t_start=round(a, 3), t_end=round(b, 3), hit=hit, prefill=pre)
 
             def phase() -> list[dict[str, Any]]:
                 nonlocal made, t0

@@ -1,9 +1,9 @@
 """G2 under failure for real (gates/g2-faults-cpu-reference.yaml): the cpu-reference engine with the real LMCache
 0.5.6 on rig node n1 keeps its KV pool on n1's sshfs mount of the storage node's pool; kvgate stores the prompts,
 restarts the engine, then serves them one at a time while it drops every packet from n1 to the pool's server
-(a blackhole route on n1 for the server's address) and puts the path back. Runs through run_suite (the `kvgate run` path) and checks
-the signed bundle: what each request was served from, counted from the engine's counters (a fall-back is never a
-hit), the verdict, and n1 left as it was found.
+(a blackhole route on n1 for the server's address) and puts the path back. Runs through run_suite (the `kvgate run`
+path) and checks the signed bundle: what each request was served from, counted from the engine's counters (a
+fall-back is never a hit), the verdict, and n1 left as it was found.
 
 Needs root, /dev/fuse, iproute2, openssh-server, sshfs (skipped without them, as the other rig modules) and
 torch/transformers/lmcache (the cpu-engine extra; not skipped when missing: CI installs it).

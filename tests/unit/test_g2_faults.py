@@ -212,7 +212,7 @@ def test_a_failed_inverse_stays_pending_for_the_runner(tmp_path):
     ctx.undo = UndoLog()
     result = WORKLOADS["g2-faults"]().run(ctx)
     assert [e.name for e in ctx.undo.pending()] == ["fault0-pool-path-loss"]  # the runner tries it again
-    assert not result.evidence.faults[0].undone_ok and result.invalid_reason and "faults undone" in result.invalid_reason
+    assert not result.evidence.faults[0].undone_ok and "faults undone" in (result.invalid_reason or "")
 
 
 # ------------------------------------------------------------------------------------------ pure parts
