@@ -16,24 +16,11 @@ DEFAULT_STATE_ROOT = Path("/var/tmp/kvgate-rig")
 def _spec(args: argparse.Namespace) -> RigSpec:
     state_dir = Path(args.state_dir) if args.state_dir else DEFAULT_STATE_ROOT / args.prefix.rstrip("-")
     kwargs = {"prefix": args.prefix, "state_dir": state_dir}
-    for name in ("node_count", "subnet", "port_rate_mbit", "engine_python", "shell_rc", "sshfs_keepalive"):
+    for name in ("node_count", "subnet", "port_rate_mbit", "engine_python", "shell_rc"):
         value = getattr(args, name, None)
         if value is not None:
             kwargs[name] = value
-    if getattr(args, "sshfs_reconnect", False):
-        kwargs["sshfs_reconnect"] = True
     return RigSpec(**kwargs)
-
-
-def _keepalive(text: str) -> tuple[int, int]:
-    """``INTERVAL,COUNT`` (ssh's ServerAliveInterval and ServerAliveCountMax), each a whole number >= 1."""
-    try:
-        a, b = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected INTERVAL,COUNT, e.g. 1,3") from None
-    if a < 1 or b < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: both must be >= 1")
-    return a, b
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -94,12 +81,6 @@ def register(subparsers) -> None:
             sp.add_argument("--shell-rc", choices=("empty", "host"), default=None,
                             help="the ~/.bashrc a node's login shell reads before every command: empty, as on a "
                                  "fresh node (default), or this machine's root's")
-            sp.add_argument("--sshfs-keepalive", type=_keepalive, default=None, metavar="INTERVAL,COUNT",
-                            help="ssh keep-alive of each node's sshfs mount of the pool: its connection is declared "
-                                 "dead after about INTERVAL x COUNT s of a lost path (default 5,3)")
-            sp.add_argument("--sshfs-reconnect", action="store_true",
-                            help="sshfs reconnects on the next access once its connection died (default: the mount "
-                                 "stays dead; g2-faults' gate wants it back: docs/faults.md)")
         if name == "down":
             sp.add_argument("--purge", action="store_true", help="also delete the state dir (keys, pool)")
         if name == "status":

@@ -76,12 +76,6 @@ class RigSpec:
     # sshd sees an empty ~/.bashrc (a bind mount in its private mount namespace), as on a fresh node;
     # "host": this machine's, as it is.
     shell_rc: str = "empty"
-    # How each node's sshfs mount of the pool rides out a lost storage path: ssh's keep-alive (interval s, count:
-    # the connection is declared dead after about their product) and whether sshfs reconnects on the next access
-    # once it is. The defaults keep a mount that dies for good (a G3 test's node cut off stays cut off); an engine
-    # gate under faults (g2-faults) uses a short keep-alive with reconnect, as a deployment's network mount would.
-    sshfs_keepalive: tuple[int, int] = (5, 3)
-    sshfs_reconnect: bool = False
 
     def __post_init__(self) -> None:
         if not self.prefix or len(self.prefix) > 8 or not all(c.isalnum() or c == "-" for c in self.prefix):
@@ -471,8 +465,7 @@ def _build(spec: RigSpec) -> RigState:
         f"UserKnownHostsFile={sd / 'keys' / 'storage_known_hosts'}",
         "StrictHostKeyChecking=yes", "BatchMode=yes", "ConnectTimeout=5",
         "Ciphers=aes128-gcm@openssh.com", "Compression=no",
-        f"ServerAliveInterval={spec.sshfs_keepalive[0]}", f"ServerAliveCountMax={spec.sshfs_keepalive[1]}",
-        *(["reconnect"] if spec.sshfs_reconnect else []),
+        "ServerAliveInterval=5", "ServerAliveCountMax=3",
     ])
     node_procs: dict[str, tuple[subprocess.Popen, Path]] = {}
     for node in spec.node_names():
