@@ -12,6 +12,8 @@ command builders, one (apply, inverse) pair of argv per fault.
 * ``pool-path-loss`` (an engine gate's pool): every packet from the engine's node to the pool's server dropped
   (a blackhole route for the server's address: the node's other traffic, kvgate's own session included, goes
   on); inverse: that route deleted.
+* ``pool-unmount`` (an engine gate's pool): the pool's file system detached from its path (held at a bind mount
+  meanwhile); inverse: bound back.
 * ``slow-path``: ``tc netem`` delay on one port's traffic (a prio qdisc with handle ``4b56:`` on the interface,
   a u32 filter on the port's source port sending its replies to the delayed band); inverse: that qdisc deleted,
   only when it is kvgate's (handle ``4b56:``).
@@ -129,3 +131,16 @@ def pool_path_loss(server: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return (("ip", "route", "add", "blackhole", f"{server}/32"),
             ("sh", "-c", 'if ip route show table main exact "$1/32" type blackhole | grep -q .; then '
                          'ip route del blackhole "$1/32"; fi', "kvgate-pool-path-back", server))
+
+
+def pool_unmount(mount_point: str, held: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(apply, inverse): the pool's file system detached from its path (``umount -l``: new lookups under
+    ``mount_point`` find the empty directory beneath it, as on a node whose network mount went away), held
+    mounted at ``held`` meanwhile (a bind mount: its connection and files stay as they were); the inverse binds
+    it back at ``mount_point`` unless something is mounted there, then lets go of ``held``."""
+    apply = ('mkdir -p "$2" && mount --bind "$1" "$2" && umount -l "$1"')
+    back = ('rc=0; if ! mountpoint -q "$1"; then if mountpoint -q "$2"; then mount --bind "$2" "$1" || rc=1; '
+            'else rc=1; echo "kvgate: $1 is not mounted and $2 holds nothing" >&2; fi; fi; '
+            'if [ $rc = 0 ] && mountpoint -q "$2"; then umount -l "$2" || rc=1; fi; exit $rc')
+    return (("sh", "-c", apply, "kvgate-pool-unmount", mount_point, held),
+            ("sh", "-c", back, "kvgate-pool-remount", mount_point, held))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import posixpath
 import threading
 from typing import Any, Callable, Literal
 
@@ -57,7 +58,7 @@ STEP_TIMEOUT_S = 60.0
 # and the engine computed instead (remote_backend.py). Quoted with the counters; the counters decide.
 TIER_FAILURE_PATTERNS = (r"Remote connection failed in (batched_)?contains", r"Error occurred in get_blocking",
                          r"get blocking timeout", r"Connection is None in")
-MOUNT_SOURCE_ARGV = ("findmnt", "-n", "-o", "SOURCE", "--target")
+MOUNT_ARGV = ("findmnt", "-n", "-o", "TARGET,SOURCE", "--target")
 
 Served = Literal["tier", "re-compute", "failed"]
 
@@ -65,7 +66,7 @@ Served = Literal["tier", "re-compute", "failed"]
 class EngineFaultSpec(StrictModel):
     """One fault on the engine's path to its tier: what, when (s after the faulted phase starts), how long."""
 
-    kind: Literal["pool-path-loss", "operator"]
+    kind: Literal["pool-path-loss", "pool-unmount", "operator"]
     at_s: float = Field(gt=0, le=3600)
     duration_s: float = Field(gt=0, le=3600)
     server: str | None = None  # the pool's server (IPv4); default: the host of the pool mount's source
@@ -77,6 +78,8 @@ class EngineFaultSpec(StrictModel):
     def _kind(self) -> "EngineFaultSpec":
         if check_operator_fields(self):
             return self
+        if self.server is not None and self.kind != "pool-path-loss":
+            raise ValueError(f"server: only for kind pool-path-loss, not {self.kind}")
         if self.server is not None:
             try:
                 ipaddress.IPv4Address(self.server)
@@ -159,6 +162,7 @@ class G2FaultsEvidence(G2Evidence):
     interval_s: float | None = None
     recovery_bound_s: float | None = None
     pool_server: str | None = None
+    pool_mount_point: str | None = None
     requests: list[FaultedRequest] = []
     faults: list[EngineFaultRecord] = []
     tier_requests: int = 0
@@ -285,6 +289,15 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
 # ------------------------------------------------------------------------------------------ commands
 
 
+def parse_mount(text: str) -> tuple[str | None, str | None]:
+    """Pure: (mount point, server) from ``findmnt -n -o TARGET,SOURCE --target PATH``; the server None unless the
+    source is a network mount's with an IPv4 host (:func:`parse_mount_server`)."""
+    parts = text.strip().splitlines()[0].split(None, 1) if text.strip() else []
+    if len(parts) != 2:
+        return (parts[0] if parts else None), None
+    return parts[0], parse_mount_server(parts[1])
+
+
 def parse_mount_server(source: str) -> str | None:
     """Pure: the server of a network mount's source (sshfs ``user@host:path``, NFS ``host:/path``) when it is an
     IPv4 address; None otherwise."""
@@ -298,10 +311,14 @@ def parse_mount_server(source: str) -> str | None:
         return None
 
 
-def fault_commands(f: EngineFaultSpec, server: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    """(what, apply, inverse) of one fault on the engine's node."""
+def fault_commands(f: EngineFaultSpec, server: str, mount_point: str = "", held: str = ""
+                   ) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(what, apply, inverse) of one fault on the engine's node (``held``: where pool-unmount keeps the pool)."""
     if f.kind == "operator":
         return (f"operator: {f.description}", tuple(f.command or ("true",)), tuple(f.undo or ("true",)))
+    if f.kind == "pool-unmount":
+        return (f"pool file system detached from {mount_point} (umount -l; held at {held})",
+                *F.pool_unmount(mount_point, held))
     return (f"pool path lost (every packet to {server} dropped: blackhole route)", *F.pool_path_loss(server))
 
 
@@ -359,6 +376,16 @@ def faulted_phase(ctx: GateContext, node: str, faults: list[tuple[int, EngineFau
     return results, made, t0
 
 
+def needs_mount(p: "G2FaultsParams") -> bool:
+    """Whether a fault needs the pool's mount point or server looked up (findmnt) before the engine starts."""
+    return any((f.kind == "pool-path-loss" and f.server is None) or f.kind == "pool-unmount" for f in p.faults)
+
+
+def held_path(work_dir: str, gate_id: str) -> str:
+    """Where pool-unmount holds the pool's file system while it is detached from its path."""
+    return posixpath.join(work_dir, f"kvgate-pool-held-{gate_id}")
+
+
 @register_workload("g2-faults")
 class G2Faults(G2Ttft):
     """G2 while the engine's path to its tier is lost and comes back (docs/faults.md, "Engine gates")."""
@@ -403,10 +430,11 @@ class G2Faults(G2Ttft):
         argv, env = prof.render_argv(v), prof.render_env(v)
         n = len(p.prompt_tokens) * p.prompts_per_length
         steps = self._plan_launch_setup(p, prof, node, v)
-        server = "<the pool mount's server>"
-        if any(f.kind == "pool-path-loss" and f.server is None for f in p.faults):
-            steps.append(PlannedStep(node.name, "the pool mount's source (its server), before the engine starts",
-                                     MOUNT_SOURCE_ARGV + (v["pool_dir"],)))
+        server, mount_point = "<the pool mount's server>", "<the pool's mount point>"
+        held = held_path(node.work_dir, ctx.gate.id)
+        if needs_mount(p):
+            steps.append(PlannedStep(node.name, "the pool's mount point and source (its server), before the engine "
+                                                "starts", MOUNT_ARGV + (v["pool_dir"],)))
         steps += [
             PlannedStep(node.name, f"start {prof.name} in its own process group: {shell_line(argv, env)}", tuple(argv)),
             PlannedStep(node.name, f"populate: {n} never-seen prompts of {p.prompt_tokens} tokens, one at a time "
@@ -418,7 +446,7 @@ class G2Faults(G2Ttft):
                                  "once; the hit counters before and after each request; the faults below at their "
                                  "times (s after the phase starts)"))
         for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
-            what, apply, inverse = fault_commands(f, f.server or server)
+            what, apply, inverse = fault_commands(f, f.server or server, mount_point, held)
             steps.append(PlannedStep(node.name, f"fault {i} at {f.at_s:g} s: {what}", apply))
             steps.append(PlannedStep(node.name, f"fault {i} undone at {f.at_s + f.duration_s:g} s (whatever ends the "
                                                 "gate: the runner runs it if the gate could not)", inverse))
@@ -435,26 +463,31 @@ class G2Faults(G2Ttft):
                                               "recovery_bound_s": p.recovery_bound_s})
         return self._faulted(ctx, p, prof, dataclasses.replace(setup, ev=ev))
 
-    def _server(self, ctx: GateContext, p: G2FaultsParams, ev: G2FaultsEvidence, pool_dir: str) -> str | None:
+    def _mount(self, ctx: GateContext, p: G2FaultsParams, ev: G2FaultsEvidence, pool_dir: str
+               ) -> tuple[str | None, str | None]:
+        """The pool's mount point and its server (findmnt), when a fault needs them."""
         node = next(iter(ctx.nodes))
-        if not any(f.kind == "pool-path-loss" and f.server is None for f in p.faults):
-            return None
-        r = ctx.steps.run(ctx.transports[node], "pool-mount-source", MOUNT_SOURCE_ARGV + (pool_dir,),
-                          timeout_s=STEP_TIMEOUT_S)
-        ev.pool_server = parse_mount_server(r.stdout) if r.ok else None
-        return ev.pool_server
+        if not needs_mount(p):
+            return None, None
+        r = ctx.steps.run(ctx.transports[node], "pool-mount", MOUNT_ARGV + (pool_dir,), timeout_s=STEP_TIMEOUT_S)
+        ev.pool_mount_point, ev.pool_server = parse_mount(r.stdout) if r.ok else (None, None)
+        return ev.pool_mount_point, ev.pool_server
 
     def _faulted(self, ctx: GateContext, p: G2FaultsParams, prof: EngineProfile, s: G2Setup) -> WorkloadResult:
         eng, ev, prompts = s.engine, s.ev, s.prompts
         node = next(iter(ctx.nodes))
         hm = prof.hit_metrics
-        server = self._server(ctx, p, ev, s.pool_dir)
+        mount_point, server = self._mount(ctx, p, ev, s.pool_dir)
         if server is None and any(f.kind == "pool-path-loss" and f.server is None for f in p.faults):
             return WorkloadResult(evidence=ev, error=f"the pool {p.pool_dir} is not on a network mount with an IPv4 "
                                   "server (findmnt's SOURCE): give the fault's server")
+        if any(f.kind == "pool-unmount" for f in p.faults) and mount_point in (None, "/"):
+            return WorkloadResult(evidence=ev, error=f"the pool {p.pool_dir} is on no mount of its own (findmnt: "
+                                  f"{mount_point}): nothing to detach")
+        held = held_path(ctx.nodes[node].work_dir, ctx.gate.id)
         faults = []
         for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
-            what, apply, inverse = fault_commands(f, f.server or server or "")
+            what, apply, inverse = fault_commands(f, f.server or server or "", mount_point or "", held)
             faults.append((i, f, what, apply, inverse))
         runner = PhaseRunner(ctx, {"engine": eng}, counters=True)
         undo = ctx.undo if ctx.undo is not None else UndoLog()

@@ -36,10 +36,7 @@ if missing:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    # the pool mount as a deployment would set it up to ride out a lost path: a lost connection declared dead after
-    # ~2 s, reconnected on the next access once the path is back (RigSpec's defaults keep a dead mount dead)
-    spec = RigSpec(prefix=PREFIX, state_dir=tmp_path_factory.mktemp("rig"), node_count=1, subnet="10.84.0.0/24",
-                   sshfs_keepalive=(1, 2), sshfs_reconnect=True)
+    spec = RigSpec(prefix=PREFIX, state_dir=tmp_path_factory.mktemp("rig"), node_count=1, subnet="10.84.0.0/24")
     try:
         yield spec, rig_up(spec)
     finally:
@@ -66,30 +63,36 @@ def n1(spec, *argv: str) -> str:
     return cp.stdout
 
 
-def test_the_engine_falls_back_to_recompute_while_its_pool_path_is_lost_and_it_is_reported_degraded(rig, faulted):
+def test_a_lost_pool_path_stalls_the_engine_a_detached_pool_makes_it_recompute_reported_degraded(rig, faulted):
     spec, _ = rig
     out, result = faulted
     v, ev = out.verdicts[0], result["evidence"]
     reqs = ev["requests"]
     print(json.dumps([{k: r[k] for k in ("index", "t_start_s", "t_end_s", "ttft_s", "served", "window",
                                          "hit_tokens")} for r in reqs]), ev["faults"], v.reason, sep="\n")
-    # before the fault the tier served every request: the engine's hit counter grew by the prompt's stored KV
+    # before the faults the tier served every request: the engine's hit counter grew by the prompt's stored KV
     assert all(r["served"] == "tier" and r["hit_tokens"] >= r["expected_hit_tokens"] > 0
                for r in reqs if r["window"] == "before")
-    # while the path was lost, requests were answered by re-computing: counted as such, never as hits
+    loss, unmount = ev["faults"]
+    assert all(f["applied_ok"] and f["undone_ok"] and f["undone_by"] == "workload" for f in (loss, unmount))
+    assert ev["pool_server"] == spec.storage_addr and ev["pool_mount_point"] == str(spec.pool_mount)
+    # the path lost: LMCache's lookup waits on the mount, the engine stalls for the outage and then serves from the
+    # tier (nothing re-computed, nothing failed), and the stall is measured
+    assert loss["requests"] >= 1 and loss["recompute"] == 0 and loss["failed"] == 0
+    outage = loss["t_undo_s"] - loss["t_apply_s"]
+    assert loss["max_ttft_s"] >= outage / 2, (loss, outage)
+    # the pool detached: the engine finds nothing and re-computes; counted as such, never as hits
     fell_back = [r for r in reqs if r["served"] == "re-compute"]
-    assert fell_back and all(r["window"] == "during" and r["hit_tokens"] == 0 and r["error"] is None
-                             for r in fell_back)
+    assert unmount["recompute"] >= 1 and len(fell_back) == unmount["recompute"]
+    assert all(r["hit_tokens"] == 0 and r["error"] is None and r["window"] == "during" for r in fell_back)
     assert result["metrics"]["recompute_requests"] == len(fell_back)
-    assert result["metrics"]["tier_requests"] == sum(r["served"] == "tier" for r in reqs) == len(reqs) - len(fell_back)
+    assert result["metrics"]["tier_requests"] == len(reqs) - len(fell_back)
     assert all(r["answer_matches"] for r in reqs)  # the same answers, however they were served
-    assert ev["tier_failure_lines"]  # LMCache's own lines say its remote backend failed
-    # the verdict says it, visibly
-    assert f"DEGRADED: {len(fell_back)} of {len(reqs)} request(s) fell back to re-compute" in v.reason
+    # the verdict: within the stall bound, and says, visibly, what was degraded
     assert v.outcome is Outcome.PASS, v.reason
-    # the fault was made and undone on n1, and the tier served again after it
-    f = ev["faults"][0]
-    assert f["applied_ok"] and f["undone_ok"] and f["undone_by"] == "workload" and f["recovery_s"] is not None
-    assert ev["pool_server"] == spec.storage_addr
-    assert "blackhole" not in n1(spec, "ip", "route", "show")  # n1's route to the pool is back
+    assert f"DEGRADED: {len(fell_back)} of {len(reqs)} request(s) fell back to re-compute" in v.reason
+    # the tier served again after each undo, and n1 is as it was found
+    assert loss["recovery_s"] is not None and unmount["recovery_s"] is not None
+    assert "blackhole" not in n1(spec, "ip", "route", "show")
+    assert n1(spec, "findmnt", "-n", "-o", "FSTYPE", str(spec.pool_mount)).strip() == "fuse.sshfs"
     assert not any("cpu_reference" in c for _, c in node_processes(spec, "n1"))

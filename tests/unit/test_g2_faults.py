@@ -73,16 +73,17 @@ class Tier(EngineServer):
 def faulty_node(tier: Tier, sent: list, undo_rc: int = 0):
     def route(call):
         sent.append(call.argv)
-        if call.argv[:3] == ("ip", "route", "add"):
+        if call.argv[:3] == ("ip", "route", "add") or "kvgate-pool-unmount" in call.argv:
             tier.tier_down = True
-        elif "kvgate-pool-path-back" in call.argv:
+        elif "kvgate-pool-path-back" in call.argv or "kvgate-pool-remount" in call.argv:
             if undo_rc == 0:
                 tier.tier_down = False
             return Reply(rc=undo_rc, stderr="tc: busy" if undo_rc else "")
         return Reply()
     node = engine_node("n1", engine=tier, pool=(4 * 10 ** 7,))
-    node.handler.on(lambda c: c.argv[:2] == ("ip", "route") or "kvgate-pool-path-back" in c.argv, route)
-    node.handler.on(lambda c: c.argv[:1] == ("findmnt",), Reply(stdout=f"root@{SERVER}:/srv/pool\n"))
+    node.handler.on(lambda c: c.argv[:2] == ("ip", "route") or any(a.startswith("kvgate-pool-") for a in c.argv),
+                    route)
+    node.handler.on(lambda c: c.argv[:1] == ("findmnt",), Reply(stdout=f"/mnt/pool root@{SERVER}:/srv/pool\n"))
     return node
 
 
@@ -269,6 +270,32 @@ def test_a_wrong_answer_is_fail_and_a_tier_that_served_nothing_before_is_invalid
     assert "tier served before the fault" in res.invalid_reason
 
 
+@pytest.mark.parametrize("kind", ["pool-unmount"])
+def test_the_pool_detached_from_its_path_is_re_computed_and_bound_back(tmp_path, kind):
+    tier = Tier()
+    result, verdict, sent, ctx = run(tmp_path, tier, faults=[{"kind": kind, "at_s": 0.1, "duration_s": 0.1}])
+    ev = result.evidence
+    assert tier.seen_down >= 1 and ev.recompute_requests == tier.seen_down
+    assert verdict.outcome is Outcome.PASS and "DEGRADED" in verdict.reason
+    # detached from the mount point findmnt named, held under the node's work dir, bound back
+    assert sent == list(F.pool_unmount("/mnt/pool", "/w/kvgate-pool-held-G2-F1-pool-faults"))
+    assert ev.pool_mount_point == "/mnt/pool" and ctx.undo.pending() == []
+
+
+def test_pool_unmount_holds_the_pool_before_it_detaches_it_and_binds_it_back():
+    apply, inverse = F.pool_unmount("/mnt/pool", "/w/held")
+    assert apply[3:] == ("kvgate-pool-unmount", "/mnt/pool", "/w/held") and "umount -l" in apply[2]
+    assert "mount --bind" in apply[2] and apply[2].index("mount --bind") < apply[2].index("umount -l")
+    assert inverse[3:] == ("kvgate-pool-remount", "/mnt/pool", "/w/held") and 'mountpoint -q "$1"' in inverse[2]
+
+
+def test_parse_mount():
+    from harness.workloads.g2_faults import parse_mount
+    assert parse_mount("/mnt/pool root@10.83.0.2:/var/tmp/pool\n") == ("/mnt/pool", "10.83.0.2")
+    assert parse_mount("/ /dev/vda1\n") == ("/", None)
+    assert parse_mount("") == (None, None)
+
+
 def test_parse_mount_server():
     assert parse_mount_server("root@10.83.0.2:/var/tmp/pool\n") == "10.83.0.2"
     assert parse_mount_server("10.0.0.5:/export/kv") == "10.0.0.5"
@@ -290,6 +317,7 @@ def test_pool_path_loss_and_its_inverse_are_a_blackhole_route_for_the_server():
     ([{"kind": "pool-path-loss", "server": "storage", "at_s": 1, "duration_s": 1}], "expected an IPv4 address"),
     ([{"kind": "operator", "at_s": 1, "duration_s": 1, "command": ["x"]}], "needs description"),
     ([{"kind": "pool-path-loss", "at_s": 1, "duration_s": 1, "command": ["x"]}], "only for kind operator"),
+    ([{"kind": "pool-unmount", "server": "10.0.0.1", "at_s": 1, "duration_s": 1}], "only for kind pool-path-loss"),
 ])
 def test_bad_fault_schedules_are_refused_with_file_and_line(tmp_path, faults, message):
     with pytest.raises(ConfigError) as exc:

@@ -228,7 +228,7 @@ def g2_faults(tmp_path) -> Scenario:
     pool mount's server found with findmnt)."""
     from test_g2_faults import Tier, faulty_node, suite
     tier = Tier()
-    return Scenario(suite(tmp_path), "G2-F1-pool-path-loss", {"n1": faulty_node(tier, [])},
+    return Scenario(suite(tmp_path), "G2-F1-pool-faults", {"n1": faulty_node(tier, [])},
                     http=httpx.MockTransport(tier))
 
 
