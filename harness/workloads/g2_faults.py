@@ -335,6 +335,7 @@ def faulted_phase(ctx: GateContext, node: str, faults: list[tuple[int, EngineFau
     t0 = ctx.clock.now()
     results: list[Any] = [None] * n
     failure: list[BaseException] = []
+    ended = threading.Event()
 
     def requests() -> None:
         try:
@@ -343,13 +344,18 @@ def faulted_phase(ctx: GateContext, node: str, faults: list[tuple[int, EngineFau
                 results[i] = send_one(i, t0)
         except BaseException as exc:  # noqa: BLE001 - handed to the phase's thread below
             failure.append(exc)
+            ended.set()
+
+    def wait_until(t: float) -> None:  # the gate's cancellation, or the requests' end by an error, cuts it short
+        while not ended.is_set() and ctx.clock.now() < t:
+            ctx.cancel.sleep(min(0.1, t - ctx.clock.now()))
 
     worker = threading.Thread(target=requests, name=f"{ctx.gate.id}-requests", daemon=True)
     worker.start()
     made = []
     try:
         for i, f, what, apply, inverse in faults:
-            ctx.cancel.sleep(max(0.0, t0 + f.at_s - ctx.clock.now()))
+            wait_until(t0 + f.at_s)
             if failure:
                 break
             entry = undo.register(node, f"fault{i}-{f.kind}", inverse, gate=ctx.gate.id)
@@ -360,7 +366,7 @@ def faulted_phase(ctx: GateContext, node: str, faults: list[tuple[int, EngineFau
                 ctx.progress(f"{node}: fault {i}: {what}" + (f": NOW, for {f.duration_s:g} s"
                                                             if f.kind == "operator" and not f.command else ""))
                 ra = ctx.steps.run(tr, f"fault{i}-{f.kind}", apply, timeout_s=STEP_TIMEOUT_S)
-                ctx.cancel.sleep(max(0.0, t0 + f.at_s + f.duration_s - ctx.clock.now()))
+                wait_until(t0 + f.at_s + f.duration_s)
             finally:  # whatever happened above; if this cannot run (the gate ended), the runner runs it
                 ri = ctx.steps.run(tr, f"fault{i}-{f.kind}-undo", inverse, timeout_s=STEP_TIMEOUT_S)
                 tu = ctx.clock.now() - t0  # once the inverse returned: "during" spans the whole outage
