@@ -201,14 +201,19 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
     by = {w: [r for r in reqs if r.window == w] for w in ("before", "during", "after")}
     ttft = {w: [r.ttft_s for r in rs if r.ttft_s is not None and r.served != "failed"] for w, rs in by.items()}
     judged = []
+    applies = [f.t_apply_s for f in ev.faults if f.t_apply_s is not None]
     for f in ev.faults:
         if f.t_apply_s is None:
             judged.append(f)
             continue
         undo = f.t_undo_s if f.t_undo_s is not None else f.t_apply_s
         inside = [r for r in reqs if window_of(r.t_start_s, r.t_end_s, [(f.t_apply_s, undo)]) == "during"]
-        back = [r for r in reqs if r.t_start_s >= undo and r.served == "tier" and r.ttft_s is not None]
-        rec = round(back[0].t_start_s + back[0].ttft_s - undo, 3) if back and f.t_undo_s is not None else None
+        # recovery: the first token served from the tier after the undo (a request in flight across it counts),
+        # before the next fault is made
+        nxt = min((a for a in applies if a > f.t_apply_s), default=float("inf"))
+        firsts = sorted(r.t_start_s + r.ttft_s for r in reqs if r.served == "tier" and r.ttft_s is not None
+                        and undo <= r.t_start_s + r.ttft_s < nxt)
+        rec = round(firsts[0] - undo, 3) if firsts and f.t_undo_s is not None else None
         judged.append(f.model_copy(update=dict(
             requests=len(inside), tier=sum(r.served == "tier" for r in inside),
             recompute=sum(r.served == "re-compute" for r in inside), failed=sum(r.served == "failed" for r in inside),
