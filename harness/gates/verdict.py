@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from ..units import Threshold, unit_info
@@ -77,6 +77,15 @@ def metric_units_of(metrics: Mapping[str, float], table: Mapping[str, str]) -> d
 
 
 def evaluate(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[str, str] | None = None) -> Verdict:
+    """:func:`judge`, with a workload's degraded answer (``result.degraded``: e.g. requests re-computed because the
+    tier failed) appended to the reason, marked DEGRADED, whatever the outcome: never silent."""
+    v = judge(gate, result, metric_unit, metric_units)
+    if result.degraded:
+        v = replace(v, reason=f"{v.reason}; DEGRADED: {result.degraded}")
+    return v
+
+
+def judge(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[str, str] | None = None) -> Verdict:
     """Compare ``result.metrics[gate.metric]`` (in ``metric_unit``) with the gate's thresholds; ``metric_units``:
     the workload's METRICS table, recorded per metric in the verdict (:func:`metric_units_of`).
 

@@ -9,6 +9,11 @@ command builders, one (apply, inverse) pair of argv per fault.
   to an optimized path); inverse: ``optimized``.
 * ``target-restart``: the subsystem is unlinked from every port of the namespace and the namespace disabled (the
   target is gone for the host, every path down); inverse: the namespace enabled and every link made again.
+* ``pool-path-loss`` (an engine gate's pool): every packet from the engine's node to the pool's server dropped
+  (a blackhole route for the server's address: the node's other traffic, kvgate's own session included, goes
+  on); inverse: that route deleted.
+* ``pool-unmount`` (an engine gate's pool): the pool's file system detached from its path (held at a bind mount
+  meanwhile); inverse: bound back.
 * ``slow-path``: ``tc netem`` delay on one port's traffic (a prio qdisc with handle ``4b56:`` on the interface,
   a u32 filter on the port's source port sending its replies to the delayed band); inverse: that qdisc deleted,
   only when it is kvgate's (handle ``4b56:``).
@@ -117,3 +122,25 @@ def slow_path(interface: str, port: PortRef, delay_ms: float, loss_pct: float = 
             f'tc qdisc del dev "$1" root; fi')
     return (("sh", "-c", script, "kvgate-slow-path", interface, port.trsvcid),
             ("sh", "-c", undo, "kvgate-slow-path-undo", interface))
+
+
+def pool_path_loss(server: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(apply, inverse): a blackhole route for ``server`` (an IPv4 address, /32) in the node's main routing table:
+    every packet the node sends it is dropped silently (a cable pull or a dead switch port, for that traffic only;
+    no qdisc or firewall module needed); the inverse deletes that route only when it is there."""
+    return (("ip", "route", "add", "blackhole", f"{server}/32"),
+            ("sh", "-c", 'if ip route show table main exact "$1/32" type blackhole | grep -q .; then '
+                         'ip route del blackhole "$1/32"; fi', "kvgate-pool-path-back", server))
+
+
+def pool_unmount(mount_point: str, held: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(apply, inverse): the pool's file system detached from its path (``umount -l``: new lookups under
+    ``mount_point`` find the empty directory beneath it, as on a node whose network mount went away), held
+    mounted at ``held`` meanwhile (a bind mount: its connection and files stay as they were); the inverse binds
+    it back at ``mount_point`` unless something is mounted there, then lets go of ``held``."""
+    apply = ('mkdir -p "$2" && mount --bind "$1" "$2" && umount -l "$1"')
+    back = ('rc=0; if ! mountpoint -q "$1"; then if mountpoint -q "$2"; then mount --bind "$2" "$1" || rc=1; '
+            'else rc=1; echo "kvgate: $1 is not mounted and $2 holds nothing" >&2; fi; fi; '
+            'if [ $rc = 0 ] && mountpoint -q "$2"; then umount -l "$2" || rc=1; fi; exit $rc')
+    return (("sh", "-c", apply, "kvgate-pool-unmount", mount_point, held),
+            ("sh", "-c", back, "kvgate-pool-remount", mount_point, held))

@@ -16,3 +16,4 @@ from . import r3_cross_instance  # noqa: F401,E402
 from . import kv_read  # noqa: F401,E402
 from . import pd_handoff  # noqa: F401,E402
 from . import fio_faults  # noqa: F401,E402
+from . import g2_faults  # noqa: F401,E402

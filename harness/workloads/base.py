@@ -219,6 +219,9 @@ class WorkloadResult:
     invalid_reason: str | None = None
     error: str | None = None
     failed_check: str | None = None
+    # a degraded answer the gate reports whatever its outcome (e.g. requests the engine re-computed because the
+    # tier failed: never hits): the verdict's reason carries it, marked DEGRADED
+    degraded: str | None = None
 
     def evidence_dict(self) -> dict[str, Any]:
         return {} if self.evidence is None else self.evidence.as_dict()
@@ -228,6 +231,8 @@ class WorkloadResult:
                "error": self.error}
         if self.failed_check is not None:  # only then, so results without one keep their shape
             out["failed_check"] = self.failed_check
+        if self.degraded is not None:
+            out["degraded"] = self.degraded
         return out
 
 

@@ -48,6 +48,32 @@ RATE_WINDOW_S = 1.0  # recovery: the first window this long at the recovered rat
 PRE_WINDOW_S = 2.0  # the rate before a fault: over at most this long before it
 
 
+def check_operator_fields(f: Any) -> bool:
+    """A fault's operator fields checked (ValueError): an operator fault has a description and its command and undo
+    together; any other kind has none of them. True for an operator fault (nothing else to check)."""
+    if f.kind == "operator":
+        if not f.description:
+            raise ValueError("an operator fault needs description: what the operator does (shown, recorded)")
+        if bool(f.command) != bool(f.undo):
+            raise ValueError("an operator fault's command and undo go together (none: done by hand)")
+        return True
+    if f.command or f.undo or f.description:
+        raise ValueError(f"command, undo, description: only for kind operator, not {f.kind}")
+    return False
+
+
+def one_at_a_time(faults: list[Any]) -> float:
+    """The time (s) the last of ``faults`` (``at_s``, ``duration_s``) is undone; ValueError when one starts before
+    the one before it is undone."""
+    end = 0.0
+    for i, f in enumerate(sorted(faults, key=lambda f: f.at_s)):
+        if f.at_s < end:
+            raise ValueError(f"faults[{i}] starts at {f.at_s:g} s, before the one before it is undone "
+                             f"({end:g} s): faults run one at a time")
+        end = f.at_s + f.duration_s
+    return end
+
+
 class FaultSpec(StrictModel):
     """One fault of the schedule: what, on which path, when (seconds after the read starts) and for how long."""
 
@@ -67,14 +93,8 @@ class FaultSpec(StrictModel):
 
     @model_validator(mode="after")
     def _path(self) -> "FaultSpec":
-        if self.kind == "operator":
-            if not self.description:
-                raise ValueError("an operator fault needs description: what the operator does (shown, recorded)")
-            if bool(self.command) != bool(self.undo):
-                raise ValueError("an operator fault's command and undo go together (none: done by hand)")
+        if check_operator_fields(self):
             return self
-        if self.command or self.undo or self.description:
-            raise ValueError(f"command, undo, description: only for kind operator, not {self.kind}")
         if self.kind != "target-restart" and not self.path:
             raise ValueError(f"a {self.kind} fault needs path: the kind nvmeof target of the path it hits")
         if self.kind == "target-restart" and self.path:
@@ -102,12 +122,7 @@ class FioFaultsParams(StrictModel):
 
     @model_validator(mode="after")
     def _schedule(self) -> "FioFaultsParams":
-        end = 0.0
-        for i, f in enumerate(sorted(self.faults, key=lambda f: f.at_s)):
-            if f.at_s < end:
-                raise ValueError(f"faults[{i}] starts at {f.at_s:g} s, before the one before it is undone "
-                                 f"({end:g} s): faults run one at a time")
-            end = f.at_s + f.duration_s
+        end = one_at_a_time(self.faults)
         if end >= self.runtime_s:
             raise ValueError(f"the last fault is undone at {end:g} s, not before the read ends ({self.runtime_s:g} s): "
                              "recovery could not be measured")

@@ -223,10 +223,20 @@ def g2_gain(tmp_path) -> Scenario:
     return Scenario(cfg, "GAIN", {"n1": scripted_node()}, http=httpx.MockTransport(TwoArms()))
 
 
+def g2_faults(tmp_path) -> Scenario:
+    """The pool's path lost and restored under the shipped cpu-reference gate, as test_g2_faults scripts it (the
+    pool mount's server found with findmnt)."""
+    from test_g2_faults import Tier, faulty_node, suite
+    tier = Tier()
+    return Scenario(suite(tmp_path), "G2-F1-pool-faults", {"n1": faulty_node(tier, [])},
+                    http=httpx.MockTransport(tier))
+
+
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
     "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
     "g2-multiturn": g2_multiturn, "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
     "g2-load": g2_load, "pd-handoff": pd_handoff, "fio-faults": fio_faults, "g2-gain": g2_gain,
+    "g2-faults": g2_faults,
 }
 # More ways to run a workload than its first scenario: (workload, id, scenario)
 MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached),

@@ -1,0 +1,585 @@
+"""G2 under failure (``g2-faults``): an engine serving prompts whose KV is in the tier while kvgate takes the
+tier's path away and puts it back; every request is judged as served from the tier, re-computed (the engine fell
+back) or failed, and a fall-back is never counted as a hit.
+
+One node (the gate's first), a launched engine (a profile with ``hit_metrics``; cpu-reference in CI):
+1. Populate: the prompts (never seen) are served once; their KV is stored in the pool and each answer kept as
+   the reference answer (greedy decoding: the same prompt must give the same answer however it is served).
+2. The pool holds the expected KV bytes; the engine is stopped and started again (nothing of the prompts is in
+   its memory or LMCache's CPU cache: each prompt's KV can only come from the tier).
+3. The faulted phase: the prompts are sent one at a time, one every ``interval_s``, each once; the engine's hit
+   counters are read before and after each request. The faults are made at their ``at_s`` (seconds after the
+   phase starts) and undone ``duration_s`` later, each a logged step whose inverse is registered with the run's
+   undo log before it is sent (harness.execute.undo): whatever ends the gate, it runs.
+
+Per request (:func:`classify`, pure): ``tier`` (its prompt's stored KV read back: the hit counter grew by the KV
+it stored), ``re-compute`` (answered, but the hit counter grew by less: the engine computed what the tier did not
+give), ``failed`` (no answer: an HTTP error, a timeout; a lost request), and whether its answer equals the
+reference. Judged (:func:`evaluate_g2_faults`, pure): TTFT before, during and after the faults; the longest TTFT
+of a request in flight during a fault (``max_stall_s``: a request that waited on a dead path); the recovery (from
+a fault's undo to the first answer served from the tier again). A fall-back is a degraded answer: counted,
+reported in the verdict as DEGRADED, never a hit. A failed request, a wrong answer, or no recovery within
+``recovery_bound_s`` is FAIL. The engine log's tier-failure lines during the phase are quoted beside the counters.
+
+Faults: ``pool-path-loss`` (every packet from the engine's node to the pool's server dropped: a blackhole route
+for the server's address, harness.rigs.faults; the server is the pool mount's source host unless given) and
+``operator`` (the operator's command and undo, or by hand; docs/faults.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import posixpath
+import threading
+from typing import Any, Callable, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..engines import EngineProfile, load_profile, shell_line
+from ..engines.client import RequestRecord, run_requests_sync
+from ..errors import WorkloadError
+from ..execute.undo import UndoLog
+from ..parsers.engine_log import scan_fallbacks
+from ..parsers.prometheus import counter_delta
+from ..rigs import faults as F
+from ..stats import percentile
+from .base import GateContext, PlannedStep, StrictModel, ValidityCheck, WorkloadResult, register_workload, \
+    target_path, write_gate_file, write_summary
+from .engine import fallbacks_between, pool_contents, pool_files_argv, stored_kv_tokens
+from .fio_faults import check_operator_fields, one_at_a_time
+from .g2_ttft import G2Evidence, G2Params, G2Setup, G2Ttft, launch_values
+from .phases import PhaseRunner
+
+STEP_TIMEOUT_S = 60.0
+# LMCache 0.5.6's lines when its remote (fs://) backend could not answer: the tier failed for that lookup or read,
+# and the engine computed instead (remote_backend.py). Quoted with the counters; the counters decide.
+TIER_FAILURE_PATTERNS = (r"Remote connection failed in (batched_)?contains", r"Error occurred in get_blocking",
+                         r"get blocking timeout", r"Connection is None in")
+MOUNT_ARGV = ("findmnt", "-n", "-o", "TARGET,SOURCE", "--target")
+
+Served = Literal["tier", "re-compute", "failed"]
+
+
+class EngineFaultSpec(StrictModel):
+    """One fault on the engine's path to its tier: what, when (s after the faulted phase starts), how long."""
+
+    kind: Literal["pool-path-loss", "pool-unmount", "operator"]
+    at_s: float = Field(gt=0, le=3600)
+    duration_s: float = Field(gt=0, le=3600)
+    server: str | None = None  # the pool's server (IPv4); default: the host of the pool mount's source
+    description: str | None = None
+    command: list[str] | None = None
+    undo: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _kind(self) -> "EngineFaultSpec":
+        if check_operator_fields(self):
+            return self
+        if self.server is not None and self.kind != "pool-path-loss":
+            raise ValueError(f"server: only for kind pool-path-loss, not {self.kind}")
+        if self.server is not None:
+            try:
+                ipaddress.IPv4Address(self.server)
+            except ValueError:
+                raise ValueError(f"server {self.server!r}: expected an IPv4 address") from None
+        return self
+
+
+class G2FaultsParams(G2Params):
+    prompt_tokens: list[int] = Field(default_factory=lambda: [512], min_length=1)
+    prompts_per_length: int = Field(default=12, ge=2, le=1000)  # the faulted phase sends each prompt once
+    pool_target: str | None = None  # a directory target of the node: the pool's root (an sshfs or NFS mount)
+    interval_s: float = Field(default=2.0, gt=0, le=600)  # one request starts every interval_s (one at a time)
+    recovery_bound_s: float = Field(default=30.0, gt=0)
+    faults: list[EngineFaultSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "G2FaultsParams":
+        end = one_at_a_time(self.faults)
+        last = (len(self.prompt_tokens) * self.prompts_per_length - 1) * self.interval_s
+        if end >= last:
+            raise ValueError(f"the last fault is undone at {end:g} s, not before the last request starts "
+                             f"({last:g} s = (prompts - 1) x interval_s): recovery could not be measured")
+        if min(f.at_s for f in self.faults) < self.interval_s:
+            raise ValueError(f"the first fault at {min(f.at_s for f in self.faults):g} s leaves no request before "
+                             f"it (one starts every {self.interval_s:g} s from 0): nothing to compare with")
+        if self.attach is not None:
+            raise ValueError("g2-faults launches its engine (attach: is not supported)")
+        return self
+
+
+# ------------------------------------------------------------------------------------------ evidence
+
+
+class FaultedRequest(BaseModel):
+    """One request of the faulted phase: when (s after the phase started, the control host's clock), what came
+    back, what the engine's counters say it was served from, and whether its answer is the reference one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    index: int
+    request_id: str
+    t_start_s: float
+    t_end_s: float
+    ttft_s: float | None = None
+    error: str | None = None
+    hit_tokens: float | None = None  # the engine's hit counter over this request (None: not read)
+    prefill_tokens: float | None = None
+    expected_hit_tokens: int
+    answer_matches: bool | None = None  # None: failed, or no reference answer
+    served: Served
+    window: Literal["before", "during", "after"]
+
+
+class EngineFaultRecord(BaseModel):
+    """One fault as made and judged: when (s after the phase started), whether it and its inverse ran, and the
+    requests it touched."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    index: int
+    kind: str
+    detail: str
+    applied_ok: bool
+    undone_ok: bool
+    undone_by: str | None = None
+    apply_error: str | None = None
+    undo_error: str | None = None
+    t_apply_s: float | None = None
+    t_undo_s: float | None = None
+    requests: int = 0  # requests in flight while it lasted
+    tier: int = 0
+    recompute: int = 0
+    failed: int = 0
+    max_ttft_s: float | None = None
+    recovery_s: float | None = None  # from its undo to the first token of the first tier-served request after
+
+
+class G2FaultsEvidence(G2Evidence):
+    """G2 under faults: the G2 set-up, every request of the faulted phase, each fault judged, the log's lines."""
+
+    interval_s: float | None = None
+    recovery_bound_s: float | None = None
+    pool_server: str | None = None
+    pool_mount_point: str | None = None
+    requests: list[FaultedRequest] = []
+    faults: list[EngineFaultRecord] = []
+    tier_requests: int = 0
+    recompute_requests: int = 0
+    wrong_answers: int = 0
+    tier_failure_lines: list[str] = []  # the engine log's lines during the phase (LMCache's remote failures)
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+def classify(ok: bool, hit_tokens: float | None, expected_hit_tokens: int) -> Served:
+    """Pure: a request served from the tier (the hit counter grew by at least the KV its prompt stored), one the
+    engine re-computed (answered; the counter grew by less, or was not read: never a hit unproven), or failed."""
+    if not ok:
+        return "failed"
+    return "tier" if hit_tokens is not None and hit_tokens >= expected_hit_tokens else "re-compute"
+
+
+def window_of(t_start: float, t_end: float, faults: list[tuple[float, float]]) -> Literal["before", "during", "after"]:
+    """Pure: a request in flight at any moment of a fault ([apply, undo]) is ``during``; one that ended before
+    the first fault ``before``; else ``after``."""
+    if any(t_start <= u and t_end >= a for a, u in faults):
+        return "during"
+    return "before" if not faults or t_end < min(a for a, _ in faults) else "after"
+
+
+def _p50(xs: list[float]) -> float | None:
+    return percentile(xs, 50) if xs else None
+
+
+def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
+    """Pure: the metrics, validity, FAIL reasons and DEGRADED note from the recorded requests and faults (each
+    request already classified); fills the per-fault figures and the counts."""
+    reqs = ev.requests
+    by = {w: [r for r in reqs if r.window == w] for w in ("before", "during", "after")}
+    ttft = {w: [r.ttft_s for r in rs if r.ttft_s is not None and r.served != "failed"] for w, rs in by.items()}
+    judged = []
+    applies = [f.t_apply_s for f in ev.faults if f.t_apply_s is not None]
+    for f in ev.faults:
+        if f.t_apply_s is None:
+            judged.append(f)
+            continue
+        undo = f.t_undo_s if f.t_undo_s is not None else f.t_apply_s
+        inside = [r for r in reqs if window_of(r.t_start_s, r.t_end_s, [(f.t_apply_s, undo)]) == "during"]
+        # recovery: the first token served from the tier after the undo (a request in flight across it counts),
+        # before the next fault is made
+        nxt = min((a for a in applies if a > f.t_apply_s), default=float("inf"))
+        firsts = sorted(r.t_start_s + r.ttft_s for r in reqs if r.served == "tier" and r.ttft_s is not None
+                        and undo <= r.t_start_s + r.ttft_s < nxt)
+        rec = round(firsts[0] - undo, 3) if firsts and f.t_undo_s is not None else None
+        judged.append(f.model_copy(update=dict(
+            requests=len(inside), tier=sum(r.served == "tier" for r in inside),
+            recompute=sum(r.served == "re-compute" for r in inside), failed=sum(r.served == "failed" for r in inside),
+            max_ttft_s=max((r.ttft_s or 0.0 for r in inside if r.served != "failed"), default=None),
+            recovery_s=rec)))
+    ev.faults = judged
+    ev.tier_requests = sum(r.served == "tier" for r in reqs)
+    ev.recompute_requests = sum(r.served == "re-compute" for r in reqs)
+    ev.failed_requests = sum(r.served == "failed" for r in reqs)
+    ev.wrong_answers = sum(r.answer_matches is False for r in reqs)
+    metrics: dict[str, float] = {"tier_requests": float(ev.tier_requests),
+                                 "recompute_requests": float(ev.recompute_requests),
+                                 "failed_requests": float(ev.failed_requests), "wrong_answers": float(ev.wrong_answers)}
+    for w, xs in ttft.items():
+        if xs:
+            metrics[f"ttft_{w}_p50_s"] = _p50(xs)
+            metrics[f"ttft_{w}_max_s"] = max(xs)
+    stalls = [f.max_ttft_s for f in judged if f.max_ttft_s is not None]
+    if stalls and len(stalls) == len(judged):
+        metrics["max_stall_s"] = max(stalls)
+    recov = [f.recovery_s for f in judged]
+    if recov and all(r is not None for r in recov):
+        metrics["max_recovery_s"] = max(recov)
+    if reqs:
+        metrics["tier_fraction"] = ev.tier_requests / len(reqs)
+    before_tier = [r for r in by["before"] if r.served == "tier"]
+    counted = [r for r in reqs if r.served != "failed"]
+    checks = [
+        ValidityCheck(name="faults made", ok=bool(judged) and all(f.applied_ok and f.t_apply_s is not None
+                                                                  for f in judged),
+                      claim="every fault of the schedule was made, its time on the control host's clock",
+                      how="each fault's command exited 0 as a step of the gate", figure="faults made",
+                      value=float(sum(f.applied_ok for f in judged)), unit=None),
+        ValidityCheck(name="faults undone", ok=all(f.undone_ok for f in judged),
+                      claim="every fault was undone (its inverse exited 0)",
+                      how="the inverse as a step, by the workload or, whatever ended the gate, by the runner",
+                      figure="faults undone", value=float(sum(f.undone_ok for f in judged)), unit=None),
+        ValidityCheck(name="tier served before the fault",
+                      ok=bool(by["before"]) and len(before_tier) == len(by["before"]),
+                      claim="before the first fault every request was served from the tier (there was a tier to lose)",
+                      how="the engine's hit counter over each request grew by the KV its prompt stored",
+                      figure="tier-served requests before the fault", value=float(len(before_tier)), unit=None),
+        ValidityCheck(name="counters per request", ok=all(r.hit_tokens is not None for r in counted),
+                      claim="each answered request's source is the engine's own counters, read around it alone",
+                      how="/metrics before and after each request (one request at a time)",
+                      figure="requests counted", value=float(sum(r.hit_tokens is not None for r in counted)),
+                      unit=None),
+        ValidityCheck(name="requests during and after", ok=bool(by["during"]) and bool(by["after"]),
+                      claim="requests were in flight during the fault and after it was undone",
+                      how="request start and end times against each fault's apply and undo",
+                      figure="requests during a fault", value=float(len(by["during"])), unit=None),
+    ]
+    ev.validity = checks
+    invalid = "; ".join(f"{c.name}: not proven ({c.how})" for c in checks if not c.ok) or None
+    failed = []
+    if ev.failed_requests:
+        lost = [r for r in reqs if r.served == "failed"]
+        failed.append(f"{ev.failed_requests} request(s) failed (lost): " + "; ".join(
+            f"#{r.index} at {r.t_start_s:g} s: {(r.error or '')[:120]}" for r in lost[:3]))
+    if ev.wrong_answers:
+        failed.append(f"{ev.wrong_answers} wrong answer(s): differ from the same prompt's re-computed answer")
+    for f in judged:
+        if f.t_undo_s is not None and (f.recovery_s is None or f.recovery_s > ev.recovery_bound_s):
+            failed.append(f"fault {f.index} ({f.detail}): the tier did not serve again within "
+                          f"{ev.recovery_bound_s:g} s of the undo" + (f" (took {f.recovery_s:g} s)"
+                                                                     if f.recovery_s is not None else ""))
+    degraded = None
+    if ev.recompute_requests:
+        hit = sum(r.hit_tokens or 0 for r in reqs if r.served == "re-compute")
+        want = sum(r.expected_hit_tokens for r in reqs if r.served == "re-compute")
+        degraded = (f"{ev.recompute_requests} of {len(reqs)} request(s) fell back to re-compute (engine counters: "
+                    f"{hit:g} of {want} stored tokens read from the tier; {len(ev.tier_failure_lines)} tier-failure "
+                    "line(s) in the engine log); not counted as hits")
+    return WorkloadResult(metrics, ev, invalid_reason=invalid, failed_check="; ".join(failed) or None,
+                          degraded=degraded)
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def parse_mount(text: str) -> tuple[str | None, str | None]:
+    """Pure: (mount point, server) from ``findmnt -n -o TARGET,SOURCE --target PATH``; the server None unless the
+    source is a network mount's with an IPv4 host (:func:`parse_mount_server`)."""
+    parts = text.strip().splitlines()[0].split(None, 1) if text.strip() else []
+    if len(parts) != 2:
+        return (parts[0] if parts else None), None
+    return parts[0], parse_mount_server(parts[1])
+
+
+def parse_mount_server(source: str) -> str | None:
+    """Pure: the server of a network mount's source (sshfs ``user@host:path``, NFS ``host:/path``) when it is an
+    IPv4 address; None otherwise."""
+    s = source.strip().splitlines()[0] if source.strip() else ""
+    if ":" not in s:
+        return None
+    host = s.split(":", 1)[0].rsplit("@", 1)[-1].strip("[]")
+    try:
+        return str(ipaddress.IPv4Address(host))
+    except ValueError:
+        return None
+
+
+def fault_commands(f: EngineFaultSpec, server: str, mount_point: str = "", held: str = ""
+                   ) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(what, apply, inverse) of one fault on the engine's node (``held``: where pool-unmount keeps the pool)."""
+    if f.kind == "operator":
+        return (f"operator: {f.description}", tuple(f.command or ("true",)), tuple(f.undo or ("true",)))
+    if f.kind == "pool-unmount":
+        return (f"pool file system detached from {mount_point} (umount -l; held at {held})",
+                *F.pool_unmount(mount_point, held))
+    return (f"pool path lost (every packet to {server} dropped: blackhole route)", *F.pool_path_loss(server))
+
+
+def faulted_phase(ctx: GateContext, node: str, faults: list[tuple[int, EngineFaultSpec, str, tuple, tuple]],
+                  send_one: Callable[[int, float], Any], n: int, interval_s: float, undo: UndoLog
+                  ) -> tuple[list[Any], list[tuple], float]:
+    """The faulted phase's driver: ``send_one(i, t0)`` for i in 0..n-1, one every ``interval_s`` (a worker thread,
+    one at a time) while the faults are made and undone on ``node`` at their times. Each inverse is registered
+    with ``undo`` before its fault is sent and run in a ``finally``: whatever ends the phase (a request that
+    raised, the gate's cancellation), the node is put back (else the runner does). Returns the requests' results,
+    each fault as made (index, spec, what, apply result, undo entry, inverse result, t_apply, t_undo; times in s
+    after t0) and t0."""
+    tr = ctx.transports[node]
+    t0 = ctx.clock.now()
+    results: list[Any] = [None] * n
+    failure: list[BaseException] = []
+    ended = threading.Event()
+
+    def requests() -> None:
+        try:
+            for i in range(n):
+                ctx.cancel.sleep(max(0.0, t0 + i * interval_s - ctx.clock.now()))
+                results[i] = send_one(i, t0)
+        except BaseException as exc:  # noqa: BLE001 - handed to the phase's thread below
+            failure.append(exc)
+            ended.set()
+
+    def wait_until(t: float) -> None:  # the gate's cancellation, or the requests' end by an error, cuts it short
+        while not ended.is_set() and ctx.clock.now() < t:
+            ctx.cancel.sleep(min(0.1, t - ctx.clock.now()))
+
+    worker = threading.Thread(target=requests, name=f"{ctx.gate.id}-requests", daemon=True)
+    worker.start()
+    made = []
+    try:
+        for i, f, what, apply, inverse in faults:
+            wait_until(t0 + f.at_s)
+            if failure:
+                break
+            entry = undo.register(node, f"fault{i}-{f.kind}", inverse, gate=ctx.gate.id)
+            ra = ri = None
+            ta = ctx.clock.now() - t0  # before the fault is sent
+            tu = None
+            try:
+                ctx.progress(f"{node}: fault {i}: {what}" + (f": NOW, for {f.duration_s:g} s"
+                                                            if f.kind == "operator" and not f.command else ""))
+                ra = ctx.steps.run(tr, f"fault{i}-{f.kind}", apply, timeout_s=STEP_TIMEOUT_S)
+                wait_until(t0 + f.at_s + f.duration_s)
+            finally:  # whatever happened above; if this cannot run (the gate ended), the runner runs it
+                ri = ctx.steps.run(tr, f"fault{i}-{f.kind}-undo", inverse, timeout_s=STEP_TIMEOUT_S)
+                tu = ctx.clock.now() - t0  # once the inverse returned: "during" spans the whole outage
+                undo.mark(entry, ri.ok, None if ri.ok else ri.summary())
+                ctx.progress(f"{node}: fault {i} undone" + (": restore it NOW" if f.kind == "operator" and not f.command
+                                                            else "") if ri.ok else f"{node}: fault {i} NOT undone: "
+                             f"{ri.summary()} (the runner tries again)")
+            made.append((i, f, what, ra, entry, ri, round(ta, 3), round(tu, 3)))
+    finally:
+        worker.join()
+    if failure:
+        raise failure[0]
+    return results, made, t0
+
+
+def needs_mount(p: "G2FaultsParams") -> bool:
+    """Whether a fault needs the pool's mount point or server looked up (findmnt) before the engine starts."""
+    return any((f.kind == "pool-path-loss" and f.server is None) or f.kind == "pool-unmount" for f in p.faults)
+
+
+def held_path(work_dir: str, gate_id: str) -> str:
+    """Where pool-unmount holds the pool's file system while it is detached from its path."""
+    return posixpath.join(work_dir, f"kvgate-pool-held-{gate_id}")
+
+
+@register_workload("g2-faults")
+class G2Faults(G2Ttft):
+    """G2 while the engine's path to its tier is lost and comes back (docs/faults.md, "Engine gates")."""
+
+    Params = G2FaultsParams
+    EvidenceModel = G2FaultsEvidence
+    METRICS = {"max_stall_s": "s", "max_recovery_s": "s", "tier_requests": "", "recompute_requests": "",
+               "failed_requests": "", "wrong_answers": "", "tier_fraction": "ratio",
+               "ttft_before_p50_s": "s", "ttft_before_max_s": "s", "ttft_during_p50_s": "s",
+               "ttft_during_max_s": "s", "ttft_after_p50_s": "s", "ttft_after_max_s": "s"}
+
+    def validate_against(self, params: G2FaultsParams, nodes: dict[str, Any]) -> list[tuple[tuple, str]]:
+        issues = super().validate_against(params, nodes)
+        prof = load_profile(params.engine) if not issues else None
+        if prof is not None and prof.hit_metrics is None:
+            issues.append((("engine",), f"profile {params.engine}: no hit_metrics (a request's source is counted "
+                                        "from the engine's hit counters)"))
+        node = next(iter(nodes.values()), None)
+        if params.pool_target is not None and node is not None:
+            t = node.target(params.pool_target)
+            if t is None or t.kind != "directory":
+                issues.append((("pool_target",), f"node {node.name}: {params.pool_target!r} is not a kind directory "
+                                                 "target"))
+        if node is not None and any(f.kind == "pool-path-loss" and f.server is None for f in params.faults) and \
+                params.pool_target is None and not params.pool_dir.startswith("/"):
+            issues.append((("faults",), "a pool-path-loss fault without server: needs the pool on a network mount "
+                                        "(pool_target or an absolute pool_dir) to find its server"))
+        return issues
+
+    def _pool_root(self, ctx: GateContext, p: G2FaultsParams) -> G2FaultsParams:
+        if p.pool_target is None:
+            return p
+        node = next(iter(ctx.nodes.values()))
+        return p.model_copy(update={"pool_dir": target_path(node, node.target(p.pool_target))})
+
+    def plan(self, ctx: GateContext) -> list[PlannedStep]:
+        p: G2FaultsParams = self._pool_root(ctx, ctx.params)
+        prof = load_profile(p.engine)
+        node = next(iter(ctx.nodes.values()))
+        v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
+                          node.engine_python)
+        argv, env = prof.render_argv(v), prof.render_env(v)
+        n = len(p.prompt_tokens) * p.prompts_per_length
+        steps = self._plan_launch_setup(p, prof, node, v)
+        server, mount_point = "<the pool mount's server>", "<the pool's mount point>"
+        held = held_path(node.work_dir, ctx.gate.id)
+        if needs_mount(p):
+            steps.append(PlannedStep(node.name, "the pool's mount point and source (its server), before the engine "
+                                                "starts", MOUNT_ARGV + (v["pool_dir"],)))
+        steps += [
+            PlannedStep(node.name, f"start {prof.name} in its own process group: {shell_line(argv, env)}", tuple(argv)),
+            PlannedStep(node.name, f"populate: {n} never-seen prompts of {p.prompt_tokens} tokens, one at a time "
+                        "(stores their KV; each answer kept as the reference)"),
+            PlannedStep(node.name, f"wait until the finished chunk files in {v['pool_dir']} hold the expected KV bytes",
+                        tuple(pool_files_argv(v["pool_dir"], prof.pool_files)), repeats=True),
+            PlannedStep(node.name, "stop the engine (kill its process group) and start it again", tuple(argv))]
+        steps.append(PlannedStep(node.name, f"faulted phase: the same {n} prompts, one every {p.interval_s:g} s, each "
+                                 "once; the hit counters before and after each request; the faults below at their "
+                                 "times (s after the phase starts)"))
+        for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
+            what, apply, inverse = fault_commands(f, f.server or server, mount_point, held)
+            steps.append(PlannedStep(node.name, f"fault {i} at {f.at_s:g} s: {what}", apply))
+            steps.append(PlannedStep(node.name, f"fault {i} undone at {f.at_s + f.duration_s:g} s (whatever ends the "
+                                                "gate: the runner runs it if the gate could not)", inverse))
+        steps.append(PlannedStep(node.name, "stop the engine; its log's tier-failure lines during the faulted phase"))
+        return steps
+
+    def run(self, ctx: GateContext) -> WorkloadResult:
+        p: G2FaultsParams = self._pool_root(ctx, ctx.params)
+        prof = load_profile(p.engine)
+        setup = self._setup_launched(ctx, p, prof, labels=("populate", "faulted"))
+        if isinstance(setup, WorkloadResult):
+            return setup
+        ev = G2FaultsEvidence.model_validate({**setup.ev.model_dump(), "interval_s": p.interval_s,
+                                              "recovery_bound_s": p.recovery_bound_s})
+        return self._faulted(ctx, p, prof, dataclasses.replace(setup, ev=ev))
+
+    def _mount(self, ctx: GateContext, p: G2FaultsParams, ev: G2FaultsEvidence, pool_dir: str
+               ) -> tuple[str | None, str | None]:
+        """The pool's mount point and its server (findmnt), when a fault needs them."""
+        node = next(iter(ctx.nodes))
+        if not needs_mount(p):
+            return None, None
+        r = ctx.steps.run(ctx.transports[node], "pool-mount", MOUNT_ARGV + (pool_dir,), timeout_s=STEP_TIMEOUT_S)
+        ev.pool_mount_point, ev.pool_server = parse_mount(r.stdout) if r.ok else (None, None)
+        return ev.pool_mount_point, ev.pool_server
+
+    def _faulted(self, ctx: GateContext, p: G2FaultsParams, prof: EngineProfile, s: G2Setup) -> WorkloadResult:
+        eng, ev, prompts = s.engine, s.ev, s.prompts
+        node = next(iter(ctx.nodes))
+        hm = prof.hit_metrics
+        mount_point, server = self._mount(ctx, p, ev, s.pool_dir)
+        if server is None and any(f.kind == "pool-path-loss" and f.server is None for f in p.faults):
+            return WorkloadResult(evidence=ev, error=f"the pool {p.pool_dir} is not on a network mount with an IPv4 "
+                                  "server (findmnt's SOURCE): give the fault's server")
+        if any(f.kind == "pool-unmount" for f in p.faults) and mount_point in (None, "/"):
+            return WorkloadResult(evidence=ev, error=f"the pool {p.pool_dir} is on no mount of its own (findmnt: "
+                                  f"{mount_point}): nothing to detach")
+        held = held_path(ctx.nodes[node].work_dir, ctx.gate.id)
+        faults = []
+        for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
+            what, apply, inverse = fault_commands(f, f.server or server or "", mount_point or "", held)
+            faults.append((i, f, what, apply, inverse))
+        runner = PhaseRunner(ctx, {"engine": eng}, counters=True)
+        undo = ctx.undo if ctx.undo is not None else UndoLog()
+        level = prof.capabilities.level_counters  # the profile's per-level counters: tokens computed, if any
+        prefill = [f"{level}prefill_tokens_total"] if level else []
+        expected = [stored_kv_tokens(r.prompt_tokens, prof.kv_block_tokens) for r in prompts]
+        made: list = []
+        t0 = 0.0
+        try:
+            err = runner.open()
+            if err:
+                return WorkloadResult(evidence=ev, error=err)
+            ctx.progress(f"{ctx.gate.id}: populate, {len(prompts)} prompts")
+            pop = runner.phase("populate", lambda: self._send(ctx, p, prof, eng.base_url, prompts, concurrency=1))
+            self._save(ctx.gate_dir / "requests-populate.jsonl", pop.output)
+            if not all(r.ok for r in pop.output):
+                bad = next(r for r in pop.output if not r.ok)
+                return WorkloadResult(evidence=ev, error=f"populate: request {bad.request_id} failed: {bad.error}")
+            reference = [r.output_text for r in pop.output]
+            ev.pool_after_populate = pool_contents(ctx, s.pool_transport, s.pool_dir, s.expected_bytes,
+                                                   p.populate_timeout_s, "g2-pool-after-populate", prof.pool_files)
+            if ev.pool_after_populate.bytes < s.expected_bytes:
+                return WorkloadResult(evidence=ev, error=f"the pool holds {ev.pool_after_populate.bytes} B of the "
+                                      f"{s.expected_bytes} B the prompts' KV needs: nothing to lose")
+            err = runner.forget() or runner.resume()  # a fresh process: no prompt's KV in its memory or LMCache's
+            if err:
+                return WorkloadResult(evidence=ev, error=err)
+
+            def send_one(i: int, t_zero: float) -> dict[str, Any]:  # the counters around this request alone
+                m0 = eng.metrics()
+                a = ctx.clock.now() - t_zero
+                rec: RequestRecord = run_requests_sync(
+                    eng.base_url, [prompts[i]], p.served_model_name, concurrency=1,
+                    timeout_s=ctx.cancel.bound_timeout_s(p.request_timeout_s), transport=ctx.http,
+                    path=prof.api.request_path, api=prof.api.shape(), stop=ctx.cancel)[0]
+                b = ctx.clock.now() - t_zero
+                try:
+                    m1 = eng.metrics()
+                except (httpx.HTTPError, ValueError):
+                    m1 = None
+                hit = counter_delta(m0, m1, hm.hit_tokens) if m1 is not None else None
+                pre = counter_delta(m0, m1, prefill) if m1 is not None else None
+                return dict(rec=rec, t_start=round(a, 3), t_end=round(b, 3), hit=hit, prefill=pre)
+
+            def phase() -> list[dict[str, Any]]:
+                nonlocal made, t0
+                ctx.progress(f"{ctx.gate.id}: faulted phase, {len(prompts)} prompts, one every {p.interval_s:g} s")
+                out, made, t0 = faulted_phase(ctx, node, faults, send_one, len(prompts), p.interval_s, undo)
+                return out
+
+            fp = runner.phase("faulted", phase)
+            reading = fp.engines["engine"]
+            lines = fallbacks_between(reading.log_before, reading.log_after,
+                                      list(prof.fallback_patterns) + list(TIER_FAILURE_PATTERNS))
+            ev.tier_failure_lines = [m.quote() for m in lines][:50]
+            ev.fallback_lines = ev.tier_failure_lines[:10]
+        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
+        finally:
+            runner.close()
+        spans = [(m[6], m[7] if m[7] is not None else m[6]) for m in made]
+        reqs = []
+        for i, x in enumerate(fp.output):
+            if x is None:
+                continue
+            rec = x["rec"]
+            served = classify(rec.ok, x["hit"], expected[i])
+            reqs.append(FaultedRequest(
+                index=i, request_id=rec.request_id, t_start_s=x["t_start"], t_end_s=x["t_end"], ttft_s=rec.ttft_s,
+                error=rec.error, hit_tokens=x["hit"], prefill_tokens=x["prefill"], expected_hit_tokens=expected[i],
+                answer_matches=None if not rec.ok else rec.output_text == reference[i], served=served,
+                window=window_of(x["t_start"], x["t_end"], spans)))
+        write_gate_file(ctx.gate_dir / "requests-faulted.jsonl",
+                        "".join(json.dumps(x["rec"].to_dict()) + "\n" for x in fp.output if x is not None))
+        ev.requests = reqs
+        ev.faults = [EngineFaultRecord(index=i, kind=f.kind, detail=what, applied_ok=bool(ra is not None and ra.ok),
+                                       undone_ok=bool(entry.done), undone_by=entry.ran_by,
+                                       apply_error=None if ra is None or ra.ok else ra.summary(),
+                                       undo_error=entry.error, t_apply_s=ta, t_undo_s=tu)
+                     for i, f, what, ra, entry, ri, ta, tu in made]
+        result = evaluate_g2_faults(ev)
+        write_summary(ctx.gate_dir, "g2-faults-summary.json", result)
+        return result
+
