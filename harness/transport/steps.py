@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..redact import redact_argv, redact_env, redact_text
+from ..safeio import dumps_indented
 from .base import CommandResult, Process, Transport
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -96,7 +97,7 @@ def _write_argv(d: Path, node: str, argv: Sequence[str], env: Mapping[str, str] 
 
 
 def _write_status(d: Path, status: dict) -> None:
-    _put(d, "status.json", json.dumps(status, indent=1))
+    _put(d, "status.json", dumps_indented(status))
 
 
 _PUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
