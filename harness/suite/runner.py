@@ -8,7 +8,6 @@ SKIPPED; a run with any gate not PASS never ends PASS.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import sys
 import threading
@@ -33,6 +32,7 @@ from ..paths import git_commit
 from ..redact import redact_line, redact_obj, redact_text, scrub_read, scrub_tree
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
 from ..report.render import bundle_renderer
+from ..safeio import dumps_indented
 from ..transport import ScopedTransport, Transport, open_transport
 from ..transport.steps import StepLog
 from ..workloads.base import Evidence, GateContext, WorkloadResult
@@ -85,7 +85,7 @@ def new_run_dir(out_dir: Path) -> Path:
 def _write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # secrets (harness.redact) never reach the run directory's JSON
-    path.write_text(redact_text(json.dumps(obj, indent=1, sort_keys=True, default=str)) + "\n")
+    path.write_text(redact_text(dumps_indented(obj, indent=1, sort_keys=True, default=str)) + "\n")
 
 
 class GateTimeoutEvidence(Evidence):

@@ -27,6 +27,7 @@ from ..execute.cancel import Cancellation, check_write
 from ..execute.cancel import write_text as write_gate_file
 from ..execute.clock import Clock
 from ..execute.nvmeof import NvmeofError, NvmeofHost, NvmeofSpec
+from ..safeio import dumps_indented
 from ..units import format_quantity
 
 WORKLOADS: dict[str, type["Workload"]] = {}
@@ -283,7 +284,7 @@ def drop_caches(ctx: GateContext, transport: Any, step: str = "drop-caches", tim
 
 def write_summary(gate_dir: Path, name: str, result: WorkloadResult) -> None:
     """The gate's summary beside its raw files (``gate_dir/name``): metrics, evidence, invalid_reason, error."""
-    write_gate_file(gate_dir / name, json.dumps(result.as_dict(), indent=1, default=str))
+    write_gate_file(gate_dir / name, dumps_indented(result.as_dict(), indent=1, default=str))
 
 
 def nvmeof_device(ctx: GateContext, node: Any, target: Any, transport: Any) -> tuple[str, dict[str, Any]]:
