@@ -241,6 +241,12 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
         metrics["tier_fraction"] = ev.tier_requests / len(reqs)
     before_tier = [r for r in by["before"] if r.served == "tier"]
     counted = [r for r in reqs if r.served != "failed"]
+    # a fault the engine did not feel proves nothing about how it fails: in its window a request was not served
+    # from the tier, or one took at least half the fault's length longer than the slowest before the first fault
+    slowest_before = max(ttft["before"], default=0.0)
+    unfelt = [f for f in judged if f.t_apply_s is not None and f.t_undo_s is not None
+              and not (f.recompute or f.failed) and (f.max_ttft_s is None or f.max_ttft_s < slowest_before
+                                                     + 0.5 * (f.t_undo_s - f.t_apply_s))]
     checks = [
         ValidityCheck(name="faults made", ok=bool(judged) and all(f.applied_ok and f.t_apply_s is not None
                                                                   for f in judged),
@@ -261,6 +267,12 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
                       how="/metrics before and after each request (one request at a time)",
                       figure="requests counted", value=float(sum(r.hit_tokens is not None for r in counted)),
                       unit=None),
+        ValidityCheck(name="faults felt", ok=not unfelt,
+                      claim="every fault reached the engine: in its window a request fell back, failed, or stalled",
+                      how="per fault: requests re-computed or failed, or the slowest TTFT at least half the fault's "
+                          f"length over the slowest before it ({slowest_before:.3g} s); not felt: "
+                          + (", ".join(f"fault {f.index} ({f.detail})" for f in unfelt) or "none"),
+                      figure="faults not felt", value=float(len(unfelt)), unit=None),
         ValidityCheck(name="requests during and after", ok=bool(by["during"]) and bool(by["after"]),
                       claim="requests were in flight during the fault and after it was undone",
                       how="request start and end times against each fault's apply and undo",

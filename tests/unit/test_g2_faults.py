@@ -151,6 +151,20 @@ def test_a_tier_that_never_comes_back_is_fail(tmp_path):
     assert not any(r.served == "tier" for r in ev.requests if r.t_start_s > first)  # lost for good
 
 
+def test_a_fault_the_engine_never_felt_is_invalid_not_pass(tmp_path):
+    # the fault's command "succeeds" but the tier keeps serving at full speed (a route to the wrong address, a
+    # pool the engine does not read through that mount): nothing was tested, so nothing passes
+    tier = Tier()
+    cfg = suite(tmp_path)
+    node = faulty_node(tier, [])
+    node.handler.on(lambda c: c.argv[:3] == ("ip", "route", "add"), Reply())
+    ctx = gate_context(tmp_path, cfg, transports={"n1": node}, http=tier, clock=Clock())
+    result = WORKLOADS["g2-faults"]().run(ctx)
+    v = evaluate(cfg.suite.gates[0], result, "s", WORKLOADS["g2-faults"].METRICS)
+    assert tier.seen_down == 0 and result.evidence.recompute_requests == result.evidence.failed_requests == 0
+    assert v.outcome is Outcome.INVALID and "faults felt: not proven" in v.reason and "fault 0" in v.reason
+
+
 # ------------------------------------------------------------------------------- the inverse, every exit
 
 
