@@ -19,17 +19,24 @@ from .blockdev import BlockStat, parse_block_stat
 SCHEMA = "kvgate-kv-read/1"
 
 
+def _line_document(line: str) -> dict[str, Any] | None:
+    """One stdout line as a ``kvgate-kv-read/1`` document with a type, or None."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    ok = isinstance(doc, dict) and doc.get("schema") == SCHEMA and isinstance(doc.get("type"), str)
+    return doc if ok else None
+
+
 def _document(text: str, kind: str) -> dict[str, Any]:
     """The reader's JSON document: the last stdout line that is a ``kvgate-kv-read/1`` object of ``kind``."""
     for line in reversed(text.splitlines()):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            doc = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(doc, dict) and doc.get("schema") == SCHEMA and doc.get("type") == kind:
+        doc = _line_document(line)
+        if doc is not None and doc["type"] == kind:
             return doc
     raise WorkloadError(f"the KV reader printed no {kind} document (see its stderr)")
 
@@ -42,14 +49,8 @@ def split_documents(text: str) -> dict[str, str]:
     pending: list[str] = []
     for line in text.splitlines(keepends=True):
         pending.append(line)
-        s = line.strip()
-        if not s.startswith("{"):
-            continue
-        try:
-            doc = json.loads(s)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(doc, dict) and doc.get("schema") == SCHEMA and isinstance(doc.get("type"), str):
+        doc = _line_document(line)
+        if doc is not None:
             out[doc["type"]] = out.get(doc["type"], "") + "".join(pending)
             pending = []
     if pending and out:
