@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from lanes import LANES, lane_of  # tests/lanes.py: which lane a test runs in under `-n`
+from lanes import LANES, lane_of, run_order  # tests/lanes.py: which lane a test runs in under `-n`, and when
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -25,6 +25,12 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The qemu guests before the rigs in the guest lane (tests/lanes.py: run_order); the same order on every
+    xdist worker and without -n."""
+    items.sort(key=lambda item: run_order(item.nodeid))
 
 
 @pytest.fixture

@@ -39,6 +39,29 @@ GUEST_LANE = frozenset({
 })
 
 
+# The guest lane's order: the qemu guests first, longest first, then the rigs. The engine lane starts with the
+# load gates (g2-gain, g2-load: goodput, and a client-lag bound that makes a starved client's run INVALID); a rig's
+# tens of sshd, slurmd and reader processes beside them starved the client (one full run: client lag p99 628 ms
+# against the gate's 250 ms while test_g3_rig32 and test_g3_slurm ran), a qemu guest (one emulating core) did not.
+GUEST_LANE_ORDER = (
+    "integration/test_kv_read_loopback.py",
+    "integration/test_nvmeof_guest.py",
+    "integration/test_faults_guest.py",
+    "integration/test_loopback_guest.py",
+    "e2e/test_loopback_main_command.py",
+)
+
+
+def run_order(nodeid: str) -> int:
+    """Sort key (stable): the guest lane's qemu modules first, in GUEST_LANE_ORDER; everything else after, as
+    collected."""
+    module = "/" + nodeid.split("::", 1)[0]
+    for i, m in enumerate(GUEST_LANE_ORDER):
+        if module.endswith("/" + m):
+            return i
+    return len(GUEST_LANE_ORDER)
+
+
 LANES = ("integration", "guest")
 
 

@@ -66,6 +66,7 @@ def test_integration_tests_never_overlap_nor_guests_and_the_two_lanes_run_on_dif
         "integration/test_engine_b.py": (3, 0.3),
         "integration/test_kv_read_loopback.py": (2, 0.3),
         "e2e/test_loopback_main_command.py": (2, 0.3),
+        "integration/test_g3_rig.py": (2, 0.3),  # a rig: guest lane, after the guests though collected first
         "e2e/test_cli.py": (4, 0.1),
         "unit/test_pure.py": (12, 0.05),  # more tests than the guest lane: still not ahead of it
     }
@@ -76,11 +77,15 @@ def test_integration_tests_never_overlap_nor_guests_and_the_two_lanes_run_on_dif
     log = pytester.path / "lanes.jsonl"
     monkeypatch.setenv("LANES_LOG", str(log))
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "tests")
-    result.assert_outcomes(passed=26)
+    result.assert_outcomes(passed=28)
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     lane = {"integration": [r for r in rows if r["module"].startswith("integration/test_engine")],
-            "guest": [r for r in rows if r["module"].endswith(("kv_read_loopback.py", "main_command.py"))]}
-    assert len(lane["integration"]) == 6 and len(lane["guest"]) == 4
+            "guest": [r for r in rows if r["module"].endswith(("kv_read_loopback.py", "main_command.py", "g3_rig.py"))]}
+    assert len(lane["integration"]) == 6 and len(lane["guest"]) == 6
+    # the qemu guests first (kv-read's the longest, as tests/lanes.py orders them), the rig after them
+    guests = [r for r in lane["guest"] if not r["module"].endswith("g3_rig.py")]
+    assert max(r["end"] for r in guests) <= min(r["start"] for r in lane["guest"] if r["module"].endswith("g3_rig.py"))
+    assert min(guests, key=lambda r: r["start"])["module"].endswith("kv_read_loopback.py")
     for rs in lane.values():
         assert not _overlaps(rs) and len({r["worker"] for r in rs}) == 1
     assert {r["worker"] for r in lane["integration"]} != {r["worker"] for r in lane["guest"]}
