@@ -901,6 +901,8 @@ class G3SharedRead(Workload):
         if launch2 is not None:
             iso = ev.isolation
             later = [r for r in readers if r not in failed]
+            if launch2.runs[iso.writer].armed_at_s is None:  # the readers were stopped for the writer's sake
+                later = []
             with_writer, iso_nodes, iso_failed = self._gather(ctx, later, launch2, applied, {}, {},
                                                               "reader" + WITH_WRITER)
             writer, wrec = self._gather_writer(ctx, p, iso.writer, launch2, applied)
