@@ -275,3 +275,19 @@ def test_without_a_writer_every_gate_node_but_the_port_reads_and_with_one_the_wr
     assert [s.description.split(":")[0] for s in plan if s.node == "w"] == [
         "create the node's directory for kvgate's reader", "measure clock offset", "armed writer",
         "remove what the writer wrote"]
+
+
+def test_render_k8s_refuses_a_g3_writer_at_its_line(tmp_path, capsys):
+    # the Kubernetes launcher starts readers only: a writer would be dropped without a word, so it is refused
+    from harness.cli.main import main
+    from test_k8s import write_suite
+    inv, gates = write_suite(tmp_path, "/mnt/pool")
+    i, g = yaml.safe_load(inv.read_text()), yaml.safe_load(gates.read_text())
+    i["nodes"].insert(0, {**i["nodes"][0], "name": "w"})
+    g["gates"][0]["params"]["writer"] = {"node": "w"}
+    inv.write_text(yaml.safe_dump(i, sort_keys=False))
+    gates.write_text(yaml.safe_dump(g, sort_keys=False))
+    assert main(["render", "k8s", str(inv), str(gates), "-o", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert f"{gates}:" in err and "params.writer: gate G3: render k8s: a G3 writer (isolation) runs with the ssh" in err
+    assert "Traceback" not in err and not (tmp_path / "m").exists()
