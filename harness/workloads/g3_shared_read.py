@@ -816,10 +816,15 @@ class G3SharedRead(Workload):
         if not writer:
             return self._collect(ctx, p, readers, launch, applied, prep.failed, offs.failed, uncertainty, port,
                                  policy, ev)
-        # 6. Isolation: the readers that read alone read again, released together with the writer.
+        # 6. Isolation: the readers that read alone read again, released together with the writer; not when
+        # the first read already failed beyond the policy (its error is the verdict).
         again = {r: live[r] for r in live if launch.runs[r].error is None}
+        first = GroupResult({r: NodeOutcome(r, r in again, None, None if r in again else "failed") for r in readers})
+        if not again or policy.verdict_error(first):
+            return self._collect(ctx, p, readers, launch, applied, prep.failed, offs.failed, uncertainty, port,
+                                 policy, ev)
         try:
-            launch2, wspec = self._with_writer(ctx, p, again, writer, applied, policy, ev)
+            launch2, _ = self._with_writer(ctx, p, again, writer, applied, policy, ev)
         finally:
             wnode = ctx.nodes[writer]
             r = ctx.steps.run(ctx.transports[writer], "writer-cleanup", ("rm", "-rf", "--", _writes_dir(wnode, p)),

@@ -72,10 +72,11 @@ WITH = {"n1": stream("n1", T0 + 10, 6, 45 * MB), "n2": stream("n2", T0 + 10, 6, 
 WRITES = stream("w", T0 + 10, 6.2, 50 * MB, mode="write")
 
 
-def nodes(with_writer=None, writer=WRITES, writer_reply=None):
-    """The scripted nodes: each reader prints ALONE for its first read and WITH (or ``with_writer``) for the
-    second; the writer prints ``writer`` (or answers ``writer_reply``)."""
+def nodes(with_writer=None, writer=WRITES, writer_reply=None, alone=None):
+    """The scripted nodes: each reader prints ALONE (or ``alone``) for its first read and WITH (or
+    ``with_writer``) for the second; the writer prints ``writer`` (or answers ``writer_reply``)."""
     with_writer = {**WITH, **(with_writer or {})}
+    alone = {**ALONE, **(alone or {})}
 
     def handler(name):
         def answer(call):
@@ -85,7 +86,7 @@ def nodes(with_writer=None, writer=WRITES, writer_reply=None):
             if "kvgate-launch" in argv and "write" in argv:
                 return writer_reply or Reply(stdout=writer, exit_after_s=0.3)
             if "kvgate-launch" in argv:
-                out = with_writer[name] if any("-with-writer" in a for a in argv) else ALONE[name]
+                out = with_writer[name] if any("-with-writer" in a for a in argv) else alone[name]
                 return out if isinstance(out, Reply) else Reply(stdout=out, exit_after_s=0.2)
             if argv[:1] == ("cat",) and argv[1].endswith("/speed"):
                 return Reply(stdout="1000\n")
@@ -192,6 +193,15 @@ def test_a_reader_lost_in_the_second_read_is_an_error_by_the_failure_policy(tmp_
                  nodes(with_writer={"n2": Reply(stdout="".join(cut[:20]), rc=137, exit_after_s=0.2)}))
     assert res.error is None and res.evidence.isolation.compared == ["n1"]
     assert res.metrics["readers_loss"] == pytest.approx(0.25, abs=0.02)
+
+
+def test_a_first_read_failed_beyond_the_policy_is_the_error_and_the_writer_is_never_started(tmp_path):
+    cut = ALONE["n2"].splitlines(keepends=True)[:10]
+    scripted = nodes(alone={"n2": Reply(stdout="".join(cut), rc=137, exit_after_s=0.2)})
+    res, _ = run(tmp_path, suite(tmp_path), scripted)
+    assert res.error.startswith("1 of 2 nodes failed") and "n2" in res.error, res.error
+    assert not any("write" in c for c in scripted["w"].commands)
+    assert not any("-with-writer" in " ".join(c) for c in scripted["n1"].commands)
 
 
 # ---- the pure evaluator ---------------------------------------------------------------------------------
