@@ -793,7 +793,7 @@ class G3SharedRead(Workload):
                                      samples=p.clock_samples, timeout_s=p.clock_probe_timeout_s)
         if writer and writer not in offs.succeeded:
             raise WorkloadError(f"the writer {writer}'s clock offset: {offs.failed.get(writer)}")
-        ctx.progress(f"{ctx.gate.id}: clock offsets of {len(offs.succeeded)}/{len(live)} nodes in "
+        ctx.progress(f"{ctx.gate.id}: clock offsets of {len(offs.succeeded)}/{len(offs)} nodes in "
                      f"{time.monotonic() - t_phase:.1f} s")
         applied = {n: applied_offset_s(o, p.clock_alignment) for n, o in offs.succeeded.items()}
         ev.clock_offsets = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
