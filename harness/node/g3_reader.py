@@ -198,6 +198,52 @@ def create(argv):
     return 0
 
 
+def arm_and_start(em, armed_file, go_file, deadline, workers, realtime_wake):
+    """Signal armed (the armed file, atomically), wait for the go file, start every worker at its instant (woken
+    as SCHED_FIFO where permitted and ``realtime_wake``) and emit the start record. Returns the start time, or
+    None (error and end emitted) when no go came before the deadline."""
+    with open(armed_file + ".tmp", "w") as fh:
+        fh.write(f"{time.time()}\n")
+    os.replace(armed_file + ".tmp", armed_file)
+    go = wait_for_go(go_file, deadline)
+    if go is None:
+        em.emit(type="error", message="no go signal before the deadline")
+        em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)
+        return None
+    realtime = realtime_wake and set_start_priority(True)
+    sleep_until(go)
+    t0 = time.time()
+    for w in workers:
+        w.start()
+    if realtime:
+        set_start_priority(False)
+    em.emit(type="start", t_s=t0, go_s=go, start_priority="fifo" if realtime else "normal")
+    return t0
+
+
+def sample_until_done(em, workers, t0, interval_s, deadline, deadline_s, errors, doing, tick=None):
+    """Emit a sample every interval_s until every worker has ended (``tick`` runs before each sample); past the
+    deadline, end the process (rc 6). Emits the workers' errors; returns the bytes they moved."""
+    last_t, last_b = t0, 0
+    while any(w.is_alive() for w in workers):
+        nxt = last_t + interval_s
+        while time.time() < nxt and any(w.is_alive() for w in workers):
+            time.sleep(min(0.01, max(0.0, nxt - time.time())))
+        if tick is not None:
+            tick()
+        now = time.time()
+        total = sum(w.nbytes for w in workers)
+        em.emit(type="sample", t0_s=last_t, t1_s=now, bytes=total - last_b)
+        last_t, last_b = now, total
+        if now > deadline:
+            em.emit(type="error", message=f"deadline of {deadline_s} s reached while {doing}")
+            em.emit(type="end", t_s=now, bytes=total, completed=False, files_done=sum(w.files_done for w in workers))
+            os._exit(6)
+    for e in errors:
+        em.emit(type="error", message=e)
+    return sum(w.nbytes for w in workers)
+
+
 class WriteWorker(threading.Thread):
     """Writes whole files (cycled names) until ``stop`` is set; counts the bytes each write call returned."""
 
@@ -297,41 +343,16 @@ def write(argv):
                for _ in range(max(1, a.streams))]
     em.emit(type="armed", t_s=time.time(), files=len(paths), bytes_expected=None, direct_used=direct_used,
             direct_error=direct_error)
-    with open(a.armed_file + ".tmp", "w") as fh:
-        fh.write(f"{time.time()}\n")
-    os.replace(a.armed_file + ".tmp", a.armed_file)
-    go = wait_for_go(a.go_file, deadline)
-    if go is None:
-        em.emit(type="error", message="no go signal before the deadline")
-        em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)
+    t0 = arm_and_start(em, a.armed_file, a.go_file, deadline, workers, True)
+    if t0 is None:
         return 4
-    realtime = set_start_priority(True)
-    sleep_until(go)
-    t0 = time.time()
-    for w in workers:
-        w.start()
-    if realtime:
-        set_start_priority(False)
-    em.emit(type="start", t_s=t0, go_s=go, start_priority="fifo" if realtime else "normal")
-    last_t, last_b, stopped = t0, 0, False
-    while any(w.is_alive() for w in workers):
-        nxt = last_t + a.interval_s
-        while time.time() < nxt and any(w.is_alive() for w in workers):
-            time.sleep(min(0.01, max(0.0, nxt - time.time())))
-        if not stopped and os.path.exists(a.stop_file):
-            stopped = True
+
+    def check_stop():
+        if not stop.is_set() and os.path.exists(a.stop_file):
             stop.set()
-        now = time.time()
-        total = sum(w.nbytes for w in workers)
-        em.emit(type="sample", t0_s=last_t, t1_s=now, bytes=total - last_b)
-        last_t, last_b = now, total
-        if now > deadline:
-            em.emit(type="error", message=f"deadline of {a.deadline_s} s reached while writing")
-            em.emit(type="end", t_s=now, bytes=total, completed=False, files_done=sum(w.files_done for w in workers))
-            os._exit(6)
-    for e in errors:
-        em.emit(type="error", message=e)
-    total = sum(w.nbytes for w in workers)
+
+    total = sample_until_done(em, workers, t0, a.interval_s, deadline, a.deadline_s, errors, "writing", check_stop)
+    stopped = stop.is_set()
     if not stopped:
         em.emit(type="error", message="every writer stream ended before the stop file appeared")
     completed = stopped and not errors
@@ -386,39 +407,10 @@ def main(argv=None):
     workers = [Worker(queue, qlock, fds, sizes, a.block_bytes, errors) for _ in range(max(1, a.streams))]
     em.emit(type="armed", t_s=time.time(), files=len(fds), bytes_expected=expected,
             direct_used=direct_used, direct_error=direct_error)
-    with open(a.armed_file + ".tmp", "w") as fh:
-        fh.write(f"{time.time()}\n")
-    os.replace(a.armed_file + ".tmp", a.armed_file)
-
-    go = wait_for_go(a.go_file, deadline)
-    if go is None:
-        em.emit(type="error", message="no go signal before the deadline")
-        em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)
+    t0 = arm_and_start(em, a.armed_file, a.go_file, deadline, workers, a.start_priority == "auto")
+    if t0 is None:
         return 4
-    realtime = a.start_priority == "auto" and set_start_priority(True)
-    sleep_until(go)
-    t0 = time.time()
-    for w in workers:
-        w.start()
-    if realtime:
-        set_start_priority(False)
-    em.emit(type="start", t_s=t0, go_s=go, start_priority="fifo" if realtime else "normal")
-    last_t, last_b = t0, 0
-    while any(w.is_alive() for w in workers):
-        nxt = last_t + a.interval_s
-        while time.time() < nxt and any(w.is_alive() for w in workers):
-            time.sleep(min(0.01, max(0.0, nxt - time.time())))
-        now = time.time()
-        total = sum(w.nbytes for w in workers)
-        em.emit(type="sample", t0_s=last_t, t1_s=now, bytes=total - last_b)
-        last_t, last_b = now, total
-        if now > deadline:
-            em.emit(type="error", message=f"deadline of {a.deadline_s} s reached while reading")
-            em.emit(type="end", t_s=now, bytes=total, completed=False, files_done=sum(w.files_done for w in workers))
-            os._exit(6)
-    for e in errors:
-        em.emit(type="error", message=e)
-    total = sum(w.nbytes for w in workers)
+    total = sample_until_done(em, workers, t0, a.interval_s, deadline, a.deadline_s, errors, "reading")
     done = sum(w.files_done for w in workers)
     completed = not errors and total == expected and done == len(fds)
     em.emit(type="end", t_s=time.time(), bytes=total, completed=completed, files_done=done)

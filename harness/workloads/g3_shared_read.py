@@ -189,10 +189,9 @@ class G3Pool(BaseModel):
     report: str | None = None
 
 
-class G3NodeRecord(BaseModel):
-    """One reader node as the run saw it: its launched process (harness.execute.fanout.NodeRun: rc, pids, when
-    it armed and was told to go), what its reader reported (O_DIRECT used or why not, bytes read, completion,
-    samples), and the error that failed the node, if any. A node that never started has only ``error``."""
+class G3Process(BaseModel):
+    """A launched G3 program as the run saw it (harness.execute.fanout.NodeRun: rc, pids, when it armed and was
+    told to go) and the error that failed its node, if any. A node that never started has only ``error``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -205,6 +204,12 @@ class G3NodeRecord(BaseModel):
     go_written_at_s: float | None = None
     pid: int | None = None
     pgid: int | None = None
+
+
+class G3NodeRecord(G3Process):
+    """One reader node as the run saw it: its process, and what its reader reported (O_DIRECT used or why not,
+    bytes read, completion, samples)."""
+
     direct_used: bool | None = None
     direct_error: str | None = None
     start_priority: str | None = None
@@ -240,21 +245,10 @@ class G3Aggregate(BaseModel):
     reason: str | None = None
 
 
-class G3WriterRecord(BaseModel):
-    """The isolation writer as the run saw it: its process (as G3NodeRecord), what it wrote, and what of that
-    fell inside the readers' common window of the with-writer read (reference clock)."""
+class G3WriterRecord(G3Process):
+    """The isolation writer as the run saw it: its process, what it wrote, and what of that fell inside the
+    readers' common window of the with-writer read (reference clock)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    node: str | None = None
-    rc: int | None = None
-    error: str | None = None
-    stopped: bool | None = None
-    armed_at_s: float | None = None
-    go_node_s: float | None = None
-    go_written_at_s: float | None = None
-    pid: int | None = None
-    pgid: int | None = None
     dir: str | None = None
     direct_used: bool | None = None
     direct_error: str | None = None
