@@ -818,7 +818,7 @@ class G3SharedRead(Workload):
             return self._collect(ctx, p, readers, launch, applied, prep.failed, offs.failed, uncertainty, port,
                                  policy, ev)
         try:
-            launch2, _ = self._with_writer(ctx, p, again, writer, applied, policy, ev)
+            launch2 = self._with_writer(ctx, p, again, writer, applied, policy, ev)
         finally:
             wnode = ctx.nodes[writer]
             r = ctx.steps.run(ctx.transports[writer], "writer-cleanup", ("rm", "-rf", "--", _writes_dir(wnode, p)),
@@ -829,7 +829,7 @@ class G3SharedRead(Workload):
                              ev, launch2)
 
     def _with_writer(self, ctx: GateContext, p: G3Params, readers: dict, writer: str, applied: dict[str, float],
-                     policy: FailurePolicy, ev: G3Evidence) -> tuple[SynchronizedLaunch, LaunchSpec]:
+                     policy: FailurePolicy, ev: G3Evidence) -> SynchronizedLaunch:
         """The readers' second read with the writer: caches dropped again, readers and writer armed and released
         at one instant, the readers waited for, then the writer told to stop (its stop file put) and waited for."""
         if p.drop_caches:
@@ -847,7 +847,7 @@ class G3SharedRead(Workload):
             rgroup = GroupResult({n: armed[n] for n in readers})
             if writer not in armed.succeeded or not policy.tolerates(rgroup) or not rgroup.succeeded:
                 launch.stop_all("arming failed (the writer, or readers beyond the failure policy)")
-                return launch, wspec
+                return launch
             go = launch.release()
             ctx.progress(f"{ctx.gate.id}: released at {go:.3f} with the writer {writer}")
             launch.wait(timeout_s=p.read_timeout_s, stall_timeout_s=p.stall_timeout_s, nodes=list(readers))
@@ -859,7 +859,7 @@ class G3SharedRead(Workload):
                 except Exception as exc:  # noqa: BLE001 - an unreachable writer is stopped by its group instead
                     launch.stop_all(f"the writer's stop file could not be put: {exc}")
             launch.wait(timeout_s=max(30.0, 20 * p.interval_s), stall_timeout_s=p.stall_timeout_s, nodes=[writer])
-        return launch, wspec
+        return launch
 
     def _port_rate(self, ctx: GateContext, port_node: str, nic: str) -> PortRate:
         declared = next(n.line_rate_gbit_s for n in ctx.nodes[port_node].nics if n.name == nic)
