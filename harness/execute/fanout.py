@@ -355,16 +355,21 @@ class SynchronizedLaunch:
         self._event("probe", round_s=round_s, failed=g.failed)
         return round_s
 
-    def wait(self, timeout_s: float, stall_timeout_s: float | None = None) -> GroupResult:
+    def wait(self, timeout_s: float, stall_timeout_s: float | None = None,
+             nodes: Sequence[str] | None = None) -> GroupResult:
         """Wait for every process; on timeout or (policy abort) a failure, stop every process group.
 
         stall_timeout_s: a process that streams progress (the G3 reader prints a sample every interval)
         and whose output stops growing for this long is failed as unreachable or hung and its group is
         stopped in the background, while the others read on; a node whose link went down is then
         noticed in seconds, not at the end of timeout_s. None: no stall detection.
+
+        nodes: wait for these only (default: all); the others run on (G3's writer runs until the readers are
+        done and is then told to stop). A timeout still stops every process group.
         """
         deadline = self.clock() + timeout_s
-        pending = {n for n, r in self.runs.items() if r.process is not None and r.rc is None and not r.stopped}
+        pending = {n for n, r in self.runs.items() if r.process is not None and r.rc is None and not r.stopped
+                   and (nodes is None or n in nodes)}
         # Silence counts from the start instant: a released reader prints nothing until then.
         quiet_from = max(self.clock(), self.go_ref_s or 0.0)
         seen: dict[str, tuple[int, float]] = {n: (-1, quiet_from) for n in pending}

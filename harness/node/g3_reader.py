@@ -13,6 +13,11 @@ threads, and prints a JSON-lines stream to stdout (one record per line, flushed)
 The same records go to `--out` on the node. Synchronized start: after arming, the reader creates
 `--armed-file` and waits for `--go-file` to appear; it holds a Unix time (this node's clock) at which
 to start. `--deadline-s` bounds the reader's whole life so no reader outlives a lost orchestrator.
+
+`write` mode (G3's isolation writer, `g3_reader.py write ...`): the same records and the same armed/go start,
+but from `streams` threads it writes files of `--file-bytes` into `--dir` (names cycled over `--files`, so the
+disk used is bounded), each block fresh bytes, each file fsync'd, until `--stop-file` appears; `sample.bytes`
+are bytes written. Its end record is `completed` when it stopped on the stop file without an error.
 """
 
 from __future__ import annotations
@@ -193,10 +198,175 @@ def create(argv):
     return 0
 
 
+def arm_and_start(em, armed_file, go_file, deadline, workers, realtime_wake):
+    """Signal armed (the armed file, atomically), wait for the go file, start every worker at its instant (woken
+    as SCHED_FIFO where permitted and ``realtime_wake``) and emit the start record. Returns the start time, or
+    None (error and end emitted) when no go came before the deadline."""
+    with open(armed_file + ".tmp", "w") as fh:
+        fh.write(f"{time.time()}\n")
+    os.replace(armed_file + ".tmp", armed_file)
+    go = wait_for_go(go_file, deadline)
+    if go is None:
+        em.emit(type="error", message="no go signal before the deadline")
+        em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)
+        return None
+    realtime = realtime_wake and set_start_priority(True)
+    sleep_until(go)
+    t0 = time.time()
+    for w in workers:
+        w.start()
+    if realtime:
+        set_start_priority(False)
+    em.emit(type="start", t_s=t0, go_s=go, start_priority="fifo" if realtime else "normal")
+    return t0
+
+
+def sample_until_done(em, workers, t0, interval_s, deadline, deadline_s, errors, doing, tick=None):
+    """Emit a sample every interval_s until every worker has ended (``tick`` runs before each sample); past the
+    deadline, end the process (rc 6). Emits the workers' errors; returns the bytes they moved."""
+    last_t, last_b = t0, 0
+    while any(w.is_alive() for w in workers):
+        nxt = last_t + interval_s
+        while time.time() < nxt and any(w.is_alive() for w in workers):
+            time.sleep(min(0.01, max(0.0, nxt - time.time())))
+        if tick is not None:
+            tick()
+        now = time.time()
+        total = sum(w.nbytes for w in workers)
+        em.emit(type="sample", t0_s=last_t, t1_s=now, bytes=total - last_b)
+        last_t, last_b = now, total
+        if now > deadline:
+            em.emit(type="error", message=f"deadline of {deadline_s} s reached while {doing}")
+            em.emit(type="end", t_s=now, bytes=total, completed=False, files_done=sum(w.files_done for w in workers))
+            os._exit(6)
+    for e in errors:
+        em.emit(type="error", message=e)
+    return sum(w.nbytes for w in workers)
+
+
+class WriteWorker(threading.Thread):
+    """Writes whole files (cycled names) until ``stop`` is set; counts the bytes each write call returned."""
+
+    def __init__(self, next_file, paths, file_bytes, block_bytes, flags, stop, errors):
+        super().__init__(daemon=True)
+        self.next_file, self.paths = next_file, paths
+        self.file_bytes, self.block_bytes, self.flags = file_bytes, block_bytes, flags
+        self.stop, self.errors = stop, errors
+        self.buf = mmap.mmap(-1, block_bytes)  # page-aligned: good for O_DIRECT
+        self.buf.write(os.urandom(block_bytes))
+        self.nbytes = 0
+        self.files_done = 0
+
+    def run(self):
+        set_start_priority(False)
+        view = memoryview(self.buf)
+        block_no = 0
+        while not self.stop.is_set():
+            path = self.paths[self.next_file() % len(self.paths)]
+            try:
+                fd = os.open(path, self.flags, 0o644)
+                try:
+                    off = 0
+                    while off < self.file_bytes and not self.stop.is_set():
+                        # a fresh first 16 bytes per block: no two blocks alike for an array to deduplicate
+                        block_no += 1
+                        view[:16] = block_no.to_bytes(8, "little") + os.urandom(8)
+                        n = os.pwritev(fd, [view[:min(self.block_bytes, self.file_bytes - off)]], off)
+                        if n <= 0:
+                            raise OSError(f"write returned {n}")
+                        off += n
+                        self.nbytes += n
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                self.files_done += 1
+            except OSError as exc:
+                self.errors.append(f"write {os.path.basename(path)}: {exc}")
+                return
+
+
+def write(argv):
+    """G3's isolation writer: armed, released at the common start, writes until the stop file appears."""
+    ap = argparse.ArgumentParser(prog="g3_reader.py write")
+    ap.add_argument("--dir", required=True, help="directory on the shared store to write into (created)")
+    ap.add_argument("--node", default=socket.gethostname())
+    ap.add_argument("--file-bytes", type=int, default=32 << 20)
+    ap.add_argument("--files", type=int, default=8, help="file names cycled over: bounds the disk used")
+    ap.add_argument("--block-bytes", type=int, default=4 << 20)
+    ap.add_argument("--streams", type=int, default=2)
+    ap.add_argument("--direct", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--interval-s", type=float, default=0.1)
+    ap.add_argument("--armed-file", required=True)
+    ap.add_argument("--go-file", required=True)
+    ap.add_argument("--stop-file", required=True)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--deadline-s", type=float, default=600.0)
+    a = ap.parse_args(argv)
+    t_begin = time.time()
+    deadline = t_begin + a.deadline_s
+    em = Emitter(a.out)
+    em.emit(type="header", schema=SCHEMA, mode="write", node=a.node, pid=os.getpid(), pgid=os.getpgid(0),
+            python=sys.version.split()[0], direct_requested=a.direct, block_bytes=a.block_bytes,
+            streams=a.streams, interval_s=a.interval_s, t_s=t_begin)
+    try:  # a stale stop file (a run before this one) would end the writing at once
+        os.remove(a.stop_file)
+    except FileNotFoundError:
+        pass
+    paths = [os.path.join(a.dir, f"kvgate-g3-write-{i}.data") for i in range(max(1, a.files))]
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    direct_used, direct_error = False, None
+    try:
+        os.makedirs(a.dir, exist_ok=True)
+        if a.direct in ("auto", "on") and hasattr(os, "O_DIRECT"):
+            try:
+                os.close(os.open(paths[0], flags | os.O_DIRECT, 0o644))
+                flags |= os.O_DIRECT
+                direct_used = True
+            except OSError as exc:
+                direct_error = f"O_DIRECT open failed: {exc}"
+                if a.direct == "on":
+                    raise
+    except OSError as exc:
+        em.emit(type="error", message=f"arming failed: {exc}")
+        em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)
+        return 3
+    counter = iter(range(1 << 62))
+    clock = threading.Lock()
+
+    def next_file():
+        with clock:
+            return next(counter)
+
+    stop = threading.Event()
+    errors: list[str] = []
+    workers = [WriteWorker(next_file, paths, a.file_bytes, a.block_bytes, flags, stop, errors)
+               for _ in range(max(1, a.streams))]
+    em.emit(type="armed", t_s=time.time(), files=len(paths), bytes_expected=None, direct_used=direct_used,
+            direct_error=direct_error)
+    t0 = arm_and_start(em, a.armed_file, a.go_file, deadline, workers, True)
+    if t0 is None:
+        return 4
+
+    def check_stop():
+        if not stop.is_set() and os.path.exists(a.stop_file):
+            stop.set()
+
+    total = sample_until_done(em, workers, t0, a.interval_s, deadline, a.deadline_s, errors, "writing", check_stop)
+    stopped = stop.is_set()
+    if not stopped:
+        em.emit(type="error", message="every writer stream ended before the stop file appeared")
+    completed = stopped and not errors
+    em.emit(type="end", t_s=time.time(), bytes=total, completed=completed, stopped=stopped,
+            files_done=sum(w.files_done for w in workers))
+    return 0 if completed else 7
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "create":
         return create(argv[1:])
+    if argv and argv[0] == "write":
+        return write(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--manifest", required=True, help="JSON {files: [relative names], ...} in the pool")
     ap.add_argument("--pool-dir", required=True)
@@ -237,39 +407,10 @@ def main(argv=None):
     workers = [Worker(queue, qlock, fds, sizes, a.block_bytes, errors) for _ in range(max(1, a.streams))]
     em.emit(type="armed", t_s=time.time(), files=len(fds), bytes_expected=expected,
             direct_used=direct_used, direct_error=direct_error)
-    with open(a.armed_file + ".tmp", "w") as fh:
-        fh.write(f"{time.time()}\n")
-    os.replace(a.armed_file + ".tmp", a.armed_file)
-
-    go = wait_for_go(a.go_file, deadline)
-    if go is None:
-        em.emit(type="error", message="no go signal before the deadline")
-        em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)
+    t0 = arm_and_start(em, a.armed_file, a.go_file, deadline, workers, a.start_priority == "auto")
+    if t0 is None:
         return 4
-    realtime = a.start_priority == "auto" and set_start_priority(True)
-    sleep_until(go)
-    t0 = time.time()
-    for w in workers:
-        w.start()
-    if realtime:
-        set_start_priority(False)
-    em.emit(type="start", t_s=t0, go_s=go, start_priority="fifo" if realtime else "normal")
-    last_t, last_b = t0, 0
-    while any(w.is_alive() for w in workers):
-        nxt = last_t + a.interval_s
-        while time.time() < nxt and any(w.is_alive() for w in workers):
-            time.sleep(min(0.01, max(0.0, nxt - time.time())))
-        now = time.time()
-        total = sum(w.nbytes for w in workers)
-        em.emit(type="sample", t0_s=last_t, t1_s=now, bytes=total - last_b)
-        last_t, last_b = now, total
-        if now > deadline:
-            em.emit(type="error", message=f"deadline of {a.deadline_s} s reached while reading")
-            em.emit(type="end", t_s=now, bytes=total, completed=False, files_done=sum(w.files_done for w in workers))
-            os._exit(6)
-    for e in errors:
-        em.emit(type="error", message=e)
-    total = sum(w.nbytes for w in workers)
+    total = sample_until_done(em, workers, t0, a.interval_s, deadline, a.deadline_s, errors, "reading")
     done = sum(w.files_done for w in workers)
     completed = not errors and total == expected and done == len(fds)
     em.emit(type="end", t_s=time.time(), bytes=total, completed=completed, files_done=done)

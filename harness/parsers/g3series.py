@@ -77,6 +77,19 @@ def active_span(intervals: Sequence[Interval]) -> tuple[float, float] | None:
     return min(iv.start_s for iv in busy), max(iv.end_s for iv in busy)
 
 
+def longest_idle_s(intervals: Sequence[Interval], start_s: float, end_s: float) -> float:
+    """The longest stretch of [start_s, end_s] that no byte-carrying interval covers: from the window's start to
+    the first busy interval, between busy intervals, and from the last to the window's end (the whole window
+    when none carried bytes). G3's isolation writer must leave no such stretch longer than its bound."""
+    busy = sorted((max(iv.start_s, start_s), min(iv.end_s, end_s)) for iv in intervals
+                  if iv.nbytes > 0 and min(iv.end_s, end_s) > max(iv.start_s, start_s))
+    idle, at = 0.0, start_s
+    for lo, hi in busy:
+        idle = max(idle, lo - at)
+        at = max(at, hi)
+    return max(idle, end_s - at)
+
+
 def common_window(aligned: Mapping[str, Sequence[Interval]]) -> tuple[float, float] | None:
     """The span in which every node was reading: latest first-start to earliest last-end.
 

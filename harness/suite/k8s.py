@@ -65,6 +65,9 @@ def _refusals(cfg: Config) -> list[ConfigIssue]:
         if gate.workload not in RENDERABLE:
             issues.append(index.issue(("gates", i, "workload"), f"gate {gate.id}: render k8s: workload "
                                       f"{gate.workload} has no Kubernetes launcher (only {', '.join(RENDERABLE)})"))
+        elif getattr(cfg.params.get(gate.id), "writer", None) is not None:
+            issues.append(index.issue(("gates", i, "params", "writer"), f"gate {gate.id}: render k8s: a G3 writer "
+                                      "(isolation) runs with the ssh launcher only"))
     if cfg.inventory.k8s is None:
         issues.append(ConfigIssue(str(cfg.inventory_path), None, "k8s",
                                   "render k8s needs a `k8s:` block in the inventory (image, results_claim, ...; "

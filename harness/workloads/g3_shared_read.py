@@ -6,6 +6,10 @@ chunk_tokens x kv_bytes_per_token bytes), created once in the shared pool by one
 reads the whole copy cold (page cache dropped, recorded; O_DIRECT where the mount allows, recorded),
 started together with a measured skew, and reports a per-interval series. The aggregate is taken over the
 time-aligned window in which all nodes were reading.
+
+Isolation (``writer:``): the same readers read the copy twice, alone and then while one further node writes to
+the shared store through the same port for the whole of their read (the reader program in write mode, its
+bytes counted per interval); the gate reports both aggregates and the readers' loss (docs/g3.md, "Isolation").
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import hashlib
 import json
 import posixpath
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -27,8 +32,9 @@ from ..execute.slurm import (SlurmCluster, SlurmJob, job_dir_for, parse_sinfo_no
                              srun_command, unusable_nodes)
 from ..transport.local import LocalTransport
 from ..node import program_path
-from ..parsers.g3series import (NodeSeries, PortRate, aggregate, cross_check_port_rate, nic_ceiling_ratio,
-                                nodes_completed, parse_reader_output, rate_series, start_skew_s)
+from ..parsers.g3series import (GB, NodeSeries, PortRate, active_span, aggregate, bytes_in_window,
+                                cross_check_port_rate, longest_idle_s, nic_ceiling_ratio, nodes_completed,
+                                parse_reader_output, rate_series, start_skew_s)
 from ..units import parse_size_bytes
 from .base import (DROP_CACHES_ARGV, CacheDrop, Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel,
                    ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary,
@@ -36,8 +42,34 @@ from .base import (DROP_CACHES_ARGV, CacheDrop, Evidence, GateContext, PlannedSt
 
 LMCACHE_HEADER_BYTES = 28  # LMCache's fs connector: RemoteMetadata before each chunk's bytes
 MANIFEST = "kvgate-manifest.json"
+WITH_WRITER = "-with-writer"  # the suffix of the readers' files in the isolation read
 # The reader's armed record as it prints it (compact JSON, type first): arming is seen in the stream.
 ARMED_MARKER = b'{"type":"armed"'
+
+
+class G3Writer(StrictModel):
+    """G3's isolation writer: one gate node, not a reader, that writes files to the shared store (through the
+    same port) from the readers' common start until they are done; its bytes are counted per interval."""
+
+    node: str
+    block_bytes: int = Field(default=4 << 20, alias="block")
+    file_bytes: int = Field(default=32 << 20, alias="file")
+    files: int = Field(default=8, ge=1, le=100_000)  # names cycled: the disk used is at most files x file
+    streams: int = Field(default=2, ge=1, le=256)
+    direct: Literal["auto", "on", "off"] = "auto"
+    subdir: str = "kvgate-g3-writes"  # under the writer's pool target; removed after the run
+    # The readers' window may hold no stretch this long without a written byte (else INVALID).
+    max_idle_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("block_bytes", mode="before")
+    @classmethod
+    def _block(cls, v: Any) -> int:
+        return parse_size_bytes(v, multiple_of=4096, what="block")
+
+    @field_validator("file_bytes", mode="before")
+    @classmethod
+    def _file(cls, v: Any) -> int:
+        return parse_size_bytes(v, multiple_of=4096, what="file")
 
 
 class G3Params(StrictModel):
@@ -68,6 +100,8 @@ class G3Params(StrictModel):
     # How the readers start on their nodes: one SSH session each (ssh), or one Slurm job step with a task per
     # node (slurm: the inventory's `slurm:` cluster; docs/launchers.md).
     launcher: Literal["ssh", "slurm"] = "ssh"
+    # Isolation: the readers read alone, then again while this node writes through the same port.
+    writer: G3Writer | None = None
 
     @field_validator("block_bytes", mode="before")
     @classmethod
@@ -116,6 +150,22 @@ def _node_dir(node, gate_id: str) -> str:
     return posixpath.join(node.work_dir, f"g3-{gate_id}-{node.name}")
 
 
+def _writes_dir(node, p: G3Params) -> str:
+    return posixpath.join(target_path(node, node.target(p.pool_target)), p.writer.subdir, node.name)
+
+
+def _writer_spec(node, p: G3Params, program: str, nd: str) -> tuple[LaunchSpec, str]:
+    """The armed writer of the isolation phase, and the node-side stop file that ends its writing."""
+    w = p.writer
+    armed, go, stop = (posixpath.join(nd, f) for f in ("armed-writer", "go-writer", "stop-writer"))
+    argv = ("python3", program, "write", "--dir", _writes_dir(node, p), "--node", node.name,
+            "--file-bytes", str(w.file_bytes), "--files", str(w.files), "--block-bytes", str(w.block_bytes),
+            "--streams", str(w.streams), "--direct", w.direct, "--interval-s", str(p.interval_s),
+            "--armed-file", armed, "--go-file", go, "--stop-file", stop,
+            "--out", posixpath.join(nd, "writer.jsonl"), "--deadline-s", str(p.arm_timeout_s + p.read_timeout_s + 60))
+    return LaunchSpec(argv, armed, go, ARMED_MARKER), stop
+
+
 def _reader_spec(node, p: G3Params, program: str, armed: str, go: str, out: str) -> LaunchSpec:
     """The armed reader of one node: its program, the shared copy, and its armed, go and series files."""
     pool = _pool_dir(node, p)
@@ -139,10 +189,9 @@ class G3Pool(BaseModel):
     report: str | None = None
 
 
-class G3NodeRecord(BaseModel):
-    """One reader node as the run saw it: its launched process (harness.execute.fanout.NodeRun: rc, pids, when
-    it armed and was told to go), what its reader reported (O_DIRECT used or why not, bytes read, completion,
-    samples), and the error that failed the node, if any. A node that never started has only ``error``."""
+class G3Process(BaseModel):
+    """A launched G3 program as the run saw it (harness.execute.fanout.NodeRun: rc, pids, when it armed and was
+    told to go) and the error that failed its node, if any. A node that never started has only ``error``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -155,6 +204,12 @@ class G3NodeRecord(BaseModel):
     go_written_at_s: float | None = None
     pid: int | None = None
     pgid: int | None = None
+
+
+class G3NodeRecord(G3Process):
+    """One reader node as the run saw it: its process, and what its reader reported (O_DIRECT used or why not,
+    bytes read, completion, samples)."""
+
     direct_used: bool | None = None
     direct_error: str | None = None
     start_priority: str | None = None
@@ -190,6 +245,48 @@ class G3Aggregate(BaseModel):
     reason: str | None = None
 
 
+class G3WriterRecord(G3Process):
+    """The isolation writer as the run saw it: its process, what it wrote, and what of that fell inside the
+    readers' common window of the with-writer read (reference clock)."""
+
+    dir: str | None = None
+    direct_used: bool | None = None
+    direct_error: str | None = None
+    bytes_written: float | None = None  # the writer's own total
+    completed: bool | None = None  # stopped on the stop file, no write failed
+    truncated: bool | None = None
+    samples: int | None = None
+    writer_errors: list[str] = []
+    parse_error: str | None = None
+    active_s: float | None = None  # first to last byte-carrying interval
+    write_gb_s: float | None = None  # bytes_written over active_s
+    window_bytes: float | None = None  # written inside the readers' common window
+    window_write_gb_s: float | None = None
+    longest_idle_s: float | None = None  # inside the readers' window
+
+
+class G3Isolation(BaseModel):
+    """The isolation run: the readers' second read with the writer, compared with their first, alone; both
+    aggregates over the readers that completed both reads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    writer: str
+    order: list[str] = ["alone", "with_writer"]
+    alone: G3Aggregate | None = None
+    with_writer: G3Aggregate | None = None
+    readers_loss: float | None = None  # 1 - with_writer / alone, aggregate
+    per_node_loss: dict[str, float] = {}
+    compared: list[str] = []
+    reason: str | None = None  # why there is no loss
+    nodes: dict[str, G3NodeRecord] = {}  # the readers in the with-writer read
+    failed_nodes: dict[str, str] = {}
+    page_cache_dropped: dict[str, CacheDrop] = {}
+    writer_record: G3WriterRecord | None = None
+    launch: G3Launch | None = None
+    series: dict[str, list[tuple[float, float]]] = {}  # readers' and writer's rate (GB/s) over time, from the go
+
+
 class G3Evidence(Evidence, SeriesEvidence):
     """G3's evidence: the port and its line rate, the KV copy, clocks and cache drops, each reader's record,
     the launch, the aggregate over the common window, and every reader's rate over time (the report's
@@ -220,13 +317,118 @@ class G3Evidence(Evidence, SeriesEvidence):
     launcher: str = "ssh"
     slurm_job: dict[str, Any] | None = None  # harness.execute.slurm.SlurmJob.record(): job id, nodes, scontrol
     k8s_job: dict[str, Any] | None = None  # kvgate collect (harness.suite.k8s): the Job, its go.json, each pod's record
+    isolation: G3Isolation | None = None
 
 
 def evaluate_g3(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, policy: FailurePolicy,
-                min_window_s: float, offset_uncertainty_s: float, go_ref_s: float | None) -> WorkloadResult:
+                min_window_s: float, offset_uncertainty_s: float, go_ref_s: float | None,
+                with_writer: dict[str, NodeSeries] | None = None, writer: NodeSeries | None = None,
+                max_idle_s: float = 2.0) -> WorkloadResult:
     """Pure: G3's metrics and validity from every reader's parsed series and the evidence gathered so far
     (``ev.nodes``, ``ev.failed_nodes``, ``ev.page_cache_dropped``); fills in the aggregate, the start skew
-    and the per-node rate series the report draws."""
+    and the per-node rate series the report draws. With ``ev.isolation`` (a writer): also the readers' second
+    read (``with_writer``) and the writer's series, judged by :func:`evaluate_isolation`."""
+    res = _evaluate_alone(ev, series, port, policy, min_window_s, offset_uncertainty_s, go_ref_s)
+    if ev.isolation is None:
+        return res
+    metrics, checks, error, invalid = evaluate_isolation(ev, series, with_writer or {}, writer, policy,
+                                                         min_window_s, max_idle_s)
+    ev.validity = [*ev.validity, *checks]
+    return WorkloadResult({**res.metrics, **metrics}, ev, error=res.error or error,
+                          invalid_reason=None if res.error or error else res.invalid_reason or invalid)
+
+
+def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer: dict[str, NodeSeries],
+                       writer: NodeSeries | None, policy: FailurePolicy, min_window_s: float, max_idle_s: float
+                       ) -> tuple[dict[str, float], list[ValidityCheck], str | None, str | None]:
+    """Pure: the isolation run's metrics, validity, error and invalid reason. The readers' loss compares the two
+    reads over the readers that completed both (each read's own common window); the writer must have written
+    inside the with-writer window with no idle stretch over ``max_idle_s``, else the comparison is INVALID."""
+    iso = ev.isolation
+    failed = {**ev.failed_nodes, **iso.failed_nodes}
+    both = [n for n in ev.readers if n not in failed and n in alone and n in with_writer]
+    a = aggregate({n: alone[n] for n in both}, min_window_s=min_window_s)
+    w = aggregate({n: with_writer[n] for n in both}, min_window_s=min_window_s)
+    metrics: dict[str, float] = {"nodes_completed_with_writer": float(nodes_completed(with_writer))}
+    if w.aggregate_read_gb_s is not None:
+        metrics["aggregate_read_gb_s_with_writer"] = w.aggregate_read_gb_s
+    loss = per_node = None
+    reason = None
+    if a.aggregate_read_gb_s is None or w.aggregate_read_gb_s is None:
+        reason = f"no {'alone' if a.aggregate_read_gb_s is None else 'with-writer'} aggregate: " \
+                 f"{(a if a.aggregate_read_gb_s is None else w).reason}"
+    elif a.aggregate_read_gb_s <= 0:
+        reason = "the readers read nothing alone"
+    else:
+        loss = 1.0 - w.aggregate_read_gb_s / a.aggregate_read_gb_s
+        metrics["readers_loss"] = loss
+        per_node = {n: 1.0 - w.per_node_read_gb_s[n] / a.per_node_read_gb_s[n] for n in both
+                    if a.per_node_read_gb_s.get(n)}
+    rec = iso.writer_record or G3WriterRecord(node=iso.writer, error="not started")
+    wrote = None
+    if writer is not None and w.window_start_s is not None and w.window_end_s is not None:
+        ivs = writer.aligned()
+        span = active_span(ivs)
+        wb = bytes_in_window(ivs, w.window_start_s, w.window_end_s)
+        idle = longest_idle_s(ivs, w.window_start_s, w.window_end_s)
+        active = span[1] - span[0] if span else 0.0
+        rec = rec.model_copy(update=dict(
+            active_s=active, write_gb_s=(writer.total_bytes or 0.0) / active / GB if active > 0 else None,
+            window_bytes=wb, window_write_gb_s=wb / w.window_s / GB if w.window_s > 0 else None,
+            longest_idle_s=idle))
+        if rec.window_write_gb_s is not None:
+            metrics["writer_write_gb_s"] = rec.window_write_gb_s
+        wrote = wb > 0 and idle <= max_idle_s
+    series = dict(with_writer)
+    if writer is not None:
+        series[f"{iso.writer} (writer)"] = writer
+    ev.isolation = iso.model_copy(update=dict(
+        alone=G3Aggregate.model_validate(a.as_dict()), with_writer=G3Aggregate.model_validate(w.as_dict()),
+        readers_loss=loss, per_node_loss=per_node or {}, compared=both, reason=reason, writer_record=rec,
+        series=rate_series(series, iso.launch.go_ref_s if iso.launch else None)))
+    group = GroupResult({n: NodeOutcome(n, n not in failed, None, failed.get(n)) for n in ev.readers})
+    error = policy.verdict_error(group)
+    drops = iso.page_cache_dropped
+    not_cold = [n for n in with_writer if n not in failed and not (iso.nodes.get(n) and iso.nodes[n].direct_used)
+                and not (n in drops and drops[n].dropped)]
+    if rec.error:
+        why = f"the writer {iso.writer} failed: {rec.error}"
+    elif wrote is None:
+        why = f"the writer {iso.writer} wrote nothing the readers' window can be checked against"
+    elif not wrote:
+        why = (f"the writer {iso.writer} did not write through the readers' window: {rec.window_bytes:.0f} bytes in "
+               f"its {w.window_s:.2f} s, longest idle stretch {rec.longest_idle_s:.2f} s (bound {max_idle_s:g} s)")
+    else:
+        why = None
+    checks = [
+        ValidityCheck(name="writer wrote", ok=why is None,
+                      claim=f"the writer {iso.writer} wrote through the same port for the whole with-writer window",
+                      how=why or (f"{rec.window_bytes / 1e6:.1f} MB written in the readers' {w.window_s:.2f} s window "
+                                  f"({rec.window_write_gb_s:.3f} GB/s), longest idle stretch {rec.longest_idle_s:.2f} s "
+                                  f"(bound {max_idle_s:g} s)"),
+                      figure="longest writer idle", value=rec.longest_idle_s, unit="s"),
+        ValidityCheck(name="comparison", ok=loss is not None,
+                      claim="the same readers read alone and with the writer, each in a common window",
+                      how=reason or (f"{', '.join(both)}: {a.aggregate_read_gb_s:.4f} GB/s alone over {a.window_s:.2f} s,"
+                                     f" {w.aggregate_read_gb_s:.4f} GB/s with the writer over {w.window_s:.2f} s"),
+                      figure="readers' loss", value=loss, unit="ratio"),
+        ValidityCheck(name="cold (with writer)", ok=bool(with_writer) and not not_cold,
+                      claim="every reader's second read came from the shared copy, not its page cache",
+                      how=("not cold on " + ", ".join(not_cold)) if not_cold else
+                      "O_DIRECT or the page cache dropped again on every reader")]
+    if error:
+        return metrics, checks, f"with the writer: {error}", None
+    if why:
+        return metrics, checks, None, why
+    if loss is None:
+        return metrics, checks, None, f"no readers' loss: {reason}"
+    if not_cold:
+        return metrics, checks, None, f"not cold with the writer: {', '.join(not_cold)}"
+    return metrics, checks, None, None
+
+
+def _evaluate_alone(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, policy: FailurePolicy,
+                    min_window_s: float, offset_uncertainty_s: float, go_ref_s: float | None) -> WorkloadResult:
     failed = ev.failed_nodes
     ok_series = {n: s for n, s in series.items() if n not in failed}
     agg = aggregate(ok_series, min_window_s=min_window_s)
@@ -305,12 +507,18 @@ class G3SharedRead(Workload):
         "fairness_min_max": "ratio",
         "nodes_completed": "count",
         "start_skew_s": "s",
+        # isolation (writer:) only
+        "readers_loss": "ratio",
+        "aggregate_read_gb_s_with_writer": "GB/s",
+        "writer_write_gb_s": "GB/s",
+        "nodes_completed_with_writer": "count",
     }
 
     # ---- config-time checks
     def _roles(self, p: G3Params, nodes: dict) -> tuple[str, str, list[str]]:
         port_node, _, nic = p.port.partition(":")
-        readers = list(p.readers) if p.readers else [n for n in nodes if n != port_node]
+        writer = p.writer.node if p.writer else None
+        readers = list(p.readers) if p.readers else [n for n in nodes if n not in (port_node, writer)]
         return port_node, nic, readers
 
     def validate_against(self, params, nodes):
@@ -338,14 +546,37 @@ class G3SharedRead(Workload):
                            "a reader is silent between samples"))
         if params.create_on and params.create_on not in readers:
             issues.append((("create_on",), f"create_on {params.create_on!r} is not a reader"))
+        w = params.writer
+        if w is not None:
+            wn = nodes.get(w.node)
+            if params.launcher != "ssh":
+                issues.append((("writer",), f"a writer (isolation) runs with launcher ssh only, not {params.launcher}"))
+            if wn is None:
+                issues.append((("writer", "node"), f"writer {w.node!r} is not among the gate's nodes "
+                               f"(expected one of {', '.join(nodes)})"))
+            elif w.node == port_node:
+                issues.append((("writer", "node"), f"writer {w.node!r} is the port's node: it must write through "
+                               "the port, from another node"))
+            elif w.node in readers:
+                issues.append((("writer", "node"), f"writer {w.node!r} is also a reader: the writer is a further node"))
+            else:
+                t = wn.target(params.pool_target)
+                if t is None or t.kind != "directory":
+                    issues.append((("writer", "node"), f"writer {w.node!r} has no directory target "
+                                   f"{params.pool_target!r} to write to"))
         return issues
 
     # ---- plan (pure)
-    def _reader_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[LaunchSpec, tuple[str, ...]]:
+    def _reader_argv(self, ctx: GateContext, node, p: G3Params, phase: str = ""
+                     ) -> tuple[LaunchSpec, tuple[str, ...]]:
         nd = _node_dir(node, ctx.gate.id)
-        spec = _reader_spec(node, p, posixpath.join(nd, "g3_reader.py"), posixpath.join(nd, "armed"),
-                            posixpath.join(nd, "go"), posixpath.join(nd, "series.jsonl"))
+        spec = _reader_spec(node, p, posixpath.join(nd, "g3_reader.py"), posixpath.join(nd, "armed" + phase),
+                            posixpath.join(nd, "go" + phase), posixpath.join(nd, f"series{phase}.jsonl"))
         return spec, spec.argv
+
+    def _writer_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[LaunchSpec, str]:
+        nd = _node_dir(node, ctx.gate.id)
+        return _writer_spec(node, p, posixpath.join(nd, "g3_reader.py"), nd)
 
     def _create_argv(self, ctx: GateContext, node, p: G3Params) -> tuple[str, ...]:
         nd = _node_dir(node, ctx.gate.id)
@@ -361,7 +592,8 @@ class G3SharedRead(Workload):
         creator = ctx.nodes[p.create_on or readers[0]]
         out = [PlannedStep(port_node, f"line rate of {nic} (cross-check)", ("cat", f"/sys/class/net/{nic}/speed")),
                PlannedStep(port_node, f"shaping of {nic} (cross-check)", ("tc", "-j", "qdisc", "show", "dev", nic))]
-        for r in readers:  # the reader program goes into this directory (a file copy, not a command)
+        writer = p.writer.node if p.writer else None
+        for r in readers + ([writer] if writer else []):  # the program goes here (a file copy, not a command)
             out.append(PlannedStep(r, "create the node's directory for kvgate's reader",
                                    ("mkdir", "-p", _node_dir(ctx.nodes[r], ctx.gate.id))))
         manifest = posixpath.join(_pool_dir(creator, p), MANIFEST)
@@ -378,6 +610,21 @@ class G3SharedRead(Workload):
             spec, _ = self._reader_argv(ctx, node, p)
             out.append(PlannedStep(r, "armed reader (a stale go/armed file removed first): opens every file, "
                                    "waits for the common start", spec.command()))
+            if writer:
+                if p.drop_caches:
+                    out.append(PlannedStep(r, "drop the page cache again before the read with the writer (recorded)",
+                                           DROP_CACHES_ARGV))
+                out.append(PlannedStep(r, f"armed reader, second read: released together with the writer {writer}",
+                                       self._reader_argv(ctx, node, p, WITH_WRITER)[0].command()))
+        if writer:
+            wnode = ctx.nodes[writer]
+            out.append(PlannedStep(writer, f"measure clock offset: one command, {p.clock_samples} round trips over "
+                                   "its open stdin (a newline in, the node's time out)", CLOCK_SESSION_ARGV))
+            spec, _ = self._writer_argv(ctx, wnode, p)
+            out.append(PlannedStep(writer, f"armed writer: released with the readers' second read, writes into "
+                                   f"{_writes_dir(wnode, p)} until its stop file is put there (a file copy) once "
+                                   "the readers are done", spec.command()))
+            out.append(PlannedStep(writer, "remove what the writer wrote", ("rm", "-rf", "--", _writes_dir(wnode, p))))
         return out
 
     # ---- the slurm launcher: nothing is sent to a node but through Slurm, from the control host
@@ -506,6 +753,7 @@ class G3SharedRead(Workload):
         nodes_dir = ctx.gate_dir / "nodes"
         nodes_dir.mkdir(parents=True, exist_ok=True)
         tr = {r: ctx.transports[r] for r in readers}
+        writer = p.writer.node if p.writer else None
 
         # 1. The port's line rate: declared, cross-checked where the port's node lets us read it.
         port = self._port_rate(ctx, port_node, nic)
@@ -522,22 +770,30 @@ class G3SharedRead(Workload):
 
         prep = fan_out(tr, prepare)
         self._check_policy(prep, policy, "preparing nodes", ev)
+        if writer:  # no writer, no isolation to measure: its node failing is the gate's error
+            ev.isolation = G3Isolation(writer=writer)
+            wprep = fan_out({writer: ctx.transports[writer]}, prepare)
+            if wprep.failed:
+                raise WorkloadError(f"preparing the writer {writer}: {wprep.failed[writer]}")
 
         # 3. The KV copy, once.
         creator = p.create_on or next(r for r in readers if r in prep.succeeded)
         ev.pool = self._ensure_copy(ctx, creator, p)
 
         live = {r: tr[r] for r in prep.succeeded}
-        # 4. Clock offsets, cold caches.
+        # 4. Clock offsets (the writer's too: it is released with the readers), cold caches.
         t_phase = time.monotonic()
-        offs = measure_clock_offsets(live, samples=p.clock_samples, timeout_s=p.clock_probe_timeout_s)
-        ctx.progress(f"{ctx.gate.id}: clock offsets of {len(offs.succeeded)}/{len(live)} nodes in "
+        offs = measure_clock_offsets({**live, **({writer: ctx.transports[writer]} if writer else {})},
+                                     samples=p.clock_samples, timeout_s=p.clock_probe_timeout_s)
+        if writer and writer not in offs.succeeded:
+            raise WorkloadError(f"the writer {writer}'s clock offset: {offs.failed.get(writer)}")
+        ctx.progress(f"{ctx.gate.id}: clock offsets of {len(offs.succeeded)}/{len(offs)} nodes in "
                      f"{time.monotonic() - t_phase:.1f} s")
         applied = {n: applied_offset_s(o, p.clock_alignment) for n, o in offs.succeeded.items()}
         ev.clock_offsets = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
         ev.clock_alignment = p.clock_alignment
         ev.clock_offset_errors = offs.failed
-        live = {r: live[r] for r in offs.succeeded}
+        live = {r: live[r] for r in offs.succeeded if r in live}
         if p.drop_caches:
             t_phase = time.monotonic()
             drops = fan_out(live, lambda _n, t: drop_caches(ctx, t, timeout_s=120))
@@ -551,8 +807,59 @@ class G3SharedRead(Workload):
         launch = SynchronizedLaunch(live, specs, applied, policy, log_dir=ctx.gate_dir)
         self._arm_release_wait(ctx, p, launch, policy, len(live))
         uncertainty = max((o.uncertainty_s for o in offs.succeeded.values()), default=0.0)
+        if not writer:
+            return self._collect(ctx, p, readers, launch, applied, prep.failed, offs.failed, uncertainty, port,
+                                 policy, ev)
+        # 6. Isolation: the readers that read alone read again, released together with the writer; not when
+        # the first read already failed beyond the policy (its error is the verdict).
+        again = {r: live[r] for r in live if launch.runs[r].error is None}
+        first = GroupResult({r: NodeOutcome(r, r in again, None, None if r in again else "failed") for r in readers})
+        if not again or policy.verdict_error(first):
+            return self._collect(ctx, p, readers, launch, applied, prep.failed, offs.failed, uncertainty, port,
+                                 policy, ev)
+        try:
+            launch2 = self._with_writer(ctx, p, again, writer, applied, policy, ev)
+        finally:
+            wnode = ctx.nodes[writer]
+            r = ctx.steps.run(ctx.transports[writer], "writer-cleanup", ("rm", "-rf", "--", _writes_dir(wnode, p)),
+                              timeout_s=120)
+            if not r.ok:
+                ctx.progress(f"{ctx.gate.id}: what the writer wrote was not removed: {r.summary()}")
         return self._collect(ctx, p, readers, launch, applied, prep.failed, offs.failed, uncertainty, port, policy,
-                             ev)
+                             ev, launch2)
+
+    def _with_writer(self, ctx: GateContext, p: G3Params, readers: dict, writer: str, applied: dict[str, float],
+                     policy: FailurePolicy, ev: G3Evidence) -> SynchronizedLaunch:
+        """The readers' second read with the writer: caches dropped again, readers and writer armed and released
+        at one instant, the readers waited for, then the writer told to stop (its stop file put) and waited for."""
+        if p.drop_caches:
+            drops = fan_out(readers, lambda _n, t: drop_caches(ctx, t, timeout_s=120))
+            ev.isolation = ev.isolation.model_copy(update={"page_cache_dropped": {
+                n: o.value if o.ok else CacheDrop(dropped=False, error=o.error) for n, o in drops.items()}})
+        wspec, stop_path = self._writer_argv(ctx, ctx.nodes[writer], p)
+        specs = {r: self._reader_argv(ctx, ctx.nodes[r], p, WITH_WRITER)[0] for r in readers}
+        specs[writer] = wspec
+        transports = {**readers, writer: ctx.transports[writer]}
+        launch = SynchronizedLaunch(transports, specs, applied, policy, log_dir=ctx.gate_dir / "with-writer")
+        with launch:
+            ctx.progress(f"{ctx.gate.id}: arming {len(readers)} readers and the writer {writer}")
+            armed = launch.arm(timeout_s=p.arm_timeout_s)
+            rgroup = GroupResult({n: armed[n] for n in readers})
+            if writer not in armed.succeeded or not policy.tolerates(rgroup) or not rgroup.succeeded:
+                launch.stop_all("arming failed (the writer, or readers beyond the failure policy)")
+                return launch
+            go = launch.release()
+            ctx.progress(f"{ctx.gate.id}: released at {go:.3f} with the writer {writer}")
+            launch.wait(timeout_s=p.read_timeout_s, stall_timeout_s=p.stall_timeout_s, nodes=list(readers))
+            with tempfile.TemporaryDirectory(prefix="kvgate-stop-") as tmp:
+                stop = Path(tmp) / "stop"
+                stop.write_text("stop\n")
+                try:
+                    ctx.transports[writer].put(stop, stop_path)
+                except Exception as exc:  # noqa: BLE001 - an unreachable writer is stopped by its group instead
+                    launch.stop_all(f"the writer's stop file could not be put: {exc}")
+            launch.wait(timeout_s=max(30.0, 20 * p.interval_s), stall_timeout_s=p.stall_timeout_s, nodes=[writer])
+        return launch
 
     def _port_rate(self, ctx: GateContext, port_node: str, nic: str) -> PortRate:
         declared = next(n.line_rate_gbit_s for n in ctx.nodes[port_node].nics if n.name == nic)
@@ -581,10 +888,63 @@ class G3SharedRead(Workload):
 
     def _collect(self, ctx: GateContext, p: G3Params, readers: list[str], launch: SynchronizedLaunch,
                  applied: dict[str, float], prep_failed: dict[str, str], offs_failed: dict[str, str],
-                 uncertainty: float, port: PortRate, policy: FailurePolicy, ev: G3Evidence) -> WorkloadResult:
-        # 6. Per-node raw series (partial ones too), parsed.
-        nodes_dir = ctx.gate_dir / "nodes"
+                 uncertainty: float, port: PortRate, policy: FailurePolicy, ev: G3Evidence,
+                 launch2: SynchronizedLaunch | None = None) -> WorkloadResult:
+        # 7. Per-node raw series (partial ones too), parsed.
         ev.port_rate = vars(port) | {"notes": list(port.notes)}
+        series, node_ev, failed = self._gather(ctx, readers, launch, applied, prep_failed, offs_failed, "reader")
+        ev.nodes = node_ev
+        ev.failed_nodes = failed
+        ev.launch = G3Launch(go_ref_s=launch.go_ref_s, events=launch.events)
+        with_writer = writer = None
+        if launch2 is not None:
+            iso = ev.isolation
+            later = [r for r in readers if r not in failed]
+            if launch2.runs[iso.writer].armed_at_s is None:  # the readers were stopped for the writer's sake
+                later = []
+            with_writer, iso_nodes, iso_failed = self._gather(ctx, later, launch2, applied, {}, {},
+                                                              "reader" + WITH_WRITER)
+            writer, wrec = self._gather_writer(ctx, p, iso.writer, launch2, applied)
+            ev.isolation = iso.model_copy(update=dict(
+                nodes=iso_nodes, failed_nodes=iso_failed, writer_record=wrec,
+                launch=G3Launch(go_ref_s=launch2.go_ref_s, events=launch2.events)))
+        result = evaluate_g3(ev, series, port, policy, p.min_window_s, uncertainty, launch.go_ref_s, with_writer,
+                             writer, p.writer.max_idle_s if p.writer else 2.0)
+        write_summary(ctx.gate_dir, "g3.json", result)
+        return result
+
+    def _gather_writer(self, ctx: GateContext, p: G3Params, name: str, launch: SynchronizedLaunch,
+                       applied: dict[str, float]) -> tuple[NodeSeries | None, G3WriterRecord]:
+        """The writer's raw stream kept and parsed: its series (bytes written per interval) and its record."""
+        run = launch.runs.get(name)
+        if run is None or run.process is None:
+            return None, G3WriterRecord(node=name, error=(run.error if run else None) or "not started")
+        ndir = ctx.gate_dir / "nodes" / name
+        ndir.mkdir(parents=True, exist_ok=True)
+        write_gate_file(ndir / "writer.jsonl", run.stdout)
+        write_gate_file(ndir / "writer.stderr", run.stderr)
+        info: dict[str, Any] = run.as_dict() | {"dir": _writes_dir(ctx.nodes[name], p)}
+        series = None
+        try:
+            out = parse_reader_output(run.stdout, name, applied[name], source=str(ndir / "writer.jsonl"))
+            series = out.series
+            info.update(direct_used=out.armed.get("direct_used"), direct_error=out.armed.get("direct_error"),
+                        bytes_written=out.series.total_bytes, completed=out.series.completed,
+                        truncated=out.truncated, samples=len(out.series.intervals), writer_errors=list(out.errors))
+        except Exception as exc:  # noqa: BLE001 - unparseable output fails the writer
+            info["parse_error"] = str(exc)
+            run.error = run.error or f"writer output unparseable: {exc}"
+        if run.error is None and not info.get("completed"):
+            run.error = "writer did not end on its stop file: " + "; ".join(info.get("writer_errors") or
+                                                                           ["no end record"])
+        info["error"] = run.error
+        return series, G3WriterRecord.model_validate(info)
+
+    def _gather(self, ctx: GateContext, readers: list[str], launch: SynchronizedLaunch, applied: dict[str, float],
+                prep_failed: dict[str, str], offs_failed: dict[str, str], stem: str
+                ) -> tuple[dict[str, NodeSeries], dict[str, G3NodeRecord], dict[str, str]]:
+        """Every reader's raw stream kept (``nodes/<node>/<stem>.jsonl``) and parsed: series, records, failures."""
+        nodes_dir = ctx.gate_dir / "nodes"
         series: dict[str, NodeSeries] = {}
         node_ev: dict[str, G3NodeRecord] = {}
         failed: dict[str, str] = {}
@@ -596,12 +956,12 @@ class G3SharedRead(Workload):
                 continue
             ndir = nodes_dir / name
             ndir.mkdir(parents=True, exist_ok=True)
-            write_gate_file(ndir / "reader.jsonl", run.stdout)
-            write_gate_file(ndir / "reader.stderr", run.stderr)
+            write_gate_file(ndir / f"{stem}.jsonl", run.stdout)
+            write_gate_file(ndir / f"{stem}.stderr", run.stderr)
             info: dict[str, Any] = run.as_dict()
             try:
                 out = parse_reader_output(run.stdout, name, applied[name],
-                                          source=str(ndir / "reader.jsonl"))
+                                          source=str(ndir / f"{stem}.jsonl"))
                 info.update(direct_used=out.armed.get("direct_used"), direct_error=out.armed.get("direct_error"),
                             start_priority=out.start.get("start_priority"),
                             bytes_read=out.series.total_bytes, completed=out.series.completed,
@@ -616,12 +976,7 @@ class G3SharedRead(Workload):
                 failed[name] = run.error
             info["error"] = run.error
             node_ev[name] = G3NodeRecord.model_validate(info)
-        ev.nodes = node_ev
-        ev.failed_nodes = failed
-        ev.launch = G3Launch(go_ref_s=launch.go_ref_s, events=launch.events)
-        result = evaluate_g3(ev, series, port, policy, p.min_window_s, uncertainty, launch.go_ref_s)
-        write_summary(ctx.gate_dir, "g3.json", result)
-        return result
+        return series, node_ev, failed
 
     def _check_policy(self, group: GroupResult, policy: FailurePolicy, what: str, ev: G3Evidence) -> None:
         ev.phase_failures = {**ev.phase_failures, what: group.failed}

@@ -133,6 +133,39 @@ def test_g3_end_to_end_passes_near_the_shaped_ceiling_and_bundle_verifies(rig, t
     assert table[0] == "node,t_s,read_gb_s" and {r.split(",")[0] for r in table[1:]} == set(spec.node_names())
 
 
+def test_isolation_four_readers_alone_then_while_a_fifth_node_writes_through_the_port(rig, tmp_path):
+    # Before the fault tests (they kill n3). The writer n8 writes into the pool through the same shaped port
+    # (st0's two directions are shaped alike: its writes and the reads share the port, not one direction).
+    spec, _ = rig
+    readers = ["n1", "n2", "n3", "n4"]
+    res, out = run_g3(rig, tmp_path, readers=readers, writer={"node": "n8", "files": 4})
+    v = res.verdicts[0]
+    assert v.outcome is Outcome.PASS, v.reason
+    ev, m = v.evidence, v.metrics
+    iso = ev["isolation"]
+    assert iso["writer"] == "n8" and iso["compared"] == readers and sorted(ev["nodes"]) == readers
+    # the writer wrote through the readers' whole window, its bytes counted and checked
+    w = iso["writer_record"]
+    assert w["completed"] and w["error"] is None and w["window_bytes"] > 0
+    assert w["longest_idle_s"] <= 2.0 and w["bytes_written"] >= w["window_bytes"]
+    assert m["writer_write_gb_s"] == pytest.approx(w["window_write_gb_s"]) and m["writer_write_gb_s"] > 0
+    checks = {c["name"]: c["ok"] for c in ev["validity"]}
+    assert checks["writer wrote"] and checks["comparison"] and checks["cold (with writer)"]
+    # the loss is the readers' aggregate with the writer against the same readers' aggregate alone
+    alone, with_w = iso["alone"], iso["with_writer"]
+    assert m["readers_loss"] == pytest.approx(1 - with_w["aggregate_read_gb_s"] / alone["aggregate_read_gb_s"])
+    assert sorted(iso["per_node_loss"]) == readers and sorted(with_w["per_node_read_gb_s"]) == readers
+    assert with_w["aggregate_read_gb_s"] <= 1.02 * 0.5 / 8  # never above the shaped port
+    g3 = res.run_dir / "gates" / "G3"
+    for n in readers:
+        assert (g3 / "nodes" / n / "reader-with-writer.jsonl").stat().st_size > 0
+    assert '"mode":"write"' in (g3 / "nodes" / "n8" / "writer.jsonl").read_text()
+    # what the writer wrote is removed, and nothing of kvgate's is left running on any node
+    assert not (spec.pool_dir / "kvgate-g3-writes" / "n8").exists()
+    assert readers_left(spec) == {n: [] for n in spec.node_names()}
+    assert verify_bundle(res.bundle.path, out / "k.pub").ok
+
+
 def test_node_killed_mid_read_is_error_with_partial_series_others_kept(rig, tmp_path):
     spec, _ = rig
     victim = "n3"

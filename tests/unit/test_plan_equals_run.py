@@ -123,6 +123,13 @@ def g3_shared_read(tmp_path) -> Scenario:
     return Scenario(cfg, "G3", scripted)
 
 
+def g3_isolation(tmp_path) -> Scenario:
+    """G3 with a writer (isolation): readers n1, n2 read alone and again while w writes, as test_g3_isolation
+    scripts them."""
+    from test_g3_isolation import nodes, suite
+    return Scenario(suite(tmp_path), "G3", nodes())
+
+
 def g2_ttft_attached(tmp_path) -> Scenario:
     """G2 on an engine someone else runs: the operator's restart on one node, the pool on another."""
     cfg = attach_config(tmp_path, log="journalctl -u vllm --no-pager")
@@ -240,6 +247,7 @@ SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
 }
 # More ways to run a workload than its first scenario: (workload, id, scenario)
 MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached),
+                  ("g3-shared-read", "g3-isolation", g3_isolation),
                   ("pd-handoff", "pd-handoff-two-nodes", pd_handoff_two_nodes),
                   ("pd-handoff", "pd-handoff-storage-side", pd_handoff_storage_side),
                   ("pd-handoff", "pd-handoff-attached", pd_handoff_attached)]
