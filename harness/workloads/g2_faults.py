@@ -42,7 +42,6 @@ from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import RequestRecord, run_requests_sync
 from ..errors import WorkloadError
 from ..execute.undo import UndoLog
-from ..parsers.engine_log import scan_fallbacks
 from ..parsers.prometheus import counter_delta
 from ..rigs import faults as F
 from ..stats import percentile
@@ -50,7 +49,7 @@ from .base import GateContext, PlannedStep, StrictModel, ValidityCheck, Workload
     target_path, write_gate_file, write_summary
 from .engine import fallbacks_between, pool_contents, pool_files_argv, stored_kv_tokens
 from .fio_faults import check_operator_fields, one_at_a_time
-from .g2_ttft import G2Evidence, G2Params, G2Setup, G2Ttft, launch_values
+from .g2_ttft import G2Evidence, G2Params, G2Setup, G2Ttft
 from .phases import PhaseRunner
 
 STEP_TIMEOUT_S = 60.0
@@ -447,12 +446,7 @@ class G2Faults(G2Ttft):
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2FaultsParams = self._pool_root(ctx, ctx.params)
         prof = load_profile(p.engine)
-        node = next(iter(ctx.nodes.values()))
-        v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
-                          node.engine_python)
-        argv, env = prof.render_argv(v), prof.render_env(v)
-        n = len(p.prompt_tokens) * p.prompts_per_length
-        steps = self._plan_launch_setup(p, prof, node, v)
+        node, v, argv, env, n, steps = self._plan_launched(ctx, p, prof)
         server, mount_point = "<the pool mount's server>", "<the pool's mount point>"
         held = held_path(node.work_dir, ctx.gate.id)
         if needs_mount(p):

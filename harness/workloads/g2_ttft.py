@@ -390,17 +390,21 @@ class G2Ttft(Workload):
             return json.loads(Path(p.model_config_path).read_text())
         return dict(DEFAULT_CPU_REF_MODEL)
 
+    def _plan_launched(self, ctx: GateContext, p: G2Params, prof: EngineProfile):
+        """The plan's head for an engine kvgate launches on the gate's node: (node, launch values, argv, env,
+        prompt count, the set-up steps)."""
+        node = next(iter(ctx.nodes.values()))
+        v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
+                          node.engine_python)
+        n = len(p.prompt_tokens) * p.prompts_per_length
+        return node, v, prof.render_argv(v), prof.render_env(v), n, self._plan_launch_setup(p, prof, node, v)
+
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2Params = ctx.params
         prof = load_profile(p.engine)
         if p.attach is not None:
             return self._plan_attached(p, prof, ctx)
-        node = next(iter(ctx.nodes.values()))
-        v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
-                          node.engine_python)
-        argv, env = prof.render_argv(v), prof.render_env(v)
-        n = len(p.prompt_tokens) * p.prompts_per_length
-        steps = self._plan_launch_setup(p, prof, node, v)
+        node, v, argv, env, n, steps = self._plan_launched(ctx, p, prof)
         warm = "; one unrelated warm-up prompt first (recorded, not in the statistics)" if p.warmup else ""
         check = "; its log is checked for fall-back / connector-failure lines (a match is INVALID)"
         steps += [
