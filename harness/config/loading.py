@@ -2,7 +2,8 @@
 
 The workload registry is handed in (``load_config(..., workloads=WORKLOADS)``), so configuration does not
 import the workloads it validates: a registry maps a workload name to a class with ``Params`` (a pydantic
-model for ``params:``), ``METRICS`` (metric -> unit) and ``validate_against(params, nodes)``.
+model for ``params:``), ``METRICS`` (metric -> unit) and ``validate_against(params, nodes)``; optionally
+``metric_issue(params, metric)``, why a metric it has is not one these params produce (or None).
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None
             issues.extend(exc.issues)
             continue
         params_out[gate.id] = params
+        metric_issue = getattr(wl, "metric_issue", None)  # a metric the workload has, but not in this mode
+        why = metric_issue(params, gate.metric) if metric_issue is not None and unit is not None else None
+        if why:
+            issues.append(index.issue(at + ("metric",), why))
         if inventory is not None:
             nodes = []
             for j, n in enumerate(gate.nodes or []):

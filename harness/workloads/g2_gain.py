@@ -482,6 +482,19 @@ class G2Gain(Workload):
     EvidenceModel = GainEvidence
     METRICS = GainMetricTable({**GAIN_FIGURES, "tier_hit_rate": "ratio", **CAPACITY_METRICS})
 
+    @staticmethod
+    def metric_issue(params: GainParams, metric: str) -> str | None:
+        """A capacity sweep has only the capacity figures; a gain run has none of them."""
+        fig, at, label = metric.partition("@")
+        capacity_metric = metric in CAPACITY_METRICS or (bool(at) and bool(SWEEP_LABEL_RE.fullmatch(label))
+                                                         and fig in CAPACITY_FIGURES)
+        if params.capacity is not None and not capacity_metric:
+            return (f"metric {metric!r} is not measured by a capacity sweep (capacity: runs the tier arm alone; "
+                    f"expected one of {', '.join(sorted(CAPACITY_METRICS))} or FIGURE@x<working set>)")
+        if params.capacity is None and metric in CAPACITY_METRICS:
+            return f"metric {metric!r} needs capacity: (a working-set sweep); this gate compares the two arms"
+        return None
+
     def validate_against(self, params, nodes):
         if params.capacity is not None:
             return self._validate_sweep(params, nodes)

@@ -153,6 +153,21 @@ def test_bad_capacity_params_are_config_errors_naming_file_line_and_field(tmp_pa
     assert "g.yaml:" in text and where in text and message in text, text
 
 
+@pytest.mark.parametrize("metric, ok", [("goodput_gain", False), ("ttft_p95_ratio", False), ("capacity_hit_rate", True),
+                                        ("tier_hit_rate@x2", True), ("knee_x", True)])
+def test_a_capacity_gate_judges_only_what_a_sweep_measures(tmp_path, metric, ok):
+    # a gain figure on a capacity gate passed validation and was missing at run time (ERROR after the engine ran)
+    pass_ = {"knee_x": ">= 1 x", "goodput_gain": ">= 10 %", "ttft_p95_ratio": ">= 10 %"}.get(metric, ">= 90 %")
+    d = sweep_gate(tmp_path, metric=metric, pass_=pass_)
+    if ok:
+        load_config(d / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+        return
+    with pytest.raises(ConfigError) as exc:
+        load_config(d / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    text = str(exc.value)
+    assert "g.yaml:" in text and "metric" in text and "not measured by a capacity sweep" in text, text
+
+
 # ------------------------------------------------------------------------------------------- scripted run
 
 

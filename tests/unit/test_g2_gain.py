@@ -331,3 +331,10 @@ def test_a_trace_is_replayed_on_both_arms_with_its_reuse_accounted_and_its_hit_r
     # the second request's first block (32 of 128 prompt tokens) is the trace's reuse, and the tier served it
     assert ev.reusable_share == pytest.approx(0.25) and result.metrics["tier_hit_rate"] == pytest.approx(1.0)
     assert [p.accounting.tier_hit_tokens for p in ev.arms["tier"].points] == [32, 32]
+
+
+def test_a_gain_gate_cannot_judge_a_capacity_figure(tmp_path):
+    d = gain_gate(tmp_path, BASE, metric="capacity_hit_rate", pass_=">= 90 %", stop=None)
+    with pytest.raises(ConfigError) as exc:
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    assert "g.yaml:" in str(exc.value) and "needs capacity:" in str(exc.value), str(exc.value)
