@@ -11,13 +11,20 @@
 # fill whichever worker is free, a module at a time (its module-scoped fixtures are set up once). An integration
 # module in neither list runs in the engine lane: never side by side with another integration module.
 # Paths under tests/, matched on the node id's end, so they hold whatever directory pytest runs from.
-GUEST_LANE = frozenset({
+# The qemu guests, in the order the guest lane runs them: first, longest first, then the rigs below. The engine
+# lane starts with the load gates (g2-gain, g2-load: goodput, and a client-lag bound that makes a starved client's
+# run INVALID); a rig's tens of sshd, slurmd and reader processes beside them starved the client (one full run:
+# client lag p99 628 ms against the gate's 250 ms while test_g3_rig32 and test_g3_slurm ran), a qemu guest (one
+# emulating core) did not.
+GUEST_LANE_ORDER = (
     "integration/test_kv_read_loopback.py",
     "integration/test_nvmeof_guest.py",
     "integration/test_faults_guest.py",
     "integration/test_loopback_guest.py",
     "e2e/test_loopback_main_command.py",
-    # no engine: beside the guests
+)
+# no engine: beside the guests, after them
+NO_ENGINE = (
     "integration/test_g3_rig.py",
     "integration/test_g3_rig32.py",
     "integration/test_g3_slurm.py",
@@ -36,20 +43,8 @@ GUEST_LANE = frozenset({
     "integration/test_third_party_verification.py",
     "integration/test_transport_contract.py",
     "integration/test_write_guard_loop.py",
-})
-
-
-# The guest lane's order: the qemu guests first, longest first, then the rigs. The engine lane starts with the
-# load gates (g2-gain, g2-load: goodput, and a client-lag bound that makes a starved client's run INVALID); a rig's
-# tens of sshd, slurmd and reader processes beside them starved the client (one full run: client lag p99 628 ms
-# against the gate's 250 ms while test_g3_rig32 and test_g3_slurm ran), a qemu guest (one emulating core) did not.
-GUEST_LANE_ORDER = (
-    "integration/test_kv_read_loopback.py",
-    "integration/test_nvmeof_guest.py",
-    "integration/test_faults_guest.py",
-    "integration/test_loopback_guest.py",
-    "e2e/test_loopback_main_command.py",
 )
+GUEST_LANE = frozenset(GUEST_LANE_ORDER + NO_ENGINE)
 
 
 def run_order(nodeid: str) -> int:
