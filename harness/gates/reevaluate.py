@@ -253,7 +253,7 @@ def _g2_load(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str,
     .reevaluate_load); the device bytes as the run recorded them, an engine fall-back as the run judged it."""
     ev = result.get("evidence") or {}
     texts: dict[str, dict[str, str]] = {"requests": {}, "counters": {}}
-    for pt in ev.get("points") or []:
+    for pt in (ev.get("points") or []) + (ev.get("spoiled") or []):  # the attempts set aside are judged too
         for key, kind, what in (("requests_file", "requests", "a load point's requests"),
                                 ("counters_file", "counters", "a load point's engine counters")):
             name = pt.get(key)
@@ -292,7 +292,7 @@ def _g2_gain(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str,
     for arm, arm_ev in (ev.get("arms") or {}).items():
         if arm not in ("tier", "no_tier"):
             continue
-        for pt in arm_ev.get("points") or []:
+        for pt in (arm_ev.get("points") or []) + (arm_ev.get("spoiled") or []):
             for key, kind, what in (("requests_file", "requests", "a load point's requests"),
                                     ("counters_file", "counters", "a load point's engine counters")):
                 name = pt.get(key)

@@ -238,7 +238,10 @@ def view(ev: G2LoadEvidence, llmd_paths: list[str]) -> dict[str, Any]:
         "knee_text": load_text(ev.knee.median, ev.load_kind) if ev.knee is not None else None,
         "max_goodput": _interval_view(ev.max_goodput), "max_client_lag_p99_s": ev.max_client_lag_p99_s,
         "min_read_fraction": ev.min_read_fraction, "points": points, "accounting": accounting_rows(ev),
-        "llmd": llmd_paths,
+        "llmd": llmd_paths, "repeat_spoiled": ev.repeat_spoiled or 0, "client_priority": ev.client_priority,
+        "spoiled": [{"label": pt.label, "trial": pt.trial, "attempt": pt.attempt, "requests_file": pt.requests_file,
+                     "client_lag_p99_s": pt.figures.client_lag_p99_s if pt.figures is not None else None}
+                    for pt in ev.spoiled],
     }
 
 

@@ -690,8 +690,8 @@ class G2Gain(Workload):
                     shapes.append(CapacityPoint(label=label, trial=t, working_set_x=x, sessions=n,
                                                 working_set_tokens=n * spec.context_tokens, requests=len(trace.requests),
                                                 reusable_tokens=float(reusable_tokens(trace))))
-                    points.append(load._point(actx, view, prof, runner, setup, counters, t, label, 0.0, trace, p.seed,
-                                              vocab, arm_ev))
+                    points.append(load._attempts(actx, view, prof, runner, setup, counters, t, label, 0.0, trace,
+                                                 p.seed, vocab, arm_ev))
             logs = runner.close(logs=True)
             closed = True
             fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "tier")
@@ -767,8 +767,8 @@ class G2Gain(Workload):
                 first = first_arm(t)
                 for arm in (first, "no_tier" if first == "tier" else "tier"):
                     ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}, {arm} arm")
-                    points[arm].append(load._point(ctxs[arm], p, profs[arm], runners[arm], setups[arm], counters[arm],
-                                                   t, label, lv, trace, seed, vocab, arm_ev[arm]))
+                    points[arm].append(load._attempts(ctxs[arm], p, profs[arm], runners[arm], setups[arm],
+                                                      counters[arm], t, label, lv, trace, seed, vocab, arm_ev[arm]))
             for arm in ARMS:
                 logs = runners[arm].close(logs=True)
                 opened.remove(arm)

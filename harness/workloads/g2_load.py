@@ -48,7 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import STOP_POLL_S, CompletionRequest, RequestRecord
-from ..engines.load import LoadPoint, LoadRecord, arrival_offsets, closed_loop, knee, load_point, open_loop
+from ..engines.load import (LoadPoint, LoadRecord, arrival_offsets, client_priority, closed_loop, knee, load_point,
+                            open_loop)
 from ..errors import ConfigError, WorkloadError
 from ..load.prompts import block_ids, prompt_ids
 from ..load.reuse import reuse_stats
@@ -149,6 +150,9 @@ class G2LoadParams(G2EngineParams):
     tpot_slo_s: float | None = Field(default=None, gt=0)
     knee_percentile: Literal[50, 90, 95, 99] = 95
     max_client_lag_p99_s: float = Field(default=0.001, gt=0)
+    # attempts the gate may set aside as spoiled by its own client (client lag over the bound) and repeat with new
+    # prompts, per engine (g2-gain: per arm); 0: a spoiled attempt makes the gate INVALID
+    repeat_spoiled: int = Field(default=0, ge=0, le=20)
     prompt_tokens: int = Field(default=512, ge=2)
     shared_prefix_tokens: int = Field(default=256, ge=0)  # per prefix group, at the start of every prompt
     prefix_groups: int = Field(default=1, ge=1)           # distinct shared prefixes, requests round-robin
@@ -205,6 +209,7 @@ class PointTrial(LoadModel):
     load: float                                  # users (closed), requests/s (open), the trace's mean rate
     load_kind: Literal["concurrency", "rate_rps", "trace"]
     trial: int                                   # 1-based
+    attempt: int = 0                             # 0; k: the k-th repeat of an attempt set aside as spoiled
     seed: int                                    # of its prompts (and of its arrivals, open loop)
     requests: int
     requests_file: str                           # requests-<label>-t<trial>.jsonl in the gate's directory
@@ -292,8 +297,11 @@ class G2LoadEvidence(Evidence):
     knee_figure: str | None = None               # the figure the knee is judged on: ttft_p95_s
     max_client_lag_p99_s: float | None = None
     min_read_fraction: float | None = None
+    repeat_spoiled: int | None = None            # attempts that may be set aside as spoiled by the client
+    client_priority: str | None = None           # how the load client's thread was scheduled (its nice value)
     # the results
     points: list[PointTrial] = []
+    spoiled: list[PointTrial] = []               # attempts set aside (client lag over the bound), each repeated
     summary: list[PointSummary] = []
     knee_per_trial: list[float | None] = []      # None: even the lowest load missed the SLO
     knee: MetricInterval | None = None
@@ -491,7 +499,7 @@ def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "tra
             ev.max_goodput = interval(ev.max_goodput_per_trial)
             _emit(metrics, "max_goodput_rps", ev.max_goodput)
     ev.points = list(points)
-    invalid = fallback
+    invalid = fallback or spoiled_issue(ev.spoiled, points, ev.repeat_spoiled or 0, ev.max_client_lag_p99_s or 0.001)
     if invalid is None:
         bad = next((p for p in points if p.invalid_reason), None)
         if bad is not None:
@@ -505,6 +513,36 @@ def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "tra
         errs = [p for p in points if p.error]
         error = f"not one request of the run succeeded; first: {errs[0].error if errs else 'no request was sent'}"
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
+
+
+def spoiled_by_client(pt: PointTrial, max_client_lag_p99_s: float) -> bool:
+    """Pure: whether an attempt's own records show that the client missed its schedule (client lag p99 over the
+    bound): the one reason an attempt may be set aside and repeated. A slow server never is: its attempt counts."""
+    return pt.figures is not None and pt.figures.client_lag_p99_s > max_client_lag_p99_s
+
+
+def spoiled_issue(spoiled: list[PointTrial], points: list[PointTrial], repeat_spoiled: int,
+                  max_client_lag_p99_s: float) -> str | None:
+    """Pure: why the attempts set aside as spoiled are not all justified (None when they are): more of them than
+    ``repeat_spoiled`` allows, one whose records keep the schedule (set aside without cause), or one with no
+    repeat after it (attempt k of a point and trial is followed by attempt k + 1, spoiled or counted)."""
+    if len(spoiled) > repeat_spoiled:
+        return f"{len(spoiled)} attempts were set aside as spoiled by the client; the gate allows {repeat_spoiled}"
+    have = {(p.label, p.trial, p.attempt) for p in list(spoiled) + list(points)}
+    for pt in spoiled:
+        where = f"load point {pt.label}, trial {pt.trial}, attempt {pt.attempt}"
+        if not spoiled_by_client(pt, max_client_lag_p99_s):
+            lag = "no figures" if pt.figures is None else f"client lag p99 {pt.figures.client_lag_p99_s * 1e3:.3f} ms"
+            return (f"{where} was set aside as spoiled by the client, but its records keep the schedule ({lag}, "
+                    f"bound {max_client_lag_p99_s * 1e3:g} ms): an attempt set aside without cause")
+        if (pt.label, pt.trial, pt.attempt + 1) not in have:
+            return f"{where} was set aside as spoiled, but no attempt {pt.attempt + 1} follows it"
+    for pt in points:
+        missing = [k for k in range(pt.attempt) if (pt.label, pt.trial, k) not in have]
+        if missing:
+            return (f"load point {pt.label}, trial {pt.trial} counts attempt {pt.attempt}, but attempt {missing[0]} "
+                    "before it is not recorded")
+    return None
 
 
 def records_from_jsonl(text: str) -> list[LoadRecord]:
@@ -529,6 +567,15 @@ def reevaluate_load(evidence: dict[str, Any], requests: dict[str, str], counters
     (``counters_text``: file name -> text; ``counters``: which of them are prompt tokens, memory and tier hits)
     with the device bytes the run recorded, then the same evaluation as the run (:func:`evaluate_load`)."""
     ev = G2LoadEvidence.model_validate(evidence)
+    spoiled = []
+    for pt in ev.spoiled:  # the attempts set aside: their figures again, so their cause is judged on the records
+        text = requests.get(pt.requests_file)
+        if text is None:
+            raise ValueError(f"{pt.requests_file}: missing from the bundle")
+        records = records_from_jsonl(text)
+        spoiled.append(pt.model_copy(update={"figures": load_point(records, ev.ttft_slo_s, ev.tpot_slo_s)
+                                             if records else None}))
+    ev.spoiled = spoiled
     points = []
     for pt in ev.points:
         text = requests.get(pt.requests_file)
@@ -629,7 +676,7 @@ def load_fields(p: G2LoadParams) -> dict[str, Any]:
                 prefix_groups=p.prefix_groups if synthetic else None, max_tokens=p.max_tokens,
                 ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, knee_percentile=p.knee_percentile,
                 knee_figure=f"ttft_p{p.knee_percentile}_s", max_client_lag_p99_s=p.max_client_lag_p99_s,
-                min_read_fraction=p.min_read_fraction)
+                min_read_fraction=p.min_read_fraction, repeat_spoiled=p.repeat_spoiled)
 
 
 # ------------------------------------------------------------------------------------------------ the workload
@@ -710,8 +757,11 @@ class G2Load(Workload):
                     f"{p.load.time_scale or 1.0:g}")
         shape = ("" if k == "trace" else f", prompts of {p.prompt_tokens} tokens sharing {p.shared_prefix_tokens} "
                  f"per {p.prefix_groups} prefix group(s)")
+        again = (f"; an attempt its own client spoils (client lag p99 over {p.max_client_lag_p99_s * 1e3:g} ms) is set "
+                 f"aside and repeated with new prompts ({p.repeat_spoiled} repeat{'s' if p.repeat_spoiled != 1 else ''} "
+                 "at most per engine)" if p.repeat_spoiled else "")
         return (f"{what}{shape}, {p.max_tokens} output tokens at most; the engine's counters before and after; "
-                f"every request to requests-{label}-t{trial}.jsonl")
+                f"every request to requests-{label}-t{trial}.jsonl{again}")
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2LoadParams = ctx.params
@@ -811,8 +861,8 @@ class G2Load(Workload):
                 self._settled_metrics(ctx, eng, counters, mw, (setup.warm[0].prompt_tokens or 0) if ok else 0)
             for t, label, load in self._schedule(p):
                 ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}")
-                points.append(self._point(ctx, p, prof, runner, setup, counters, t, label, load, trace, seed, vocab,
-                                          ev))
+                points.append(self._attempts(ctx, p, prof, runner, setup, counters, t, label, load, trace, seed,
+                                             vocab, ev))
             logs = runner.close(logs=True)
             closed = True
             fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "load")
@@ -847,35 +897,37 @@ class G2Load(Workload):
 
     def _point(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, runner: PhaseRunner, setup,
                counters: Counters, t: int, label: str, load: float, trace: Trace | None, seed: int, vocab: int,
-               ev: G2LoadEvidence) -> PointTrial:
+               ev: G2LoadEvidence, attempt: int = 0) -> PointTrial:
         """One point × trial, a phase of the runner: counters, pool device and log before, the requests (and the
-        engine's counting of them), the same after."""
-        pseed = point_seed(seed, label, t)
+        engine's counting of them), the same after. ``attempt`` k > 0 (a repeat of a spoiled attempt): new prompts
+        (no KV of the attempt before can be reused) and files of its own (``requests-LABEL-tT-aK.jsonl``)."""
+        pseed = point_seed(seed, label if not attempt else f"{label}+{attempt}", t)
         reqs, offsets = self._requests(p, label, load, t, pseed, vocab, trace)
         kind = {"closed": "concurrency", "open": "rate_rps", "trace": "trace"}[p.load.kind]
         if trace is not None:
             load = len(reqs) / trace.duration_s if trace.duration_s > 0 else 0.0
-        name = f"requests-{label}-t{t}.jsonl"
-        pt = PointTrial(label=label, load=load, load_kind=kind, trial=t, seed=pseed, requests=len(reqs),
-                        requests_file=name)
+        tag = f"{label}-t{t}" + (f"-a{attempt}" if attempt else "")
+        name = f"requests-{tag}.jsonl"
+        pt = PointTrial(label=label, load=load, load_kind=kind, trial=t, attempt=attempt, seed=pseed,
+                        requests=len(reqs), requests_file=name)
         eng = setup.engine
 
         def send() -> list[LoadRecord]:
             base = eng.metrics() if counters.any else None
             pt.started_unix_s = time.time()
-            out = self._send(ctx, p, prof, eng.base_url, reqs, offsets, load)
+            out = self._send(ctx, p, prof, eng.base_url, reqs, offsets, load, ev)
             # the runner reads the counters after this returns: once the engine has counted these requests
             self._settled_metrics(ctx, eng, counters, base, sum(r.record.prompt_tokens or 0 for r in out
                                                                  if r.record.ok))
             return out
 
-        rec = runner.phase(f"{label}-t{t}", send, device=lambda: self._pool_stat(ctx, setup, ev))
+        rec = runner.phase(tag, send, device=lambda: self._pool_stat(ctx, setup, ev))
         records, reading = rec.output, rec.engines["engine"]
         m0, m1, s0, s1 = reading.metrics_before, reading.metrics_after, rec.device_before, rec.device_after
         write_gate_file(ctx.gate_dir / name, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
         if m0 is not None and m1 is not None:
             names = counters.prompt_tokens + counters.memory_hit_tokens + counters.tier_hit_tokens + list(counters.extra)
-            pt.counters_file = f"counters-{label}-t{t}.json"
+            pt.counters_file = f"counters-{tag}.json"
             write_gate_file(ctx.gate_dir / pt.counters_file, json.dumps(
                 {when: {n: metric_total(m, [n]) for n in names} for when, m in (("before", m0), ("after", m1))},
                 indent=1))
@@ -901,10 +953,29 @@ class G2Load(Workload):
             pt.error = f"every request failed; first: {first}"
         return pt
 
+    def _attempts(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, runner: PhaseRunner, setup,
+                  counters: Counters, t: int, label: str, load: float, trace: Trace | None, seed: int, vocab: int,
+                  ev: G2LoadEvidence) -> PointTrial:
+        """One point × trial as :meth:`_point`, repeated with new prompts while its attempt was spoiled by the client
+        (:func:`spoiled_by_client`) and ``repeat_spoiled`` allows one more (counted over ``ev``: the run, or one
+        arm); every attempt set aside goes to ``ev.spoiled`` with its files, and the last attempt counts."""
+        attempt = 0
+        while True:
+            pt = self._point(ctx, p, prof, runner, setup, counters, t, label, load, trace, seed, vocab, ev, attempt)
+            if not spoiled_by_client(pt, p.max_client_lag_p99_s) or len(ev.spoiled) >= p.repeat_spoiled:
+                return pt
+            ev.spoiled.append(pt)
+            ctx.progress(f"{ctx.gate.id}: trial {t}, load point {label}: attempt {attempt} set aside, spoiled by the "
+                         f"client ({pt.invalid_reason}); repeating with new prompts "
+                         f"({len(ev.spoiled)} of {p.repeat_spoiled} repeats used)")
+            attempt += 1
+
     def _send(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, base_url: str,
-              reqs: list[CompletionRequest], offsets: list[float] | None, load: float) -> list[LoadRecord]:
-        """A point's requests, open loop on their schedule or closed loop by users; the gate's cancellation drops
-        them and raises Cancelled."""
+              reqs: list[CompletionRequest], offsets: list[float] | None, load: float,
+              ev: G2LoadEvidence | None = None) -> list[LoadRecord]:
+        """A point's requests, open loop on their schedule or closed loop by users, from a thread of raised priority
+        (harness.engines.load.client_priority, what it did in ``ev.client_priority``); the gate's cancellation
+        drops them and raises Cancelled."""
         ctx.cancel.check()
         kw = dict(transport=ctx.http, timeout_s=ctx.cancel.bound_timeout_s(p.request_timeout_s),
                   path=prof.api.request_path, api=prof.api.shape())
@@ -912,7 +983,10 @@ class G2Load(Workload):
             coro = open_loop(base_url, reqs, offsets, p.served_model_name, **kw)
         else:
             coro = closed_loop(base_url, reqs, int(load), p.served_model_name, **kw)
-        records = asyncio.run(_until_stopped(coro, ctx.cancel))
+        with client_priority() as how:
+            if ev is not None:
+                ev.client_priority = how
+            records = asyncio.run(_until_stopped(coro, ctx.cancel))
         ctx.cancel.check()
         return records
 

@@ -64,7 +64,8 @@ def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_pa
     # a trial whose no-tier arm met no request's SLO has no goodput ratio (x / 0): the interval leaves it out and
     # says over how many trials it stands (seen once at load ~10: the first trial's two arms both at 0)
     defined = [t for t in ev["pairs"] if t["goodput_rps"]["no_tier"] > 0]
-    assert len(ev["pairs"]) == 3 and len(defined) >= 2
+    trials = suite["gates"][0]["params"]["trials"]
+    assert len(ev["pairs"]) == trials and len(defined) >= trials - 1
     assert "95 % CI" in v["reason"] and f"{len(defined)} trials" in v["reason"]
     assert {c["name"]: c["ok"] for c in ev["validity"]} == {
         "tier arm valid": True, "no_tier arm valid": True, "tier served the reuse": True,
@@ -72,7 +73,14 @@ def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_pa
     assert m["goodput_gain_ci_trials"] == len(defined) and m["goodput_gain_ci_low"] <= m["goodput_gain"]
     tier, none = ev["proofs"]["tier"], ev["proofs"]["no_tier"]
     # 8 resumed sessions per trial, all but their last two tokens (4096) from the tier
-    assert tier["tier_hit_tokens"] >= 3 * 8 * 4096 and tier["memory_hit_tokens"] == 0
+    assert tier["tier_hit_tokens"] >= trials * 8 * 4096 and tier["memory_hit_tokens"] == 0
+    # the client sent from a thread of raised priority (CI runs as root); an attempt it still spoiled was set aside
+    # and repeated within the gate's allowance, each kept with its requests file
+    for arm in ("tier", "no_tier"):
+        a = ev["arms"][arm]
+        assert " while sending (the thread's own: " in a["client_priority"], a["client_priority"]
+        assert len(a["spoiled"]) <= suite["gates"][0]["params"]["repeat_spoiled"]
+        assert all((bundle / "gates" / "G2-gain" / arm / s["requests_file"]).is_file() for s in a["spoiled"])
     assert none["tier_hit_tokens"] == 0 and none["recomputed_tokens"] == none["prompt_tokens"]
     vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith(f"OK {bundle.name}"), vr.stdout + vr.stderr

@@ -3,6 +3,7 @@ real verdict code, its configuration errors, and a scripted run (a scripted node
 that sends exactly the commands `kvgate plan` lists."""
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -488,3 +489,105 @@ def test_a_bundle_re_derives_the_same_metrics_and_verdict_from_its_requests_and_
     metrics, invalid = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
     assert metrics["ttft_p99_s@c1"] > result.metrics["ttft_p99_s@c1"]
     assert invalid is not None and invalid.startswith("load point c1, trial 1: client lag p99")
+
+
+# ------------------------------------------------------------------------------ attempts spoiled by the client
+
+
+class StallsOnce(PrefixEngine):
+    """The engine double, but its first completion after the warm-up holds the client's event loop for ``stall_s``
+    (as a client starved of CPU would be held): the requests due after it leave late, the attempt is spoiled by the
+    client."""
+
+    def __init__(self, stall_s: float = 0.4):
+        super().__init__()
+        self.stall_s, self.completions = stall_s, 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/completions"):
+            self.completions += 1
+            if self.completions == 2:
+                time.sleep(self.stall_s)
+        return super().__call__(request)
+
+
+SPOILABLE = {**BASE, "load": {"rates_rps": [50.0]}, "trials": 1, "max_client_lag_p99_s": 0.1}
+
+
+def test_an_attempt_spoiled_by_the_client_is_set_aside_and_repeated_with_new_prompts_and_re_derived(tmp_path):
+    from harness.gates.reevaluate import REDERIVERS
+    d = gate_config(tmp_path, {**SPOILABLE, "repeat_spoiled": 1}, metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    engine = StallsOnce()
+    ctx = gate_context(tmp_path, cfg, scripted_node(), engine)
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    ev: G2LoadEvidence = result.evidence
+    (spoiled,), (kept,) = ev.spoiled, ev.points
+    assert (spoiled.attempt, kept.attempt) == (0, 1) and spoiled.figures.client_lag_p99_s > 0.1
+    assert kept.figures.client_lag_p99_s <= 0.1 and kept.requests_file == "requests-r50-t1-a1.jsonl"
+    assert (ctx.gate_dir / spoiled.requests_file).exists() and (ctx.gate_dir / kept.requests_file).exists()
+    # the repeat sent new prompts: nothing of the spoiled attempt's KV can serve it
+    first, again = engine.prompts[1:4], engine.prompts[4:7]  # prompts[0]: the warm-up
+    assert len(first) == len(again) == 3 and not {tuple(p[32:]) for p in first} & {tuple(p[32:]) for p in again}
+    assert result.metrics["knee_rate_rps"] == 50.0  # from the kept attempt only
+    assert ev.client_priority
+    # a third party re-derives the same, judging the attempt set aside on its own records
+    signed = json.loads(json.dumps(result.as_dict()))
+    metrics, invalid = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    assert invalid is None and metrics == pytest.approx(result.metrics)
+    # an attempt set aside whose records keep the schedule (a signer who dropped an attempt they did not like)
+    f = ctx.gate_dir / spoiled.requests_file
+    recs = [json.loads(line) for line in f.read_text().splitlines()]
+    f.write_text("".join(json.dumps({**r, "sent_s": r["due_s"], "lag_s": 0.0}) + "\n" for r in recs))
+    metrics, invalid = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    assert invalid is not None and "set aside without cause" in invalid and "trial 1, attempt 0" in invalid
+
+
+def test_without_repeats_allowed_the_spoiled_attempt_counts_and_makes_the_gate_invalid(tmp_path):
+    d = gate_config(tmp_path, SPOILABLE, metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    ctx = gate_context(tmp_path, cfg, scripted_node(), StallsOnce())
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.evidence.spoiled == [] and [p.attempt for p in result.evidence.points] == [0]
+    assert result.invalid_reason.startswith("load point r50, trial 1: client lag p99")
+
+
+def test_attempts_set_aside_beyond_the_allowance_or_without_a_repeat_make_the_gate_invalid():
+    late, on_time = fig(lag_s=0.5), fig(lag_s=0.0)
+
+    def at(attempt: int, figures: LoadPoint, trial: int = 1) -> PointTrial:
+        return point("c1", 1.0, trial, figures).model_copy(update={"attempt": attempt})
+
+    def judge(spoiled, points, allowed=2):
+        ev = G2LoadEvidence(max_client_lag_p99_s=0.1, repeat_spoiled=allowed, spoiled=spoiled)
+        return evaluate_load(points, "closed", 1.0, evidence=ev).invalid_reason
+
+    assert judge([at(0, late), at(1, late)], [at(2, on_time)]) is None
+    assert "3 attempts were set aside" in judge([at(0, late), at(1, late), at(2, late)], [at(3, on_time)])
+    assert "no attempt 1 follows it" in judge([at(0, late)], [at(0, on_time, trial=2)])
+    assert "attempt 0 before it is not recorded" in judge([], [at(1, on_time)])
+    assert "set aside without cause" in judge([at(0, on_time)], [at(1, on_time)])
+    # the statistics are the kept attempts': a late attempt set aside moves nothing
+    ev = G2LoadEvidence(max_client_lag_p99_s=0.1, repeat_spoiled=1, spoiled=[at(0, fig(ttft_p95_s=9.0, lag_s=0.5))])
+    assert evaluate_load([at(1, on_time)], "closed", 1.0, evidence=ev).metrics["ttft_p95_s@c1"] == pytest.approx(0.1)
+
+
+def test_the_load_client_sends_from_a_thread_of_raised_priority_and_puts_it_back(monkeypatch):
+    import os
+    import threading
+    from harness.engines.load import client_priority
+    tid = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, tid)
+    with client_priority(-3) as how:
+        inside = os.getpriority(os.PRIO_PROCESS, tid)
+    assert os.getpriority(os.PRIO_PROCESS, tid) == before
+    if os.geteuid() == 0:
+        assert inside == max(-20, before - 3) and how.startswith(f"nice {inside} while sending")
+
+    def refuse(*_a):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "setpriority", refuse)
+    with client_priority(-3) as how:
+        assert os.getpriority(os.PRIO_PROCESS, tid) == before
+    assert "refused (Operation not permitted)" in how
