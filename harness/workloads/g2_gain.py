@@ -53,7 +53,8 @@ from .base import GateContext, PlannedStep, ValidityCheck, Workload, WorkloadRes
     write_summary
 from .g2_capacity import (CAPACITY_FIGURES, CAPACITY_METRICS, CapacityEvidence, CapacityPoint, CapacitySpec,
                           evaluate_capacity, point_levels, reusable_tokens, sweep_issues, sweep_points, sweep_trace)
-from .g2_load import (Counters, G2Load, G2LoadEvidence, G2LoadParams, LoadSpec, MetricInterval, MetricTable,
+from .g2_load import (Counters, G2Load, G2LoadEvidence, G2LoadParams, LoadAttachParams, LoadSpec, MetricInterval,
+                      MetricTable,
                       PointTrial, accounting_counters, evaluate_load, g2_view, load_fields, point_invalid,
                       read_load_trace, reevaluate_load, token_accounting)
 from .g2_ttft import G2Ttft, launch_values
@@ -77,12 +78,26 @@ class GainParams(G2LoadParams):
     no_tier_engine: str | None = None      # the arm without the tier (default: engine + its no_tier_flag)
     engine_cache_tokens: int | None = Field(default=None, ge=1)  # both arms' engine memory (engine_cache_flag)
     min_tier_reuse_share: float = Field(default=0.9, ge=0, le=1)  # of the tier arm's reused tokens, from the tier
+    # attach mode: the arm without the tier is an engine someone else runs too (``attach:`` is the tier arm's)
+    no_tier_attach: LoadAttachParams | None = None
 
     @model_validator(mode="after")
     def _prefix(self) -> "GainParams":
         if (self.load is None) == (self.capacity is None):
             raise ValueError("give exactly one of load (the gain: the same load with the tier and without) or "
                              "capacity (the capacity curve: a working-set sweep)")
+        if self.no_tier_attach is not None or (self.attach is not None and self.capacity is None):
+            if self.capacity is not None:
+                raise ValueError("no_tier_attach: a capacity sweep runs the tier arm alone")
+            if self.attach is None or self.no_tier_attach is None:
+                raise ValueError("attach (the engine with the tier) and no_tier_attach (the same engine without it) "
+                                 "go together: both arms attached, or both launched")
+            if self.attach.url.rstrip("/") == self.no_tier_attach.url.rstrip("/"):
+                raise ValueError(f"attach and no_tier_attach both name {self.attach.url}: one engine cannot be both "
+                                 "arms (give the URL of a second engine, the same model without the tier)")
+            if self.engine_cache_tokens is not None:
+                raise ValueError("engine_cache_tokens: an attached engine's memory is its operator's (size both "
+                                 "arms alike in their deployments)")
         if self.capacity is not None:
             given = [k for k in ("requests_per_point", "prompt_tokens", "shared_prefix_tokens", "prefix_groups",
                                  "no_tier_engine") if k in self.model_fields_set]
@@ -501,9 +516,7 @@ class G2Gain(Workload):
         issues = G2Load().validate_against(params, nodes)
         issues = [(path, msg.replace("g2-load", "g2-gain")) for path, msg in issues]
         if params.attach is not None:
-            issues.append((("attach",), "g2-gain launches both arms itself (two engines, one with the tier and one "
-                           "without); an attached pair is not supported yet"))
-            return issues
+            return issues + self._validate_attached(params, nodes)
         try:
             prof = load_profile(params.engine)
         except ConfigError:
@@ -524,6 +537,30 @@ class G2Gain(Workload):
         if params.engine_cache_tokens is not None and not cap.engine_cache_flag:
             issues.append((("engine_cache_tokens",), f"profile {prof.name!r} declares no capabilities."
                            "engine_cache_flag: bound its engine memory in the profile instead"))
+        return issues
+
+    @staticmethod
+    def _validate_attached(params: GainParams, nodes) -> list[tuple[tuple, str]]:
+        """An attached pair: the arm without the tier is an attach profile of the same engine, its log command on
+        one of the gate's nodes (the tier arm's attach: is g2-load's, checked above)."""
+        issues: list[tuple[tuple, str]] = []
+        a = params.no_tier_attach
+        assert a is not None
+        for path, name in a.as_g2().named_nodes():
+            if name not in nodes:
+                issues.append((("no_tier_attach",) + path[1:], f"node {name!r} is not one of the gate's nodes "
+                               f"({', '.join(nodes) or 'none'})"))
+        if params.no_tier_engine is not None:
+            try:
+                prof, other = load_profile(params.engine), load_profile(params.no_tier_engine)
+            except ConfigError as exc:
+                return issues + [(("no_tier_engine",), str(exc.issues[0]))]
+            if other.engine != prof.engine:
+                issues.append((("no_tier_engine",), f"profile {other.name!r} runs {other.engine}, not {prof.engine}: "
+                               "both arms must be the same engine"))
+            if other.launches:
+                issues.append((("no_tier_engine",), f"profile {other.name!r} launches its engine (argv); an attached "
+                               "arm takes a profile without argv"))
         return issues
 
     def _validate_sweep(self, params: GainParams, nodes) -> list[tuple[tuple, str]]:
@@ -552,11 +589,17 @@ class G2Gain(Workload):
 
     def _profiles(self, p: GainParams) -> dict[str, EngineProfile]:
         prof = load_profile(p.engine)
+        if p.attach is not None:  # attached: the profiles say how to talk to each engine, nothing is launched
+            return {"tier": prof, "no_tier": load_profile(p.no_tier_engine) if p.no_tier_engine else prof}
         return {"tier": with_cache(p, prof), "no_tier": no_tier_profile(p, prof)}
 
     @staticmethod
     def _arm_view(p: GainParams, arm: str, longest: int):
         view = g2_view(p, longest)
+        if p.attach is not None and arm == "no_tier":
+            # the second engine, at its own URL; it has no pool (nothing of it is probed on a device)
+            assert p.no_tier_attach is not None
+            return view.model_copy(update={"attach": p.no_tier_attach.as_g2(), "pool_path": None})
         # the second engine listens on the next port when the gate fixes one
         return view if arm == "tier" or not p.port else view.model_copy(update={"port": p.port + 1})
 
@@ -593,10 +636,51 @@ class G2Gain(Workload):
                                  "connector-failure lines (a match is INVALID)"))
         return steps
 
+    def _plan_attached(self, ctx: GateContext) -> list[PlannedStep]:
+        """Both arms attached: nothing launched or stopped; each arm's engine log (its operator's command) read
+        around each of its points, the tier arm's pool device probed around each of its points."""
+        p: GainParams = ctx.params
+        profs = self._profiles(p)
+        load = G2Load()
+        attach = {"tier": p.attach, "no_tier": p.no_tier_attach}
+        pool_node, pool_dir = p.pool_node or next(iter(ctx.nodes)), p.pool_path
+        steps: list[PlannedStep] = []
+
+        def log(arm: str, when: str) -> list[PlannedStep]:
+            a = attach[arm]
+            return ([PlannedStep(a.log.node, f"the {arm.replace('_', ' ')} arm's engine log {when}",
+                                 ("sh", "-c", a.log.run))] if a.log else [])
+        for arm in ARMS:
+            a = attach[arm]
+            steps.append(PlannedStep("(control host)", f"attach: the {arm.replace('_', ' ')} arm, {profs[arm].name} "
+                                     f"already running at {a.url}; its {profs[arm].health_path} must answer 200 within "
+                                     f"{a.connect_timeout_s:.0f} s"))
+            steps += log(arm, "before the run")
+        if p.warmup:
+            steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt per arm (not in the statistics)"))
+        for t, label, lv in load._schedule(p):
+            first = first_arm(t)
+            for arm in (first, "no_tier" if first == "tier" else "tier"):
+                what = f"trial {t}/{p.trials}, {label}, {arm} arm"
+                if arm == "tier" and pool_dir:
+                    steps.append(PlannedStep(pool_node, f"{what}: the pool device's counters before",
+                                             pool_blockstat_argv(pool_dir)))
+                steps += log(arm, f"({what}, before)")
+                steps.append(PlannedStep("(control host)", f"{what}: " + load._point_text(p, label, lv, t)))
+                if arm == "tier" and pool_dir:
+                    steps.append(PlannedStep(pool_node, f"{what}: the pool device's counters after",
+                                             pool_blockstat_argv(pool_dir)))
+                steps += log(arm, f"({what}, after)")
+        for arm in ARMS:
+            steps += log(arm, "after the run (fall-back / connector-failure lines: a match is INVALID)")
+        return steps
+
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: GainParams = ctx.params
         if p.capacity is not None:
             return self._plan_sweep(ctx)
+        if p.attach is not None:
+            return self._plan_attached(ctx)
         profs = self._profiles(p)
         load = G2Load()
         longest = load._longest_prompt(p)
@@ -724,8 +808,11 @@ class G2Gain(Workload):
         longest = load._longest_prompt(p)
         g2 = G2Ttft()
         setups, arm_ev, runners, ctxs = {}, {}, {}, {}
+        attached = p.attach is not None
         for arm in ARMS:
-            setup = g2._setup_launched(ctx, self._arm_view(p, arm, longest), profs[arm], labels=(arm,))
+            view = self._arm_view(p, arm, longest)
+            setup = (g2._setup_attached(ctx, view, profs[arm]) if attached
+                     else g2._setup_launched(ctx, view, profs[arm], labels=(arm,)))
             arm_ev[arm] = G2LoadEvidence(**load_fields(p), trace=ev.trace)
             if isinstance(setup, WorkloadResult):
                 load._engine_evidence(arm_ev[arm], setup.evidence)
@@ -738,7 +825,9 @@ class G2Gain(Workload):
             ctxs[arm] = dataclasses.replace(ctx, gate_dir=ctx.gate_dir / arm)
         load._engine_evidence(ev, setups["tier"].ev)
         _, _, vocab = g2._kv_shape(g2_view(p, longest), profs["tier"])
-        seed = p.seed  # both arms, the same prompts
+        # both arms, the same prompts; attached engines outlive the run, so their prompts are new to them by the
+        # tier arm's per-run seed
+        seed = setups["tier"].ev.prompt_seed if attached and setups["tier"].ev.prompt_seed is not None else p.seed
         ev.prompt_seed = seed
         counters = {arm: accounting_counters(profs[arm]) for arm in ARMS}
         for arm in ARMS:
@@ -750,8 +839,11 @@ class G2Gain(Workload):
             # both engines start at once (a start-up is mostly one process importing at a time: two overlap on a
             # node's cores instead of one waiting for the other); each is closed whether it started or not
             opened += ARMS
-            res = fan_out(runners, lambda _arm, r: r.open())
-            why = {arm: e for arm, e in res.succeeded.items() if e} | dict(res.failed)
+            if attached:  # nothing to start: each engine's health (and log) checked in turn, in the plan's order
+                why = {arm: e for arm in ARMS if (e := runners[arm].open())}
+            else:
+                res = fan_out(runners, lambda _arm, r: r.open())
+                why = {arm: e for arm, e in res.succeeded.items() if e} | dict(res.failed)
             if why:
                 ev.arms = arm_ev
                 return WorkloadResult(evidence=ev, error="; ".join(f"{a} arm: {why[a]}" for a in ARMS if a in why))

@@ -127,7 +127,7 @@ def test_an_arm_with_an_invalid_point_or_a_fall_back_makes_the_gate_invalid_nami
 
 
 @pytest.mark.parametrize("params, where, message", [
-    ({"attach": {"url": "http://e:8000"}}, "params.attach", "launches both arms itself"),
+    ({"attach": {"url": "http://e:8000"}}, "params", "attach (the engine with the tier) and no_tier_attach"),
     ({"engine": "vllm-cpu-prefix", "python": None}, "params.no_tier_engine", "declares no capabilities.no_tier_flag"),
     ({"no_tier_engine": "vllm-cpu-disk"}, "params.no_tier_engine", "both arms must be the same engine"),
     ({"engine": "vllm-cpu-prefix", "no_tier_engine": "vllm-cpu-disk", "engine_cache_tokens": 512},
@@ -338,3 +338,99 @@ def test_a_gain_gate_cannot_judge_a_capacity_figure(tmp_path):
     with pytest.raises(ConfigError) as exc:
         load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
     assert "g.yaml:" in str(exc.value) and "needs capacity:" in str(exc.value), str(exc.value)
+
+
+# ------------------------------------------------------------------------------------------ attached pair
+
+
+class AttachedPair:
+    """Two vLLM servers someone else runs, as one MockTransport handler told apart by host: the one at
+    ``tier_host`` finds a prompt's first 32 tokens on its tier once an earlier prompt had them (vLLM's external
+    prefix cache counters); the other has no tier and recomputes everything."""
+
+    def __init__(self, tier_host: str = "10.0.0.21"):
+        self.tier_host = tier_host
+        self.counts = {a: {"prompt": 0, "ext_hit": 0, "ext_query": 0} for a in ("tier", "no_tier")}
+        self.seen: set[tuple[int, ...]] = set()
+        self.prompts: dict[str, list[list[int]]] = {"tier": [], "no_tier": []}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        arm = "tier" if request.url.host == self.tier_host else "no_tier"
+        c = self.counts[arm]
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=(
+                f"vllm:prompt_tokens_total {c['prompt']}\nvllm:prefix_cache_hits_total 0\n"
+                f"vllm:external_prefix_cache_hits_total {c['ext_hit']}\n"
+                f"vllm:external_prefix_cache_queries_total {c['ext_query']}\n"))
+        ids = json.loads(request.content)["prompt"]
+        self.prompts[arm].append(ids)
+        c["prompt"] += len(ids)
+        if arm == "tier":
+            c["ext_query"] += len(ids)
+            head = tuple(ids[:32])
+            if head in self.seen:
+                c["ext_hit"] += 32
+            self.seen.add(head)
+        body = 'data: {"choices": [{"text": " a"}]}\n\ndata: {"choices": [{"text": " b"}]}\n\ndata: [DONE]\n\n'
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+
+ATTACHED = {k: v for k, v in BASE.items() if k not in ("python", "port")} | {
+    "engine": "vllm-attach", "pool_path": "/mnt/kvpool",
+    "attach": {"url": "http://10.0.0.21:8000", "log": {"node": "n1", "run": "journalctl -u vllm-tier"}},
+    "no_tier_attach": {"url": "http://10.0.0.22:8000", "log": {"node": "n1", "run": "journalctl -u vllm-plain"}},
+    "model_config_inline": {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+                            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+                            "torch_dtype": "bfloat16"}}
+
+
+def test_an_attached_pair_is_measured_as_two_arms_sending_exactly_its_plan_with_the_same_prompts(tmp_path):
+    from harness.transport.doubles import Reply, ScriptedTransport
+    d = gain_gate(tmp_path, ATTACHED)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+
+    def handler(call):
+        if call.argv[:2] == ("sh", "-c") and call.argv[2].startswith("journalctl"):
+            return Reply(stdout="INFO engine serving\n")
+        if "kvgate-pool-blockstat" in call.argv:
+            return Reply(stdout="kvgate-pool-device 8:1 /dev/sda1\n1 0 5000 0 1 0 4096 0 0 0 0\n")
+        return Reply(rc=127, stderr=f"{call.argv[0]}: not expected")
+
+    node, engines = ScriptedTransport(handler, name="n1"), AttachedPair()
+    result = WORKLOADS["g2-gain"]().run(gate_context(tmp_path, cfg, node, engines))
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    # nothing launched or stopped; every command (each arm's log, the tier's pool device) as planned, in order
+    plan = gate_plan(cfg, cfg.suite.gates[0])
+    assert node.commands == [s.argv for s in plan if s.argv] and not [e for e in node.events if e.kind == "spawn"]
+    assert sum(c == ("sh", "-c", "journalctl -u vllm-plain") for c in node.commands) == 2 + 2 * 4
+    assert sum("kvgate-pool-blockstat" in c for c in node.commands) == 2 * 4  # the tier arm's points only
+    # after each engine's own warm-up prompt, the same prompts on both (a per-run seed: attached engines outlive
+    # the run)
+    assert engines.prompts["tier"][1:] == engines.prompts["no_tier"][1:] and len(engines.prompts["tier"]) == 1 + 2 * 6
+    ev: GainEvidence = result.evidence
+    assert ev.prompt_seed != ATTACHED.get("seed", 0) and ev.arms["tier"].attached and ev.arms["no_tier"].attached
+    assert ev.arms["no_tier"].base_url == "http://10.0.0.22:8000" and ev.arms["no_tier"].pool_dir is None
+    assert {c.name: c.ok for c in ev.validity} == {"tier arm valid": True, "no_tier arm valid": True,
+                                                   "tier served the reuse": True, "recomputed without the tier": True}
+    assert ev.proofs["no_tier"].tier_hit_tokens == 0 and ev.proofs["tier"].tier_hit_tokens == 2 * 2 * 64
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"no_tier_attach": None}, "attach (the engine with the tier) and no_tier_attach (the same engine without it) go "
+                               "together"),
+    ({"attach": None, "pool_path": None}, "go together"),
+    ({"no_tier_attach": {"url": "http://10.0.0.21:8000/"}}, "one engine cannot be both arms"),
+    ({"engine_cache_tokens": 4096}, "an attached engine's memory is its operator's"),
+    ({"no_tier_attach": {"url": "http://10.0.0.22:8000", "log": {"node": "n9", "run": "true"}}},
+     "node 'n9' is not one of the gate's nodes"),
+    ({"no_tier_engine": "vllm-cpu-no-tier"}, "an attached arm takes a profile without argv"),
+])
+def test_a_half_attached_or_self_compared_pair_is_a_config_error_naming_file_and_field(tmp_path, change, message):
+    params = {k: v for k, v in {**ATTACHED, **change}.items() if v is not None}
+    d = gain_gate(tmp_path, params)
+    with pytest.raises(ConfigError) as exc:
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    text = str(exc.value)
+    assert "g.yaml:" in text and message in text, text
