@@ -11,7 +11,8 @@ placeholder: harness.report.bundle):
   REPORT_ID                  the ID, one line
   tables/verdicts.csv        one row per gate
   tables/<gate>-<key>.csv    every per-stream / per-request / per-job / per-second series of a gate
-  charts/<gate>-<kind>.svg   per-GPU bars, TTFT distributions, per-node time series
+  charts/<gate>-<kind>.svg   per-GPU bars, TTFT distributions, per-node time series; a g2-faults gate's timeline
+                             (harness.report.faults_section, from its evidence's requests and faults)
   llmd/<gate>-<point>-t<trial>.json   a load gate's points as llm-d Benchmark Reports (harness.report.load_section,
                              which also gives a load gate's charts, tables and the view of reports/_load.*.j2)
   (a gate ID or key that is not a plain name is written through :func:`file_part`; every path is checked to
@@ -52,6 +53,7 @@ from ..workloads.base import ChartInputs, ValidityCheck
 from . import charts as rc
 from .jsonl import jsonl_objects
 from .junit import verdicts_to_junit
+from .faults_section import faults_charts
 from .gain_section import gain_charts
 from .load_section import load_section
 from .predicate import check_predicate, finite
@@ -488,7 +490,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             g_tables.append({"path": rel, "rows": len(frame), "key": key})
         g_charts = []
         for kind, (caption, svg) in {**gate_charts(v, gate_dir), **(load.charts if load else {}),
-                                     **gain_charts(v, gate_dir)}.items():
+                                     **gain_charts(v, gate_dir), **faults_charts(v, gate_dir)}.items():
             rel = f"{CHARTS_DIR}/{file_part(gid)}-{kind}.svg"
             charts[rel] = svg
             g_charts.append({"path": rel, "kind": kind, "caption": caption, "id": f"chart-{gid}-{kind}"})

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import math
 import posixpath
 import threading
 from typing import Any, Callable, Literal
@@ -300,6 +301,72 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
                     "line(s) in the engine log); not counted as hits")
     return WorkloadResult(metrics, ev, invalid_reason=invalid, failed_check="; ".join(failed) or None,
                           degraded=degraded)
+
+
+# ------------------------------------------------------------------------------------------ timeline
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelinePoint:
+    """One request on the faulted phase's time line (s after the phase started): when it was sent, how long it
+    waited (its TTFT; a failed request's time until its error, ``ttft_s`` None), what it was served from, and the
+    KV tokens the engine's hit counter says it read from the tier against what its prompt stored."""
+
+    index: int
+    t_sent_s: float
+    t_end_s: float
+    wait_s: float
+    ttft_s: float | None
+    served: Served
+    tier_tokens: float | None
+    expected_tier_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelineWindow:
+    """One fault on the time line: made at ``t_apply_s``, its inverse returned at ``t_undo_s`` (None: not
+    recorded; the window runs to the time line's end)."""
+
+    index: int
+    kind: str
+    t_apply_s: float
+    t_undo_s: float | None
+    undone_ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultsTimeline:
+    """The faulted phase as the report draws it: every request in send order, every fault made in time order, and
+    the time line's end (the last request's end or the last undo, whichever is later)."""
+
+    points: tuple[TimelinePoint, ...]
+    windows: tuple[TimelineWindow, ...]
+    t_end_s: float
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def faults_timeline(requests: list[FaultedRequest], faults: list[EngineFaultRecord]) -> FaultsTimeline:
+    """Pure: the time line of the recorded requests (each already classified) and faults. A request's wait is
+    its TTFT, or, without one (failed), the time from its send to its end; a request or fault whose times are
+    not finite numbers, or a fault never made (no apply time), is left off (it cannot be placed on the line)."""
+    points = []
+    for r in sorted(requests, key=lambda r: (r.t_start_s, r.index)):
+        ttft = _finite_or_none(r.ttft_s)
+        if not (math.isfinite(r.t_start_s) and math.isfinite(r.t_end_s)):
+            continue
+        wait = ttft if ttft is not None else max(0.0, r.t_end_s - r.t_start_s)
+        points.append(TimelinePoint(index=r.index, t_sent_s=r.t_start_s, t_end_s=r.t_end_s, wait_s=wait,
+                                    ttft_s=ttft, served=r.served, tier_tokens=_finite_or_none(r.hit_tokens),
+                                    expected_tier_tokens=r.expected_hit_tokens))
+    windows = tuple(TimelineWindow(index=f.index, kind=f.kind, t_apply_s=f.t_apply_s,
+                                   t_undo_s=_finite_or_none(f.t_undo_s), undone_ok=f.undone_ok)
+                    for f in sorted(faults, key=lambda f: (f.t_apply_s or 0.0, f.index))
+                    if _finite_or_none(f.t_apply_s) is not None)
+    ends = [p.t_end_s for p in points] + [w.t_undo_s if w.t_undo_s is not None else w.t_apply_s for w in windows]
+    return FaultsTimeline(tuple(points), windows, max(ends, default=0.0))
 
 
 # ------------------------------------------------------------------------------------------ commands

@@ -96,3 +96,8 @@ def test_a_lost_pool_path_stalls_the_engine_a_detached_pool_makes_it_recompute_r
     assert "blackhole" not in n1(spec, "ip", "route", "show")
     assert n1(spec, "findmnt", "-n", "-o", "FSTYPE", str(spec.pool_mount)).strip() == "fuse.sshfs"
     assert not any("cpu_reference" in c for _, c in node_processes(spec, "n1"))
+    # the signed bundle's report draws the timeline: every request by source, each fault and its inverse marked
+    svg = (out.bundle.path / "charts" / f"{v.gate_id}-timeline.svg").read_text()
+    assert all(f'id="{i}"' in svg for i in ("ttft-tier", "ttft-re-compute", "fault-made-0", "fault-undone-0",
+                                             "fault-made-1", "fault-undone-1"))
+    assert f'id="chart-{v.gate_id}-timeline"' in (out.bundle.path / "report.html").read_text()
