@@ -5,16 +5,26 @@ arms proven (the tier served the returning sessions' context; without it nothing
 with an engine memory that holds the whole working set (engine_cache_tokens) is INVALID: the tier arm was served
 from engine memory, not from the tier. The capacity curve (gates/g2-gain-capacity-cpu-reference.yaml): a
 working-set sweep from half the engine memory to 4x it, engine memory serving the reuse below the knee and
-LMCache's RAM level past it, its requirement PASS and the curve drawn in the signed report."""
+LMCache's RAM level past it, its requirement PASS and the curve drawn in the signed report. Attach mode: two
+engines the test starts outside kvgate (one with LMCache, one with --no-kv-tier), given to the gate as two URLs,
+PASS with both arms proven and both engines left running."""
 
+import contextlib
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
+from harness.transport.local import free_port
 from kvgate_cli import kvgate, signed_run
-from polling import wait_no_process
+from polling import wait_no_process, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -106,3 +116,77 @@ def test_the_capacity_curve_hands_the_reuse_from_engine_memory_to_lmcache_at_the
     assert cap["tier_exhausted_x"] is None and not cap["tier_evictions_counted"]
     (svg,) = (bundle / "charts").glob("*capacity-curve.svg")
     assert "knee 2x" in svg.read_text()
+
+
+@pytest.fixture
+def attached_pair(setup):
+    """An operator's two cpu-reference engines (the same model and seed), started by the test as a deployment
+    would start them, outside kvgate: one with LMCache on an fs:// pool of its own, one with --no-kv-tier. Stopped
+    by their process groups when the test ends."""
+    d = setup[0] / "attached"
+    d.mkdir()
+    suite = yaml.safe_load((ROOT / "gates" / "g2-gain-cpu-reference.yaml").read_text())
+    model = d / "model-config.json"
+    model.write_text(json.dumps({"model_type": "llama", **suite["gates"][0]["params"]["model_config_inline"]}))
+    prof = yaml.safe_load((ROOT / "workloads" / "engines" / "cpu-reference.yaml").read_text())
+    pool = d / "pool"
+    pool.mkdir()
+    lm = d / "lmcache.yaml"
+    lm.write_text(yaml.safe_dump({**prof["lmcache"]["config"], "remote_url": f"fs://localhost:0{pool}"}))
+    program = d / "cpu_reference.py"  # the engine's program on its own, as kvgate stages it on a node
+    shutil.copy(ROOT / "harness" / "engines" / "cpu_reference.py", program)
+    procs, urls = {}, {}
+    try:
+        for arm, extra in (("tier", []), ("no_tier", ["--no-kv-tier"])):
+            port = free_port()
+            (d / arm).mkdir()
+            env = {**os.environ, "PYTHONHASHSEED": "0", "PROMETHEUS_MULTIPROC_DIR": str(d / arm),
+                   "LMCACHE_CONFIG_FILE": str(lm)}
+            with open(d / f"{arm}.log", "wb") as log:
+                procs[arm] = subprocess.Popen(
+                    [sys.executable, str(program), "--port", str(port),
+                     "--model-config", str(model), "--lmcache-config", str(lm), "--seed", "7", *extra],
+                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            urls[arm] = f"http://127.0.0.1:{port}"
+        for arm, url in urls.items():
+            wait_until(lambda u=url, p=procs[arm]: _healthy(u) or p.poll() is not None, 300, f"the {arm} engine")
+            assert procs[arm].poll() is None, (d / f"{arm}.log").read_text()[-3000:]
+        yield d, urls, pool, d / "tier.log", d / "no_tier.log"
+    finally:
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=60)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_an_attached_pair_of_engines_someone_else_runs_passes_with_both_arms_proven(setup, attached_pair):
+    d, urls, pool, tier_log, plain_log = attached_pair
+    prof = yaml.safe_load((ROOT / "workloads" / "engines" / "cpu-reference.yaml").read_text())
+    for launch_only in ("argv", "program", "env", "preflight", "lmcache"):
+        prof.pop(launch_only)
+    prof["name"] = "cpu-reference-attached"
+    profile = d / "cpu-reference-attached.yaml"
+    profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r, bundle, result, v = run_gate(
+        setup, "attached", engine=str(profile), trials=2, pool_path=str(pool),
+        attach={"url": urls["tier"], "log": {"node": "cpu1", "run": f"cat {tier_log}"}},
+        no_tier_attach={"url": urls["no_tier"], "log": {"node": "cpu1", "run": f"cat {plain_log}"}})
+    assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"])
+    ev = result["evidence"]
+    assert {a: ev["arms"][a]["base_url"] for a in ("tier", "no_tier")} == urls
+    assert ev["arms"]["tier"]["attached"] and ev["arms"]["no_tier"]["attached"]
+    assert {c["name"]: c["ok"] for c in ev["validity"]} == {
+        "tier arm valid": True, "no_tier arm valid": True, "tier served the reuse": True,
+        "recomputed without the tier": True}
+    tier, none = ev["proofs"]["tier"], ev["proofs"]["no_tier"]
+    assert tier["tier_hit_tokens"] >= 2 * 8 * 1024 and none["tier_hit_tokens"] == 0
+    assert none["recomputed_tokens"] == none["prompt_tokens"]
+    # kvgate started and stopped nothing: both engines still serve after the run
+    assert _healthy(urls["tier"]) and _healthy(urls["no_tier"])

@@ -69,23 +69,30 @@ def point(label: str, rate: float, trial: int, read_fraction: float = 0.9) -> tu
     return pt, recs
 
 
-def load_run(tmp_path, bad_point: str | None = None, ladder=LADDER):
+def load_run(tmp_path, bad_point: str | None = None, ladder=LADDER, spoil: bool = False):
     """The fixed run with a g2-load gate G2L added: a 3-point open-loop ladder x 3 trials, its requests files in
-    gates/G2L/, its verdict from g2-load's own evaluator. ``bad_point``: that point reads 0.1 of its tier hits."""
+    gates/G2L/, its verdict from g2-load's own evaluator. ``bad_point``: that point reads 0.1 of its tier hits.
+    ``spoil``: the first point's first attempt was spoiled by the client (sent 0.3 s late) and repeated."""
     run, pred = fixed_run(tmp_path)
     gate = run / "gates" / "G2L"
     gate.mkdir()
-    points, by_file = [], {}
+    points, by_file, spoiled = [], {}, []
     for trial in (1, 2, 3):
         for label, rate in ladder:
             pt, recs = point(label, rate, trial, 0.1 if label == bad_point else 0.9)
+            if spoil and not points:
+                late = [LoadRecord(r.due_s, r.due_s + 0.3, r.record) for r in recs]
+                spoiled.append(pt.model_copy(update={"figures": load_point(late, SLO_S)}))
+                (gate / pt.requests_file).write_text("".join(json.dumps(r.to_dict()) + "\n" for r in late))
+                pt = pt.model_copy(update={"attempt": 1, "requests_file": f"requests-{label}-t{trial}-a1.jsonl"})
             points.append(pt)
             by_file[pt.requests_file] = recs
             (gate / pt.requests_file).write_text("".join(json.dumps(r.to_dict()) + "\n" for r in recs))
     ev = G2LoadEvidence(engine="vllm", engine_version="0.11.0+cpu", engine_profile="vllm-cpu-prefix", load_kind="open",
                         loads=[r for _, r in ladder], burstiness=1.0, trials=3, requests_per_point=8,
                         ttft_slo_s=SLO_S, knee_percentile=95, max_client_lag_p99_s=0.001, min_read_fraction=0.5,
-                        kv_bytes_per_token=KV_BYTES_PER_TOKEN)
+                        kv_bytes_per_token=KV_BYTES_PER_TOKEN, repeat_spoiled=2 if spoil else 0, spoiled=spoiled,
+                        client_priority="nice -5 while sending (the thread's own: 0)" if spoil else None)
     result = evaluate_load(points, "open", SLO_S, 95, ev)
     (gate / "result.json").write_text(json.dumps(result.as_dict()))
     knee = result.metrics["knee_rate_rps"]
@@ -339,3 +346,14 @@ def test_the_runs_render_hook_writes_the_same_bundle_as_rendering_each_id_from_s
     for f in files:
         if not f.startswith("signatures/") and f != "attestation.dsse.json":  # signing records are dated
             assert (infos[0].path / f).read_bytes() == (infos[1].path / f).read_bytes(), f
+
+
+def test_an_attempt_set_aside_as_spoiled_is_named_in_the_report_with_its_lag_and_file(tmp_path):
+    run, pred, result, _ = load_run(tmp_path, spoil=True)
+    assert result.invalid_reason is None and len(result.evidence.spoiled) == 1
+    write_reports(RID, run, pred, tmp_path / "out")
+    for name in ("report.md", "report.html"):
+        text = (tmp_path / "out" / name).read_text()
+        assert "repeated with new prompts, 2 time(s) at most per engine; set aside: 1" in text, name
+        assert "r1 trial 1 attempt 0 (client lag p99 300" in text and "requests-r1-t1.jsonl" in text, name
+        assert "Client thread: nice -5 while sending" in text, name
