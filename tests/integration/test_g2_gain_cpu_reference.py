@@ -123,7 +123,7 @@ def attached_pair(setup):
     """An operator's two cpu-reference engines (the same model and seed), started by the test as a deployment
     would start them, outside kvgate: one with LMCache on an fs:// pool of its own, one with --no-kv-tier. Stopped
     by their process groups when the test ends."""
-    d = setup[0] / "attached"
+    d = setup[0] / "operator"  # the operator's side: not the run's output directory
     d.mkdir()
     suite = yaml.safe_load((ROOT / "gates" / "g2-gain-cpu-reference.yaml").read_text())
     model = d / "model-config.json"
