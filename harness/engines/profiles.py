@@ -162,10 +162,10 @@ class Capabilities(_Strict):
                                         # the model config says (KV bytes per token are computed with it)
     builds_model: bool = False          # builds its model from the config kvgate stages ({model_config}; kvgate's
                                         # default config when the gate gives none): no model files needed
-    engine_cache_flag: str | None = None  # argv flag taking a token count: caps its engine-memory KV (g2-multiturn)
-    no_tier_flag: str | None = None     # argv flag: the same engine without the KV tier (g2-multiturn)
+    engine_cache_flag: str | None = None  # argv flag taking a token count: caps its engine-memory KV (g2-gain)
+    no_tier_flag: str | None = None     # argv flag: the same engine without the KV tier (g2-gain no-tier arm)
     level_counters: str | None = None   # prefix of its per-level token counters (prompt, prefill, gpu hit, gpu
-                                        # evicted, external hit, ...: g2-multiturn's accounting)
+                                        # evicted, external hit, ...: g2-gain's accounting)
 
 
 class EngineProfile(_Strict):
