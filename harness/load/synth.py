@@ -109,7 +109,7 @@ class MultiTurnShape:
     user_tokens: int = 192
     reply_tokens: int = 64
     output_tokens: int = 4            # each request's output (the gate's max_tokens may cut it)
-    rate_rps: float = 50.0
+    rate_rps: float = 20.0
 
     def check(self) -> list[str]:
         """What is wrong with the shape, as ``field: why`` lines (empty when fine)."""

@@ -10,8 +10,9 @@ Two arms, two engine processes side by side on one node, started once for the wh
   engine memory alike (``capabilities.engine_cache_flag``).
 
 The load is g2-load's (``load:``: a closed or open ladder of synthetic prompts, a trace replayed by its
-timestamps, or multi-turn sessions served round-robin, a trace synthesised from their shape), with its prompts, its per point × trial phase (counters, pool device and log marks around it) and its
-token accounting (harness/workloads/g2_load.py). Each trial runs every load point on both arms, the arm that goes
+timestamps, or multi-turn sessions served round-robin, a trace synthesised from their shape), with its prompts, its
+per point × trial phase (counters, pool device and log marks around it) and its token accounting
+(harness/workloads/g2_load.py). Each trial runs every load point on both arms, the arm that goes
 first alternating trial by trial, so drift on the machine falls on both; both arms get the same prompts.
 
 Metrics, each the median over trials of the paired per-trial figure with a bootstrap 95 % confidence interval

@@ -76,7 +76,8 @@ class MultiTurnLoad(BaseModel):
     then every session's turn 2, ...), each turn's prompt the session's whole history (the previous turn's prompt,
     a reply of ``reply_tokens``, a new user message of ``user_tokens``), requests ``1 / rate_rps`` s apart in that
     order. Replayed as a trace (one point, ``trace``) synthesised from these numbers
-    (harness.load.synth.multi_turn_trace): pure and seeded, the same trace in the plan and the run."""
+    (harness.load.synth.multi_turn_trace): pure, the same trace in the plan and the run, its prompts seeded as any
+    trace's (by the gate's seed, the point and the trial)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
