@@ -165,9 +165,9 @@ class Capabilities(_Strict):
     engine_cache_flag: str | None = None  # argv flag taking a token count: caps its engine-memory KV (g2-gain)
     engine_cache_block_tokens: int | None = Field(default=None, ge=1)  # the flag counts KV blocks of this many
                                         # tokens instead (vLLM's --num-gpu-blocks-override)
-    no_tier_flag: str | None = None     # argv flag: the same engine without the KV tier (g2-multiturn)
+    no_tier_flag: str | None = None     # argv flag: the same engine without the KV tier (g2-gain no-tier arm)
     level_counters: str | None = None   # prefix of its per-level token counters (prompt, prefill, gpu hit, gpu
-                                        # evicted, external hit, ...: g2-multiturn's accounting)
+                                        # evicted, external hit, ...: g2-gain's accounting)
 
 
 class EngineProfile(_Strict):

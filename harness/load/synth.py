@@ -7,11 +7,15 @@ session's previous turn exactly the blocks that were whole in it, and with every
 whole blocks of their common system prompt. Sessions start by a Poisson process (``burstiness`` 1) or a gamma
 process (``burstiness`` < 1: burstier, > 1: more regular; the shape of the gaps, mean 1 / ``rate_rps``), turns
 follow one another after ``think_time_s`` (exponential, that mean). Same shape and seed, same trace.
+
+:func:`multi_turn_trace` writes another schedule (g2-gain's ``load: {multi_turn: ...}``): sessions served
+round-robin, turn by turn, each turn's prompt the session's whole history, requests evenly spaced.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from dataclasses import dataclass
 
@@ -90,3 +94,63 @@ def synthesize(shape: TraceShape) -> Trace:
             at += rng.expovariate(1.0 / shape.think_time_s) if shape.think_time_s > 0 else 0.0
     ordered = [r for _, _, r in heapq.nsmallest(len(events), events)]
     return Trace("mooncake", bt, tuple(ordered), source="synth")
+
+
+@dataclass(frozen=True)
+class MultiTurnShape:
+    """Multi-turn sessions served round-robin, turn by turn: every session's turn 1, then every session's turn 2,
+    ...; turn 1's prompt is ``first_prompt_tokens`` of the session's own, each later turn's the session's whole
+    history (the previous turn's prompt, a reply of ``reply_tokens``, a new user message of ``user_tokens``), so
+    its prefix is exactly the previous turn's prompt. Requests ``1 / rate_rps`` s apart in that order."""
+
+    sessions: int = 6
+    turns: int = 3
+    first_prompt_tokens: int = 1024
+    user_tokens: int = 192
+    reply_tokens: int = 64
+    output_tokens: int = 4            # each request's output (the gate's max_tokens may cut it)
+    rate_rps: float = 20.0
+
+    def check(self) -> list[str]:
+        """What is wrong with the shape, as ``field: why`` lines (empty when fine)."""
+        out = []
+        for name in ("sessions", "turns", "first_prompt_tokens", "user_tokens", "output_tokens"):
+            if getattr(self, name) < 1:
+                out.append(f"{name}: must be >= 1")
+        if self.reply_tokens < 0:
+            out.append("reply_tokens: must be >= 0")
+        if not self.rate_rps > 0:
+            out.append("rate_rps: must be > 0")
+        return out
+
+    @property
+    def block_tokens(self) -> int:
+        """The trace's tokens per hash id: the largest block every turn's prompt is a whole number of (turn 1's
+        prompt, and what each turn adds), so a turn shares exactly the previous turn's blocks, none partial."""
+        return math.gcd(self.first_prompt_tokens, self.reply_tokens + self.user_tokens)
+
+    def prompt_tokens(self, turn: int) -> int:
+        """Turn ``turn``'s prompt length (1-based)."""
+        return self.first_prompt_tokens + (turn - 1) * (self.reply_tokens + self.user_tokens)
+
+
+def multi_turn_trace(shape: MultiTurnShape) -> Trace:
+    """Pure: the trace of ``shape`` (raises ValueError naming the bad fields), in the Mooncake format: session
+    ``s``'s turn ``t`` is request ``(t - 1) * sessions + s``, at that index / ``rate_rps`` s; its hash ids are the
+    previous turn's and then new ones (prefix-aware), so the prompts built from them (harness/load/prompts.py)
+    extend one another token for token. Same shape, same trace."""
+    bad = shape.check()
+    if bad:
+        raise ValueError("; ".join(bad))
+    bt = shape.block_tokens
+    first, more = shape.first_prompt_tokens // bt, (shape.reply_tokens + shape.user_tokens) // bt
+    per_session = first + (shape.turns - 1) * more   # blocks of a session's last turn
+    reqs = []
+    for turn in range(1, shape.turns + 1):
+        n = first + (turn - 1) * more
+        for s in range(shape.sessions):
+            j = (turn - 1) * shape.sessions + s
+            ids = tuple(range(s * per_session, s * per_session + n))
+            reqs.append(TraceRequest(j * 1000.0 / shape.rate_rps, shape.prompt_tokens(turn), shape.output_tokens,
+                                     ids, f"s{s}", turn))
+    return Trace("mooncake", bt, tuple(reqs), source="multi-turn sessions")

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..engines.client import RequestRecord
 from ..engines.load import LoadRecord
 from ..safeio import InputFileError
-from ..workloads.g2_load import G2LoadEvidence, MetricInterval, PointTrial
+from ..workloads.g2_load import G2LoadEvidence, MetricInterval, PointTrial, multi_turn_text
 from . import load_charts as lc
 from .jsonl import jsonl_objects
 from .llmd import EngineInfo, LoadInfo, benchmark_report
@@ -220,8 +220,9 @@ def view(ev: G2LoadEvidence, llmd_paths: list[str]) -> dict[str, Any]:
     kind = {"closed": "closed loop: a concurrency ladder",
             "open": f"open loop: a request-rate ladder, gamma arrivals (burstiness {ev.burstiness or 1.0:g}; "
                     "1 is Poisson), sent on schedule",
-            "trace": "trace replay" + (f" of {ev.trace.path} ({ev.trace.format}, {ev.trace.requests} requests over "
-                                       f"{ev.trace.duration_s:g} s, timestamps x {ev.trace.time_scale:g})"
+            "trace": "trace replay" + (f" of {multi_turn_text(ev.trace.multi_turn)}" if ev.trace and ev.trace.multi_turn
+                                       else f" of {ev.trace.path} ({ev.trace.format}, {ev.trace.requests} requests "
+                                       f"over {ev.trace.duration_s:g} s, timestamps x {ev.trace.time_scale:g})"
                                        if ev.trace else "")}.get(ev.load_kind or "", str(ev.load_kind))
     points = []
     for s in ev.summary:

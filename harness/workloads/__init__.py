@@ -11,7 +11,6 @@ from . import g2_ttft  # noqa: F401,E402
 from . import g2_load  # noqa: F401,E402
 from . import g2_gain  # noqa: F401,E402
 from . import g3_shared_read  # noqa: F401,E402
-from . import g2_multiturn  # noqa: F401,E402
 from . import r3_cross_instance  # noqa: F401,E402
 from . import kv_read  # noqa: F401,E402
 from . import pd_handoff  # noqa: F401,E402

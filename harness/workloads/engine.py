@@ -1,4 +1,4 @@
-"""An engine instance on a node, from its files to its log: the lifecycle G2, G2-multiturn and R3 share.
+"""An engine instance on a node, from its files to its log: the lifecycle G2, g2-gain and R3 share.
 
 - the profile check every engine workload does at validation (:func:`profile_issues`);
 - the values a profile's templates are filled with (:func:`engine_values`), a free port for it on its node

@@ -9,9 +9,10 @@ Two arms, two engine processes side by side on one node, started once for the wh
   connector), or ``engine`` with its ``capabilities.no_tier_flag``. ``engine_cache_tokens`` bounds both arms'
   engine memory alike (``capabilities.engine_cache_flag``).
 
-The load is g2-load's (``load:``: a closed or open ladder of synthetic prompts, or a trace replayed by its
-timestamps), with its prompts, its per point × trial phase (counters, pool device and log marks around it) and its
-token accounting (harness/workloads/g2_load.py). Each trial runs every load point on both arms, the arm that goes
+The load is g2-load's (``load:``: a closed or open ladder of synthetic prompts, a trace replayed by its
+timestamps, or multi-turn sessions served round-robin, a trace synthesised from their shape), with its prompts, its
+per point × trial phase (counters, pool device and log marks around it) and its token accounting
+(harness/workloads/g2_load.py). Each trial runs every load point on both arms, the arm that goes
 first alternating trial by trial, so drift on the machine falls on both; both arms get the same prompts.
 
 Metrics, each the median over trials of the paired per-trial figure with a bootstrap 95 % confidence interval
@@ -43,7 +44,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..engines import EngineProfile, load_profile, shell_line
+from ..engines import EngineProfile, check_lmcache_config, load_profile, shell_line
 from ..errors import ConfigError, WorkloadError
 from ..execute.fanout import fan_out
 from ..parsers.pooldev import pool_blockstat_argv
@@ -80,6 +81,9 @@ class GainParams(G2LoadParams):
     min_tier_reuse_share: float = Field(default=0.9, ge=0, le=1)  # of the tier arm's reused tokens, from the tier
     # attach mode: the arm without the tier is an engine someone else runs too (``attach:`` is the tier arm's)
     no_tier_attach: LoadAttachParams | None = None
+    # keys of the profile's LMCache config replaced for this gate (both arms; e.g. a small max_local_cpu_size, so
+    # the pool rather than LMCache's RAM serves the reads)
+    lmcache_overrides: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _prefix(self) -> "GainParams":
@@ -98,6 +102,8 @@ class GainParams(G2LoadParams):
             if self.engine_cache_tokens is not None:
                 raise ValueError("engine_cache_tokens: an attached engine's memory is its operator's (size both "
                                  "arms alike in their deployments)")
+            if self.lmcache_overrides:
+                raise ValueError("lmcache_overrides: an attached engine's LMCache is configured by its operator")
         if self.capacity is not None:
             given = [k for k in ("requests_per_point", "prompt_tokens", "shared_prefix_tokens", "prefix_groups",
                                  "no_tier_engine") if k in self.model_fields_set]
@@ -314,7 +320,7 @@ def gain_figures(pairs: list[GainTrial]) -> dict[str, dict[str, list[float]]]:
 def reusable_share(p: G2LoadParams, unbounded_hit_rate: float | None) -> float | None:
     """Pure: the share of the load's prompt tokens any cache could serve: a trace's unbounded-cache hit rate
     (harness/load/reuse.py), or a synthetic ladder's shared prefixes after each group's first request."""
-    if p.load.path is not None:
+    if p.load.kind == "trace":
         return unbounded_hit_rate
     if p.requests_per_point <= p.prefix_groups:
         return 0.0
@@ -506,11 +512,29 @@ def engine_cache_issues(p: GainParams, prof: EngineProfile) -> list[tuple[tuple,
 
 
 def with_cache(p: GainParams, prof: EngineProfile, extra: list[str] | None = None) -> EngineProfile:
-    """Pure: ``prof`` with ``extra`` argv and, when the gate bounds it, its engine memory."""
+    """Pure: ``prof`` with ``extra`` argv, its engine memory where the gate bounds it, and its LMCache config with
+    the gate's ``lmcache_overrides``."""
     cache = ([prof.capabilities.engine_cache_flag, str(engine_cache_value(prof, p.engine_cache_tokens))]
              if p.engine_cache_tokens else [])
     more = cache + list(extra or [])
-    return prof.model_copy(update={"argv": list(prof.argv) + more}) if more else prof
+    if more:
+        prof = prof.model_copy(update={"argv": list(prof.argv) + more})
+    if p.lmcache_overrides and prof.lmcache is not None:
+        lmc = prof.lmcache.model_copy(update={"config": {**prof.lmcache.config, **p.lmcache_overrides}})
+        prof = prof.model_copy(update={"lmcache": lmc})
+    return prof
+
+
+def lmcache_override_issues(p: GainParams, prof: EngineProfile) -> list[tuple[tuple, str]]:
+    """Pure: what is wrong with the gate's ``lmcache_overrides`` on ``prof``'s LMCache config (by its pinned
+    version's key table), each at ``lmcache_overrides.KEY``."""
+    if not p.lmcache_overrides:
+        return []
+    if prof.lmcache is None:
+        return [(("lmcache_overrides",), f"profile {prof.name!r} configures no LMCache to override")]
+    cfg = {**prof.lmcache.config, **p.lmcache_overrides}
+    return [(("lmcache_overrides",) + tuple(path), msg) for path, msg in check_lmcache_config(cfg, prof.lmcache.version)
+            if path and path[0] in p.lmcache_overrides]
 
 
 @register_workload("g2-gain")
@@ -559,7 +583,7 @@ class G2Gain(Workload):
         if params.engine_cache_tokens is not None and not cap.engine_cache_flag:
             issues.append((("engine_cache_tokens",), f"profile {prof.name!r} declares no capabilities."
                            "engine_cache_flag: bound its engine memory in the profile instead"))
-        return issues + engine_cache_issues(params, prof)
+        return issues + engine_cache_issues(params, prof) + lmcache_override_issues(params, prof)
 
     @staticmethod
     def _validate_attached(params: GainParams, nodes) -> list[tuple[tuple, str]]:
@@ -611,7 +635,8 @@ class G2Gain(Workload):
         if not cap.level_counters and params.capacity.require and "ram" in params.capacity.require.levels:
             issues.append((("capacity", "require", "levels"), f"profile {prof.name!r} has no RAM level between its "
                            "memory and the tier (no capabilities.level_counters): require memory or tier"))
-        return issues + sweep_issues(params.capacity, params.engine_cache_tokens)
+        return (issues + lmcache_override_issues(params, prof)
+                + sweep_issues(params.capacity, params.engine_cache_tokens))
 
     # ----------------------------------------------------------------------------------------------- plan
 
@@ -829,7 +854,7 @@ class G2Gain(Workload):
         ev = GainEvidence(no_tier_engine_profile=profs["no_tier"].name, engine_cache_tokens=p.engine_cache_tokens,
                           min_tier_reuse_share=p.min_tier_reuse_share, **load_fields(p))
         trace = None
-        if p.load.path is not None:
+        if p.load.kind == "trace":
             try:
                 trace, ev.trace = read_load_trace(p.load)
             except (ConfigError, InputFileError, ValueError) as exc:

@@ -11,7 +11,10 @@ trial (``trials``, default 3) each load point of ``load:`` in turn:
   schedule at that mean rate, whatever the responses (no coordinated omission);
 - trace replay, ``{path, format, time_scale, max_requests, max_duration_s}``: a Mooncake or Qwen-Bailian trace
   (harness/load/traces.py) sent by its own timestamps times ``time_scale``; prompts sharing hash ids share
-  exactly those token blocks (harness/load/prompts.py).
+  exactly those token blocks (harness/load/prompts.py);
+- multi-turn sessions, ``{multi_turn: {sessions, turns, first_prompt_tokens, user_tokens, reply_tokens,
+  rate_rps}}``: served round-robin turn by turn, each turn's prompt the session's whole history, replayed as the
+  trace harness.load.synth.multi_turn_trace synthesises from them (pure: the plan's and the run's are one).
 
 Around each point × trial: the engine's counters (prompt tokens, engine-memory hits, tier hits) and the pool
 device's read and write bytes are read before and after; every request (when it was due, when it was sent, what
@@ -53,7 +56,8 @@ from ..engines.load import (LoadPoint, LoadRecord, arrival_offsets, client_prior
 from ..errors import ConfigError, WorkloadError
 from ..load.prompts import block_ids, prompt_ids
 from ..load.reuse import reuse_stats
-from ..load.traces import MAX_TRACE_BYTES, Trace, cut, read_trace, scale_time
+from ..load.synth import MultiTurnShape, multi_turn_trace
+from ..load.traces import MAX_TRACE_BYTES, Trace, cut, read_trace, scale_time, trace_lines
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, read_bytes_between
 from ..parsers.prometheus import Sample, counter_delta, metric_total
 from ..safeio import InputFileError, read_bytes
@@ -67,8 +71,37 @@ from .g2_ttft import G2EngineParams, G2Evidence, G2Params, G2Ttft, launch_values
 # ------------------------------------------------------------------------------------------------- params
 
 
+class MultiTurnLoad(BaseModel):
+    """``load: {multi_turn: ...}``: multi-turn sessions served round-robin, turn by turn (every session's turn 1,
+    then every session's turn 2, ...), each turn's prompt the session's whole history (the previous turn's prompt,
+    a reply of ``reply_tokens``, a new user message of ``user_tokens``), requests ``1 / rate_rps`` s apart in that
+    order. Replayed as a trace (one point, ``trace``) synthesised from these numbers
+    (harness.load.synth.multi_turn_trace): pure, the same trace in the plan and the run, its prompts seeded as any
+    trace's (by the gate's seed, the point and the trial)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sessions: int = Field(ge=2, le=10_000)
+    turns: int = Field(ge=2, le=100)
+    first_prompt_tokens: int = Field(ge=2, le=1_000_000)
+    user_tokens: int = Field(ge=1, le=1_000_000)
+    reply_tokens: int = Field(default=0, ge=0, le=1_000_000)
+    rate_rps: float = Field(default=20.0, gt=0)   # the round-robin's requests per second (above the engine's pace:
+                                                  # the throughput is then the engine's, not the schedule's)
+
+    def shape(self) -> MultiTurnShape:
+        # every request's output is the gate's max_tokens (the trace's 4096, the most max_tokens allows, is cut to it)
+        return MultiTurnShape(sessions=self.sessions, turns=self.turns, first_prompt_tokens=self.first_prompt_tokens,
+                              user_tokens=self.user_tokens, reply_tokens=self.reply_tokens, output_tokens=4096,
+                              rate_rps=self.rate_rps)
+
+
+MULTI_TURN_PATH = "(multi-turn sessions)"  # the trace's name in the evidence: synthesised, not read from a file
+
+
 class LoadSpec(BaseModel):
-    """The ``load:`` block: exactly one of a concurrency ladder, a rate ladder or a trace."""
+    """The ``load:`` block: exactly one of a concurrency ladder, a rate ladder, a trace or multi-turn sessions (a
+    trace synthesised from their shape)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -82,12 +115,14 @@ class LoadSpec(BaseModel):
     max_duration_s: float | None = Field(default=None, gt=0)  # trace: the requests arriving within this time
     block_tokens: int | None = Field(default=None, ge=1)  # trace: its tokens per hash id (default: the format's)
     tokens_per_block: int | None = Field(default=None, ge=1)  # trace: re-mapped to this many tokens per hash id
+    multi_turn: MultiTurnLoad | None = None                # multi-turn sessions, replayed as a trace
 
     @model_validator(mode="after")
     def _one_shape(self) -> "LoadSpec":
-        given = [k for k in ("concurrency", "rates_rps", "path") if getattr(self, k) is not None]
+        given = [k for k in ("concurrency", "rates_rps", "path", "multi_turn") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of concurrency (closed loop), rates_rps (open loop) or path (a trace)"
+            raise ValueError("give exactly one of concurrency (closed loop), rates_rps (open loop), path (a trace) "
+                             "or multi_turn (sessions served round-robin)"
                              + (f"; got {', '.join(given)}" if given else ""))
         if self.concurrency is not None and any(c < 1 for c in self.concurrency):
             raise ValueError("concurrency: every level must be >= 1")
@@ -107,6 +142,7 @@ class LoadSpec(BaseModel):
 
     @property
     def kind(self) -> Literal["closed", "open", "trace"]:
+        """A trace file and multi-turn sessions are both a trace replay."""
         return "closed" if self.concurrency is not None else "open" if self.rates_rps is not None else "trace"
 
     def points(self) -> list[tuple[str, float]]:
@@ -162,7 +198,7 @@ class G2LoadParams(G2EngineParams):
     def _prefix(self) -> "G2LoadParams":
         synthetic = ("requests_per_point", "prompt_tokens", "shared_prefix_tokens", "prefix_groups")
         given = [k for k in synthetic if k in self.model_fields_set]
-        if self.load.path is not None and given:
+        if self.load.kind == "trace" and given:
             raise ValueError(f"{', '.join(given)}: shape synthetic prompts; a trace's requests are its own")
         if self.shared_prefix_tokens >= self.prompt_tokens:
             raise ValueError(f"shared_prefix_tokens ({self.shared_prefix_tokens}) must be below prompt_tokens "
@@ -256,6 +292,7 @@ class TraceInfo(LoadModel):
     # the hit rate of an unbounded prefix cache over the trace (harness/load/reuse.py): the bound the measured
     # memory + tier hit shares are compared with
     unbounded_hit_rate: float | None = None
+    multi_turn: MultiTurnLoad | None = None   # the sessions' shape when the trace was synthesised from it
 
 
 class G2LoadEvidence(Evidence):
@@ -645,7 +682,10 @@ def trace_requests(p: G2LoadParams, trace: Trace, tokens_per_block: int, label: 
 
 
 def load_trace(spec: LoadSpec) -> Trace:
-    """The trace of a ``load:`` block, cut and time-scaled (ConfigError naming file:line: field)."""
+    """The trace of a ``load:`` block, cut and time-scaled (ConfigError naming file:line: field); multi-turn
+    sessions' trace synthesised from their shape (pure)."""
+    if spec.multi_turn is not None:
+        return multi_turn_trace(spec.multi_turn.shape())
     trace = read_trace(spec.path, spec.format or "auto", spec.block_tokens)
     trace = cut(trace, spec.max_requests, spec.max_duration_s)
     if not trace.requests:
@@ -657,12 +697,25 @@ def read_load_trace(spec: LoadSpec) -> tuple[Trace, TraceInfo]:
     """The trace of a ``load:`` block, cut and time-scaled, and what the evidence records of it (its sha256, its
     shape, its unbounded-cache hit rate); ConfigError, InputFileError or ValueError when it cannot be read."""
     trace = load_trace(spec)
-    raw = read_bytes(spec.path, max_bytes=MAX_TRACE_BYTES, what="trace")
-    return trace, TraceInfo(path=spec.path, format=trace.format, block_tokens=trace.block_tokens,
+    if spec.multi_turn is not None:  # its digest: of the trace as `kvgate trace synth` would write it
+        raw = "".join(line + "\n" for line in trace_lines(trace)).encode()
+    else:
+        raw = read_bytes(spec.path, max_bytes=MAX_TRACE_BYTES, what="trace")
+    return trace, TraceInfo(path=spec.path or MULTI_TURN_PATH, format=trace.format, block_tokens=trace.block_tokens,
                             tokens_per_block=spec.tokens_per_block or trace.block_tokens,
                             time_scale=spec.time_scale or 1.0, requests=len(trace.requests),
                             duration_s=trace.duration_s, sha256=hashlib.sha256(raw).hexdigest(),
-                            unbounded_hit_rate=reuse_stats(trace).unbounded_hit_rate)
+                            unbounded_hit_rate=reuse_stats(trace).unbounded_hit_rate,
+                            multi_turn=spec.multi_turn)
+
+
+def multi_turn_text(m: MultiTurnLoad) -> str:
+    """Pure: multi-turn sessions' replay in words (the plan's and the report's)."""
+    shape = m.shape()
+    return (f"multi-turn sessions: {m.sessions} sessions x {m.turns} turns round-robin ({m.sessions * m.turns} "
+            f"requests, {1 / m.rate_rps:g} s apart), turn 1 {m.first_prompt_tokens} tokens, each later turn the "
+            f"session's whole history plus a {m.reply_tokens}-token reply and a {m.user_tokens}-token user message "
+            f"(turn {m.turns}: {shape.prompt_tokens(m.turns)} tokens)")
 
 
 def load_fields(p: G2LoadParams) -> dict[str, Any]:
@@ -749,6 +802,8 @@ class G2Load(Workload):
         elif k == "open":
             what = (f"open loop: {p.requests_per_point} requests at {load:g} requests/s, gamma arrivals (burstiness "
                     f"{p.load.burstiness or 1.0:g}), sent on schedule")
+        elif p.load.multi_turn is not None:
+            what = multi_turn_text(p.load.multi_turn)
         else:
             cuts = [f"first {p.load.max_requests} requests" if p.load.max_requests else "",
                     f"within {p.load.max_duration_s:g} s" if p.load.max_duration_s else ""]
@@ -812,7 +867,7 @@ class G2Load(Workload):
 
     @staticmethod
     def _longest_prompt(p: G2LoadParams) -> int:
-        if p.load.path is None:
+        if p.load.kind != "trace":
             return p.prompt_tokens
         try:
             trace = load_trace(p.load)
@@ -826,7 +881,7 @@ class G2Load(Workload):
         prof = load_profile(p.engine)
         ev = G2LoadEvidence(**load_fields(p))
         trace = None
-        if p.load.path is not None:
+        if p.load.kind == "trace":
             try:
                 trace, ev.trace = read_load_trace(p.load)
             except (ConfigError, InputFileError, ValueError) as exc:

@@ -89,12 +89,12 @@ def test_g2_cpu_reference_suite_runs_from_the_wheel_with_the_engine_in_another_i
     suite = yaml.safe_load(Path(shipped).read_text())
     for gate in suite["gates"]:
         gate["params"]["python"] = ENGINE_PYTHON
-    # What the gates prove is test_g2_cpu_reference.py's and test_g2_multiturn_engine.py's; here the shipped suite
+    # What the gates prove is test_g2_cpu_reference.py's and test_g2_multiturn_gain.py's; here the shipped suite
     # runs from the wheel with less load: one prompt for G2, and 3 sessions (still more than the engine's KV
     # memory holds) of 2 turns for G2-multiturn
     g2, multiturn = suite["gates"]
     g2["params"]["prompts_per_length"] = 1
-    multiturn["params"].update(sessions=3, turns=2)
+    multiturn["params"]["load"]["multi_turn"].update(sessions=3, turns=2)
     gates = cwd / "g2.yaml"
     gates.write_text(yaml.safe_dump(suite, sort_keys=False))
     inv = cwd / "inventory.yaml"

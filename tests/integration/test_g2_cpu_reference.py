@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _suite(tmp_path, **param_overrides):
     suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
-    # the G2 gate alone: the suite's informational G2-multiturn gate has its own test (test_g2_multiturn_engine.py)
+    # the G2 gate alone: the suite's informational G2-multiturn gate has its own test (test_g2_multiturn_gain.py)
     suite["gates"] = [g for g in suite["gates"] if g["id"] == "G2"]
     suite["gates"][0]["params"].update(python=sys.executable, **param_overrides)
     gates = tmp_path / "gates.yaml"

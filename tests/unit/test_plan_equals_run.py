@@ -68,19 +68,6 @@ def g2_ttft(tmp_path) -> Scenario:
     return Scenario(cfg, "G2", {"n1": node}, http=httpx.MockTransport(engine))
 
 
-def g2_multiturn(tmp_path) -> Scenario:
-    suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
-    suite["gates"] = [g for g in suite["gates"] if g["workload"] == "g2-multiturn"]
-    suite["gates"][0]["params"].update(python="/engine/bin/python")
-    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
-    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "n1", "transport": "local",
-                                                                "work_dir": "/w"}]}))
-    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
-    engine = EngineServer()
-    node = engine_node("n1", engine=engine)
-    return Scenario(cfg, suite["gates"][0]["id"], {"n1": node}, http=httpx.MockTransport(engine))
-
-
 def r3_cross_instance(tmp_path) -> Scenario:
     """The writer and the reader node as test_r3 scripts them (the client prints what it printed on the rig)."""
     cfg = r3_config(tmp_path)
@@ -230,6 +217,13 @@ def g2_gain(tmp_path) -> Scenario:
     return Scenario(cfg, "GAIN", {"n1": scripted_node()}, http=httpx.MockTransport(TwoArms()))
 
 
+def g2_gain_multi_turn(tmp_path) -> Scenario:
+    """The shipped G2-multiturn gate (g2-gain on multi-turn sessions), as test_g2_multi_turn scripts it."""
+    from test_g2_multi_turn import multi_turn_scenario
+    cfg, node, engine, _ = multi_turn_scenario(tmp_path)
+    return Scenario(cfg, cfg.suite.gates[0].id, {"n1": node}, http=httpx.MockTransport(engine))
+
+
 def g2_faults(tmp_path) -> Scenario:
     """The pool's path lost and restored under the shipped cpu-reference gate, as test_g2_faults scripts it (the
     pool mount's server found with findmnt)."""
@@ -241,12 +235,13 @@ def g2_faults(tmp_path) -> Scenario:
 
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
     "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
-    "g2-multiturn": g2_multiturn, "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
+    "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
     "g2-load": g2_load, "pd-handoff": pd_handoff, "fio-faults": fio_faults, "g2-gain": g2_gain,
     "g2-faults": g2_faults,
 }
 # More ways to run a workload than its first scenario: (workload, id, scenario)
 MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached),
+                  ("g2-gain", "g2-gain-multi-turn", g2_gain_multi_turn),
                   ("g3-shared-read", "g3-isolation", g3_isolation),
                   ("pd-handoff", "pd-handoff-two-nodes", pd_handoff_two_nodes),
                   ("pd-handoff", "pd-handoff-storage-side", pd_handoff_storage_side),

@@ -1,0 +1,73 @@
+"""G2-multiturn (gates/g2-cpu-reference.yaml): g2-gain on multi-turn sessions, on the cpu-reference engine with the
+real LMCache 0.5.6. Two real engines (with the tier, and with --no-kv-tier), both with 2048 tokens of engine memory;
+6 sessions x 3 turns come back round-robin after that memory evicted them. Informational gate, signed bundle."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.config import load_config
+from harness.gates.verdict import Outcome
+from harness.report.bundle import generate_keypair, verify_bundle
+from harness.suite.runner import run_suite
+from harness.workloads import WORKLOADS
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(tmp_path):
+    suite = yaml.safe_load((ROOT / "gates" / "g2-cpu-reference.yaml").read_text())
+    suite["gates"] = [g for g in suite["gates"] if g["id"] == "G2-multiturn"]
+    suite["gates"][0]["params"].update(python=sys.executable)
+    (tmp_path / "gates.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "localhost", "transport": "local",
+                                                                   "work_dir": str(tmp_path / "work")}]}))
+    config = load_config(tmp_path / "inv.yaml", tmp_path / "gates.yaml", WORKLOADS)
+    key, pub = generate_keypair(tmp_path / "op")
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    out = run_suite(config, tmp_path / "out", load_pem_private_key(key.read_bytes(), None),
+                    progress=lambda m: print(m, flush=True))
+    result = json.loads((out.run_dir / "gates" / "G2-multiturn" / "result.json").read_text())
+    return out, pub, result
+
+
+def _records(path: Path) -> dict[str, dict]:
+    return {r["request_id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def test_returning_sessions_read_their_context_from_the_tier_not_from_engine_memory(tmp_path):
+    out, pub, result = _run(tmp_path)
+    v = out.verdicts[0]
+    assert v.outcome is Outcome.INFO, (v.reason, result)  # informational: measured, never decides
+    m, ev = result["metrics"], result["evidence"]
+    assert {c["name"]: c["ok"] for c in ev["validity"]} == {
+        "tier arm valid": True, "no_tier arm valid": True, "tier served the reuse": True,
+        "recomputed without the tier": True}, ev["validity"]
+    # the gain is the tier arm's completed request rate over the other's
+    (pair,) = ev["pairs"]
+    rate = pair["request_rate_rps"]
+    assert m["throughput_gain"] == pytest.approx(rate["tier"] / rate["no_tier"] - 1)
+    assert m["throughput_gain"] > 0
+    # 12 returning turns, each finding its session's previous turn (1024 or 1280 tokens): 13824 tokens any cache
+    # could serve, 60 % of the 23040 prompt tokens
+    assert ev["reusable_share"] == pytest.approx(0.6)
+    tier, none = ev["proofs"]["tier"], ev["proofs"]["no_tier"]
+    # sessions came back after their KV left engine memory, in both arms
+    assert tier["memory_hit_tokens"] == 0 and none["memory_hit_tokens"] == 0
+    # with the tier all earlier context came back from LMCache; without it nothing did and every token was computed
+    assert tier["tier_hit_tokens"] >= 0.9 * 13824 and m["tier_hit_rate"] >= 0.9
+    assert none["tier_hit_tokens"] == 0 and none["recomputed_tokens"] == none["prompt_tokens"] == 23040
+    assert tier["recomputed_tokens"] < 0.6 * none["recomputed_tokens"]
+    # the same conversation, the same greedy tokens: the KV read back is the KV that was computed
+    gate_dir = out.run_dir / "gates" / "G2-multiturn"
+    arms = {arm: _records(gate_dir / arm / "requests-trace-t1.jsonl") for arm in ("tier", "no_tier")}
+    assert len(arms["tier"]) == len(arms["no_tier"]) == 18
+    assert all(r["error"] is None and r["output_text"] for a in arms.values() for r in a.values())
+    assert {k: r["output_text"] for k, r in arms["tier"].items()} == \
+           {k: r["output_text"] for k, r in arms["no_tier"].items()}
+    assert verify_bundle(out.bundle.path, pub).ok
