@@ -168,10 +168,18 @@ class TwoArms:
         ids = json.loads(request.content)["prompt"]
         c["prompt"] += len(ids)
         if arm == "tier":
-            head = tuple(ids[:32])
-            if head in self.seen:
-                c[f"{self.serve_from}_hit"] += 32
-            self.seen.add(head)
+            level, n = self.hit(ids)
+            c[level] += n
+        return self.answer(ids)
+
+    def hit(self, ids: list[int]) -> tuple[str, int]:
+        """The tier arm's counter a prompt's hit goes to, and its tokens: the first 32 once seen before."""
+        head = tuple(ids[:32])
+        n = 32 if head in self.seen else 0
+        self.seen.add(head)
+        return f"{self.serve_from}_hit", n
+
+    def answer(self, ids: list[int]) -> httpx.Response:
         body = 'data: {"choices": [{"text": " a"}]}\n\ndata: {"choices": [{"text": " b"}]}\n\ndata: [DONE]\n\n'
         return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
 

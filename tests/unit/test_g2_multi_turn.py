@@ -19,6 +19,7 @@ from harness.suite.plan import gate_plan, plan_mismatch
 from harness.workloads import WORKLOADS
 from harness.workloads.g2_gain import GainEvidence
 from harness.workloads.g2_load import G2LoadEvidence, LoadSpec, read_load_trace
+from test_g2_gain import TwoArms
 from test_g2_load import gate_context, scripted_node
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,30 +124,22 @@ def test_lmcache_overrides_are_checked_against_the_pinned_lmcache(tmp_path):
 # ------------------------------------------------------------------------------------------- a scripted run
 
 
-class Sessions:
-    """Both arms' engines as one MockTransport handler, told apart by port. The tier arm (``port``) finds in its
-    tier the longest earlier prompt that starts this one (or, ``memory``, in its engine memory instead); the arm on
-    ``port + 1`` has no tier and recomputes everything. Greedy output: a digest of the prompt."""
+class Sessions(TwoArms):
+    """Both arms' engines as one MockTransport handler, told apart by port (test_g2_gain.TwoArms). The tier arm
+    (``port``) finds in its tier the longest earlier prompt that starts this one (or, ``memory``, in its engine
+    memory instead); the arm on ``port + 1`` has no tier and recomputes everything. Greedy output: a digest of the
+    prompt."""
 
     def __init__(self, port: int = 18000, memory: bool = False):
-        self.port, self.memory = port, memory
-        self.counts = {a: {"prompt": 0, "gpu_hit": 0, "external_hit": 0} for a in ("tier", "no_tier")}
+        super().__init__(port, serve_from="gpu" if memory else "external")
         self.stored: list[list[int]] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        arm = "tier" if request.url.port == self.port else "no_tier"
-        c = self.counts[arm]
-        if request.url.path == "/health":
-            return httpx.Response(200, json={})
-        if request.url.path == "/metrics":
-            text = "".join(f"kvgate_cpu_ref_{k}_tokens_total {v}\n" for k, v in c.items())
-            return httpx.Response(200, text=text + f"kvgate_cpu_ref_external_query_tokens_total {c['prompt']}\n")
-        ids = json.loads(request.content)["prompt"]
-        c["prompt"] += len(ids)
-        if arm == "tier":
-            hit = max((len(s) for s in self.stored if ids[:len(s)] == s), default=0)
-            c["gpu_hit" if self.memory else "external_hit"] += hit
-            self.stored.append(ids)
+    def hit(self, ids: list[int]) -> tuple[str, int]:
+        n = max((len(s) for s in self.stored if ids[:len(s)] == s), default=0)
+        self.stored.append(ids)
+        return f"{self.serve_from}_hit", n
+
+    def answer(self, ids: list[int]) -> httpx.Response:
         text = json.dumps({"choices": [{"text": f" {sum(ids) % 997}"}]})
         return httpx.Response(200, text=f"data: {text}\n\ndata: [DONE]\n\n",
                               headers={"content-type": "text/event-stream"})
