@@ -95,7 +95,9 @@ BUILD_TOOLS = {
 }
 KMOD_LINKS = ("modprobe", "insmod", "rmmod", "lsmod", "depmod", "modinfo")
 # busybox applets never linked: real tools replace them, or (mke2fs) they shadow real ones.
-BUSYBOX_SKIP = set(KMOD_LINKS) | {"mke2fs", "mkfs.ext2", "init", "linuxrc", "blkid", "lsblk"}
+# tc: busybox's applet on /bin (first in the guest's PATH) shadowed iproute2's /usr/sbin/tc and refused the slow
+# path's `tc qdisc add dev lo root handle ...` ("invalid argument 'root' to 'command'")
+BUSYBOX_SKIP = set(KMOD_LINKS) | {"mke2fs", "mkfs.ext2", "init", "linuxrc", "blkid", "lsblk", "tc"}
 
 GUEST_HOSTNAME = "kvgate-guest"
 # Debian 6.1's hardened usercopy takes nvmet-tcp's receive into a multi-page buffer for an exposure and BUGs
@@ -329,7 +331,8 @@ def resolve_kernel_package() -> tuple[str, str]:
 def _cache_key(kernel_pkg: str, kernel_version: str, versions: dict[str, str]) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({"kernel": [kernel_pkg, kernel_version], "host": versions,
-                         "modules": GUEST_MODULES, "format": BUILD_FORMAT,
+                         "modules": GUEST_MODULES, "format": BUILD_FORMAT, "host_binaries": HOST_BINARIES,
+                         "busybox_skip": sorted(BUSYBOX_SKIP),
                          "texts": [INITTAB, RCS, SSHD_CONFIG, PASSWD, GROUP, SHADOW, ENGINE_WRAPPER]},
                         sort_keys=True).encode())
     return h.hexdigest()[:16]

@@ -10,8 +10,10 @@ trial (``trials``, default 3) each load point of ``load:`` in turn:
 - open loop, ``{rates_rps: [1, 2, 4], burstiness: 1.0}``: requests sent on a Poisson (burstiness 1) or gamma
   schedule at that mean rate, whatever the responses (no coordinated omission);
 - trace replay, ``{path, format, time_scale, max_requests, max_duration_s}``: a Mooncake or Qwen-Bailian trace
-  (harness/load/traces.py) sent by its own timestamps times ``time_scale``; prompts sharing hash ids share
-  exactly those token blocks (harness/load/prompts.py);
+  (harness/load/traces.py) sent by its own timestamps times ``time_scale``, or with ``users: N`` in its order
+  by N users, each sending its next request when its previous one finished (a closed loop: on a slower or busier
+  machine the same sequence is served more slowly, not into an overload its timestamps never meant); prompts
+  sharing hash ids share exactly those token blocks (harness/load/prompts.py);
 - multi-turn sessions, ``{multi_turn: {sessions, turns, first_prompt_tokens, user_tokens, reply_tokens,
   rate_rps}}``: served round-robin turn by turn, each turn's prompt the session's whole history, replayed as the
   trace harness.load.synth.multi_turn_trace synthesises from them (pure: the plan's and the run's are one).
@@ -115,6 +117,9 @@ class LoadSpec(BaseModel):
     max_duration_s: float | None = Field(default=None, gt=0)  # trace: the requests arriving within this time
     block_tokens: int | None = Field(default=None, ge=1)  # trace: its tokens per hash id (default: the format's)
     tokens_per_block: int | None = Field(default=None, ge=1)  # trace: re-mapped to this many tokens per hash id
+    # trace: replayed in its order by this many users, each sending its next request when its previous one finished
+    # (a closed loop: the timestamps are not used, so a slower machine serves the same sequence, not an overload)
+    users: int | None = Field(default=None, ge=1, le=1024)
     multi_turn: MultiTurnLoad | None = None                # multi-turn sessions, replayed as a trace
 
     @model_validator(mode="after")
@@ -134,10 +139,12 @@ class LoadSpec(BaseModel):
         if self.burstiness is not None and self.rates_rps is None:
             raise ValueError("burstiness belongs to an open loop (rates_rps)")
         trace_only = [k for k in ("format", "time_scale", "max_requests", "max_duration_s", "block_tokens",
-                                  "tokens_per_block")
+                                  "tokens_per_block", "users")
                       if getattr(self, k) is not None]
         if trace_only and self.path is None:
             raise ValueError(f"{', '.join(trace_only)}: only for a trace (path)")
+        if self.users is not None and self.time_scale is not None:
+            raise ValueError("time_scale: a trace replayed by users does not use its timestamps")
         return self
 
     @property
@@ -293,6 +300,7 @@ class TraceInfo(LoadModel):
     # memory + tier hit shares are compared with
     unbounded_hit_rate: float | None = None
     multi_turn: MultiTurnLoad | None = None   # the sessions' shape when the trace was synthesised from it
+    users: int | None = None                  # replayed in order by this many users (closed loop), not by its times
 
 
 class G2LoadEvidence(Evidence):
@@ -706,7 +714,7 @@ def read_load_trace(spec: LoadSpec) -> tuple[Trace, TraceInfo]:
                             time_scale=spec.time_scale or 1.0, requests=len(trace.requests),
                             duration_s=trace.duration_s, sha256=hashlib.sha256(raw).hexdigest(),
                             unbounded_hit_rate=reuse_stats(trace).unbounded_hit_rate,
-                            multi_turn=spec.multi_turn)
+                            multi_turn=spec.multi_turn, users=spec.users)
 
 
 def multi_turn_text(m: MultiTurnLoad) -> str:
@@ -807,9 +815,11 @@ class G2Load(Workload):
         else:
             cuts = [f"first {p.load.max_requests} requests" if p.load.max_requests else "",
                     f"within {p.load.max_duration_s:g} s" if p.load.max_duration_s else ""]
+            how = (f"in its order by {p.load.users} user{'s' if p.load.users != 1 else ''}, each sending its next "
+                   "request when its previous one finished (its timestamps not used)" if p.load.users
+                   else f"timestamps x {p.load.time_scale or 1.0:g}")
             what = (f"trace replay of {p.load.path} ({p.load.format or 'format from its first line'}"
-                    f"{', ' + ', '.join(c for c in cuts if c) if any(cuts) else ''}), timestamps x "
-                    f"{p.load.time_scale or 1.0:g}")
+                    f"{', ' + ', '.join(c for c in cuts if c) if any(cuts) else ''}), {how}")
         shape = ("" if k == "trace" else f", prompts of {p.prompt_tokens} tokens sharing {p.shared_prefix_tokens} "
                  f"per {p.prefix_groups} prefix group(s)")
         again = (f"; an attempt its own client spoils (client lag p99 over {p.max_client_lag_p99_s * 1e3:g} ms) is set "
@@ -944,7 +954,8 @@ class G2Load(Workload):
                   trace: Trace | None) -> tuple[list[CompletionRequest], list[float] | None]:
         if trace is not None:
             per = p.load.tokens_per_block or trace.block_tokens
-            return trace_requests(p, trace, per, label, t, seed, vocab)
+            reqs, offsets = trace_requests(p, trace, per, label, t, seed, vocab)
+            return reqs, (None if p.load.users else offsets)  # by users: in order, each after the one before
         reqs = synthetic_requests(p, label, t, seed, vocab)
         if p.load.kind == "open":
             return reqs, arrival_offsets(len(reqs), load, p.load.burstiness or 1.0, seed)
@@ -1036,8 +1047,9 @@ class G2Load(Workload):
                   path=prof.api.request_path, api=prof.api.shape())
         if offsets is not None:
             coro = open_loop(base_url, reqs, offsets, p.served_model_name, **kw)
-        else:
-            coro = closed_loop(base_url, reqs, int(load), p.served_model_name, **kw)
+        else:  # a ladder's users, or a trace replayed in order by its users
+            users = p.load.users if p.load.kind == "trace" and p.load.users else int(load)
+            coro = closed_loop(base_url, reqs, users, p.served_model_name, **kw)
         with client_priority() as how:
             if ev is not None:
                 ev.client_priority = how

@@ -77,9 +77,9 @@ def test_profile_argv_accepted_by_vllm(vllm_serve, name):
     assert args.subparser == "serve" and args.model_tag == "meta-llama/Llama-3.1-70B"
     assert args.tensor_parallel_size == 8 and args.port == 8000 and args.host == "127.0.0.1"
     assert args.max_model_len == 32768 + 2 + 16
-    # off where G2's hits must come from the connector's tier; on only in the profile g2-load's CI ladder runs
-    # (vllm-cpu-prefix: the engine's memory is one of the levels its accounting counts)
-    assert args.enable_prefix_caching is (name == "vllm-cpu-prefix")
+    # off where G2's hits must come from the connector's tier; on only in the profiles whose engine memory is one
+    # of the levels accounted: g2-load's CI ladder (vllm-cpu-prefix) and the capacity curve (vllm-cpu-tiered)
+    assert args.enable_prefix_caching is (name in ("vllm-cpu-prefix", "vllm-cpu-tiered"))
     # vLLM turned the JSON into its own KVTransferConfig (pydantic-validated field names and kv_role)
     kvt = args.kv_transfer_config
     if name == "vllm-cpu-no-tier":  # g2-gain's arm without the tier: no connector at all

@@ -591,3 +591,28 @@ def test_the_load_client_sends_from_a_thread_of_raised_priority_and_puts_it_back
     with client_priority(-3) as how:
         assert os.getpriority(os.PRIO_PROCESS, tid) == before
     assert "refused (Operation not permitted)" in how
+
+
+def test_a_trace_replayed_by_users_is_sent_in_order_each_request_after_the_one_before(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    # three requests meant to arrive at once: by one user they go one after another, in the trace's order
+    trace.write_text("".join(json.dumps({"timestamp": 0, "input_length": 64, "output_length": 2,
+                                         "hash_ids": [i, 100 + i]}) + "\n" for i in range(3)))
+    d = gate_config(tmp_path, {**ENGINE, "trials": 1, "load": {"path": str(trace), "block_tokens": 32, "users": 1}},
+                    metric="ttft_p95_s@trace", pass_="<= 5 s", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    engine = PrefixEngine()
+    ctx = gate_context(tmp_path, cfg, scripted_node(), engine)
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    (pt,) = result.evidence.points
+    recs = [json.loads(line) for line in (ctx.gate_dir / pt.requests_file).read_text().splitlines()]
+    # each sent once the one before had finished (a closed loop), in the trace's order
+    assert [r["request_id"] for r in recs] == ["trace-t1-0", "trace-t1-1", "trace-t1-2"]
+    assert all(b["sent_s"] >= a["sent_s"] + a["e2e_s"] for a, b in zip(recs, recs[1:]))
+    assert result.evidence.trace.users == 1
+    assert "in its order by 1 user, each sending its next request" in " ".join(
+        s.description for s in gate_plan(cfg, cfg.suite.gates[0]))
+    with pytest.raises(ConfigError, match="a trace replayed by users does not use its timestamps"):
+        load_config(gate_config(tmp_path, {**ENGINE, "load": {"path": str(trace), "users": 1, "time_scale": 2}})
+                    / "i.yaml", tmp_path / "g.yaml", WORKLOADS)

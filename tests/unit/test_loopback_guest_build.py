@@ -112,6 +112,12 @@ def test_the_engine_wrapper_and_its_modules_are_part_of_the_build_cache_key(monk
     assert "/usr/sbin/mke2fs" in G.HOST_BINARIES and "/usr/bin/findmnt" in G.HOST_BINARIES
     monkeypatch.setattr(G, "ENGINE_WRAPPER", G.ENGINE_WRAPPER + "# changed\n")
     assert G._cache_key("linux-image-x", "1", {"fio": "3"}) != key
+    # the real tools that busybox's applets must not shadow are part of the key too (an image built before tc was
+    # skipped ran busybox's tc for the slow path)
+    assert "tc" in G.BUSYBOX_SKIP and "/usr/sbin/tc" in G.HOST_BINARIES
+    before = G._cache_key("linux-image-x", "1", {"fio": "3"})
+    monkeypatch.setattr(G, "BUSYBOX_SKIP", G.BUSYBOX_SKIP - {"tc"})
+    assert G._cache_key("linux-image-x", "1", {"fio": "3"}) != before
 
 
 def test_qemu_pids_finds_only_qemu_booting_that_initrd(tmp_path):
