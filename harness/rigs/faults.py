@@ -109,17 +109,26 @@ def target_restart(nqn: str, nsid: int, ports: list[PortRef]) -> tuple[tuple[str
             ("sh", "-c", up, "kvgate-target-up", enable, _subsys_dir(nqn, root), *links))
 
 
+# the netem child's handle: a qdisc handle's major number is 16 bits (at most four hex digits; "4b563:" was
+# refused by tc, "invalid qdisc ID", the first time the slow path ran in the guest)
+TC_NETEM_HANDLE = f"{int(TC_HANDLE, 16) + 1:x}"
+TC_PICK = "t=tc; [ -x /usr/sbin/tc ] && t=/usr/sbin/tc;"
+
+
 def slow_path(interface: str, port: PortRef, delay_ms: float, loss_pct: float = 0.0
               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(apply, inverse): netem delay (and loss) on the replies from the port's trsvcid on ``interface``; the
     inverse deletes the root qdisc only when it is kvgate's (handle 4b56:)."""
     netem = f"delay {delay_ms:g}ms" + (f" loss {loss_pct:g}%" if loss_pct else "")
-    script = (f'tc qdisc add dev "$1" root handle {TC_HANDLE}: prio && '
-              f'tc qdisc add dev "$1" parent {TC_HANDLE}:3 handle {TC_HANDLE}3: netem {netem} && '
-              f'tc filter add dev "$1" parent {TC_HANDLE}: protocol ip prio 1 u32 match ip sport "$2" 0xffff '
+    # iproute2's tc by its path where it is there: a busybox shell runs its own tc applet before any PATH lookup
+    # (seen in the loopback guest: "tc: invalid argument 'root' to 'command'"), and that one knows no prio/netem
+    tc = f'{TC_PICK} '
+    script = (tc + f'$t qdisc add dev "$1" root handle {TC_HANDLE}: prio && '
+              f'$t qdisc add dev "$1" parent {TC_HANDLE}:3 handle {TC_NETEM_HANDLE}: netem {netem} && '
+              f'$t filter add dev "$1" parent {TC_HANDLE}: protocol ip prio 1 u32 match ip sport "$2" 0xffff '
               f'flowid {TC_HANDLE}:3')
-    undo = (f'if tc qdisc show dev "$1" | grep -q "qdisc prio {TC_HANDLE}: root"; then '
-            f'tc qdisc del dev "$1" root; fi')
+    undo = (tc + f'if $t qdisc show dev "$1" | grep -q "qdisc prio {TC_HANDLE}: root"; then '
+            f'$t qdisc del dev "$1" root; fi')
     return (("sh", "-c", script, "kvgate-slow-path", interface, port.trsvcid),
             ("sh", "-c", undo, "kvgate-slow-path-undo", interface))
 

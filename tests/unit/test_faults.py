@@ -1,6 +1,7 @@
 """Faults (harness.rigs.faults): each fault's command and its inverse, run for real by sh against a tree shaped
 like nvmet's configfs (directories, symlinks, attribute files); the clock stamp around them; the undo log."""
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -91,7 +92,15 @@ def test_an_inverse_that_cannot_restore_says_so_and_still_restores_the_rest(tmp_
 def test_slow_path_adds_only_kvgates_qdisc_and_removes_only_it():
     apply, inverse = F.slow_path("lo", F.PortRef("4430", "4430"), 50)
     assert "handle 4b56: prio" in apply[2] and "netem delay 50ms" in apply[2] and apply[-2:] == ("lo", "4430")
+    # every handle a valid tc qdisc ID: a 16-bit major number, at most four hex digits
+    handles = re.findall(r"handle ([0-9a-f]+):", apply[2])
+    assert handles == ["4b56", "4b57"] and all(len(h) <= 4 for h in handles)
     assert 'grep -q "qdisc prio 4b56: root"' in inverse[2]  # someone else's root qdisc is left alone
+    # iproute2's tc by its path: a busybox shell runs its own tc applet (no prio, no netem) before PATH lookup
+    for script in (apply[2], inverse[2]):
+        assert script.startswith(F.TC_PICK) and " tc " not in script.replace(F.TC_PICK, "")
+    r = subprocess.run(["sh", "-c", F.TC_PICK + ' echo "$t"'], capture_output=True, text=True)
+    assert r.stdout.strip() == ("/usr/sbin/tc" if Path("/usr/sbin/tc").exists() else "tc")
 
 
 def test_clocked_stamps_the_node_clock_around_the_command_and_keeps_its_status():
