@@ -1,6 +1,6 @@
 """gates/loopback-faults.yaml in the real qemu guest (Debian's kernel): a two-path NVMe/TCP namespace read
 through the native multipath head while a path goes down and comes back, a path turns ANA inaccessible and
-back, the target restarts, and a path is slowed (netem on the guest's lo, the replies of the path's port only). One guest boot and one run for every case (qemu TCG is slow); the target side is
+back, and the target restarts. One guest boot and one run for every case (qemu TCG is slow); the target side is
 torn down and qemu stopped by PID at the end, also on failure.
 """
 
@@ -47,7 +47,7 @@ def faulted_run(qemu_guest, tmp_path_factory):
                         "cat /sys/kernel/config/nvmet/subsystems/*/namespaces/1/enable; "
                         "tc qdisc show dev lo"], timeout_s=120)
         results = {g: json.loads((outcome.run_dir / "gates" / g / "result.json").read_text())
-                   for g in ("F1-path-down", "F2-ana", "F3-target-restart", "F4-slow-path")}
+                   for g in ("F1-path-down", "F2-ana", "F3-target-restart")}
         yield outcome, results, links.stdout
     finally:
         tr.run(["nvme", "disconnect", "-n", "nqn.2024-01.io.kvgate:loopback-kvmp"], timeout_s=120)
@@ -89,24 +89,6 @@ def test_target_restart_stalls_then_recovers_with_data_intact(faulted_run):
     assert fault["stall_s"] >= 1.0 and fault["recovery_s"] is not None, fault
     assert ev["corrupted_chunks"] == 0 and ev["failed_reads"] == 0
     assert v["F3-target-restart"].outcome.value == "PASS", v["F3-target-restart"].reason
-
-
-def test_a_slowed_path_is_felt_and_ridden_out_with_every_block_verified(faulted_run):
-    outcome, results, _ = faulted_run
-    v = {x.gate_id: x for x in outcome.verdicts}
-    assert v["F4-slow-path"].outcome.value == "PASS", v["F4-slow-path"].reason
-    ev = results["F4-slow-path"]["evidence"]
-    (fault,) = ev["faults"]
-    assert fault["applied_ok"] and fault["undone_ok"] and fault["stall_s"] <= 5, fault
-    assert ev["corrupted_chunks"] == 0 and ev["failed_reads"] == 0
-    # the delay was felt: the head's rate (every path summed) while the path was slow, against the rate before it
-    t0, t1 = fault["t_apply_s"], fault["t_undo_s"]
-    during: dict[float, float] = {}
-    for pts in ev["series"].values():
-        for t, gb_s in pts:
-            if t0 + 0.5 < t <= t1:
-                during[t] = during.get(t, 0.0) + gb_s
-    assert during and sum(during.values()) / len(during) * 1e3 < 0.8 * fault["pre_rate_mb_s"], (during, fault)
 
 
 def test_every_fault_is_undone_on_the_target(faulted_run):
