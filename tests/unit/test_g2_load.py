@@ -324,6 +324,15 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_and_accounts_every_po
     assert summary["evidence"]["points"][0]["figures"]["requests"] == 3
 
 
+def run_valid(tmp_path: Path, d: Path):
+    """The g2-load gate written in ``d`` run on the scripted node and the engine double; it must end valid."""
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    ctx = gate_context(tmp_path, cfg, scripted_node(), PrefixEngine())
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    return cfg, ctx, result
+
+
 def test_an_open_loop_sends_on_its_schedule_and_records_due_and_sent_times(tmp_path):
     d = gate_config(tmp_path, {**BASE, "load": {"rates_rps": [50.0]}, "trials": 1, "max_client_lag_p99_s": 1.0},
                     metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
@@ -600,11 +609,7 @@ def test_a_trace_replayed_by_users_is_sent_in_order_each_request_after_the_one_b
                                          "hash_ids": [i, 100 + i]}) + "\n" for i in range(3)))
     d = gate_config(tmp_path, {**ENGINE, "trials": 1, "load": {"path": str(trace), "block_tokens": 32, "users": 1}},
                     metric="ttft_p95_s@trace", pass_="<= 5 s", stop=None)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
-    engine = PrefixEngine()
-    ctx = gate_context(tmp_path, cfg, scripted_node(), engine)
-    result = WORKLOADS["g2-load"]().run(ctx)
-    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    cfg, ctx, result = run_valid(tmp_path, d)
     (pt,) = result.evidence.points
     recs = [json.loads(line) for line in (ctx.gate_dir / pt.requests_file).read_text().splitlines()]
     # each sent once the one before had finished (a closed loop), in the trace's order
