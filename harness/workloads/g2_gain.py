@@ -511,6 +511,25 @@ def engine_cache_issues(p: GainParams, prof: EngineProfile) -> list[tuple[tuple,
              f"blocks (profile {prof.name!r} sets its engine memory in blocks): give a multiple of {per}")]
 
 
+def no_tier_engine_issues(p: GainParams, prof: EngineProfile, attached: bool) -> list[tuple[tuple, str]]:
+    """The arm without the tier's profile (``no_tier_engine``), when the gate names one: it loads, runs the same
+    engine as ``prof``, and is launched by kvgate or attached to as the tier arm is."""
+    if p.no_tier_engine is None:
+        return []
+    try:
+        other = load_profile(p.no_tier_engine)
+    except ConfigError as exc:
+        return [(("no_tier_engine",), str(exc.issues[0]))]
+    issues = []
+    if other.engine != prof.engine:
+        issues.append((("no_tier_engine",), f"profile {other.name!r} runs {other.engine}, not {prof.engine}: both "
+                       "arms must be the same engine"))
+    if attached and other.launches:
+        issues.append((("no_tier_engine",), f"profile {other.name!r} launches its engine (argv); an attached arm "
+                       "takes a profile without argv"))
+    return issues
+
+
 def with_cache(p: GainParams, prof: EngineProfile, extra: list[str] | None = None) -> EngineProfile:
     """Pure: ``prof`` with ``extra`` argv, its engine memory where the gate bounds it, and its LMCache config with
     the gate's ``lmcache_overrides``."""
@@ -571,15 +590,7 @@ class G2Gain(Workload):
         if params.no_tier_engine is None and not cap.no_tier_flag:
             issues.append((("no_tier_engine",), f"profile {prof.name!r} declares no capabilities.no_tier_flag: name "
                            "the profile of the same engine without the tier (no_tier_engine)"))
-        if params.no_tier_engine is not None:
-            try:
-                other = load_profile(params.no_tier_engine)
-            except ConfigError as exc:
-                issues.append((("no_tier_engine",), str(exc.issues[0])))
-            else:
-                if other.engine != prof.engine:
-                    issues.append((("no_tier_engine",), f"profile {other.name!r} runs {other.engine}, not "
-                                   f"{prof.engine}: both arms must be the same engine"))
+        issues += no_tier_engine_issues(params, prof, attached=False)
         if params.engine_cache_tokens is not None and not cap.engine_cache_flag:
             issues.append((("engine_cache_tokens",), f"profile {prof.name!r} declares no capabilities."
                            "engine_cache_flag: bound its engine memory in the profile instead"))
@@ -596,18 +607,11 @@ class G2Gain(Workload):
             if name not in nodes:
                 issues.append((("no_tier_attach",) + path[1:], f"node {name!r} is not one of the gate's nodes "
                                f"({', '.join(nodes) or 'none'})"))
-        if params.no_tier_engine is not None:
-            try:
-                prof, other = load_profile(params.engine), load_profile(params.no_tier_engine)
-            except ConfigError as exc:
-                return issues + [(("no_tier_engine",), str(exc.issues[0]))]
-            if other.engine != prof.engine:
-                issues.append((("no_tier_engine",), f"profile {other.name!r} runs {other.engine}, not {prof.engine}: "
-                               "both arms must be the same engine"))
-            if other.launches:
-                issues.append((("no_tier_engine",), f"profile {other.name!r} launches its engine (argv); an attached "
-                               "arm takes a profile without argv"))
-        return issues
+        try:
+            prof = load_profile(params.engine)
+        except ConfigError:
+            return issues  # named by g2-load's checks
+        return issues + no_tier_engine_issues(params, prof, attached=True)
 
     def _validate_sweep(self, params: GainParams, nodes) -> list[tuple[tuple, str]]:
         """A capacity sweep: g2-load's engine checks on its view, the engine memory it is measured against, the
