@@ -1,6 +1,6 @@
 """Build hook (metadata: pyproject.toml): a wheel of kvgate carries its data folders.
 
-gates/, inventory/, reports/ and workloads/ stay at the top of the repository, where people edit them; the
+gates/, inventory/, reports/, traces/ and workloads/ stay at the top of the repository, where people edit them; the
 build copies them into the wheel as harness/_data/, where an installed kvgate finds them (harness.paths).
 An editable install needs no copy: it runs from the checkout and reads the repository's folders.
 """
@@ -12,7 +12,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-DATA_DIRS = ("gates", "inventory", "reports", "workloads")  # as harness.paths.DATA_DIRS
+DATA_DIRS = ("gates", "inventory", "reports", "traces", "workloads")  # as harness.paths.DATA_DIRS
 
 
 class BuildPyWithData(build_py):

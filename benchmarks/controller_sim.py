@@ -79,8 +79,11 @@ def one(n: int, root: Path, tmp: Path) -> dict:
     names = [f"n{i}" for i in range(1, n + 1)]
     nodes = [{"name": x, "transport": "local", "work_dir": "/w",
               "targets": [{"name": "kvpool", "kind": "directory", "path": "/mnt/pool"}]} for x in names]
+    # Every reader replays one reader of the 8-node rig's 0.5 Gbit/s port: n of them need n/8 of that port, else
+    # their aggregate is more than the port can carry (INVALID). The port's node reports the same rate.
+    port_gbit_s = 0.5 * n / 8
     nodes.append({"name": "storage", "transport": "local", "work_dir": "/w",
-                  "nics": [{"name": "st0", "line_rate_gbit_s": 0.5}],
+                  "nics": [{"name": "st0", "line_rate_gbit_s": port_gbit_s}],
                   "targets": [{"name": "kvpool", "kind": "directory", "path": "/srv/pool"}]})
     (tmp / "i.yaml").write_text(yaml.safe_dump({"nodes": nodes}))
     gates = yaml.safe_load((root / "gates" / "g3-rig.yaml").read_text())
@@ -100,9 +103,9 @@ def one(n: int, root: Path, tmp: Path) -> dict:
         if any("kvgate-fact-section" in a for a in argv):
             return Reply(stdout=facts)
         if argv[:1] == ("cat",) and argv[1].endswith("/speed"):
-            return Reply(stdout="1000\n")
+            return Reply(stdout=f"{round(port_gbit_s * 1000)}\n")
         if argv[:2] == ("tc", "-j"):
-            return Reply(stdout='[{"kind":"tbf","options":{"rate":62500000}}]\n')
+            return Reply(stdout="[]\n")
         if argv[:1] == ("cat",):
             return Reply(rc=1, stderr="cat: no such file\n")
         return Reply()

@@ -2,14 +2,16 @@
 """kvgate's G1 figure divided by a direct fio run of the same job on the same target (goal 0.98-1.02).
 
 Both sides run alternately in the same session on one local file target, page cache dropped before each,
-so the machine's noise hits both. Prints each pair and the median ratio.
+so the machine's noise hits both. Prints each pair, then the ratio's median with its exact 95 % interval for the
+median (order statistics, harness.stats.median_interval), its spread (min, quartiles, max) and each side's own
+median and spread: a ratio below 1 whose interval excludes 1 is kvgate's overhead, one whose interval holds 1 is
+the machine's noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,11 +25,17 @@ from harness.report.bundle import generate_keypair, load_private_key  # noqa: E4
 from harness.config import load_config  # noqa: E402
 from harness.workloads import WORKLOADS  # noqa: E402
 from harness.suite.runner import run_suite  # noqa: E402
+from harness.stats import median_interval, percentile  # noqa: E402
+
+
+def spread(xs: list[float]) -> str:
+    """min / p25 / median / p75 / max of ``xs``."""
+    return " / ".join(f"{percentile(xs, q):.3f}" for q in (0, 25, 50, 75, 100))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--runtime-s", type=float, default=5)
     ap.add_argument("--size", default="1 GiB")
     ap.add_argument("--work-dir", default="/var/tmp/kvgate-bench")
@@ -75,8 +83,10 @@ def main() -> int:
         pairs.append((ours, theirs))
         print(f"round {i + 1}: kvgate G1 {ours:.4f} GB/s, direct fio {theirs:.4f} GB/s, ratio {ours / theirs:.3f}")
     ratios = [a / b for a, b in pairs]
-    print(f"median ratio kvgate/direct fio: {statistics.median(ratios):.3f} (goal 0.98-1.02; "
-          f"min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} rounds)")
+    iv = median_interval(ratios)
+    print(f"ratio kvgate/direct fio: {iv.text()} (goal 0.98-1.02)")
+    print(f"  spread (min / p25 / median / p75 / max): ratio {spread(ratios)}; kvgate GB/s "
+          f"{spread([a for a, _ in pairs])}; direct fio GB/s {spread([b for _, b in pairs])}")
     return 0
 
 

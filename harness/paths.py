@@ -1,4 +1,4 @@
-"""Where kvgate's own data lives (gates/, inventory/, reports/, workloads/) and its per-user state.
+"""Where kvgate's own data lives (gates/, inventory/, reports/, traces/, workloads/) and its per-user state.
 
 The data folders stay at the top of the repository; a wheel carries a copy in ``harness/_data`` (the
 build copies them, see setup.py). Running from a checkout, the repository's folders are used, so an edit
@@ -13,7 +13,7 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CHECKOUT = PACKAGE_DIR.parent
-DATA_DIRS = ("gates", "inventory", "reports", "workloads")
+DATA_DIRS = ("gates", "inventory", "reports", "traces", "workloads")
 
 
 def _is_checkout(root: Path) -> bool:
@@ -21,7 +21,7 @@ def _is_checkout(root: Path) -> bool:
 
 
 def data_root() -> Path:
-    """The folder that holds gates/, inventory/, reports/ and workloads/."""
+    """The folder that holds gates/, inventory/, reports/, traces/ and workloads/."""
     if _is_checkout(CHECKOUT):
         return CHECKOUT
     return Path(os.fspath(importlib.resources.files("harness") / "_data"))

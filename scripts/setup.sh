@@ -98,6 +98,10 @@ if [ "$WITH_VLLM" = 1 ]; then
     "$ENGINE_DIR/bin/vllm" --version >/dev/null
     echo "$stamp" > "$ENGINE_DIR/.kvgate-stamp"
   fi
+  # `transformers serve` (the text-only OpenAI server tests/integration/test_g2_load_text_only.py attaches to)
+  # loads its model with a device_map, which needs accelerate; outside the stamp, so no engine env is rebuilt.
+  "$ENGINE_DIR/bin/python" -c 'import accelerate' 2>/dev/null \
+    || "$ENGINE_DIR/bin/python" -m pip install -q --no-deps accelerate==1.16.0
 fi
 if [ "$WITH_BENCH" = 1 ]; then
   # The clients benchmarks/ compares kvgate's with, each in its own environment (they pin their own

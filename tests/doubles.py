@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import httpx
 
+from harness.execute.undo import UndoLog
 from harness.execute.cancel import Cancellation
 from harness.execute.clock import Clock, ScriptedClock
 from harness.parsers.prometheus import Sample, parse_prometheus
@@ -57,7 +58,7 @@ def gate_context(run_dir: Path | None, cfg: Any = None, gate_id: str | None = No
     if http is not None and not isinstance(http, httpx.BaseTransport):
         http = httpx.MockTransport(http)
     return GateContext(gate=gate, params=params, nodes=nodes or {}, transports=transports or {}, steps=steps,
-                       gate_dir=gate_dir, http=http, clock=clock,
+                       gate_dir=gate_dir, http=http, clock=clock, undo=UndoLog(),
                        cancel=Cancellation(clock, timeout_s=timeout_s, what=f"gate {gate.id}"))
 
 
@@ -127,6 +128,11 @@ def pool_blockstat(device: str = "/dev/nvme1n1", maj_min: str = "259:1",
         lambda call: Reply(stdout=f"kvgate-pool-device {maj_min} {device}\n1 0 {next(sectors)} 0 0 0 0 0 0 0 0\n"))
 
 
+def pool_loop(device: str = "/dev/loop7", maj_min: str = "7:7") -> tuple[Match, Answer]:
+    """The loop pool's make (``pool_device: {kind: loop}``), answered as on this machine (and its undo)."""
+    return argv_has("kvgate-pool-loop"), Reply(stdout=f"kvgate-pool-loop {device} {maj_min} 1\n")
+
+
 def ok(*matches: Match) -> list[tuple[Match, Answer]]:
     """Routes that succeed with no output."""
     return [(m, Reply()) for m in matches]
@@ -138,10 +144,12 @@ def engine_node(name: str = "n1", *extra: tuple[Match, Answer], events: list[Eve
     """A node an engine workload launches its engine on: pre-flight, mkdir, the page-cache drop, the pool's files
     and device answered; a spawn is a fresh engine process (``engine.restart()``) printing ``log``."""
     def spawn(call: Call) -> Reply:
+        if any(a.endswith("pool_evict.py") for a in call.argv):  # the cold regime's evictor, not an engine
+            return Reply(stdout='{"type": "start"}\n{"type": "summary"}\n')
         if engine is not None:
             engine.restart()
         return Reply(stdout=log)
-    router = Router(*extra, preflight(), pool_files(pool), pool_blockstat(), (spawned, spawn),
+    router = Router(*extra, preflight(), pool_files(pool), pool_blockstat(), pool_loop(), (spawned, spawn),
                     *ok(argv_starts("mkdir"), argv_is(*DROP_CACHES_ARGV)))
     return ScriptedTransport(router, name=name, events=events)
 
@@ -152,11 +160,14 @@ class EngineServer:
     """An engine's HTTP API as an httpx MockTransport handler. ``/metrics`` shows the hit counters under the names
     of the shipped profiles (the reference engine's and vLLM's) and the process start time; a completion looks its
     prompt up in the tier: a hit for a prompt stored there earlier. ``restart()`` makes a new process (counters
-    from zero, a new start time) that still finds the tier's prompts. ``down``: nothing answers. Every request is an ``http`` event in ``events``."""
+    from zero, a new start time) that still finds the tier's prompts. ``down``: nothing answers. Every request is an ``http`` event in ``events``.
+    ``salt_field``: the request field its tier keys stored prompts by besides the prompt (a tenant-isolating tier);
+    None: the prompt alone (a salt-blind tier, as vLLM's ExampleConnector)."""
 
-    def __init__(self, events: list[Event] | None = None, down: bool = False):
+    def __init__(self, events: list[Event] | None = None, down: bool = False, salt_field: str | None = None):
         self.events = events if events is not None else []
         self.down = down
+        self.salt_field = salt_field
         self.stored: set[str] = set()
         self.query = self.hit = 0
         self.start = 1000.0
@@ -183,8 +194,11 @@ class EngineServer:
             return httpx.Response(200, json={})
         if request.url.path == "/metrics":
             return httpx.Response(200, text=self.metrics_text())
-        prompt = json.loads(request.content)["prompt"]
+        body = json.loads(request.content)
+        prompt = body["prompt"]
         key, n = json.dumps(prompt), len(prompt)
+        if self.salt_field:
+            key = json.dumps([body.get(self.salt_field), prompt])
         self.query += n
         if key in self.stored:
             self.hit += n

@@ -37,6 +37,7 @@ NO_ENGINE = (
     "integration/test_load_client_processes.py",
     "integration/test_loopback_link_guard.py",
     "integration/test_pooldev_loop.py",
+    "integration/test_pool_cold_regime.py",
     "integration/test_report_html_chromium.py",
     "integration/test_scoped_transport.py",
     "integration/test_secrets_transport.py",

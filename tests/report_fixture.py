@@ -27,3 +27,12 @@ def g1_only(run: Path, predicate: dict) -> dict:
         shutil.rmtree(run / "gates" / g)
     predicate["verdicts"] = [v for v in predicate["verdicts"] if v["gate_id"] == "G1"]
     return predicate
+
+
+def sign_run(run: Path, predicate: dict, out: Path, key: Path, at: str) -> Path:
+    """A run directory signed into ``out`` as ``kvgate run`` signs it, with the signing time ``at`` (UTC,
+    ``YYYY-MM-DDTHH:MM:SSZ``) fixed; the bundle's directory."""
+    import time
+    from harness.report.bundle import load_private_key, write_bundle
+    return write_bundle(run, out, load_private_key(key), predicate, make_tar=False,
+                        clock=lambda: time.strptime(at, "%Y-%m-%dT%H:%M:%SZ")).path

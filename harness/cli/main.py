@@ -24,7 +24,7 @@ import threading
 
 from .. import __version__
 from ..errors import ConfigError
-from . import cost, evidence, k8s, loopback, report, rig, suite, trace
+from . import cost, evidence, gpunode, k8s, loopback, report, rig, suite, trace
 from .exits import exit_for_error
 
 # The signals that stop kvgate as Ctrl-C does (SIGINT keeps Python's own handler, which raises KeyboardInterrupt).
@@ -70,7 +70,7 @@ def restore_handlers(previous: dict[int, object]) -> None:
         signal.signal(sig, handler)
 
 
-COMMAND_GROUPS = (suite, report, evidence, cost, loopback, rig, trace, k8s)
+COMMAND_GROUPS = (suite, report, evidence, cost, loopback, rig, trace, k8s, gpunode)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,8 @@ data, re-render offline) and ``compare BUNDLE_A BUNDLE_B`` (delta table and char
 
 ``verify``: 0 every file matches and every named key signed (with ``--keyring``: every signature judged, none
 refused, each ``--require-role`` present); 1 it does not; 2 usage, an unreadable key, a bad keyring (FILE:LINE).
-``report``: 0 verified, the re-evaluated verdicts equal the signed ones and every signed rendered file (report.html,
+``report``: prints "N of M gates re-derived from raw files" beside its answer (a gate whose workload has no
+re-deriver is taken from result.json, and named); 0 verified, the re-evaluated verdicts equal the signed ones and every signed rendered file (report.html,
 report.md, tables, charts, junit.xml) is byte for byte kvgate's render of the verified files; 1 verification failed
 (nothing is re-rendered), the verdicts differ (the report says what differs) or a signed render differs (named);
 2 usage / bundle error.
@@ -27,7 +28,8 @@ from ..report.compare import compare_predicates, outcome_changes, render_html, r
 from ..report.cosign import SignersResult, signer_view, verify_signers
 from ..report.keyring import ROLES, keyring_from_pubkeys, load_keyring
 from ..report.predicate import check_predicate
-from ..report.render import confined, render_predicate, signed_render_differences, to_csv_bytes, write_reports
+from ..report.render import (confined, provenance_notes, render_predicate, signed_render_differences, to_csv_bytes,
+                             write_reports)
 from ..safeio import InputFileError, decode_utf8, parse_json
 from .exits import EXIT_NO, EXIT_OK
 
@@ -130,6 +132,8 @@ def cmd_report(args) -> int:
         rid = signers.report_id
         who = f"key {res.signer}" if res is not None else ", ".join(c.who for c in signers.accepted)
         print(f"OK {rid}: signature and every file verified ({who}, {how})")
+        for note in provenance_notes([v for v in pred.get("verdicts") or [] if isinstance(v, dict)]):
+            print(f"  {note} (kvgate did not measure this itself)")
         for c in signers.signatures if len(signers.signatures) > 1 or args.keyring else []:
             print(f"  signature: {c.line()}")
         re = reevaluate_bundle(d, pred)
@@ -155,7 +159,9 @@ def cmd_report(args) -> int:
         confined(out, "reevaluation.json").write_text(json.dumps({
             "report_id": rid, "same": re.same, "differences": re.differences,
             "overall_signed": re.overall_signed, "overall_reevaluated": re.overall_reevaluated,
-            "gates": [{"gate_id": c.gate_id, "source": c.source, "signed": (c.signed or {}).get("outcome"),
+            "rederived": re.rederived_text,
+            "gates": [{"gate_id": c.gate_id, "source": c.source, "rederived": c.rederived,
+                       "signed": (c.signed or {}).get("outcome"),
                        "reevaluated": (c.reevaluated or {}).get("outcome"), "differences": c.differences}
                       for c in re.checks]}, indent=1) + "\n")
         print(f"re-rendered {len(files)} files into {out}")
@@ -166,9 +172,9 @@ def cmd_report(args) -> int:
         else:
             print(f"signed reports: IDENTICAL to kvgate's render of the verified files ({held} compared)")
         if re.same:
-            print(f"verdicts: SAME as signed (overall {re.overall_signed})")
+            print(f"verdicts: SAME as signed (overall {re.overall_signed}); {re.rederived_text}")
             return EXIT_NO if differ else EXIT_OK
-        print("verdicts: DIFFER from the signed ones:")
+        print(f"verdicts: DIFFER from the signed ones ({re.rederived_text}):")
         for line in re.differences:
             print(f"  {line}")
         return EXIT_NO

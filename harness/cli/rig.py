@@ -23,8 +23,19 @@ def _spec(args: argparse.Namespace) -> RigSpec:
     return RigSpec(**kwargs)
 
 
+def _which(args: argparse.Namespace, node_count: int, recorded: bool, spec: RigSpec) -> str:
+    """Which rig a command acted on, in words: the one `up` recorded, or the flags' when there is no record."""
+    text = (f"{spec.prefix} rig of {node_count} nodes as `rig up` recorded it ({spec.state_dir}/rig.json)" if recorded
+            else f"{spec.prefix} rig of {node_count} nodes (no record of `rig up` in {spec.state_dir}: as given, and "
+                 "every further node namespace of the prefix)")
+    if recorded and args.node_count is not None and args.node_count != node_count:
+        text += f"; --nodes {args.node_count} ignored"
+    return text
+
+
 def _handler(args: argparse.Namespace) -> int:
-    # `down`, `status` and `kill-node` only need the names, which derive from prefix and node count.
+    # `down`, `status`, `kill-node` and the link commands act on the rig `up` recorded in the state dir (its node
+    # count), whatever flags they are given; without a record, on the names the prefix and node count give.
     spec = _spec(args)
     if args.rig_cmd == "up":
         state = rig_up(spec)
@@ -34,13 +45,16 @@ def _handler(args: argparse.Namespace) -> int:
         print(f"pool on every node: {state.pool_mount}")
     elif args.rig_cmd == "down":
         res = rig_down(spec, remove_state=args.purge)
-        print(f"rig down: killed {len(res['killed_pids'])} processes, "
-              f"deleted {len(res['deleted_namespaces'])} namespaces")
+        print(f"rig down: {_which(args, res['node_count'], res['recorded'], spec)}: killed {len(res['killed_pids'])} "
+              f"processes, deleted {len(res['deleted_namespaces'])} namespaces; left: no namespace, no process"
+              + (f"; its state dir {res['state_dir_kept']} (keys, pool; --purge deletes it)"
+                 if res["state_dir_kept"] else ""))
     elif args.rig_cmd == "status":
         st = rig_status(spec)
         if args.json:
             print(json.dumps(st, indent=2))
         else:
+            print(f"rig {_which(args, st['node_count'], st['recorded'], spec)}")
             for ns, info in st["namespaces"].items():
                 what = "absent" if info is None else f"{len(info['pids'])} processes"
                 print(f"{ns:12s} {what}")

@@ -27,14 +27,15 @@ def _config_args(p, required: bool = True) -> None:
                    help="gate suite YAML (a path, or the name of one kvgate ships in gates/)")
 
 
-def load(args) -> Config:
-    """The inventory and the gate suite the command line names, validated against every workload."""
+def load(args, check_files: bool = False) -> Config:
+    """The inventory and the gate suite the command line names, validated against every workload
+    (``check_files``: and every control-host file a gate names, there and parsing)."""
     return load_config(given_or_shipped(args.inventory, "inventory"), given_or_shipped(args.gates, "gates"),
-                       WORKLOADS)
+                       WORKLOADS, check_files=check_files)
 
 
 def cmd_validate(args) -> int:
-    cfg = load(args)
+    cfg = load(args, check_files=True)
     print(f"OK: {args.inventory}: {len(cfg.inventory.nodes)} node(s); {args.gates}: suite "
           f"{cfg.suite.suite.name} v{cfg.suite.suite.version}, {len(cfg.suite.gates)} gate(s)")
     return EXIT_OK
@@ -53,7 +54,7 @@ def cmd_run(args) -> int:
     if not args.inventory:
         args.inventory, args.gates = DEFAULT_INVENTORY, DEFAULT_GATES
         print(f"no suite given: running the default {DEFAULT_GATES} on {DEFAULT_INVENTORY}", file=sys.stderr)
-    cfg = load(args)
+    cfg = load(args, check_files=True)  # a missing trace or model config stops the run before anything starts
     signing = resolve_signing_key(args.key)
     if signing.kind == "development":
         print(f"no --key given: signing with the development key {signing.key_path} (marked as such)",

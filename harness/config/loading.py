@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError, ConfigIssue
+from ..stats import min_trials_for_interval
 from ..units import parse_quantity, unit_info
 from .models import Gate, GateSuite, Inventory, Node
 from .yamlload import LineIndex, load_yaml, validate
@@ -68,7 +69,8 @@ def _local_paths_from(inv: Inventory, base: Path) -> Inventory:
 
 
 def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None,
-                 params_out: dict[str, Any], workloads: Mapping[str, Any]) -> list[ConfigIssue]:
+                 params_out: dict[str, Any], workloads: Mapping[str, Any], check_files: bool = False,
+                 trials_rule: bool = True) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     seen: dict[str, int] = {}
     for i, gate in enumerate(suite.gates):
@@ -102,10 +104,22 @@ def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None
             issues.extend(exc.issues)
             continue
         params_out[gate.id] = params
+        mrf = getattr(params, "min_read_fraction", None)
+        # (a bundle's own suite re-read, trials_rule False, is judged as it was signed: this is a rule for new runs)
+        if trials_rule and isinstance(mrf, (int, float)) and mrf < MIN_READ_FRACTION and not gate.informational:
+            issues.append(index.issue(at + ("params", "min_read_fraction"), (
+                f"{mrf} is below {MIN_READ_FRACTION}: the tier's hits would not be proven reads of the pool's device "
+                f"(the node's memory could serve them); make the tier cold instead (pool_device: {{kind: loop}}, the "
+                f"engine profile's cold_regime), or mark the gate informational: true")))
+        file_issues = getattr(wl(), "file_issues", None)
+        if check_files and file_issues is not None:
+            issues.extend(index.issue(at + ("params",) + tuple(path), msg) for path, msg in file_issues(params))
         metric_issue = getattr(wl, "metric_issue", None)  # a metric the workload has, but not in this mode
         why = metric_issue(params, gate.metric) if metric_issue is not None and unit is not None else None
         if why:
             issues.append(index.issue(at + ("metric",), why))
+        if trials_rule and unit is not None and not gate.informational:
+            issues.extend(_trials_issues(wl, params, gate.metric, index, at))
         if inventory is not None:
             nodes = []
             for j, n in enumerate(gate.nodes or []):
@@ -125,9 +139,33 @@ def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None
     return issues
 
 
-def load_config(inventory_path: str | Path, gates_path: str | Path, workloads: Mapping[str, Any]) -> Config:
+# The least share of the KV a gate's tier hits claim that the pool's device must have read: below it a gate could
+# credit the node's memory (an engine's RAM level, the page cache) to the tier. Only an informational gate (one
+# that reports, never decides) may ask for less.
+MIN_READ_FRACTION = 0.5
+
+
+def _trials_issues(wl: Any, params: Any, metric: str, index: LineIndex, at: tuple) -> list[ConfigIssue]:
+    """A gate judged on an interval over trials (the workload's ``interval_trials(params, metric)``: the trials it
+    asks for, None when the metric is not judged on one) whose trials can never give a conclusive PASS: fewer than
+    a 95 % interval for the median needs (harness.stats.min_trials_for_interval)."""
+    interval_trials = getattr(wl, "interval_trials", None)
+    n = interval_trials(params, metric) if interval_trials is not None else None
+    need = min_trials_for_interval()
+    if n is None or n >= need:
+        return []
+    return [index.issue(at + ("params", "trials"), f"trials {n} can never give a conclusive PASS: a 95 % interval "
+                        f"for the median of {metric} needs at least {need} trials (raise trials, or mark the gate "
+                        "informational: true, which reports the value and never decides)")]
+
+
+def load_config(inventory_path: str | Path, gates_path: str | Path, workloads: Mapping[str, Any],
+                check_files: bool = False, trials_rule: bool = True) -> Config:
     """Load and cross-check both files against the workload registry ``workloads`` (name -> workload class);
-    raise ConfigError listing every issue in both."""
+    raise ConfigError listing every issue in both. ``check_files``: also every control-host file a gate names (a
+    trace, a model config) must be there, a regular file, and parse (``kvgate validate`` and ``run``; a bundle's
+    suite re-loaded elsewhere need not have them). ``trials_rule`` False: a bundle's own suite re-read to re-judge
+    it (a gate of an older kvgate with too few trials still loads; its verdict then says it has no interval)."""
     issues: list[ConfigIssue] = []
     inventory = suite = None
     try:
@@ -138,7 +176,7 @@ def load_config(inventory_path: str | Path, gates_path: str | Path, workloads: M
     try:
         data, index = load_yaml(gates_path)
         suite = validate(GateSuite, data, index)
-        issues.extend(_check_gates(suite, index, inventory, params, workloads))
+        issues.extend(_check_gates(suite, index, inventory, params, workloads, check_files, trials_rule))
     except ConfigError as exc:
         issues.extend(exc.issues)
     if issues:

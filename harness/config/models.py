@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..endurance import DriveRating
 from ..redact import add_secret_names, env_name_ok
 from ..units import Threshold, UnitError, parse_quantity, parse_size_bytes, parse_threshold
 
@@ -265,6 +266,27 @@ _MANAGED_FIELDS = ("host_id", "nr_io_queues", "queue_size", "ctrl_loss_tmo_s", "
 _NVMEOF_HOST_FIELDS = ("connect", "nsid", "ns_uuid", "nguid", "host_nqn") + _MANAGED_FIELDS
 
 
+class PoolDrive(Strict):
+    """The drive behind a node's KV pool as its datasheet rates it (docs/endurance.md): ``capacity`` in decimal
+    units as vendors state it (``3.84 TB``), ``rated_dwpd`` full drive writes per day over ``warranty_years``.
+    Optional: without it the serving gates report bytes written per million tokens, but no days to rating."""
+
+    name: str | None = None
+    capacity_bytes: int = Field(alias="capacity")
+    rated_dwpd: float = Field(gt=0, le=1000, allow_inf_nan=False)
+    warranty_years: float = Field(default=5.0, gt=0, le=50, allow_inf_nan=False)
+
+    @field_validator("capacity_bytes", mode="before")
+    @classmethod
+    def _capacity(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise ValueError(f"expected a size with its unit such as '3.84 TB', got {v!r}")
+        return parse_size_bytes(v, what="drive capacity")
+
+    def rating(self) -> DriveRating:
+        return DriveRating(self.capacity_bytes, self.rated_dwpd, self.warranty_years, self.name)
+
+
 class Node(Strict):
     name: str
     transport: Literal["local", "ssh"] = "ssh"
@@ -283,6 +305,8 @@ class Node(Strict):
     nics: list[Nic] = Field(default_factory=list)
     targets: list[Target] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
+    # the drive the node's KV pool lives on, for the serving gates' days to its rating (docs/endurance.md)
+    pool_drive: PoolDrive | None = None
 
     @field_validator("name")
     @classmethod

@@ -22,6 +22,12 @@ Model (per session = one conversation/agent context of ``context_tokens`` tokens
   ``hits_per_month = sessions_per_day x DAYS_PER_MONTH x revisit_rate x hit_rate``; each hit saves
   ``recompute_gpu_s - readback_gpu_s``; net saving = GPU money saved - storage money.
   Break-even hit rate: the hit rate at which net saving is zero (``inf`` when a hit saves nothing).
+* Drive wear: each session's KV is written to the tier once, at the device's write amplification (device bytes
+  written per stored KV byte, measured by a serving gate: docs/endurance.md), so
+  ``device_written_bytes_per_month = sessions_per_day x DAYS_PER_MONTH x kv_bytes_per_session x
+  device_write_amplification``, priced at ``drive_usd_per_tb_written`` (a drive's price over its rated writes:
+  capacity x DWPD x 365 x warranty years); ``wear_usd_per_mtok`` is the same per million tokens stored. The wear is
+  a cost of the tier beside its capacity: it comes off the net saving and into the break-even hit rate.
 * Throughput gain of the instance: GPU work per session (context prefill + decode) on every visit without the
   tier, versus read-back instead of prefill on the revisits that hit; gain = work_without / work_with - 1.
 """
@@ -58,8 +64,13 @@ INPUTS: tuple[str, ...] = (
     "hit_rate",
     "retention_days",
     "capacity_overhead_ratio",
+    "device_write_amplification",
+    "drive_usd_per_tb_written",
 )
 """Names of the model's numeric inputs (units in the names)."""
+
+WEAR_DEFAULTS = {"device_write_amplification": 1.0, "drive_usd_per_tb_written": 0.0}
+"""Inputs a caller may leave out: drive wear then unpriced (a device that writes only the KV, at no price)."""
 
 MEASURED_ONLY = ("readback_ttft_s", "recompute_ttft_s")
 """Inputs used only when ``timing="measured"``."""
@@ -78,6 +89,9 @@ OUTPUTS: tuple[str, ...] = (
     "capacity_bytes",
     "capacity_tb",
     "storage_usd_per_month",
+    "device_written_tb_per_month",
+    "wear_usd_per_mtok",
+    "wear_usd_per_month",
     "revisits_per_month",
     "hits_per_month",
     "gpu_hours_saved_per_month",
@@ -96,7 +110,7 @@ TIMINGS = ("model", "measured")
 
 def _as_float(inputs: Mapping[str, Any], name: str) -> np.ndarray:
     try:
-        value = inputs[name]
+        value = inputs[name] if name in inputs or name not in WEAR_DEFAULTS else WEAR_DEFAULTS[name]
     except KeyError:
         raise KeyError(f"cost model input {name!r} missing") from None
     return np.asarray(value, dtype=np.float64)
@@ -131,13 +145,18 @@ def evaluate(inputs: Mapping[str, Any], timing: str = "model") -> dict[str, np.n
             x["sessions_per_day"] * x["retention_days"] * kv_session * (1.0 + x["capacity_overhead_ratio"])
         )
         storage_usd = capacity_bytes / TB * x["storage_usd_per_tb_month"]
+        wa, usd_per_tb_written = x["device_write_amplification"], x["drive_usd_per_tb_written"]
+        written_bytes = x["sessions_per_day"] * DAYS_PER_MONTH * kv_session * wa
+        wear_usd = written_bytes / TB * usd_per_tb_written
+        wear_per_mtok = x["kv_bytes_per_token"] * 1e6 * wa / TB * usd_per_tb_written
         revisits = x["sessions_per_day"] * DAYS_PER_MONTH * x["revisit_rate"]
         hits = revisits * x["hit_rate"]
         gpu_h_saved = hits * saved_gpu_s / 3600.0
         gpu_usd_saved = gpu_h_saved * x["gpu_usd_per_hour"]
-        net = gpu_usd_saved - storage_usd
+        net = gpu_usd_saved - storage_usd - wear_usd
         denom = revisits * saved_usd
-        break_even = np.where(denom > 0, storage_usd / np.where(denom > 0, denom, 1.0), np.inf)
+        tier_usd = storage_usd + wear_usd
+        break_even = np.where(denom > 0, tier_usd / np.where(denom > 0, denom, 1.0), np.inf)
 
         decode_gpu_s = x["decode_tokens_per_session"] / x["decode_tokens_per_s_per_gpu"]
         visit_without = recompute_gpu_s + decode_gpu_s
@@ -160,6 +179,9 @@ def evaluate(inputs: Mapping[str, Any], timing: str = "model") -> dict[str, np.n
         "capacity_bytes": capacity_bytes,
         "capacity_tb": capacity_bytes / TB,
         "storage_usd_per_month": storage_usd,
+        "device_written_tb_per_month": written_bytes / TB,
+        "wear_usd_per_mtok": wear_per_mtok,
+        "wear_usd_per_month": wear_usd,
         "revisits_per_month": revisits,
         "hits_per_month": hits,
         "gpu_hours_saved_per_month": gpu_h_saved,

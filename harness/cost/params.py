@@ -84,6 +84,7 @@ class Tier(_Strict):
     per_gpu_read: GbPerS = 5.23
     readback_fixed: Seconds = 0.0
     capacity_overhead: RatioNonNeg = 0.0
+    write_amplification: PosNumber = 1.0  # device bytes written per stored KV byte (a serving gate measures it)
 
 
 class Measured(_Strict):
@@ -101,6 +102,7 @@ class Fleet(_Strict):
 class Prices(_Strict):
     gpu_usd_per_hour: NonNegNumber = 2.0
     storage_usd_per_tb_month: NonNegNumber
+    drive_usd_per_tb_written: NonNegNumber = 0.0  # a drive's price / its rated writes (capacity x DWPD x 365 x years)
 
 
 InputName = Literal[cost.INPUTS]  # type: ignore[valid-type]
@@ -171,6 +173,10 @@ PARAM_PATHS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "readback_fixed_s": (("tier", "readback_fixed"), "default: 0 s (no fixed read-back overhead)"),
     "capacity_overhead_ratio": (("tier", "capacity_overhead"), "default: 0 (no metadata/replica overhead)"),
+    "device_write_amplification": (("tier", "write_amplification"),
+                                   "default: 1 (the device writes only the KV; a serving gate measures it)"),
+    "drive_usd_per_tb_written": (("prices", "drive_usd_per_tb_written"),
+                                 "default: 0 (drive wear not priced)"),
     "readback_ttft_s": (
         ("measured", "readback_ttft"),
         "reference: 11.85 s read-back TTFT p50, vendor reference R2 (not measured in this run)",
@@ -191,6 +197,7 @@ _FIELD_OF = {  # YAML leaf name -> attribute name on the section model
     "per_gpu_read": "per_gpu_read",
     "readback_fixed": "readback_fixed",
     "capacity_overhead": "capacity_overhead",
+    "write_amplification": "write_amplification",
     "readback_ttft": "readback_ttft",
     "recompute_ttft": "recompute_ttft",
 }
@@ -205,6 +212,8 @@ MEASURED_METRICS: dict[str, tuple[str, ...]] = {
     # g2-gain: the measured throughput gain of the same load with the tier over without it; not a model input,
     # set beside the model's own throughput_gain in the report (a cross-check, as the measured TTFTs are)
     "measured_throughput_gain": ("throughput_gain",),
+    # a serving gate's device bytes written per stored KV byte (its evidence's endurance, docs/endurance.md)
+    "device_write_amplification": ("write_amplification",),
 }
 SIGNED_MEASUREMENTS = frozenset({"measured_throughput_gain"})
 """Measured figures that may be zero or negative (a gain): any finite number is a measurement."""
@@ -260,7 +269,7 @@ def extract_measured(verdicts: Mapping[str, Any], report_id: str) -> list[Measur
         seen: set[str] = set()
         candidates: list[tuple[str, Any]] = [(str(v.get("metric")), v.get("actual"))]
         evidence = v.get("evidence") if isinstance(v.get("evidence"), Mapping) else {}
-        for scope in (v.get("metrics"), evidence, evidence.get("metrics")):
+        for scope in (v.get("metrics"), evidence, evidence.get("metrics"), evidence.get("endurance")):
             if isinstance(scope, Mapping):
                 candidates.extend((str(k), val) for k, val in scope.items())
         for key, val in candidates:
@@ -423,6 +432,8 @@ def resolve(
     base = {n: v.value for n, v in ordered.items()}
     sweep_names = list(sens.inputs) if sens.inputs is not None else [
         n for n in used if n not in ("gpus_per_instance",) and base.get(n, 0.0) != 0.0
+        # the write amplification moves nothing while drive wear is not priced
+        and not (n == "device_write_amplification" and not base.get("drive_usd_per_tb_written"))
     ]
     sweep_names = sorted(set(sweep_names) | set(sens.ranges))
     ranges = cost.default_ranges(base, [n for n in sweep_names if n not in sens.ranges], sens.spread)

@@ -13,9 +13,15 @@ Timing model (one request):
 - ``usage_prompt_tokens`` / ``usage_completion_tokens``: the server's own count from the stream's ``usage``
   object (the last one seen; sent when the API shape asks for ``stream_options.include_usage``), None when the
   server sent none. The usage-only event carries no token: it never moves TTFT or the inter-token latencies.
+- ``tokens`` / ``token_logprobs`` / ``top_logprobs``: each generated token with its log-probability and the top
+  alternatives, in order, when the request asked for ``logprobs`` (g2-answer compares them between a read-back
+  from the tier and a re-compute); empty otherwise. Taken from every event that carries them, a token whose text
+  is empty included.
 
 A failed request (connection error, HTTP error, malformed or empty stream) is a record whose ``error``
-says what happened; nothing here raises for a request that went wrong. The clock is injectable so the
+says what happened, on one bounded line (an HTTP error body summarised: harness/parsers/http_error.py); the body
+itself, up to ``MAX_ERROR_BODY_BYTES``, is the record's ``error_body``. Nothing here raises for a request that
+went wrong. The clock is injectable so the
 arithmetic can be tested with a scripted clock.
 
 Stopping: ``stop`` (anything with ``is_set()``: a ``threading.Event``, a gate's Cancellation) is watched while
@@ -33,10 +39,14 @@ from typing import Any, Callable, Protocol, Sequence
 
 import httpx
 
-from ..parsers.sse import DONE, chunk_text, is_token_chunk, sse_data
+from ..parsers.http_error import error_line
+from ..parsers.sse import DONE, chunk_logprobs, chunk_text, is_token_chunk, sse_data
 from ..stats import percentile
 
 Clock = Callable[[], float]
+
+# The most of an HTTP error body a record keeps (a 422 of 1,025 validation errors is 124 kB): the rest is counted.
+MAX_ERROR_BODY_BYTES = 256 * 1024
 
 # How often a running batch of requests looks at its stop flag: the longest a request goes on after the stop.
 STOP_POLL_S = 0.02
@@ -114,6 +124,10 @@ class RequestRecord:
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
     first_event_s: float | None = None
+    tokens: tuple[str, ...] = ()
+    token_logprobs: tuple[float | None, ...] = ()
+    top_logprobs: tuple[dict[str, float], ...] = ()
+    error_body: str | None = None  # an HTTP error's body (up to MAX_ERROR_BODY_BYTES, then a note of its size)
 
     @property
     def ok(self) -> bool:
@@ -121,7 +135,8 @@ class RequestRecord:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["itl_s"] = list(self.itl_s)
+        for k in ("itl_s", "tokens", "token_logprobs", "top_logprobs"):
+            d[k] = list(getattr(self, k))
         return d
 
 
@@ -136,17 +151,20 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
     last = None
     chunks = 0
     usage: dict[str, Any] = {}
+    logprobs: list[tuple[str, float | None, dict[str, float]]] = []
     started_unix = time.time()
     t_send = clock()
 
-    def rec(error: str | None, end: float | None) -> RequestRecord:
+    def rec(error: str | None, end: float | None, error_body: str | None = None) -> RequestRecord:
         latency = None if last is None else last - t_send
         return RequestRecord(
             request_id=request.request_id, prompt_tokens=request.prompt_tokens, queue_s=queue_s, ttft_s=ttft,
             itl_s=tuple(itl), latency_s=latency, e2e_s=None if end is None else end - t_send,
             output_chunks=chunks, output_text="".join(text), http_status=status, error=error,
             started_unix_s=started_unix, usage_prompt_tokens=_count(usage.get("prompt_tokens")),
-            usage_completion_tokens=_count(usage.get("completion_tokens")), first_event_s=first_event)
+            usage_completion_tokens=_count(usage.get("completion_tokens")), first_event_s=first_event,
+            tokens=tuple(t for t, _, _ in logprobs), token_logprobs=tuple(v for _, v, _ in logprobs),
+            top_logprobs=tuple(top for _, _, top in logprobs), error_body=error_body)
 
     api = api or ApiShape()
     try:
@@ -157,8 +175,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
         async with client.stream("POST", url, json=body, timeout=timeout_s) as resp:
             status = resp.status_code
             if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")
-                return rec(f"HTTP {resp.status_code}: {body.strip()[:500]}", clock())
+                read, kept = await _error_body(resp)  # not `text`: rec() joins the streamed text
+                return rec(error_line(resp.status_code, read), clock(), kept)
             done = False
             end = None
             async for line in resp.aiter_lines():
@@ -185,6 +203,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                 now = clock() if isinstance(event, dict) and event.get("choices") else None
                 if first_event is None and now is not None:
                     first_event = now - t_send
+                if now is not None:
+                    logprobs += chunk_logprobs(event)
                 if now is None or not is_token_chunk(event):
                     continue
                 piece = chunk_text(event)
@@ -206,6 +226,22 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
         return rec(f"timeout: {type(exc).__name__}: {exc}", clock())
     except httpx.HTTPError as exc:
         return rec(f"{type(exc).__name__}: {exc}", clock())
+
+
+async def _error_body(resp: httpx.Response) -> tuple[str, str]:
+    """An error response's body: the text read (at most MAX_ERROR_BODY_BYTES: a server's error page cannot fill
+    the client's memory, nor hold the request past that) and what the record keeps of it (that text, and a note
+    when the body went on past it)."""
+    buf = bytearray()
+    cut = False
+    async for chunk in resp.aiter_bytes():
+        buf += chunk
+        if len(buf) > MAX_ERROR_BODY_BYTES:
+            cut = True
+            del buf[MAX_ERROR_BODY_BYTES:]
+            break
+    text = buf.decode(errors="replace")
+    return text, (text + f"\n[... cut at {MAX_ERROR_BODY_BYTES} bytes; the body went on]" if cut else text)
 
 
 def _count(v: Any) -> int | None:

@@ -173,8 +173,10 @@ class Engine:
             cache.update(keys[i][:, :, :n].contiguous(), values[i][:, :, :n].contiguous(), i)
         return cache
 
-    def complete(self, tokens: list[int], max_tokens: int):
-        """Generator of token ids; the first arrives after prefill (or read-back plus one step)."""
+    def complete(self, tokens: list[int], max_tokens: int, logprobs: int = 0):
+        """Generator of (token id, logprobs or None); the first arrives after prefill (or read-back plus one step).
+        With ``logprobs`` > 0 each token comes with :func:`token_logprobs` of its position (its log-probability and
+        the ``logprobs`` most likely tokens'), as an OpenAI completions server reports them."""
         t = self.torch
         with self.lock, t.inference_mode():
             n = len(tokens)
@@ -224,13 +226,29 @@ class Engine:
             nxt = int(out.logits[0, -1].argmax().item())
             for step in range(max_tokens):
                 self.counters.add(generation_tokens_total=1)
-                yield nxt
+                yield nxt, (token_logprobs(t, out.logits[0, -1], nxt, logprobs) if logprobs > 0 else None)
                 if step + 1 == max_tokens:
                     break
                 out = self.model(input_ids=t.tensor([[nxt]]), past_key_values=cache, use_cache=True,
                                  position_ids=t.tensor([[n + step]]))
                 cache = out.past_key_values
                 nxt = int(out.logits[0, -1].argmax().item())
+
+
+def token_logprobs(t, logits, chosen: int, k: int) -> tuple[float, dict[str, float]]:
+    """The chosen token's log-probability and the ``k`` most likely tokens' (``token_id:N`` -> logprob, as vLLM
+    names tokens with ``return_tokens_as_token_ids``), from one position's logits, in float32."""
+    lp = t.log_softmax(logits.float(), dim=-1)
+    values, ids = lp.topk(min(k, lp.shape[-1]))
+    return float(lp[chosen].item()), {f"token_id:{int(i)}": float(v) for v, i in zip(values.tolist(), ids.tolist())}
+
+
+def logprobs_object(tok: int, info: tuple[float, dict[str, float]] | None, offset: int) -> dict | None:
+    """A completions choice's ``logprobs`` for one token (None when the request did not ask)."""
+    if info is None:
+        return None
+    return {"tokens": [f"token_id:{tok}"], "token_logprobs": [info[0]], "top_logprobs": [info[1]],
+            "text_offset": [offset]}
 
 
 class PrefixKVCache:
@@ -380,20 +398,23 @@ def make_handler(engine: Engine):
                 max_tokens = int(body.get("max_tokens", 16))
                 if max_tokens < 1:
                     raise ValueError("max_tokens must be >= 1")
+                logprobs = int(body.get("logprobs") or 0)
+                if not 0 <= logprobs <= 20:
+                    raise ValueError("logprobs must be 0 to 20")
             except (ValueError, TypeError, json.JSONDecodeError) as exc:
                 return self._error(400, str(exc))
             cid = f"cmpl-{uuid.uuid4().hex[:16]}"
             created = int(time.time())
             model = body.get("model") or engine.model_name
 
-            def event(text: str, finish: str | None) -> dict:
+            def event(text: str, finish: str | None, lp: dict | None = None) -> dict:
                 return {"id": cid, "object": "text_completion", "created": created, "model": model,
-                        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+                        "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}
 
-            gen = engine.complete(ids, max_tokens)
+            gen = engine.complete(ids, max_tokens, logprobs)
             if not body.get("stream"):
                 try:
-                    out = [f" t{tok}" for tok in gen]
+                    out = [f" t{tok}" for tok, _ in gen]
                 except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
                     _log("request failed: " + traceback.format_exc())
                     return self._error(500, f"{type(exc).__name__}: {exc}")
@@ -406,9 +427,13 @@ def make_handler(engine: Engine):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             try:
-                for i, tok in enumerate(gen):
+                offset = 0
+                for i, (tok, info) in enumerate(gen):
                     finish = "length" if i + 1 == max_tokens else None
-                    self._chunk(b"data: " + json.dumps(event(f" t{tok}", finish)).encode() + b"\n\n")
+                    text = f" t{tok}"
+                    lp = logprobs_object(tok, info, offset)
+                    offset += len(text)
+                    self._chunk(b"data: " + json.dumps(event(text, finish, lp)).encode() + b"\n\n")
             except (BrokenPipeError, ConnectionResetError):
                 return
             except Exception as exc:  # noqa: BLE001 - the stream carries the error to the client

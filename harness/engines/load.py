@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import httpx
 
-from ..stats import percentile
+from ..stats import percentile, percentile_with_failures
 from .client import (CANCELLED, STOP_POLL_S, ApiShape, Clock, CompletionRequest, RequestRecord, StopFlag,
                      stream_completion)
 
@@ -390,8 +390,10 @@ def _tpot(r: RequestRecord) -> float | None:
 
 def load_point(records: Sequence[LoadRecord], ttft_slo_s: float | None = None,
                tpot_slo_s: float | None = None) -> LoadPoint:
-    """Pure: a point's figures. Its duration runs from the first send to the last stream's end; goodput counts
-    the successful requests within both SLOs (an SLO not given always holds)."""
+    """Pure: a point's figures: its requests sent (``requests``), served (``ok``) and failed (``failed``); TTFT and
+    end-to-end percentiles with every failed request as an infinite time (None where a percentile falls on one:
+    a tier that errors never looks faster). Its duration runs from the first send to the last stream's end;
+    goodput counts the successful requests within both SLOs (an SLO not given always holds)."""
     if not records:
         raise ValueError("a load point needs at least one request")
     ok = [r for r in records if r.record.ok]
@@ -402,6 +404,11 @@ def load_point(records: Sequence[LoadRecord], ttft_slo_s: float | None = None,
         xs = [x for x in xs if x is not None]
         return percentile(xs, q) if xs else None
 
+    failed = len(records) - len(ok)
+
+    def pct_failed(xs, q):  # a failed request is an infinite TTFT (and end-to-end time): it never came
+        return percentile_with_failures([x for x in xs if x is not None], failed, q)
+
     ttft = [r.record.ttft_s for r in ok]
     tpot = [_tpot(r.record) for r in ok]
     e2e = [r.record.e2e_s for r in ok]
@@ -409,9 +416,9 @@ def load_point(records: Sequence[LoadRecord], ttft_slo_s: float | None = None,
             if (ttft_slo_s is None or (r.record.ttft_s is not None and r.record.ttft_s <= ttft_slo_s))
             and (tpot_slo_s is None or (_tpot(r.record) is None or _tpot(r.record) <= tpot_slo_s))]
     return LoadPoint(requests=len(records), ok=len(ok), failed=len(records) - len(ok), duration_s=duration,
-                     ttft_p50_s=pct(ttft, 50), ttft_p90_s=pct(ttft, 90), ttft_p95_s=pct(ttft, 95),
-                     ttft_p99_s=pct(ttft, 99), tpot_p50_s=pct(tpot, 50), e2e_p50_s=pct(e2e, 50),
-                     e2e_p99_s=pct(e2e, 99), request_rate_rps=len(ok) / duration,
+                     ttft_p50_s=pct_failed(ttft, 50), ttft_p90_s=pct_failed(ttft, 90),
+                     ttft_p95_s=pct_failed(ttft, 95), ttft_p99_s=pct_failed(ttft, 99), tpot_p50_s=pct(tpot, 50),
+                     e2e_p50_s=pct_failed(e2e, 50), e2e_p99_s=pct_failed(e2e, 99), request_rate_rps=len(ok) / duration,
                      output_token_rate_tps=sum(output_tokens(r.record) for r in ok) / duration,
                      goodput_rps=len(good) / duration,
                      client_lag_p99_s=percentile([max(r.lag_s, 0.0) for r in records], 99))

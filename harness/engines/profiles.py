@@ -113,9 +113,13 @@ class HitLog(_Strict):
 
 class ApiSettings(_Strict):
     """How G2 talks to the engine: the OpenAI-compatible completions or chat-completions API, streamed as
-    server-sent events (``data: {...}`` lines, ``data: [DONE]`` at the end unless ``require_done`` is off)."""
+    server-sent events (``data: {...}`` lines, ``data: [DONE]`` at the end unless ``require_done`` is off).
+    ``prompt_format`` says what its prompts may be: token-id lists or text (vLLM, SGLang), or text only
+    (llama.cpp's and llama-cpp-python's servers, most hosted APIs; a chat API always): workloads then send text
+    built with the model's tokenizer (harness/engines/prompts.py), never token ids."""
 
     kind: Literal["completions", "chat"] = "completions"
+    prompt_format: Literal["token_ids_or_text", "text"] = "token_ids_or_text"
     path: str | None = None  # default /v1/completions or /v1/chat/completions
     stream_format: Literal["openai-sse"] = "openai-sse"
     require_done: bool = True
@@ -132,6 +136,11 @@ class ApiSettings(_Strict):
     def shape(self) -> ApiShape:
         return ApiShape(kind=self.kind, ignore_eos=self.ignore_eos, require_done=self.require_done,
                         extra_body=dict(self.extra_body))
+
+    @property
+    def text_only(self) -> bool:
+        """Prompts must be text: the profile says so, or it speaks chat (a user message is text)."""
+        return self.kind == "chat" or self.prompt_format == "text"
 
     @property
     def request_path(self) -> str:
@@ -153,6 +162,21 @@ class Preflight(_Strict):
         return v
 
 
+class TenantKey(_Strict):
+    """How a request names its tenant to the engine (g2-tenancy): the request-body field that keys the engine's
+    KV by tenant, e.g. vLLM's ``cache_salt`` (its prefix cache salted with it); the gate sends each tenant's
+    requests with a different value of it."""
+
+    field: str
+
+    @field_validator("field")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"tenant_key field {v!r} is not a request-body field name")
+        return v
+
+
 class Capabilities(_Strict):
     """What an engine can do that a workload relies on, declared by its profile (workloads never look at an
     engine's name)."""
@@ -166,6 +190,10 @@ class Capabilities(_Strict):
     engine_cache_block_tokens: int | None = Field(default=None, ge=1)  # the flag counts KV blocks of this many
                                         # tokens instead (vLLM's --num-gpu-blocks-override)
     no_tier_flag: str | None = None     # argv flag: the same engine without the KV tier (g2-gain no-tier arm)
+    # the tier switch as the profile launches it: argv flags (each with the value after it) and environment
+    # names that turn the KV tier on; g2-gain's arm without the tier may lack exactly these, nothing else
+    tier_flags: list[str] = Field(default_factory=list)
+    tier_env: list[str] = Field(default_factory=list)
     level_counters: str | None = None   # prefix of its per-level token counters (prompt, prefill, gpu hit, gpu
                                         # evicted, external hit, ...: g2-gain's accounting)
 
@@ -208,22 +236,48 @@ class EngineProfile(_Strict):
     # ``*.data``; vLLM's ExampleConnector: ``*.safetensors``), and the tokens it stores per whole block
     # (None: every prompt token; a connector storing whole blocks only leaves the partial last one out).
     pool_files: str = "*.data"
+    # How the connector's read-backs reach the pool's device rather than the node's memory (harness/workloads/
+    # pool.py): ``evict`` (kvgate drops each pool file's pages as a store lands and after each read: a connector
+    # that reads through the page cache, such as vLLM's ExampleConnector), ``odirect`` (the connector itself reads
+    # and writes with O_DIRECT; ``in_force_log`` proves it), ``none`` (nothing declared: the device proof alone).
+    cold_regime: Literal["none", "evict", "odirect"] = "none"
+    # Engine-log lines (regular expressions) that must appear once the engine is up: the cold regime (or the
+    # tier) is really in force. A log without one of them makes the gate INVALID, naming the line.
+    in_force_log: list[str] = Field(default_factory=list)
     kv_block_tokens: int | None = Field(default=None, ge=1)
+    # The request-body field that names a request's tenant (vLLM: cache_salt); None: the engine has none, and
+    # g2-tenancy refuses the profile at validation
+    tenant_key: TenantKey | None = None
     notes: str = ""
     # Checked with the engine's interpreter before a launch: a node that cannot run the engine fails at once
     # with one line naming the engine_python to set, not 60 lines into the engine's log.
     preflight: Preflight | None = None
     capabilities: Capabilities = Field(default_factory=Capabilities)
 
-    @field_validator("fallback_patterns")
+    @field_validator("fallback_patterns", "in_force_log")
     @classmethod
-    def _regexes(cls, v: list[str]) -> list[str]:
+    def _regexes(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        what = "fallback pattern" if info.field_name == "fallback_patterns" else "in_force_log pattern"
         for pat in v:
             try:
                 re.compile(pat)
             except re.error as exc:
-                raise ValueError(f"fallback pattern {pat!r} is not a valid regular expression: {exc}") from None
+                raise ValueError(f"{what} {pat!r} is not a valid regular expression: {exc}") from None
         return v
+
+    @model_validator(mode="after")
+    def _prompts_possible(self) -> "EngineProfile":
+        if self.capabilities.token_ids_only and self.api.text_only:
+            raise ValueError("capabilities.token_ids_only and an API that takes text only (api.prompt_format text, "
+                             "or kind chat): no prompt could be sent")
+        return self
+
+    @model_validator(mode="after")
+    def _odirect_proven(self) -> "EngineProfile":
+        if self.cold_regime == "odirect" and not self.in_force_log:
+            raise ValueError("cold_regime odirect needs in_force_log: the engine-log line that shows O_DIRECT in "
+                             "force (a silent fall-back to buffered I/O would otherwise pass)")
+        return self
 
     @field_validator("pool_files")
     @classmethod

@@ -86,6 +86,79 @@ def stable_word_ids(tok: TextTokenizer, content: list[int], content_set: set[int
     return out
 
 
+def prompt_pool(tok: TextTokenizer, content: list[int], content_set: set[int]) -> list[int]:
+    """The ids text prompts are drawn from: whole words that re-encode to themselves, else any id that decodes to
+    printable text on its own; ValueError when there is none (a vocabulary of byte pieces only)."""
+    pool = stable_word_ids(tok, content, content_set) or standalone_ids(tok, content)
+    if not pool:
+        raise ValueError("the tokenizer has no token that decodes to text on its own (only byte pieces)")
+    return pool
+
+
+class IdsAsText:
+    """Text standing for token-id prompts, for a server that takes text only: each id becomes one of the
+    tokenizer's whole-word tokens (the same ids, the same words: prompts sharing ids share text, and so tokens, as
+    far as they share ids), the words are decoded to text, and that text must encode back to exactly those words
+    (plus the special tokens the engine adds, e.g. BOS); anything else is a ValueError, never a prompt of other
+    tokens. Built once per tokenizer (finding the words decodes the whole vocabulary).
+
+    A vocabulary that merges across word boundaries (BPE without a whitespace pre-tokenizer: "w3" + " ca" may
+    encode as "w", "3 ca") is found on a sample of word pairs when built; then each word is chosen left to right,
+    the id's own word or the next one in the pool that encodes apart from the word before it, so the choice at
+    a position depends only on the ids up to it and shared ids still give shared text."""
+
+    PAIR_SAMPLE = 512
+
+    def __init__(self, tok: TextTokenizer):
+        content = tok.content_ids()
+        if not content:
+            raise ValueError("the tokenizer has no non-special tokens to build prompts from")
+        self.tok = tok
+        self.content_set = set(content)
+        self.overhead = len(tok.encode(""))  # special tokens the engine adds around any prompt
+        self.pool = prompt_pool(tok, content, self.content_set)
+        self._pairs: dict[tuple[int, int], bool] = {}
+        rng = random.Random("kvgate-ids-as-text")
+        sample = [(rng.choice(self.pool), rng.choice(self.pool)) for _ in range(self.PAIR_SAMPLE)]
+        self.pairwise = not all(self._apart(a, b) for a, b in sample)
+
+    def _apart(self, a: int, b: int) -> bool:
+        """Words ``a`` then ``b`` decode to text that encodes back to the two of them."""
+        key = (a, b)
+        if key not in self._pairs:
+            got = self.tok.encode(self.tok.decode([a, b]))
+            self._pairs[key] = [j for j in got if j in self.content_set] == [a, b]
+        return self._pairs[key]
+
+    def words(self, ids: list[int]) -> list[int]:
+        """The word ids standing for ``ids`` (pure: the same ids, the same words)."""
+        n = len(self.pool)
+        if not self.pairwise:
+            return [self.pool[i % n] for i in ids]
+        out: list[int] = []
+        for i in ids:
+            w = self.pool[i % n]
+            if out:
+                w = next((c for r in range(min(n, 64)) if self._apart(out[-1], c := self.pool[(i + r) % n])), w)
+            out.append(w)
+        return out
+
+    def tokens(self, ids: list[int]) -> int:
+        """The tokens the engine counts for the text of ``ids``: the ids and the special tokens it adds."""
+        return len(ids) + self.overhead
+
+    def text(self, ids: list[int]) -> str:
+        """The text of ``ids`` (ValueError when the tokenizer would not encode it back to their words)."""
+        words = self.words(ids)
+        text = self.tok.decode(words)
+        got = self.tok.encode(text)
+        if len(got) != self.tokens(ids) or [j for j in got if j in self.content_set] != words:
+            raise ValueError(f"the text of a {len(ids)}-token prompt encodes to other tokens ({len(got)}, for "
+                             f"{self.tokens(ids)} with {self.overhead} special): this tokenizer's words do not "
+                             "encode back to themselves when joined")
+        return text
+
+
 def text_prompt(tok: TextTokenizer, length: int, key: str, max_rounds: int = 50) -> str:
     """Deterministic (same tokenizer, length and key -> same text) text that ``tok.encode`` turns into exactly
     ``length`` tokens. Raises ValueError when it cannot be reached."""
@@ -99,9 +172,7 @@ def text_prompt(tok: TextTokenizer, length: int, key: str, max_rounds: int = 50)
     if length <= overhead:
         raise ValueError(f"prompt length {length} leaves no room for text: the tokenizer adds {overhead} "
                          "special token(s) to every prompt")
-    pool = stable_word_ids(tok, content, content_set) or standalone_ids(tok, content)
-    if not pool:
-        raise ValueError("the tokenizer has no token that decodes to text on its own (only byte pieces)")
+    pool = prompt_pool(tok, content, content_set)
     rng = random.Random(f"kvgate-text:{key}:{length}")
     ids = [rng.choice(pool) for _ in range(max(length - overhead, 1))]
     for _ in range(max_rounds):

@@ -16,6 +16,7 @@ Every command sent to Slurm (srun, scontrol, scancel) is a step of the run (`Ste
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -293,6 +294,7 @@ class SlurmJob:
         self.srun: Process | None = None
         self.srun_argv: tuple[str, ...] = ()
         self.submit_error: str | None = None
+        self.spec_sha256: str | None = None
         self.job_id: str | None = None
         self.scontrol: dict[str, str] = {}
         self.cancelled: str | None = None
@@ -325,7 +327,9 @@ class SlurmJob:
 
     def _submit(self) -> None:
         spec = {n: {"argv": self._argv[n], "drop_caches": self.drop_caches} for n in self.nodes}
-        (Path(self.job_dir) / "spec.json").write_text(json.dumps(spec, indent=1))
+        text = json.dumps(spec, indent=1)
+        self.spec_sha256 = hashlib.sha256(text.encode()).hexdigest()  # each task records the one it read
+        (Path(self.job_dir) / "spec.json").write_text(text)
         self.srun_argv = srun_argv(self.cluster, self.job_name, self.nodes, self.time_limit_s, self.job_dir)
         try:
             self.srun, _ = self.steps.spawn(self.control, "srun", self.srun_argv, env=self.env() or None,
@@ -424,5 +428,6 @@ class SlurmJob:
                 "job_nodes": expand_nodelist(self.scontrol.get("NodeList", "")) if self.scontrol else [],
                 "srun_argv": list(self.srun_argv), "srun_rc": None if self.srun is None else self.srun.poll(),
                 "submit_error": self.submit_error, "cancelled": self.cancelled, "scancel": self.scancel, "job_dir": self.job_dir,
+                "spec_sha256": self.spec_sha256,
                 "scontrol_show_job": self.scontrol, "tasks": self.provenance()}
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
+from ..stats import CONFIDENCE, Interval, min_trials_for_interval
 from ..units import Threshold, unit_info
 from ..workloads.base import WorkloadResult
 
@@ -41,6 +42,9 @@ class Verdict:
     metrics: dict[str, float] = field(default_factory=dict)
     # the unit of every metric in ``metrics`` (the workload's METRICS table), so a report shows each with its unit
     metric_units: dict[str, str] = field(default_factory=dict)
+    # the gate metric's median and confidence interval over trials (harness.stats.Interval as a dict), when it
+    # was measured over trials
+    interval: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -62,27 +66,66 @@ def overall_outcome(verdicts: list[Verdict]) -> Outcome:
 
 
 def metric_units_of(metrics: Mapping[str, float], table: Mapping[str, str]) -> dict[str, str]:
-    """Pure: the unit of each metric from a workload's METRICS table; a confidence interval's bounds
-    (``M_ci_low``, ``M_ci_high``) in M's unit, its ``M_ci_trials`` a count; a metric the table lacks, none."""
+    """Pure: the unit of each metric from a workload's METRICS table; a metric the table lacks, none. (A bundle
+    of an older kvgate also holds an interval's bounds as metrics, ``M_ci_low`` / ``M_ci_high`` in M's unit and
+    ``M_ci_trials`` a count: :data:`LEGACY_INTERVAL_PARTS`.)"""
     out = {}
     for name in metrics:
         base, _, part = name.rpartition("_ci_")
         if name in table:
             out[name] = table[name]
-        elif base in table and part in ("low", "high"):
-            out[name] = table[base]
-        elif base in table and part == "trials":
-            out[name] = "count"
+        elif base in table and part in LEGACY_INTERVAL_PARTS:
+            out[name] = "count" if part == "trials" else table[base]
+    return out
+
+
+# How an older kvgate wrote a figure's interval: as metrics beside it (``M_ci_low``, ``M_ci_high``,
+# ``M_ci_trials``). Read only from a bundle's result.json (:func:`legacy_intervals`), never written.
+LEGACY_INTERVAL_PARTS = ("low", "high", "trials")
+
+
+def legacy_intervals(metrics: Mapping[str, float]) -> dict[str, Interval]:
+    """Pure: the intervals a bundle of an older kvgate recorded as ``M_ci_low`` / ``M_ci_high`` / ``M_ci_trials``
+    metrics beside ``M``, typed (``method`` None: a percentile bootstrap), so its re-evaluation judges them by
+    today's rule: from fewer trials than a 95 % interval for the median needs, no interval at all."""
+    out = {}
+    for name, v in metrics.items():
+        base, _, part = name.rpartition("_ci_")
+        if part != "low" or base not in metrics:
+            continue
+        hi, n = metrics.get(f"{base}_ci_high"), metrics.get(f"{base}_ci_trials")
+        if hi is None:
+            continue
+        trials = int(n or 0)
+        if trials < min_trials_for_interval(CONFIDENCE):  # a bootstrap of so few is no 95 % interval: none
+            out[base] = Interval(median=float(metrics[base]), trials=trials)
+        else:
+            out[base] = Interval(median=float(metrics[base]), ci_low=float(v), ci_high=float(hi), trials=trials)
     return out
 
 
 def evaluate(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[str, str] | None = None) -> Verdict:
-    """:func:`judge`, with a workload's degraded answer (``result.degraded``: e.g. requests re-computed because the
+    """:func:`judge`, with every proof the gate turned off (a ValidityCheck with ``checked`` False) named
+    "unproven" in the reason, and a workload's degraded answer (``result.degraded``: e.g. requests re-computed because the
     tier failed) appended to the reason, marked DEGRADED, whatever the outcome: never silent."""
     v = judge(gate, result, metric_unit, metric_units)
+    unchecked = unchecked_proofs(getattr(result.evidence, "validity", None))
+    if unchecked:  # a proof the gate turned off: said in the verdict's line, whatever the outcome
+        v = replace(v, reason=f"{v.reason}; unproven (not checked): {'; '.join(unchecked)}")
     if result.degraded:
         v = replace(v, reason=f"{v.reason}; DEGRADED: {result.degraded}")
     return v
+
+
+def unchecked_proofs(validity: Any) -> list[str]:
+    """Pure: ``NAME (HOW)`` of each validity item marked not checked, from typed checks or a recorded list of
+    dicts (a bundle's result.json); anything else, none."""
+    out = []
+    for c in validity if isinstance(validity, list) else []:
+        d = c if isinstance(c, dict) else c.model_dump() if hasattr(c, "model_dump") else {}
+        if d.get("checked") is False:
+            out.append(f"{d.get('name')} ({d.get('how')})")
+    return out
 
 
 def judge(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[str, str] | None = None) -> Verdict:
@@ -92,13 +135,16 @@ def judge(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[
     Order: a failed check (``result.failed_check``: the system under test proved wrong, e.g. data read back
     differs) -> FAIL, whatever else; error -> ERROR; missing evidence -> INVALID; informational -> INFO;
     pass holds -> PASS; stop-loss holds -> STOP; otherwise FAIL. A metric measured over trials with a
-    confidence interval (:func:`interval_of`) is judged on the interval (:func:`judge_interval`).
+    confidence interval (``result.intervals``, harness.stats.Interval) is judged on the interval
+    (:func:`judge_interval`).
     """
+    iv = result.intervals.get(gate.metric)
     common = dict(
         gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
         stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, unit=metric_unit,
         evidence=result.evidence_dict(), reference=gate.reference.model_dump() if gate.reference else {},
         metrics=dict(result.metrics), metric_units=metric_units_of(result.metrics, metric_units or {}),
+        interval=iv.model_dump(mode="json") if iv is not None else None,
     )
     actual = result.metrics.get(gate.metric)
     failed = result.failed_check
@@ -116,12 +162,11 @@ def judge(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[
     base = actual * factor
     if gate.informational:
         ok = gate.pass_.holds(base)
+        shown = f"{actual:.4g} {metric_unit}" if iv is None else iv.text(metric_unit)
         return Verdict(actual=actual, outcome=Outcome.INFO,
-                       reason=f"informational: {actual:.4g} {metric_unit} {'meets' if ok else 'misses'} {gate.pass_}",
-                       **common)
-    ci = interval_of(result.metrics, gate.metric)
-    if ci is not None:
-        outcome, reason = judge_interval(gate.pass_, gate.stop_loss, actual, ci, metric_unit, factor)
+                       reason=f"informational: {shown} {'meets' if ok else 'misses'} {gate.pass_}", **common)
+    if iv is not None:
+        outcome, reason = judge_interval(gate.pass_, gate.stop_loss, iv, metric_unit, factor)
         return Verdict(actual=actual, outcome=outcome, reason=reason, **common)
     if gate.pass_.holds(base):
         return Verdict(actual=actual, outcome=Outcome.PASS,
@@ -132,15 +177,6 @@ def judge(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[
                        **common)
     return Verdict(actual=actual, outcome=Outcome.FAIL,
                    reason=f"{actual:.4g} {metric_unit} misses pass {gate.pass_}", **common)
-
-
-def interval_of(metrics: dict[str, float], metric: str) -> tuple[float, float, int] | None:
-    """A metric's confidence interval, when the workload measured it over trials: ``METRIC_ci_low``,
-    ``METRIC_ci_high`` and ``METRIC_ci_trials`` beside ``METRIC`` (its median) in the result's metrics."""
-    lo, hi, n = (metrics.get(f"{metric}_ci_{k}") for k in ("low", "high", "trials"))
-    if lo is None or hi is None:
-        return None
-    return float(lo), float(hi), int(n or 0)
 
 
 def trials_to_separate(trials: int, point: float, low: float, high: float, threshold: float) -> int | None:
@@ -154,21 +190,34 @@ def trials_to_separate(trials: int, point: float, low: float, high: float, thres
     return max(trials, math.ceil(trials * (half / distance) ** 2))
 
 
-def judge_interval(pass_: Threshold, stop_loss: Threshold | None, point: float, ci: tuple[float, float, int],
-                   unit: str, factor: float = 1.0) -> tuple[Outcome, str]:
-    """Pure: a threshold judged on a confidence interval. PASS only when the whole interval clears ``pass``,
-    STOP only when the whole interval lies past ``stop_loss``; an interval across either threshold is an
-    inconclusive FAIL, saying about how many trials would separate them; otherwise FAIL."""
-    low, high, trials = ci
-    lo_b, hi_b = low * factor, high * factor
-    shown = f"median {point:.4g} {unit} (95 % CI {low:.4g}-{high:.4g}, {trials} trials)"
+def judge_interval(pass_: Threshold, stop_loss: Threshold | None, iv: Interval, unit: str,
+                   factor: float = 1.0) -> tuple[Outcome, str]:
+    """Pure: a threshold judged on a figure's median and confidence interval over trials.
+
+    INVALID when a trial the gate asked for gave no figure (a failed trial counts: the gate judges only when every
+    trial gave one). Too few trials for a 95 % interval ("N trials, no interval"): never PASS, an inconclusive
+    FAIL naming the trials a conclusive verdict needs. Otherwise PASS only when the whole interval clears
+    ``pass``, STOP only when the whole interval lies past ``stop_loss``; an interval across either threshold is
+    an inconclusive FAIL, saying about how many trials would separate them; otherwise FAIL."""
+    shown = iv.text(unit)
+    if iv.failed_trials:
+        return Outcome.INVALID, (f"{iv.failed_trials} of {iv.asked} trials gave no figure (a failed trial counts; "
+                                 f"the gate judges only when every trial it asked for gives one): {shown}")
+    if not iv.has_interval:
+        need = min_trials_for_interval(CONFIDENCE)
+        meets = "meets" if pass_.holds(iv.median * factor) else "misses"
+        return Outcome.FAIL, (f"inconclusive: {shown}: {iv.trials} trial{'s' if iv.trials != 1 else ''} give no "
+                              f"{CONFIDENCE * 100:g} % interval for the median, so no conclusive PASS (the median {meets} "
+                              f"pass {pass_}; at least {need} trials needed)")
+    assert iv.ci_low is not None and iv.ci_high is not None
+    lo_b, hi_b = iv.ci_low * factor, iv.ci_high * factor
     if pass_.holds(lo_b) and pass_.holds(hi_b):
         return Outcome.PASS, f"{shown}: the whole interval meets pass {pass_}"
     if stop_loss is not None and stop_loss.holds(lo_b) and stop_loss.holds(hi_b):
         return Outcome.STOP, f"{shown}: the whole interval hits stop-loss {stop_loss}: acceptance stops"
     for thr, what in ((pass_, "pass"), (stop_loss, "stop-loss")):
         if thr is not None and thr.holds(lo_b) != thr.holds(hi_b):
-            need = trials_to_separate(trials, point * factor, lo_b, hi_b, thr.quantity.base)
+            need = trials_to_separate(iv.trials, iv.median * factor, lo_b, hi_b, thr.quantity.base)
             more = (f"; about {need} trials would separate them" if need is not None
                     else "; the median sits on the threshold: more trials would not separate them")
             return Outcome.FAIL, f"inconclusive: {shown} straddles {what} {thr}{more}"

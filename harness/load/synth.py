@@ -9,7 +9,10 @@ process (``burstiness`` < 1: burstier, > 1: more regular; the shape of the gaps,
 follow one another after ``think_time_s`` (exponential, that mean). Same shape and seed, same trace.
 
 :func:`multi_turn_trace` writes another schedule (g2-gain's ``load: {multi_turn: ...}``): sessions served
-round-robin, turn by turn, each turn's prompt the session's whole history, requests evenly spaced.
+round-robin, turn by turn, each turn's prompt the session's whole history, requests evenly spaced;
+:func:`session_recovery_trace` sessions that arrive once and are resumed with their whole context;
+:func:`fan_out_trace` single requests fanning out from shared system prompts. :data:`SHAPES` names them all:
+a gate declares one in ``load:`` and ``kvgate trace synth --shape`` writes the same trace.
 """
 
 from __future__ import annotations
@@ -18,8 +21,17 @@ import heapq
 import math
 import random
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from .traces import Trace, TraceRequest
+
+
+def bounds_issues(shape: object, at_least_1: tuple[str, ...] = (), at_least_0: tuple[str, ...] = (),
+                  above_0: tuple[str, ...] = ()) -> list[str]:
+    """Pure: a shape's fields out of their range, as ``field: must be ...`` lines, in the order given."""
+    return ([f"{n}: must be >= 1" for n in at_least_1 if getattr(shape, n) < 1]
+            + [f"{n}: must be >= 0" for n in at_least_0 if getattr(shape, n) < 0]
+            + [f"{n}: must be > 0" for n in above_0 if not getattr(shape, n) > 0])
 
 
 @dataclass(frozen=True)
@@ -38,19 +50,9 @@ class TraceShape:
 
     def check(self) -> list[str]:
         """What is wrong with the shape, as ``field: why`` lines (empty when fine)."""
-        out = []
-        for name in ("sessions", "turns", "user_tokens", "block_tokens"):
-            if getattr(self, name) < 1:
-                out.append(f"{name}: must be >= 1")
-        for name in ("system_prompts", "system_prompt_tokens", "output_tokens"):
-            if getattr(self, name) < 0:
-                out.append(f"{name}: must be >= 0")
-        for name in ("rate_rps", "burstiness"):
-            if not getattr(self, name) > 0:
-                out.append(f"{name}: must be > 0")
-        if self.think_time_s < 0:
-            out.append("think_time_s: must be >= 0")
-        return out
+        return bounds_issues(self, at_least_1=("sessions", "turns", "user_tokens", "block_tokens"),
+                             at_least_0=("system_prompts", "system_prompt_tokens", "output_tokens", "think_time_s"),
+                             above_0=("rate_rps", "burstiness"))
 
 
 def synthesize(shape: TraceShape) -> Trace:
@@ -113,15 +115,8 @@ class MultiTurnShape:
 
     def check(self) -> list[str]:
         """What is wrong with the shape, as ``field: why`` lines (empty when fine)."""
-        out = []
-        for name in ("sessions", "turns", "first_prompt_tokens", "user_tokens", "output_tokens"):
-            if getattr(self, name) < 1:
-                out.append(f"{name}: must be >= 1")
-        if self.reply_tokens < 0:
-            out.append("reply_tokens: must be >= 0")
-        if not self.rate_rps > 0:
-            out.append("rate_rps: must be > 0")
-        return out
+        return bounds_issues(self, at_least_1=("sessions", "turns", "first_prompt_tokens", "user_tokens",
+                                               "output_tokens"), at_least_0=("reply_tokens",), above_0=("rate_rps",))
 
     @property
     def block_tokens(self) -> int:
@@ -154,3 +149,101 @@ def multi_turn_trace(shape: MultiTurnShape) -> Trace:
             reqs.append(TraceRequest(j * 1000.0 / shape.rate_rps, shape.prompt_tokens(turn), shape.output_tokens,
                                      ids, f"s{s}", turn))
     return Trace("mooncake", bt, tuple(reqs), source="multi-turn sessions")
+
+
+@dataclass(frozen=True)
+class SessionRecoveryShape:
+    """Sessions that arrive once and are later resumed with their whole context: session ``s`` arrives at
+    ``s * gap_s``; from ``resume_at_s`` on, every session is resumed ``resumes`` times in a burst, round-robin
+    (every session once, then every session again), ``resume_gap_s`` apart, each resume the same prompt (the same
+    hash ids) as its first arrival. The reuse an engine that finds a prompt only by its whole block-aligned prompt
+    can serve (vLLM's ExampleConnector): all but the last partial block of a resumed prompt."""
+
+    sessions: int = 4
+    resumes: int = 2
+    prompt_tokens: int = 2050
+    output_tokens: int = 2
+    block_tokens: int = 128
+    gap_s: float = 0.6
+    resume_at_s: float = 4.0
+    resume_gap_s: float = 0.1
+
+    def check(self) -> list[str]:
+        """What is wrong with the shape, as ``field: why`` lines (empty when fine)."""
+        return bounds_issues(self, at_least_1=("sessions", "resumes", "prompt_tokens", "block_tokens"),
+                             at_least_0=("output_tokens", "gap_s", "resume_at_s", "resume_gap_s"))
+
+
+def session_recovery_trace(shape: SessionRecoveryShape) -> Trace:
+    """Pure: the trace of ``shape`` (raises ValueError naming the bad fields), in the Mooncake format: session
+    ``s``'s blocks are ids ``s * B .. s * B + B - 1`` (B = ceil(prompt_tokens / block_tokens)) at its arrival
+    and at every resume. Same shape, same trace."""
+    bad = shape.check()
+    if bad:
+        raise ValueError("; ".join(bad))
+    blocks = math.ceil(shape.prompt_tokens / shape.block_tokens)
+
+    def request(t_s: float, s: int, turn: int) -> TraceRequest:
+        return TraceRequest(round(t_s * 1000.0, 3), shape.prompt_tokens, shape.output_tokens,
+                            tuple(range(s * blocks, (s + 1) * blocks)), f"s{s}", turn)
+
+    first = [request(s * shape.gap_s, s, 1) for s in range(shape.sessions)]
+    order = [(r, s) for r in range(shape.resumes) for s in range(shape.sessions)]
+    resumed = [request(shape.resume_at_s + i * shape.resume_gap_s, s, r + 2) for i, (r, s) in enumerate(order)]
+    reqs = sorted(first + resumed, key=lambda q: q.t_ms)   # stable: a tie keeps first arrivals first
+    return Trace("mooncake", shape.block_tokens, tuple(reqs), source="session recovery")
+
+
+@dataclass(frozen=True)
+class FanOutShape:
+    """A system-prompt fan-out: ``requests`` single-turn requests, request ``i`` sent at ``i / rate_rps`` s with
+    system prompt ``i % system_prompts`` (``system_prompt_tokens`` tokens, shared by every request that names it)
+    and a user message of ``user_tokens`` of its own. The shared reuse is the system prompt's whole blocks."""
+
+    requests: int = 32
+    system_prompts: int = 1
+    system_prompt_tokens: int = 1024
+    user_tokens: int = 128
+    output_tokens: int = 16
+    rate_rps: float = 4.0
+    block_tokens: int = 256
+
+    def check(self) -> list[str]:
+        """What is wrong with the shape, as ``field: why`` lines (empty when fine)."""
+        return bounds_issues(self, at_least_1=("requests", "system_prompts", "system_prompt_tokens", "user_tokens",
+                                               "block_tokens"), at_least_0=("output_tokens",), above_0=("rate_rps",))
+
+
+def fan_out_trace(shape: FanOutShape) -> Trace:
+    """Pure: the trace of ``shape`` (raises ValueError naming the bad fields), in the Mooncake format: the first
+    ``system_prompt_tokens // block_tokens`` ids of a request are its system prompt's, the rest its own (a system
+    prompt's partial last block shares the block with the user message, so it is the request's own)."""
+    bad = shape.check()
+    if bad:
+        raise ValueError("; ".join(bad))
+    bt = shape.block_tokens
+    shared = shape.system_prompt_tokens // bt
+    prompt = shape.system_prompt_tokens + shape.user_tokens
+    own = math.ceil(prompt / bt) - shared
+    base = shape.system_prompts * shared
+    reqs = []
+    for i in range(shape.requests):
+        k = i % shape.system_prompts
+        ids = tuple(range(k * shared, (k + 1) * shared)) + tuple(range(base + i * own, base + (i + 1) * own))
+        reqs.append(TraceRequest(i * 1000.0 / shape.rate_rps, prompt, shape.output_tokens, ids, f"r{i}", 1))
+    return Trace("mooncake", bt, tuple(reqs), source="system-prompt fan-out")
+
+
+# Every shape a gate's ``load:`` declares and ``kvgate trace synth --shape`` writes: its name (the gate's key with
+# ``_`` for ``-``), its dataclass and the pure function from one to its trace.
+SHAPES: dict[str, tuple[type, Callable[[Any], Trace]]] = {
+    "sessions": (TraceShape, synthesize),
+    "multi-turn": (MultiTurnShape, multi_turn_trace),
+    "session-recovery": (SessionRecoveryShape, session_recovery_trace),
+    "fan-out": (FanOutShape, fan_out_trace),
+}
+
+
+def shape_trace(name: str, shape: Any) -> Trace:
+    """Pure: the trace of a shape named in :data:`SHAPES` (ValueError naming the bad fields)."""
+    return SHAPES[name][1](shape)

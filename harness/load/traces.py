@@ -184,7 +184,7 @@ def read_trace(path: str | Path, fmt: Format | Literal["auto"] = "auto", block_t
     try:
         text = read_text(path, max_bytes=MAX_TRACE_BYTES, what="trace")
     except InputFileError as exc:
-        raise ConfigError([ConfigIssue(str(path), None, "", str(exc))]) from None
+        raise ConfigError([ConfigIssue(exc.file, exc.line, "", exc.message)]) from None
     return parse_trace(text, str(path), fmt, block_tokens)
 
 

@@ -5,7 +5,9 @@ engine (it needs torch, transformers and tokenizers there), ``kv_reader.py`` lay
 through LMCache for kv-read (it needs torch and lmcache there), ``r3_client.py`` sends R3's prompts to an engine
 on the node's loopback and reads its counters around them, ``slurm_task.py`` is the one task of a Slurm job
 step on each node that starts that node's program (harness/execute/slurm.py), ``k8s_task.py`` the same for
-each pod of a rendered Kubernetes Indexed Job, with the start barrier (harness/execute/k8s.py). The CPU reference engine is shipped the same
+each pod of a rendered Kubernetes Indexed Job, with the start barrier (harness/execute/k8s.py), ``pool_evict.py``
+keeps a page-cache connector's pool cold beside its engine (harness/workloads/pool.py).
+``kv_flip.py`` flips one byte of a stored KV tensor for g2-answer's corruption run. The CPU reference engine is shipped the same
 way but lives with the engines (harness/engines/cpu_reference.py)."""
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 PROGRAMS = ("g3_reader.py", "rig_forward.py", "make_model.py", "kv_reader.py", "r3_client.py", "slurm_task.py",
-            "k8s_task.py")
+            "k8s_task.py", "pool_evict.py", "kv_flip.py")
 
 
 def program_path(name: str) -> Path:

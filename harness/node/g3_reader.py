@@ -223,7 +223,8 @@ def arm_and_start(em, armed_file, go_file, deadline, workers, realtime_wake):
 
 def sample_until_done(em, workers, t0, interval_s, deadline, deadline_s, errors, doing, tick=None):
     """Emit a sample every interval_s until every worker has ended (``tick`` runs before each sample); past the
-    deadline, end the process (rc 6). Emits the workers' errors; returns the bytes they moved."""
+    deadline, end the process (rc 6). The samples add up to the total returned (kvgate holds a self-reported
+    reader to that). Emits the workers' errors; returns the bytes they moved."""
     last_t, last_b = t0, 0
     while any(w.is_alive() for w in workers):
         nxt = last_t + interval_s
@@ -239,9 +240,13 @@ def sample_until_done(em, workers, t0, interval_s, deadline, deadline_s, errors,
             em.emit(type="error", message=f"deadline of {deadline_s} s reached while {doing}")
             em.emit(type="end", t_s=now, bytes=total, completed=False, files_done=sum(w.files_done for w in workers))
             os._exit(6)
+    total = sum(w.nbytes for w in workers)
+    if total != last_b:  # a worker's last read counted after the last sample was taken: the samples add up
+        now = time.time()
+        em.emit(type="sample", t0_s=last_t, t1_s=now, bytes=total - last_b)
     for e in errors:
         em.emit(type="error", message=e)
-    return sum(w.nbytes for w in workers)
+    return total
 
 
 class WriteWorker(threading.Thread):

@@ -4,7 +4,8 @@ srun starts this same program once per node (``--ntasks-per-node=1``). It finds 
 spec (``SPEC.json``: node -> {argv, drop_caches}) by ``SLURMD_NODENAME``, drops the page cache first when asked
 (recorded), then runs the argv in the job directory's per-node files:
 
-    NODE.task.json   provenance: node, hostname, job and step id, task rank, PID, start time, cache drop
+    NODE.task.json   provenance: node, hostname, job and step id, task rank, PID, start time, cache drop, and
+                     the SHA-256 of the spec it ran (kvgate holds it to the spec it wrote)
     NODE.out / .err  the program's stdout and stderr, as they are written (kvgate tails .out)
     NODE.rc          the program's exit status, written last (atomically): the task is over
 
@@ -16,6 +17,7 @@ Stdlib only; imports nothing of kvgate.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -64,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-dir", required=True)
     args = ap.parse_args(argv)
     node = os.environ.get("SLURMD_NODENAME") or platform.node()
-    with open(args.spec) as fh:
-        spec = json.load(fh)
+    with open(args.spec, "rb") as fh:
+        spec_bytes = fh.read()
+    spec = json.loads(spec_bytes)
     entry = spec.get(node)
     base = os.path.join(args.job_dir, node)
     if entry is None:
@@ -73,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     prov = {"node": node, "hostname": platform.node(), "job_id": os.environ.get("SLURM_JOB_ID"),
             "step_id": os.environ.get("SLURM_STEP_ID"), "task_rank": os.environ.get("SLURM_PROCID"),
-            "pid": os.getpid(), "started_at_s": time.time(), "python": platform.python_version()}
+            "pid": os.getpid(), "started_at_s": time.time(), "python": platform.python_version(),
+            "spec_sha256": hashlib.sha256(spec_bytes).hexdigest()}
     if entry.get("drop_caches"):
         prov["cache_drop"] = drop_caches()
     with open(f"{base}.out", "wb") as out, open(f"{base}.err", "wb") as err:

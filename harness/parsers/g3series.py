@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -198,6 +199,74 @@ def start_skew_s(series: Mapping[str, NodeSeries]) -> float | None:
     return max(starts) - min(starts)
 
 
+@dataclass(frozen=True)
+class TimeFrame:
+    """When a self-reported run can have happened, by clocks kvgate trusts: not before ``not_before_s`` (the
+    render, or the job's submission), not after ``not_after_s`` (the collect, or the job's end), each reader's
+    read no longer than ``max_duration_s`` (the job's time limit); ``slack_s`` allows for the clocks assumed."""
+
+    not_before_s: float
+    not_after_s: float
+    max_duration_s: float
+    slack_s: float = 60.0
+
+
+def _utc(t: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):
+        return repr(t)
+
+
+def self_report_problems(series: Mapping[str, NodeSeries], copy_bytes: int, frame: TimeFrame | None,
+                         extra_times: Mapping[str, float] | None = None) -> list[str]:
+    """Pure: what is impossible in readers' self-reported series (a results volume, a job directory): a time
+    outside ``frame`` (before the render or submission, or in the future), an interval ending before it starts
+    or going back in time, a read longer than the job allows, more bytes than the copy holds, a reader that
+    says it completed with another total than the copy's, or samples that do not add up to its total.
+    ``extra_times`` are other self-reported instants (``go.json``'s start, a task's start) held to the frame."""
+    out: list[str] = []
+    lo = hi = None
+    if frame is not None:
+        lo, hi = frame.not_before_s - frame.slack_s, frame.not_after_s + frame.slack_s
+    for what, t in sorted((extra_times or {}).items()):
+        if lo is not None and t < lo:
+            out.append(f"{what} {_utc(t)} is before the run could start ({_utc(frame.not_before_s)})")
+        elif lo is not None and t > hi:
+            out.append(f"{what} {_utc(t)} is after the run was collected ({_utc(frame.not_after_s)}): a time in the "
+                       "future")
+    for name in sorted(series):
+        s = series[name]
+        ivs = s.aligned()
+        start = s.aligned_start_s
+        back = next((i for i, iv in enumerate(ivs) if iv.end_s < iv.start_s
+                     or (i and iv.start_s < ivs[i - 1].end_s - 1e-6)), None)
+        if back is not None:
+            out.append(f"{name}: sample {back + 1} ends before it starts or goes back in time")
+        times = [t for t in ([start] if start is not None else []) + [x for iv in ivs for x in (iv.start_s, iv.end_s)]]
+        if times and lo is not None:
+            first, last = min(times), max(times)
+            if first < lo:
+                out.append(f"{name}: reports reading at {_utc(first)}, before the run could start "
+                           f"({_utc(frame.not_before_s)})")
+            if last > hi:
+                out.append(f"{name}: reports reading at {_utc(last)}, after the run was collected "
+                           f"({_utc(frame.not_after_s)}): a time in the future")
+            if last - first > frame.max_duration_s + frame.slack_s:
+                out.append(f"{name}: read for {last - first:.0f} s, longer than the job allows "
+                           f"({frame.max_duration_s:.0f} s)")
+        summed = sum(iv.nbytes for iv in s.intervals)
+        total = s.total_bytes if s.total_bytes is not None else summed
+        if copy_bytes > 0 and max(total, summed) > copy_bytes:
+            out.append(f"{name}: reports {max(total, summed):.0f} bytes read, more than the copy holds "
+                       f"({copy_bytes} bytes)")
+        elif copy_bytes > 0 and s.completed and total != copy_bytes:
+            out.append(f"{name}: says it completed but reports {total:.0f} bytes, not the copy's {copy_bytes}")
+        if s.completed and summed != total:
+            out.append(f"{name}: its samples add up to {summed:.0f} bytes, its end record says {total:.0f}")
+    return out
+
+
 def nodes_completed(series: Mapping[str, NodeSeries]) -> int:
     """How many nodes read everything they were asked to."""
     return sum(1 for s in series.values() if s.completed)
@@ -212,21 +281,56 @@ def nic_ceiling_ratio(aggregate_read_gb_s: float, line_rate_gbit_s: float) -> fl
 
 @dataclass(frozen=True)
 class PortRate:
-    """The effective line rate of a port and where each figure came from."""
+    """The port's ceiling and where each figure came from. ``measured_gbit_s`` is what the port's node reports of
+    the port: the lower of the link speed the kernel gives in sysfs and a root tc tbf's rate (a shaper below the
+    link is the port's ceiling: the test rig's port is a veth, nominally 10000 Mb/s, shaped with tbf). None when
+    nothing was read (no session to the port's node: the declared rate stands alone). ``effective_gbit_s`` is
+    min(declared, measured); ``mismatch`` says when the two differ beyond the stated tolerance (G3 is then
+    INVALID: the port is not the one the inventory describes)."""
 
     declared_gbit_s: float
     sysfs_speed_gbit_s: float | None
     tbf_rate_gbit_s: float | None
     effective_gbit_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    measured_gbit_s: float | None = None
+    mismatch: str | None = None
+    tolerance: float = 0.02
+
+    @property
+    def measured_by(self) -> str | None:
+        """Which reading set the measured rate: ``tc tbf`` (a shaper), ``sysfs`` (the link speed) or None."""
+        if self.measured_gbit_s is None:
+            return None
+        return "tc tbf" if self.tbf_rate_gbit_s is not None and self.measured_gbit_s == self.tbf_rate_gbit_s \
+            else "sysfs"
+
+
+DEFAULT_PORT_RATE_TOLERANCE = 0.02
+
+
+def port_rate(declared_gbit_s: float, sysfs_gbit_s: float | None, tbf_gbit_s: float | None,
+              tolerance: float = DEFAULT_PORT_RATE_TOLERANCE, notes: Sequence[str] = ()) -> PortRate:
+    """Pure: the port's ceiling from the declared rate and the measured figures (sysfs link speed, root tbf
+    rate; either may be None): measured = the lower of the two, effective = min(declared, measured), and a
+    mismatch when declared and measured differ by more than ``tolerance`` (relative to the larger)."""
+    notes = list(notes)
+    known = [x for x in (sysfs_gbit_s, tbf_gbit_s) if x is not None and x > 0]
+    measured = min(known) if known else None
+    mismatch = None
+    if measured is not None and not math.isclose(measured, declared_gbit_s, rel_tol=tolerance):
+        mismatch = (f"declared {declared_gbit_s:g} Gbit/s but the port shows {measured:g} Gbit/s"
+                    f" (sysfs {sysfs_gbit_s}, tbf {tbf_gbit_s}; tolerance {tolerance:g})")
+        notes.append(mismatch)
+    effective = min(declared_gbit_s, measured) if measured is not None else declared_gbit_s
+    return PortRate(declared_gbit_s, sysfs_gbit_s, tbf_gbit_s, effective, tuple(notes), measured, mismatch,
+                    tolerance)
 
 
 def cross_check_port_rate(declared_gbit_s: float, sysfs_speed_text: str | None,
-                          tc_qdisc_json: str | None) -> PortRate:
-    """Cross-check the inventory's declared line rate with /sys/class/net/IF/speed (Mb/s) and any tc tbf.
-
-    The ratio uses the declared rate; the notes say where the measured figures disagree with it.
-    """
+                          tc_qdisc_json: str | None, tolerance: float = DEFAULT_PORT_RATE_TOLERANCE) -> PortRate:
+    """Cross-check the inventory's declared line rate with /sys/class/net/IF/speed (Mb/s) and any tc tbf
+    (:func:`port_rate`: judged against min(declared, measured), a mismatch beyond ``tolerance`` named)."""
     notes = []
     sysfs = None
     if sysfs_speed_text is not None:
@@ -239,11 +343,7 @@ def cross_check_port_rate(declared_gbit_s: float, sysfs_speed_text: str | None,
         except ValueError:
             notes.append(f"sysfs speed unreadable: {sysfs_speed_text.strip()[:60]!r}")
     tbf = parse_tc_tbf_rate_gbit_s(tc_qdisc_json) if tc_qdisc_json else None
-    physical = min(x for x in (sysfs, tbf) if x is not None) if (sysfs or tbf) else None
-    if physical is not None and not math.isclose(physical, declared_gbit_s, rel_tol=0.02):
-        notes.append(f"declared {declared_gbit_s:g} Gbit/s but the port shows {physical:g} Gbit/s"
-                     f" (sysfs {sysfs}, tbf {tbf})")
-    return PortRate(declared_gbit_s, sysfs, tbf, declared_gbit_s, tuple(notes))
+    return port_rate(declared_gbit_s, sysfs, tbf, tolerance, notes)
 
 
 def parse_tc_tbf_rate_gbit_s(tc_qdisc_json: str) -> float | None:

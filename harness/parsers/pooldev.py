@@ -28,9 +28,12 @@ from .probe import Probe
 MARK = "kvgate-pool-device"
 PATH_MARK = "kvgate-pool-path"
 
-# $1: the pool directory. Prints "kvgate-pool-device MAJ:MIN SOURCE", then the device's stat line.
+# $1: the pool directory. Prints "kvgate-pool-device MAJ:MIN SOURCE", then the device's stat line. A pool directory
+# the connector has not made yet (it makes it on its first store) is on the filesystem of its nearest existing
+# ancestor: findmnt --target fails on a path that does not exist.
 _SCRIPT = (
-    'set -- $(findmnt -n -o MAJ:MIN,SOURCE --target "$1") && d=$1 && s=${2%%[*} && '
+    't=$1; while [ ! -e "$t" ] && [ "$t" != / ] && [ "$t" != . ]; do t=$(dirname "$t"); done; '
+    'set -- $(findmnt -n -o MAJ:MIN,SOURCE --target "$t") && d=$1 && s=${2%%[*} && '
     'case $d in 0:*) if [ -b "$s" ]; then d=$(printf "%d:%d" 0x$(stat -L -c %t "$s") 0x$(stat -L -c %T "$s")); fi;; esac; '
     f'echo "{MARK} $d $s" && cat "/sys/dev/block/$d/stat" && '
     # a native multipath head nvmeSnN: its paths nvmeScCnN, each path's counters after the head's

@@ -56,3 +56,28 @@ def chunk_text(event: dict) -> str:
         if delta.get("content"):
             parts.append(delta["content"])
     return "".join(parts)
+
+
+def chunk_logprobs(event: dict) -> list[tuple[str, float | None, dict[str, float]]]:
+    """The tokens one completions stream event carries with their log-probabilities: ``(token, logprob, top)`` per
+    token, ``top`` the event's ``top_logprobs`` entry for it (token -> logprob; {} when the server sent none).
+    Empty for an event without a ``logprobs`` object (the request did not ask, a chat event, the usage event).
+    A token is written as the server writes it (``token_id:123`` with vLLM's ``return_tokens_as_token_ids``);
+    a logprob that is not a number (JSON null, or a string) is None: never a guess."""
+    out: list[tuple[str, float | None, dict[str, float]]] = []
+    for c in event.get("choices") or []:
+        lp = c.get("logprobs")
+        if not isinstance(lp, dict):
+            continue
+        tokens = lp.get("tokens") or []
+        values = lp.get("token_logprobs") or []
+        tops = lp.get("top_logprobs") or []
+        for i, tok in enumerate(tokens):
+            value = values[i] if i < len(values) else None
+            top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+            out.append((str(tok), _number(value), {str(k): v for k, v in top.items() if _number(v) is not None}))
+    return out
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

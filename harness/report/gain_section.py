@@ -13,10 +13,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..workloads.g2_gain import ARMS, GainEvidence
+from ..workloads.g2_load import hits_by_level
 from ..workloads.g2_capacity import LEVEL_NAMES, LEVELS, CapacityEvidence
 from . import load_charts as lc
 from .charts import RC, STOP_COLOR, _plt, svg_text
-from .load_section import _finite, read_requests
+from .load_section import _finite, load_evidence, read_requests
 
 ARM_NAMES = {"tier": "with the tier", "no_tier": "without the tier"}
 LEVEL_COLORS = {"memory": "#4f81bd", "ram": "#9bbb59", "tier": "#8e44ad", "recomputed": "#c0504d"}
@@ -130,3 +131,14 @@ def capacity_svg(cap: CapacityEvidence, *, title: str = "capacity curve") -> str
             return svg_text(fig)
         finally:
             plt.close(fig)
+
+
+def hits_line(verdict: dict[str, Any]) -> str | None:
+    """Where a serving gate's tier hits came from (harness.workloads.g2_load.hits_by_level): a load gate's points,
+    or a gain gate's tier arm; None for any other gate."""
+    gain = gain_evidence(verdict)
+    if gain is not None:
+        tier = gain.arms.get("tier") if gain.arms else None
+        return hits_by_level(tier.points, tier.pool) if tier is not None else None
+    load = load_evidence(verdict)
+    return hits_by_level(load.points, load.pool) if load is not None else None

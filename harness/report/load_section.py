@@ -8,7 +8,7 @@ a verified bundle. Evidence of another shape is no load gate: :func:`load_sectio
 
 What it gives (harness.report.render puts it in place):
   charts  ``load-ttft`` (TTFT p50 / p90 / the knee percentile / p99 against load: median over trials, the
-          bootstrap 95 % interval as a band, the SLO line, the knee), ``load-throughput`` (request throughput
+          95 % interval for the median as a band, the SLO line, the knee), ``load-throughput`` (request throughput
           and goodput against load), ``load-cdf`` (the TTFT distribution of every point, all trials)
   tables  ``requests`` (every request: point, trial, due, sent, lag, TTFT, end-to-end, tokens, ok, error),
           ``accounting`` (per point × trial: where the prompt tokens' KV came from, the pool device's bytes) and
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..engines.client import RequestRecord
 from ..engines.load import LoadRecord
 from ..safeio import InputFileError
-from ..workloads.g2_load import G2LoadEvidence, MetricInterval, PointTrial, multi_turn_text
+from ..workloads.g2_load import G2LoadEvidence, MetricInterval, PointTrial, hits_by_level, multi_turn_text
 from . import load_charts as lc
 from .jsonl import jsonl_objects
 from .llmd import EngineInfo, LoadInfo, benchmark_report
@@ -141,8 +141,8 @@ FIGURE_COLUMNS = ["point", "load", "figure", "median", "ci_low", "ci_high", "tri
 
 
 def figure_rows(ev: G2LoadEvidence) -> list[dict[str, Any]]:
-    """Every figure over trials, the gate's metrics in one long table: per point each figure's median, bootstrap
-    95 % interval and trial count, then the ladder's knee and highest goodput (no point)."""
+    """Every figure over trials, the gate's metrics in one long table: per point each figure's median, its exact
+    95 % interval for the median (empty where too few trials give none) and trial count, then the ladder's knee and highest goodput (no point)."""
     rows = [{"point": s.label, "load": s.load, "figure": name, **iv.model_dump()}
             for s in ev.summary for name, iv in sorted(s.figures.items())]
     knee = {"closed": "knee_concurrency", "open": "knee_rate_rps"}.get(ev.load_kind or "")
@@ -153,7 +153,11 @@ def figure_rows(ev: G2LoadEvidence) -> list[dict[str, Any]]:
 
 
 def _band(iv: MetricInterval | None) -> lc.Band | None:
-    return None if iv is None else (iv.median, iv.ci_low, iv.ci_high)
+    if iv is None:
+        return None
+    if not iv.has_interval:  # too few trials for an interval: the median alone, no band
+        return (iv.median, iv.median, iv.median)
+    return (iv.median, iv.ci_low, iv.ci_high)
 
 
 def _pcts(ev: G2LoadEvidence) -> list[str]:
@@ -181,8 +185,8 @@ def charts(ev: G2LoadEvidence, ttfts: dict[str, list[float]], gid: str) -> dict[
         slo = f"p{ev.knee_percentile}" if ev.knee_percentile else "p95"
         svg = lc.ttft_vs_load_svg(loads, pcts, slo_s=ev.ttft_slo_s, slo_name=slo, knee=knee_load(ev),
                                   load_label=label, load_unit=unit, title=f"{gid}: TTFT against load")
-        out["load-ttft"] = (f"TTFT percentiles against load: the median over trials, its bootstrap 95 % interval as a "
-                            f"band; the SLO ({slo} within {ev.ttft_slo_s:g} s) and the knee, the highest load whose "
+        out["load-ttft"] = (f"TTFT percentiles against load: the median over trials, its 95 % interval as a band (none "
+                            f"from fewer than 6 trials); the SLO ({slo} within {ev.ttft_slo_s:g} s) and the knee, the highest load whose "
                             f"{slo} stays within it", svg)
         svg = lc.throughput_vs_load_svg(
             loads, [_band(s.figures.get("request_rate_rps")) for s in ev.summary],
@@ -222,13 +226,23 @@ def view(ev: G2LoadEvidence, llmd_paths: list[str]) -> dict[str, Any]:
                     "1 is Poisson), sent on schedule",
             "trace": "trace replay" + (f" of {multi_turn_text(ev.trace.multi_turn)}" if ev.trace and ev.trace.multi_turn
                                        else f" of {ev.trace.path} ({ev.trace.format}, {ev.trace.requests} requests "
-                                       f"over {ev.trace.duration_s:g} s, timestamps x {ev.trace.time_scale:g})"
-                                       if ev.trace else "")}.get(ev.load_kind or "", str(ev.load_kind))
+                                       f"over {ev.trace.duration_s:g} s, " + (
+                                           f"in order by {ev.trace.users} user(s)" if ev.trace.users
+                                           else f"timestamps x {ev.trace.time_scale:g}") + ")"
+                                       if ev.trace else "")
+                     + (f"; the trace's own bound, an unbounded prefix cache, hits {ev.trace.unbounded_hit_rate * 100:.1f} % "
+                        "of its prompt tokens (beside the tier's share below)"
+                        if ev.trace and ev.trace.unbounded_hit_rate is not None else "")}.get(ev.load_kind or "",
+                                                                                              str(ev.load_kind))
     points = []
     for s in ev.summary:
         f = s.figures
+        figs = [p.figures for p in ev.points if p.label == s.label and p.figures is not None]
+        sent, failed = sum(x.requests for x in figs), sum(x.failed for x in figs)
         points.append({"label": s.label, "load": s.load, "load_text": load_text(s.load, ev.load_kind),
                        "invalid_trials": s.invalid_trials,
+                       # over its trials: requests sent / served / failed (a failed one is an infinite TTFT)
+                       "requests_text": f"{sent} / {sent - failed} / {failed}",
                        **{k: _interval_view(f.get(k)) for k in (
                            "ttft_p50_s", "ttft_p90_s", "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "e2e_p99_s",
                            "request_rate_rps", "goodput_rps", "client_lag_p99_s")}})

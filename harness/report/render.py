@@ -54,7 +54,7 @@ from . import charts as rc
 from .jsonl import jsonl_objects
 from .junit import verdicts_to_junit
 from .faults_section import faults_charts
-from .gain_section import gain_charts
+from .gain_section import gain_charts, hits_line
 from .load_section import load_section
 from .predicate import check_predicate, finite
 
@@ -138,7 +138,8 @@ def quantity_in(text: str | None, unit: str) -> float | None:
 
 def validity(verdict: dict[str, Any]) -> list[dict[str, Any]]:
     """What makes a gate's measurement valid, as its evaluator said: the evidence's ``validity`` list
-    (harness.workloads.base.ValidityCheck), each as {name, proven: bool|None, detail} for the templates.
+    (harness.workloads.base.ValidityCheck), each as {name, proven: bool|None|"not checked", detail} for the
+    templates (``"not checked"``: a proof the gate turned off, shown NOT CHECKED).
 
     Nothing else is read: evidence without the list (a bundle of an older kvgate) gives [] ("not recorded").
     Evidence is signed data of any shape (harness.report.predicate checks only that it is an object): an item
@@ -157,7 +158,8 @@ def validity(verdict: dict[str, Any]) -> list[dict[str, Any]]:
                         "detail": "a validity record kvgate cannot read"})
             continue
         figure = c.figure_text()
-        out.append({"name": c.name, "proven": c.ok,
+        # a proof the gate turned off: "not checked", never shown as proven
+        out.append({"name": c.name, "proven": c.ok if c.checked else "not checked",
                     "detail": f"{c.claim}. Checked: {c.how}" + (f"; {figure}" if figure else "")})
     return out
 
@@ -165,7 +167,7 @@ def validity(verdict: dict[str, Any]) -> list[dict[str, Any]]:
 def validity_text(items: list[dict[str, Any]]) -> str:
     if not items:
         return "not recorded"
-    marks = {True: "proven", False: "NOT proven", None: "unknown"}
+    marks = {True: "proven", False: "NOT proven", None: "unknown", "not checked": "NOT CHECKED"}
     return "; ".join(f"{i['name']} {marks.get(i['proven'], 'unknown')}" for i in items)
 
 
@@ -434,6 +436,73 @@ def nvmeof_rows(verdict: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _num(x: Any, fmt: str, unit: str = "") -> str:
+    return "—" if not isinstance(x, (int, float)) or isinstance(x, bool) else (
+        "never" if x == float("inf") else f"{x:{fmt}}{unit}")
+
+
+def endurance_rows(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per gate whose evidence priced its writes (``evidence.endurance``, harness.endurance): what serving cost the
+    pool's drive, as the report's table shows it (``text``) and as tables/endurance.csv keeps it (the numbers)."""
+    out = []
+    for v in verdicts:
+        e = (v.get("evidence") or {}).get("endurance") if isinstance(v.get("evidence"), dict) else None
+        if not isinstance(e, dict):
+            continue
+        drive, smart = _dict(e.get("drive")), _dict(e.get("smart"))
+        smart_text = "—" if not smart else (
+            f"{smart.get('data_units_written')} units ({_num(smart.get('written_bytes'), ',.0f', ' B')}); "
+            + ("agrees with the block counters" if smart.get("reconciled") else smart.get("note") or "")
+            if smart.get("exposed") else str(smart.get("note") or "not exposed"))
+        out.append({
+            "gate": v.get("gate_id"), "workload": v.get("workload"),
+            "device_write_bytes": e.get("device_write_bytes"), "served_tokens": e.get("served_tokens"),
+            "stored_kv_bytes": e.get("stored_kv_bytes"), "window_s": e.get("window_s"),
+            "write_bytes_per_mtok": e.get("write_bytes_per_mtok"), "write_amplification": e.get("write_amplification"),
+            "store_write_gb_s": e.get("store_write_gb_s"), "drive_capacity_bytes": drive.get("capacity_bytes"),
+            "drive_rated_dwpd": drive.get("rated_dwpd"), "drive_writes_per_day": e.get("drive_writes_per_day"),
+            "days_to_rating": e.get("days_to_rating"), "smart_data_units_written": smart.get("data_units_written"),
+            "smart_reconciled": smart.get("reconciled"),
+            "text": {"written": _num(e.get("device_write_bytes"), ",.0f", " B"),
+                     "per_mtok": _num(None if e.get("write_bytes_per_mtok") is None
+                                      else e["write_bytes_per_mtok"] / 1e9, ".3f", " GB"),
+                     "wa": _num(e.get("write_amplification"), ".2f", " x"),
+                     "gb_s": _num(e.get("store_write_gb_s"), ".4f", " GB/s"),
+                     "drive": "—" if not drive else f"{drive.get('capacity_bytes', 0) / 1e12:g} TB, "
+                                                    f"{drive.get('rated_dwpd'):g} DWPD",
+                     "dwpd": _num(e.get("drive_writes_per_day"), ".3g"),
+                     "days": _num(e.get("days_to_rating"), ",.0f"), "smart": smart_text,
+                     "unknown": "; ".join(str(u) for u in e.get("unknown") or [])}})
+    return out
+
+
+SELF_REPORTED_BY = {"k8s": "self-reported by the pods",
+                    "slurm": "self-reported by the Slurm tasks (their job directory's files)"}
+
+
+def provenance_notes(verdicts: list[dict[str, Any]]) -> list[str]:
+    """Pure: per gate, what of its evidence kvgate did not measure itself, from the signed evidence: figures the
+    nodes wrote as files (``launcher`` k8s or slurm), a port rate only declared (``port_rate`` with nothing
+    measured), clocks assumed in sync (``clock_alignment: assume_synced``). The report's first lines say it."""
+    out = []
+    for v in verdicts:
+        ev = v.get("evidence") if isinstance(v, dict) else None
+        if not isinstance(ev, dict):
+            continue
+        parts = []
+        if ev.get("launcher") in SELF_REPORTED_BY:
+            parts.append(SELF_REPORTED_BY[ev["launcher"]])
+        pr = ev.get("port_rate")
+        if isinstance(pr, dict) and all(pr.get(k) is None for k in ("measured_gbit_s", "sysfs_speed_gbit_s",
+                                                                     "tbf_rate_gbit_s")):
+            parts.append("port rate declared")
+        if ev.get("clock_alignment") == "assume_synced":
+            parts.append("clocks assumed")
+        if parts:
+            out.append(f"{v.get('gate_id')} evidence: {'; '.join(parts)}")
+    return out
+
+
 def config_files(bundle_dir: Path) -> list[dict[str, Any]]:
     out = []
     for name in ("gates.yaml", "inventory.yaml"):
@@ -503,18 +572,23 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             **v, "validity": validity(v), "validity_text": validity_text(validity(v)),
             "reference_text": " ".join(x for x in (ref.get("value"), f"({ref['note']})" if ref.get("note") else None)
                                        if x) or "—",
-            "reference_source": ref.get("source"), "tables": g_tables, "charts": g_charts,
+            "reference_source": ref.get("source"), "tables": g_tables, "charts": g_charts, "hits_line": hits_line(v),
             "nvmeof": nvmeof_rows(v), "metric_rows": metric_rows(v),
             "duration_s": (finished - started) if isinstance(started, (int, float)) and
             isinstance(finished, (int, float)) else None,
             "streams": [s.model_dump() for s in chart_inputs(v).streams], **(load.gate_view() if load else {}),
         })
+    wear = endurance_rows(verdicts)
+    if wear:
+        tables[f"{TABLES_DIR}/endurance.csv"] = pd.DataFrame([{k: r[k] for k in r if k != "text"} for r in wear])
     view = {
+        "endurance": wear,
         "report_id": report_id, "suite": predicate.get("suite") or {}, "overall": predicate.get("overall"),
         "run": predicate.get("run") or {}, "kvgate": predicate.get("kvgate") or {},
         "signing_key": predicate.get("signing_key") or {}, "gates": gates,
         "nodes": node_provenance(bundle_dir), "config_files": config_files(bundle_dir),
         "notice": predicate.get("rerender_notice"),
+        "provenance": provenance_notes(verdicts),
         # render-only (kvgate report): every signature of the envelope as checked now (harness.report.cosign)
         "signers": (predicate.get("rerender_signers") or {}).get("signatures"),
         "signers_checked_with": (predicate.get("rerender_signers") or {}).get("checked_with"),

@@ -23,6 +23,7 @@ import ipaddress
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import socket
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -255,19 +256,43 @@ def load_state(state_dir: Path) -> RigState | None:
     return RigState(**data)
 
 
-def rig_down(spec: RigSpec, remove_state: bool = False) -> dict:
-    """Tear the rig down by name and PID. Idempotent: a rig that is half built or gone is fine.
+def recorded_spec(spec: RigSpec) -> tuple[RigSpec, RigState | None]:
+    """The rig ``rig_up`` recorded in ``spec.state_dir`` (its node count, subnet, ...: what was built), else
+    ``spec`` as given: ``down``, ``status`` and the fault commands act on the rig that is there, whatever flags
+    they were given."""
+    state = load_state(spec.state_dir)
+    if state is None:
+        return spec, None
+    names = {f.name for f in fields(RigSpec)}
+    kw = {k: v for k, v in state.spec.items() if k in names}
+    kw["state_dir"] = Path(kw.get("state_dir", spec.state_dir))
+    return RigSpec(**kw), state
 
-    Returns {"killed_pids": [...], "deleted_namespaces": [...]}.
+
+def rig_namespaces(spec: RigSpec, present: set[str]) -> list[str]:
+    """Pure: the namespaces of the rig with ``spec``'s prefix among ``present``: its hub, storage and nodes, and any
+    further node of that prefix (``<prefix>n<k>``, left by a rig of more nodes whose record is gone)."""
+    node = re.compile(re.escape(spec.prefix) + r"n[1-9][0-9]*")
+    extra = sorted((ns for ns in present if node.fullmatch(ns) and ns not in spec.all_namespaces()),
+                   key=lambda ns: int(ns[len(spec.prefix) + 1:]))
+    return [ns for ns in spec.all_namespaces() if ns in present] + extra
+
+
+def rig_down(spec: RigSpec, remove_state: bool = False) -> dict:
+    """Tear the rig down by name and PID: the rig ``up`` recorded in the state dir (its node count, whatever
+    ``spec`` says), and every namespace of its prefix. Idempotent: a rig that is half built or gone is fine.
+
+    Returns {"node_count": N, "recorded": bool, "killed_pids": [...], "deleted_namespaces": [...],
+    "state_dir_kept": path or None}; RigError naming what is left when a namespace survives.
     """
+    spec, state = recorded_spec(spec)
     present = existing_namespaces()
-    ours = [ns for ns in spec.all_namespaces() if ns in present]
+    ours = rig_namespaces(spec, present)
     pids: list[int] = []
     for ns in ours:
         pids.extend(namespace_pids(ns))
     # Recorded PIDs too (e.g. a process that left the namespace is impossible, but a crashed
     # `rig up` may have recorded a PID before the namespace existed): only if still in our namespaces.
-    state = load_state(spec.state_dir)
     if state is not None:
         for pid in state.pids.values():
             if pid not in pids and pid_alive(pid) and _pid_in_namespaces(pid, ours):
@@ -283,14 +308,17 @@ def rig_down(spec: RigSpec, remove_state: bool = False) -> dict:
         cp = _UNLOGGED.run(["ip", "netns", "del", ns], check=False)
         if cp.returncode == 0:
             deleted.append(ns)
-    still = [ns for ns in spec.all_namespaces() if ns in existing_namespaces()]
+    still = rig_namespaces(spec, existing_namespaces())
     if still:
-        raise RigError(f"rig down: namespaces still present after teardown: {', '.join(still)}")
+        raise RigError(f"rig down: left {len(still)} namespace(s) that would not go: {', '.join(still)} "
+                       f"(processes: {sum(len(namespace_pids(ns)) for ns in still)}); rig.json kept")
     if remove_state and spec.state_dir.exists():
         shutil.rmtree(spec.state_dir, ignore_errors=True)
     elif (spec.state_dir / STATE_FILE).exists():
         (spec.state_dir / STATE_FILE).unlink()
-    return {"killed_pids": killed, "deleted_namespaces": deleted}
+    return {"node_count": spec.node_count, "recorded": state is not None, "killed_pids": killed,
+            "deleted_namespaces": deleted,
+            "state_dir_kept": str(spec.state_dir) if spec.state_dir.exists() else None}
 
 
 def _pid_in_namespaces(pid: int, namespaces: list[str]) -> bool:
@@ -403,16 +431,33 @@ def rig_up(spec: RigSpec) -> RigState:
 
 
 def _build(spec: RigSpec) -> RigState:
+    """Build the rig in order: keys, namespaces and the shaped port, the storage sshd, the node sshds (each with
+    its sshfs mount of the pool), the loopback forwarder, the files for kvgate and people, then ready checks."""
     sd = spec.state_dir
     for sub in ("keys", "hostkeys", "sshd", "storage/pool", "mnt/pool", "log", "work"):
         (sd / sub).mkdir(parents=True, exist_ok=True)
+    # what is being built, recorded before anything is: `down` of a half-built rig takes all of it
+    (sd / STATE_FILE).write_text(json.dumps(asdict(RigState(
+        spec={k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()})), indent=2))
     os.chmod(sd / "keys", 0o700)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
     log = _host_log(spec.log_dir)
     state = RigState(spec={k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()},
                      started_at=time.time())
+    host_pub = _build_keys(spec, log)
+    _build_network(spec, log)
+    _start_storage_sshd(spec, state)
+    _start_node_sshds(spec, state)
+    targets = _start_forwarder(spec, state)
+    _write_access_files(spec, state, host_pub, targets)
+    _check_ready(spec, state, targets)
+    (sd / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+    return state
 
-    # Keys: one client key, one host key per sshd; nothing outside the state dir.
+
+def _build_keys(spec: RigSpec, log: CommandLog) -> dict[str, str]:
+    """One client key, one host key per sshd; nothing outside the state dir. The host public keys by node."""
+    sd = spec.state_dir
     client_pub = _keygen(log, spec.identity_file, "kvgate-rig")
     (sd / "keys" / "authorized_keys").write_text(client_pub + "\n")
     host_pub: dict[str, str] = {}
@@ -420,8 +465,11 @@ def _build(spec: RigSpec) -> RigState:
         host_pub[who] = _keygen(log, sd / "hostkeys" / f"{who}_ed25519", f"kvgate-rig-{who}")
     # The storage host key as every node's sshfs sees it.
     (sd / "keys" / "storage_known_hosts").write_text(f"{spec.storage_addr} {host_pub[STORAGE_NODE]}\n")
+    return host_pub
 
-    # Namespaces and the bridge.
+
+def _build_network(spec: RigSpec, log: CommandLog) -> None:
+    """The namespaces, the hub's bridge, a veth per namespace, and the one storage port shaped both ways."""
     for ns in spec.all_namespaces():
         log.run(["ip", "netns", "add", ns])
     hub = spec.hub_ns
@@ -440,13 +488,14 @@ def _build(spec: RigSpec) -> RigState:
     plug(spec.storage_ns, "v-st", "st0", spec.storage_addr)
     for node in spec.node_names():
         plug(spec.node_ns(node), f"v-{node}", "eth0", spec.node_addr(node))
-
     # The one storage port, shaped in both directions: egress of st0 (reads) and of its hub peer (writes).
     tbf = ["tbf", "rate", f"{spec.port_rate_mbit}mbit", "burst", spec.tbf_burst, "latency", spec.tbf_latency]
     log.run(["tc", "-n", spec.storage_ns, "qdisc", "add", "dev", "st0", "root", *tbf])
     log.run(["tc", "-n", hub, "qdisc", "add", "dev", "v-st", "root", *tbf])
 
-    # Storage sshd.
+
+def _start_storage_sshd(spec: RigSpec, state: RigState) -> None:
+    sd = spec.state_dir
     st_cfg = sd / "sshd" / "storage.conf"
     st_cfg.write_text(_sshd_config(spec, spec.storage_addr, sd / "hostkeys" / f"{STORAGE_NODE}_ed25519"))
     st_log = spec.log_dir / "sshd-storage.log"
@@ -459,7 +508,11 @@ def _build(spec: RigSpec) -> RigState:
     state.pids["sshd-storage"] = st_proc.pid
     _wait_for_log(st_log, "Server listening", st_proc, 10.0, "storage sshd")
 
-    # Node sshds, each in a private mount namespace that holds the sshfs mount of the pool.
+
+def _start_node_sshds(spec: RigSpec, state: RigState) -> None:
+    """Node sshds, each in a private mount namespace that holds the sshfs mount of the pool; started at once,
+    then waited for."""
+    sd = spec.state_dir
     sshfs_opts = ",".join([
         f"IdentityFile={spec.identity_file}",
         f"UserKnownHostsFile={sd / 'keys' / 'storage_known_hosts'}",
@@ -488,7 +541,10 @@ def _build(spec: RigSpec) -> RigState:
     for node, (p, nlog) in node_procs.items():
         _wait_for_log(nlog, "Server listening", p, spec.ready_timeout_s, f"node {node} (sshfs + sshd)")
 
-    # Loopback listeners in the root namespace, forwarded from inside the hub namespace.
+
+def _start_forwarder(spec: RigSpec, state: RigState) -> dict[str, str]:
+    """Loopback listeners in the root namespace, forwarded from inside the hub namespace. The address each
+    forwards to, by node."""
     listeners: dict[str, socket.socket] = {}
     targets: dict[str, str] = {STORAGE_NODE: spec.storage_addr}
     targets.update({n: spec.node_addr(n) for n in spec.node_names()})
@@ -502,15 +558,18 @@ def _build(spec: RigSpec) -> RigState:
     mapping = [f"{s.fileno()}={targets[who]}:22" for who, s in listeners.items()]
     fwd_log = spec.log_dir / "forwarder.log"
     with fwd_log.open("wb") as fh:
-        fwd = subprocess.Popen(["ip", "netns", "exec", hub, sys.executable, str(FORWARDER), *mapping],
+        fwd = subprocess.Popen(["ip", "netns", "exec", spec.hub_ns, sys.executable, str(FORWARDER), *mapping],
                                stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                pass_fds=[s.fileno() for s in listeners.values()], start_new_session=True)
     state.pids["forwarder"] = fwd.pid
     for s in listeners.values():
         s.close()  # the forwarder holds its own copies
     _wait_for_log(fwd_log, "serving", fwd, 10.0, "loopback forwarder")
+    return targets
 
-    # Pinned host keys as kvgate sees them, an ssh_config for people, the inventory for kvgate.
+
+def _write_access_files(spec: RigSpec, state: RigState, host_pub: dict[str, str], targets: dict[str, str]) -> None:
+    """Pinned host keys as kvgate sees them, an ssh_config for people, the inventory for kvgate."""
     spec.known_hosts.write_text("".join(f"[127.0.0.1]:{state.ssh_ports[w]} {host_pub[w]}\n" for w in targets))
     spec.ssh_config_path.write_text("".join(
         f"Host {w}\n  HostName 127.0.0.1\n  Port {state.ssh_ports[w]}\n  User root\n"
@@ -523,7 +582,9 @@ def _build(spec: RigSpec) -> RigState:
     state.pool_mount = str(spec.pool_mount)
     state.ssh_config = str(spec.ssh_config_path)
 
-    # Ready means: every sshd answers over the loopback port and every node sees the pool mounted.
+
+def _check_ready(spec: RigSpec, state: RigState, targets: dict[str, str]) -> None:
+    """Ready means: every sshd answers over the loopback port and every node sees the pool mounted."""
     def probe(who: str) -> str | None:
         remote = ["true"] if who == STORAGE_NODE else ["mountpoint", "-q", str(spec.pool_mount)]
         cp = _UNLOGGED.run(_ssh_argv(spec, state.ssh_ports[who], remote), check=False, timeout_s=20)
@@ -533,8 +594,6 @@ def _build(spec: RigSpec) -> RigState:
         problems = [p for p in ex.map(probe, list(targets)) if p]
     if problems:
         raise RigError("rig: nodes not ready: " + "; ".join(problems))
-    (sd / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
-    return state
 
 
 def render_inventory(spec: RigSpec, ssh_ports: dict[str, int]) -> str:
@@ -576,11 +635,14 @@ def render_inventory(spec: RigSpec, ssh_ports: dict[str, int]) -> str:
 
 
 def rig_status(spec: RigSpec) -> dict:
-    """What exists now: namespaces, processes per namespace, and (if up) whether each sshd answers."""
+    """What exists now of the rig ``up`` recorded (its node count, whatever ``spec`` says; ``spec`` when there is
+    no record): namespaces (and any further node namespace of its prefix), processes per namespace, and (if up)
+    whether each sshd answers."""
+    spec, state = recorded_spec(spec)
     present = existing_namespaces()
-    state = load_state(spec.state_dir)
-    out: dict = {"prefix": spec.prefix, "state_dir": str(spec.state_dir), "up": False, "namespaces": {}}
-    for ns in spec.all_namespaces():
+    out: dict = {"prefix": spec.prefix, "state_dir": str(spec.state_dir), "node_count": spec.node_count,
+                 "recorded": state is not None, "up": False, "namespaces": {}}
+    for ns in dict.fromkeys(spec.all_namespaces() + rig_namespaces(spec, present)):
         if ns in present:
             pids = namespace_pids(ns)
             out["namespaces"][ns] = {"pids": pids, "commands": [process_cmdline(p)[:120] for p in pids]}
@@ -601,6 +663,7 @@ def rig_status(spec: RigSpec) -> dict:
 
 def kill_node(spec: RigSpec, node: str) -> list[int]:
     """Fault injection: kill every process of one node (its sshd, sessions, readers, sshfs) by PID."""
+    spec, _ = recorded_spec(spec)
     if node not in spec.node_names():
         raise RigError(f"rig: no node {node!r} (have {', '.join(spec.node_names())})")
     pids = namespace_pids(spec.node_ns(node))
@@ -630,6 +693,7 @@ def set_node_link(spec: RigSpec, node: str, up: bool) -> None:
     With the link down the node's processes live on, but nothing reaches it and it reaches nothing:
     kvgate's SSH session to it falls silent and its sshfs mount of the pool stalls, as when a real
     node's cable or switch port fails."""
+    spec, _ = recorded_spec(spec)
     if node not in spec.node_names():
         raise RigError(f"rig: no node {node!r} (have {', '.join(spec.node_names())})")
     cp = _UNLOGGED.run(["ip", "-n", spec.node_ns(node), "link", "set", "eth0", "up" if up else "down"], check=False)

@@ -10,11 +10,18 @@ Collect: the results volume's files (``config/``, and per gate ``GATE/NODE.{task
 signed into a bundle like any other run (``kvgate verify`` and ``gates/reevaluate.py`` read it as they read
 any bundle). A collected run never passes unproven: a rank that left no output, or no record of the common
 start, makes the gate ERROR whatever the failure policy allows, with every other rank's data kept.
+
+Provenance: render also writes a render record beside the manifests (the operator's, not the cluster's: the
+run id, the time, each gate's deadline, the SHA-256 of the suite and every spec the pods get); collect refuses a
+results directory without it or whose suite, specs or run differ (ConfigError, exit 2). What the pods wrote is
+self-reported: their times are held to render..collect and the Job's deadline, their bytes to the copy's size
+(G3's evaluator, INVALID otherwise), and the run says so (``K8S_PROVENANCE``, the report's first lines).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import posixpath
 import shutil
@@ -32,19 +39,35 @@ from ..execute.fanout import FailurePolicy
 from ..execute.k8s import CONFIG_MOUNT, RESULTS_MOUNT, TASK_PROGRAM, K8sCluster, config_map, indexed_job, k8s_name
 from ..gates.verdict import Outcome, Verdict, evaluate, overall_outcome, skipped
 from ..node import program_path
-from ..parsers.g3series import NodeSeries, cross_check_port_rate, parse_reader_output
+from ..parsers.g3series import NodeSeries, cross_check_port_rate
 from ..paths import git_commit
 from ..redact import redact_obj, redact_text
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
 from ..report.render import bundle_renderer
 from ..workloads import WORKLOADS
 from ..workloads.base import CacheDrop, WorkloadResult, target_path, write_summary
-from ..workloads.g3_shared_read import (MANIFEST, G3Evidence, G3Launch, G3NodeRecord, G3Params, G3SharedRead,
-                                        _pool_dir, _reader_spec, evaluate_g3, manifest_for)
+from ..workloads.g3_shared_read import (MANIFEST, G3Bounds, G3Evidence, G3Launch, G3NodeRecord, G3Params,
+                                        G3SharedRead, _pool_dir, _reader_spec, evaluate_g3, manifest_for,
+                                        parse_stream)
 from .runner import _write_json, new_run_dir
 
 RENDERABLE = ("g3-shared-read",)
 RENDER_FILE = "render.json"
+RECORD_SCHEMA = "kvgate-render-record/1"
+# What a collected run's evidence is, said in the report's first lines (harness.report.render.provenance_notes).
+K8S_PROVENANCE = "self-reported by the pods; port rate declared; clocks assumed"
+
+
+def sha256_text(text: str) -> str:
+    """Pure: the hex SHA-256 of ``text`` as UTF-8 (how render and collect hash what the pods were given)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def suite_digests(inventory_text: str, gates_text: str, specs: dict[str, str]) -> dict[str, str]:
+    """Pure: the hashes that bind a collected run to its render: the inventory and gates as the pods got them
+    (``config/``), and every gate's spec.json (each reader node's command)."""
+    return {"config/inventory.yaml": sha256_text(inventory_text), "config/gates.yaml": sha256_text(gates_text),
+            **{f"{gid}/spec.json": sha256_text(text) for gid, text in sorted(specs.items())}}
 
 
 @dataclasses.dataclass
@@ -109,9 +132,12 @@ def _g3_spec(cfg: Config, gate: Any, cluster: K8sCluster, results_dir: str) -> t
 
 
 def render_k8s(cfg: Config, out_dir: str | Path, run_id: str | None = None) -> list[Path]:
-    """Write ``GATE.yaml`` (a ConfigMap and an Indexed Job) for every gate of the suite into ``out_dir``; raise
+    """Write ``GATE.yaml`` (a ConfigMap and an Indexed Job) for every gate of the suite into ``out_dir``, and the
+    render record ``out_dir/render.json`` (the run id, the time, each gate's deadline and the SHA-256 of the
+    suite and every spec the pods get: ``kvgate collect --render`` checks the results against it); raise
     ConfigError naming every gate that cannot be rendered (not G3) or a missing ``k8s:`` block, before writing
-    anything. ``run_id`` names the run's directory in the results volume (default: a UTC time stamp)."""
+    anything. ``run_id`` names the run's directory in the results volume (default: a UTC time stamp). Returns
+    the manifests' paths."""
     issues = _refusals(cfg)
     if issues:
         raise ConfigError(issues)
@@ -128,22 +154,30 @@ def render_k8s(cfg: Config, out_dir: str | Path, run_id: str | None = None) -> l
         specs[gate.id] = (spec, readers, pool_mount, name, deadline_s)
         rendered[gate.id] = {"job": name, "namespace": cluster.namespace, "nodes": readers,
                              "results_dir": posixpath.join(results_dir, gate.id), "deadline_s": deadline_s}
+    now = time.time()
     render = {"kvgate": __version__, "run_id": run_id, "rendered_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                     time.gmtime()),
+                                                                                     time.gmtime(now)),
               "launcher": "k8s", "gates": rendered}
+    inventory_text = redact_text(Path(cfg.inventory_path).read_text())
+    gates_text = redact_text(Path(cfg.gates_path).read_text())
+    spec_texts = {gid: json.dumps(spec, indent=1) for gid, (spec, *_rest) in specs.items()}
     common = {TASK_PROGRAM: Path(program_path(TASK_PROGRAM)).read_text(),
               "g3_reader.py": Path(program_path("g3_reader.py")).read_text(),
               # k8s_task.py imports its file writes, cache drop and process-group stop from it
               "slurm_task.py": Path(program_path("slurm_task.py")).read_text(),
-              "inventory.yaml": redact_text(Path(cfg.inventory_path).read_text()),
-              "gates.yaml": redact_text(Path(cfg.gates_path).read_text()),
+              "inventory.yaml": inventory_text, "gates.yaml": gates_text,
               RENDER_FILE: json.dumps(render, indent=1)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # The render record stays with the operator (beside the manifests, not in the cluster): collect compares
+    # the results volume with it, so a suite edited after the render, or a volume of another render, is refused.
+    record = {"schema": RECORD_SCHEMA, **render, "rendered_unix_s": now,
+              "sha256": suite_digests(inventory_text, gates_text, spec_texts)}
+    (out / RENDER_FILE).write_text(json.dumps(record, indent=1) + "\n")
     written = []
     for gate_id, (spec, readers, pool_mount, name, deadline_s) in specs.items():
         labels = {"app.kubernetes.io/name": "kvgate", "kvgate/run": run_id, "kvgate/gate": k8s_name(gate_id)}
-        cm = config_map(name, cluster.namespace, {**common, "spec.json": json.dumps(spec, indent=1)}, labels)
+        cm = config_map(name, cluster.namespace, {**common, "spec.json": spec_texts[gate_id]}, labels)
         job = indexed_job(cluster, name, name, readers, pool_mount, results_dir, deadline_s, labels)
         path = out / f"{gate_id}.yaml"
         path.write_text(yaml.safe_dump_all([cm, job], sort_keys=False, width=120))
@@ -169,11 +203,48 @@ def _json(path: Path) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict) -> WorkloadResult:
+def check_render_record(record_path: str | Path | None, src: Path, cfg: Config) -> dict:
+    """The render record ``kvgate render k8s`` wrote (``--render``), checked against the results directory: the
+    same run, and byte for byte the suite and specs that were rendered (their SHA-256). Raises ConfigError
+    (exit 2) when the record is missing, unreadable or not a render record, or anything differs; returns it."""
+    def refuse(msg: str, where: str = str(record_path)) -> ConfigError:
+        return ConfigError(ConfigIssue(where, None, "render", msg))
+
+    if record_path is None:
+        raise refuse("no render record: give --render MANIFESTS/render.json, which kvgate render k8s wrote beside "
+                     "the manifests; it binds the collected run to the suite that was rendered", "collect")
+    record = _json(Path(record_path))
+    if record is None or record.get("schema") != RECORD_SCHEMA or not isinstance(record.get("sha256"), dict) \
+            or not isinstance(record.get("gates"), dict):
+        raise refuse(f"not a render record of kvgate render k8s ({RECORD_SCHEMA})")
+    volume = _json(src / "config" / RENDER_FILE) or {}
+    if volume.get("run_id") != record.get("run_id"):
+        raise refuse(f"the results are of run {volume.get('run_id')!r}, the render record of {record.get('run_id')!r}")
+    cluster = K8sCluster.from_config(cfg.inventory.k8s) if cfg.inventory.k8s is not None else None
+    have: dict[str, str] = {}
+    for name in ("config/inventory.yaml", "config/gates.yaml"):
+        have[name] = sha256_text(_read(src / name) or "")
+    for gate in cfg.suite.gates:
+        if gate.id in record["gates"] and cluster is not None and gate.workload in RENDERABLE:
+            spec = _g3_spec(cfg, gate, cluster, posixpath.join(RESULTS_MOUNT, record["run_id"]))[0]
+            have[f"{gate.id}/spec.json"] = sha256_text(json.dumps(spec, indent=1))
+    want = record["sha256"]
+    for name in sorted(set(want) | set(have)):
+        if want.get(name) != have.get(name):
+            raise refuse(f"{name} differs from what kvgate render k8s wrote (sha256 {str(have.get(name))[:16]}, "
+                         f"rendered {str(want.get(name))[:16]}): the suite was changed after the render, or these "
+                         "results are not of this render")
+    return record
+
+
+def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict,
+               collected_s: float | None = None) -> WorkloadResult:
     """G3 from its pods' files in ``src`` (``NODE.task.json/.out/.err/.rc``, ``go.json``): each rank's output
     kept under ``gate_dir`` as a run keeps it (``nodes/NODE/reader.jsonl``, the raw files under ``k8s/``),
     parsed and evaluated by G3's own pure evaluator (harness.workloads.g3_shared_read.evaluate_g3). A rank with
-    no files, or no ``go.json``, is an error of the gate (ERROR) whatever the failure policy tolerates."""
+    no files, or no ``go.json``, is an error of the gate (ERROR) whatever the failure policy tolerates. ``render``
+    is the checked render record: the pods' times are held to its render time, ``collected_s`` and the gate's
+    deadline, their byte counts to the copy's size (INVALID otherwise)."""
     p: G3Params = cfg.params[gate.id]
     nodes = {n.name: n for n in cfg.gate_nodes(gate)}
     port_node, nic, readers = G3SharedRead()._roles(p, nodes)
@@ -181,9 +252,15 @@ def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict) 
     ev = G3Evidence(readers=readers, port=p.port, copy_bytes=p.copy_bytes, chunks=p.chunks, chunk_bytes=p.chunk_bytes,
                     streams_per_node=p.streams, block_bytes=p.block_bytes, policy=vars(policy), launcher="k8s")
     declared = next(n.line_rate_gbit_s for n in nodes[port_node].nics if n.name == nic)
-    port = cross_check_port_rate(declared, None, None)  # no session to the port's node: the declared rate
+    # no session to the port's node: the declared rate, marked as such (K8S_PROVENANCE)
+    port = cross_check_port_rate(declared, None, None, p.port_rate_tolerance)
     ev.port_rate = vars(port) | {"notes": list(port.notes)}
     ev.clock_alignment = "assume_synced"
+    rendered_s = render.get("rendered_unix_s")
+    deadline_s = ((render.get("gates") or {}).get(gate.id) or {}).get("deadline_s")
+    if isinstance(rendered_s, (int, float)) and isinstance(deadline_s, (int, float)):
+        ev.time_frame = {"not_before_s": float(rendered_s), "not_after_s": collected_s or time.time(),
+                         "max_duration_s": float(deadline_s), "slack_s": p.clock_slack_s}
     raw_dir = gate_dir / "k8s"
     raw_dir.mkdir(parents=True, exist_ok=True)
     go = _json(src / "go.json")
@@ -219,32 +296,21 @@ def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict) 
         (ndir / "reader.jsonl").write_text(out or "")
         (ndir / "reader.stderr").write_text(_read(src / f"{name}.err") or "")
         info: dict[str, Any] = {"node": name, "rc": rc, "pid": (task or {}).get("child_pid"), "go_node_s": go_s}
-        error = None
         if rc is None:
-            error = "k8s: the task left no exit status"
+            info["error"] = "k8s: the task left no exit status"
         elif rc != 0:
-            error = f"reader exited {rc}"
-        try:
-            parsed = parse_reader_output(out or "", name, 0.0, source=str(ndir / "reader.jsonl"))
-            info.update(direct_used=parsed.armed.get("direct_used"), direct_error=parsed.armed.get("direct_error"),
-                        start_priority=parsed.start.get("start_priority"), bytes_read=parsed.series.total_bytes,
-                        completed=parsed.series.completed, truncated=parsed.truncated,
-                        samples=len(parsed.series.intervals), reader_errors=list(parsed.errors))
-            series[name] = parsed.series
-        except Exception as exc:  # noqa: BLE001 - unparseable output is that node's failure
-            info["parse_error"] = str(exc)
-            error = error or f"reader output unparseable: {exc}"
-        if error is None and not info.get("completed"):
-            error = "reader did not complete: " + "; ".join(info.get("reader_errors") or ["no end record"])
-        if error:
-            failed[name] = error
-        info["error"] = error
+            info["error"] = f"reader exited {rc}"
+        parsed, info = parse_stream(name, out or "", 0.0, info, f"nodes/{name}/reader.jsonl")
+        if parsed is not None:
+            series[name] = parsed
+        if info["error"]:
+            failed[name] = info["error"]
         records[name] = G3NodeRecord.model_validate(info)
     ev.nodes, ev.failed_nodes = records, failed
     ev.launch = G3Launch(go_ref_s=go_s, events=[{"event": "go", **go}] if go is not None else [])
     ev.k8s_job = {**(render.get("gates") or {}).get(gate.id, {}), "run_id": render.get("run_id"),
                   "go": go, "missing_ranks": missing, "tasks": tasks}
-    result = evaluate_g3(ev, series, port, policy, p.min_window_s, 0.0, go_s)
+    result = evaluate_g3(ev, series, port, policy, p.min_window_s, 0.0, go_s, bounds=G3Bounds.of(p))
     unproven = []
     if missing:
         unproven.append(f"no output from {len(missing)} of {len(readers)} reader pod(s): {', '.join(missing)}")
@@ -256,22 +322,26 @@ def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict) 
     return result
 
 
-def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, key_kind: str = "operator",
-                make_tar: bool = True) -> CollectOutcome:
+def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, render_record: str | Path | None,
+                key_kind: str = "operator", make_tar: bool = True) -> CollectOutcome:
     """Turn a results volume's files (``src_dir``, as the pods of ``kvgate render k8s`` left them) into a run
     directory under ``out_dir`` and sign it into a bundle there. Raises ConfigError when ``src_dir`` holds no
-    suite (``config/inventory.yaml``, ``config/gates.yaml``, ``config/render.json``)."""
+    suite (``config/inventory.yaml``, ``config/gates.yaml``, ``config/render.json``), or when it is not bound to
+    ``render_record`` (the render record ``kvgate render k8s`` wrote; :func:`check_render_record`)."""
     src = Path(src_dir)
     cfg_src = src / "config"
+    collected_s = time.time()
     render = _json(cfg_src / RENDER_FILE)
     if render is None or not isinstance(render.get("gates"), dict):
         raise ConfigError(ConfigIssue(str(cfg_src / RENDER_FILE), None, "<root>",
                                       "not a render record of kvgate render k8s (its rank 0 pod copies it there)"))
     cfg = load_config(cfg_src / "inventory.yaml", cfg_src / "gates.yaml", WORKLOADS)
+    render = check_render_record(render_record, src, cfg)
     run_dir = new_run_dir(Path(out_dir))
     (run_dir / "config").mkdir()
-    for name in ("inventory.yaml", "gates.yaml", RENDER_FILE):
+    for name in ("inventory.yaml", "gates.yaml"):
         shutil.copyfile(cfg_src / name, run_dir / "config" / name)
+    (run_dir / "config" / RENDER_FILE).write_text(json.dumps(render, indent=1) + "\n")  # the operator's record
     started = finished = None
     verdicts: list[Verdict] = []
     stop_at = None
@@ -286,10 +356,12 @@ def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, key_
             continue
         gate_dir = run_dir / "gates" / gate.id
         gate_dir.mkdir(parents=True, exist_ok=True)
-        result = collect_g3(cfg, gate, src / gate.id, gate_dir, render)
+        result = collect_g3(cfg, gate, src / gate.id, gate_dir, render, collected_s)
+        # the pods' own start times, where they are possible (after the render, not after this collect)
+        lo = float(render.get("rendered_unix_s") or 0.0) - cfg.params[gate.id].clock_slack_s
         times = [t.get("started_at_s") for t in (result.evidence.k8s_job or {}).get("tasks", {}).values()]
-        times = [t for t in times if isinstance(t, (int, float))]
-        t0 = min(times) if times else time.time()
+        times = [t for t in times if isinstance(t, (int, float)) and not isinstance(t, bool) and lo <= t <= collected_s]
+        t0 = min(times) if times else collected_s
         started = t0 if started is None else min(started, t0)
         verdict = evaluate(gate, result, unit, wl.METRICS)
         verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason), evidence=redact_obj(verdict.evidence))
@@ -304,7 +376,8 @@ def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, key_
     overall = overall_outcome(verdicts)
     run = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
-           "duration_s": round(finished - started, 3), "launcher": "k8s", "collected_from": str(src)}
+           "duration_s": round(finished - started, 3), "launcher": "k8s", "collected_from": str(src),
+           "provenance": K8S_PROVENANCE, "render_sha256": render["sha256"]}
     _write_json(run_dir / "verdicts.json", {"suite": cfg.suite.suite.model_dump(), "overall": overall.value,
                                             "verdicts": [v.to_dict() for v in verdicts], "run": run})
     predicate = {"kvgate": {"version": __version__, "commit": git_commit()}, "suite": cfg.suite.suite.model_dump(),

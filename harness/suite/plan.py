@@ -99,6 +99,19 @@ def _step_lines(step: PlannedStep) -> list[str]:
     return out
 
 
+def endurance_lines(prices: str | None, nodes: list) -> list[str]:
+    """Pure: what a storing gate's endurance prices (its workload's ``ENDURANCE``), from which counters, and the
+    drive each node declares (``pool_drive``) for its days to rating, or that none is declared."""
+    if not prices:
+        return []
+    drives = [f"{n.name}: {n.pool_drive.capacity_bytes / 1e12:g} TB, {n.pool_drive.rated_dwpd:g} DWPD over "
+              f"{n.pool_drive.warranty_years:g} years" for n in nodes if getattr(n, "pool_drive", None)]
+    return [f"  endurance (docs/endurance.md): {prices}; counters: the pool device's /sys/dev/block/MAJ:MIN/stat "
+            "(sectors written)",
+            "    drive: " + ("; ".join(drives) + " (days to its rating at the measured rate)" if drives else
+                             "none declared (inventory pool_drive): bytes per million tokens, no days to rating")]
+
+
 def plan_text(cfg: Config) -> str:
     """The plan as people read it: the node facts, then every gate's steps with exact argv and job files."""
     lines = [f"suite {cfg.suite.suite.name} v{cfg.suite.suite.version}: {len(cfg.suite.gates)} gate(s), nothing runs",
@@ -114,6 +127,7 @@ def plan_text(cfg: Config) -> str:
                   + (" (informational)" if gate.informational else "")]
         for step in gate_plan(cfg, gate):
             lines += _step_lines(step)
+        lines += endurance_lines(cfg.workload(gate).ENDURANCE, cfg.gate_nodes(gate))
         if gate.stop_loss:
             lines.append(f"  if {gate.metric} {gate.stop_loss}: STOP, later gates SKIPPED")
     if detach:

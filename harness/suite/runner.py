@@ -213,6 +213,167 @@ def undo_after_gate(undo: UndoLog, result: WorkloadResult, transports: dict[str,
         x for x in (result.error, f"a change to a node was NOT undone: {what}") if x))
 
 
+@dataclass
+class _SuiteRun:
+    """One run of a suite: its directory, its nodes' connections, the gates' verdicts so far and what must be
+    undone, stopped and closed whatever ends it. :func:`run_suite` drives it: connect, facts, gates, teardown,
+    summary, bundle."""
+
+    config: Config
+    run_dir: Path
+    progress: Callable[[str], None]
+    steps: StepLog
+    managed: ManagedTargets
+    undo: UndoLog
+    opened: dict[str, Transport]
+    views: list[ScopedTransport] = field(default_factory=list)  # every gate's view of its nodes, stopped at the end
+    node_errors: dict[str, str] = field(default_factory=dict)
+    verdicts: list[Verdict] = field(default_factory=list)
+    # each verdict as a dict, made once (a gate's evidence at a thousand nodes is megabytes of series):
+    # verdict.json, verdicts.json and the signed predicate hold the same one; only read after this
+    as_dict: dict[int, dict[str, Any]] = field(default_factory=dict)
+    interrupted: bool = False
+    interrupt: KeyboardInterrupt | None = None
+    still_running: list[str] = field(default_factory=list)  # gates whose workload did not return once stopped
+
+    def connect(self, trust_new_hosts: bool, known_hosts_path: str | None) -> None:
+        """Every node connected at once (a dead node costs one connect timeout, not one per node before it); each
+        keeps this one connection for the whole run: facts, gates, file transfers and stops."""
+        to_open = {n.name: n for n in self.config.inventory.nodes if n.name not in self.opened}
+        if to_open:
+            self.progress(f"connecting to {', '.join(to_open)} (in parallel)")
+        connected = fan_out(to_open, lambda _name, node: open_transport(
+            node, trust_new_hosts=trust_new_hosts, known_hosts_path=known_hosts_path))
+        for name in to_open:  # inventory order, whatever order the connections completed in
+            o = connected[name]
+            if o.ok:
+                self.opened[name] = o.value
+            else:
+                self.node_errors[name] = o.error or "not connected"
+                self.progress(f"ERROR {self.node_errors[name]}")
+        _write_json(self.run_dir / "nodes" / "connect-errors.json", self.node_errors)
+        self.managed.attach(managed_targets(self.config), self.opened)
+
+    def facts(self) -> None:
+        """snapshot.json (kernel, CPU, memory, fio, block devices, NUMA, NICs) and provenance.json (GPUs, NVMe,
+        NVMe-oF, vLLM/LMCache versions) of every connected node: one command list, also what `kvgate plan` prints."""
+        def one(name: str, tr: Transport) -> None:
+            engine_python = getattr(self.config.inventory.node(name), "engine_python", None)
+            for file, data in collect_node_facts(tr, self.steps, engine_python).items():
+                _write_json(self.run_dir / "nodes" / name / f"{file}.json", data)
+
+        if self.opened:
+            self.progress(f"snapshot of {', '.join(self.opened)} (in parallel)")
+            for name, err in fan_out(self.opened, one).failed.items():
+                self.progress(f"snapshot of {name} failed: {err}")
+
+    def gates(self) -> None:
+        """Every gate in order; after a STOP, an interrupt or a workload that did not stop, the rest skipped."""
+        stop_at: str | None = None
+        for gate in self.config.suite.gates:
+            wl_cls = self.config.workload(gate)
+            unit = wl_cls.METRICS[gate.metric]
+            if stop_at:
+                self.verdicts.append(skipped(gate, f"skipped: stop-loss hit at {stop_at}", unit))
+                continue
+            verdict = self.gate(gate, wl_cls, unit)
+            if self.interrupted:
+                stop_at = f"{gate.id} (interrupted)"
+            elif self.still_running:
+                # Its workload may still send requests to a shared engine or run on its nodes: no gate runs
+                # beside it, and no bundle is written around it.
+                stop_at = f"{gate.id} (its workload did not stop)"
+            elif verdict.outcome is Outcome.STOP:
+                stop_at = gate.id
+
+    def gate(self, gate, wl_cls, unit: str) -> Verdict:
+        """One gate: its workload on its nodes' scoped views, its undo, its verdict (redacted) on disk."""
+        gate_dir = self.run_dir / "gates" / gate.id
+        gate_dir.mkdir(parents=True, exist_ok=True)
+        nodes = {n.name: n for n in self.config.gate_nodes(gate)}
+        missing = [n for n in nodes if n not in self.opened]
+        t0 = time.time()
+        self.progress(f"{gate.id} {gate.title}: workload {gate.workload} on {', '.join(nodes)}")
+        if missing:
+            result = WorkloadResult(error="node(s) unreachable: " + "; ".join(
+                f"{n}: {self.node_errors.get(n, 'not connected')}" for n in missing))
+        else:
+            scoped = {n: ScopedTransport(self.opened[n]) for n in nodes}
+            self.views.extend(scoped.values())
+            ctx = gate_context(gate, self.config.params[gate.id], nodes, scoped, self.steps, gate_dir, self.progress,
+                               self.managed, slurm=self.config.inventory.slurm)
+            ctx.undo = self.undo
+            try:
+                result = run_gate_workload(wl_cls(), ctx, scoped, self.progress, self.still_running)
+            except KeyboardInterrupt as exc:
+                self.interrupted, self.interrupt = True, exc
+                result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
+            result = undo_after_gate(self.undo, result, self.opened, self.steps, self.progress)
+        verdict = evaluate(gate, result, unit, wl_cls.METRICS)
+        # the verdict goes into verdicts.json and the signed predicate: its texts and evidence redacted
+        verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason),
+                                      evidence=redact_obj(verdict.evidence))
+        _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
+                                               "finished_unix_s": time.time()})
+        self.as_dict[id(verdict)] = verdict.to_dict()
+        _write_json(gate_dir / "verdict.json", self.as_dict[id(verdict)])
+        self.verdicts.append(verdict)
+        self.progress(f"{gate.id}: {verdict.outcome.value}: {verdict.reason}")
+        return verdict
+
+    def teardown(self) -> None:
+        """Whatever ended the run: commands still running stopped, pending undos run (Ctrl-C between gates, or a
+        second one during an undo), managed targets disconnected, connections closed."""
+        for view in self.views:
+            try:
+                if view.abort():
+                    self.progress(f"stopped the commands still running on {view.name}")
+            except Exception:  # noqa: BLE001
+                pass
+        self.undo.run_pending(self.opened, self.steps, self.progress)
+        self.managed.detach(self.opened)
+        for tr in self.opened.values():
+            try:
+                if tr.abort():
+                    self.progress(f"stopped the commands still running on {tr.name}")
+                tr.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def summary(self, started: float, finished: float) -> tuple[Outcome, list[dict[str, Any]]]:
+        """verdicts.json (gates never reached skipped as interrupted): the overall outcome and the verdicts."""
+        suite = self.config.suite
+        done_ids = {v.gate_id for v in self.verdicts}
+        for gate in suite.gates:
+            if gate.id not in done_ids:
+                self.verdicts.append(skipped(gate, "skipped: run interrupted",
+                                             self.config.workload(gate).METRICS[gate.metric]))
+        overall = overall_outcome(self.verdicts)
+        verdict_dicts = [self.as_dict.get(id(v)) or v.to_dict() for v in self.verdicts]
+        _write_json(self.run_dir / "verdicts.json", {
+            "suite": suite.suite.model_dump(), "overall": overall.value, "verdicts": verdict_dicts,
+            "run": {"started_unix_s": started, "finished_unix_s": finished, "interrupted": self.interrupted,
+                    "node_errors": self.node_errors},
+        })
+        return overall, verdict_dicts
+
+
+def _unsigned(run: _SuiteRun, outcome: RunOutcome) -> bool:
+    """An interrupted run, or one whose workload did not stop, keeps its results and writes no bundle: why, in
+    ``outcome.messages``. True when no bundle is to be written."""
+    if run.interrupted:
+        outcome.messages.append(f"interrupted ({_stopped_by(run.interrupt) if run.interrupt else 'Ctrl-C'}): "
+                                f"partial results kept in {run.run_dir}; no bundle was written")
+        return True
+    if run.still_running:
+        outcome.unstopped = list(run.still_running)
+        outcome.messages.append(f"the workload of {', '.join(run.still_running)} did not stop within "
+                                f"{STOP_GRACE_S:g} s after its gate ended: partial results kept in {run.run_dir}; "
+                                "no bundle was written")
+        return True
+    return False
+
+
 def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "operator",
               trust_new_hosts: bool = False, known_hosts_path: str | None = None,
               progress: Callable[[str], None] | None = None,
@@ -230,149 +391,33 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
     shutil.copyfile(config.inventory_path, cfg_dir / "inventory.yaml")
     shutil.copyfile(config.gates_path, cfg_dir / "gates.yaml")
     steps = StepLog(run_dir)
-    opened: dict[str, Transport] = dict(transports or {})
-    views: list[ScopedTransport] = []  # every gate's view of its nodes, stopped at the end like the connections
-    node_errors: dict[str, str] = {}
-    verdicts: list[Verdict] = []
-    # each verdict as a dict, made once (a gate's evidence at a thousand nodes is megabytes of series):
-    # verdict.json, verdicts.json and the signed predicate hold the same one; only read after this
-    as_dict: dict[int, dict[str, Any]] = {}
-    interrupted = False
-    interrupt: KeyboardInterrupt | None = None
-    still_running: list[str] = []  # gates whose workload did not return after they were stopped
-    suite = config.suite
-    # connect: managed NVMe-oF targets: connected before the facts (the snapshot shows them), disconnected in
-    # `finally` whatever happened (a failed gate, Ctrl-C)
-    managed = ManagedTargets(steps, run_dir, progress)
-    # inverses of the changes gates make to nodes (faults): run whatever ends a gate (harness.execute.undo)
-    undo = UndoLog(run_dir / "undo.json")
+    # managed NVMe-oF targets: connected before the facts (the snapshot shows them), disconnected in teardown
+    # whatever happened (a failed gate, Ctrl-C); the inverses of the changes gates make to nodes (faults) run
+    # whatever ends a gate (harness.execute.undo)
+    run = _SuiteRun(config, run_dir, progress, steps, ManagedTargets(steps, run_dir, progress),
+                    UndoLog(run_dir / "undo.json"), dict(transports or {}))
     # The last line of defence: every secret value known by the end (some were learnt after the files that hold
     # them were written) is redacted in every file of the run directory, bundle or not: by the bundle writer in
     # the pass that hashes each file (one read, not two), else below (no bundle, or it was not written).
     try:
         try:
-            # Every node is connected at once (a dead node costs one connect timeout, not one per node before
-            # it); each keeps this one connection for the whole run: facts, gates, file transfers and stops.
-            to_open = {n.name: n for n in config.inventory.nodes if n.name not in opened}
-            if to_open:
-                progress(f"connecting to {', '.join(to_open)} (in parallel)")
-            connected = fan_out(to_open, lambda _name, node: open_transport(
-                node, trust_new_hosts=trust_new_hosts, known_hosts_path=known_hosts_path))
-            for name in to_open:  # inventory order, whatever order the connections completed in
-                o = connected[name]
-                if o.ok:
-                    opened[name] = o.value
-                else:
-                    node_errors[name] = o.error or "not connected"
-                    progress(f"ERROR {node_errors[name]}")
-            _write_json(run_dir / "nodes" / "connect-errors.json", node_errors)
-            managed.attach(managed_targets(config), opened)
-
-            def facts(name: str, tr: Transport) -> None:
-                # snapshot.json (kernel, CPU, memory, fio, block devices, NUMA, NICs) and provenance.json (GPUs,
-                # NVMe, NVMe-oF, vLLM/LMCache versions): one command list, also what `kvgate plan` prints.
-                engine_python = getattr(config.inventory.node(name), "engine_python", None)
-                for file, data in collect_node_facts(tr, steps, engine_python).items():
-                    _write_json(run_dir / "nodes" / name / f"{file}.json", data)
-
-            if opened:
-                progress(f"snapshot of {', '.join(opened)} (in parallel)")
-                for name, err in fan_out(opened, facts).failed.items():
-                    progress(f"snapshot of {name} failed: {err}")
-            stop_at: str | None = None
-            for gate in suite.gates:
-                wl_cls = config.workload(gate)
-                unit = wl_cls.METRICS[gate.metric]
-                if stop_at:
-                    verdicts.append(skipped(gate, f"skipped: stop-loss hit at {stop_at}", unit))
-                    continue
-                gate_dir = run_dir / "gates" / gate.id
-                gate_dir.mkdir(parents=True, exist_ok=True)
-                nodes = {n.name: n for n in config.gate_nodes(gate)}
-                missing = [n for n in nodes if n not in opened]
-                t0 = time.time()
-                progress(f"{gate.id} {gate.title}: workload {gate.workload} on {', '.join(nodes)}")
-                if missing:
-                    result = WorkloadResult(error="node(s) unreachable: " + "; ".join(
-                        f"{n}: {node_errors.get(n, 'not connected')}" for n in missing))
-                else:
-                    scoped = {n: ScopedTransport(opened[n]) for n in nodes}
-                    views.extend(scoped.values())
-                    ctx = gate_context(gate, config.params[gate.id], nodes, scoped, steps, gate_dir, progress, managed,
-                                       slurm=config.inventory.slurm)
-                    ctx.undo = undo
-                    try:
-                        result = run_gate_workload(wl_cls(), ctx, scoped, progress, still_running)
-                    except KeyboardInterrupt as exc:
-                        interrupted, interrupt = True, exc
-                        result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
-                    result = undo_after_gate(undo, result, opened, steps, progress)
-                verdict = evaluate(gate, result, unit, wl_cls.METRICS)
-                # the verdict goes into verdicts.json and the signed predicate: its texts and evidence redacted
-                verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason),
-                                              evidence=redact_obj(verdict.evidence))
-                _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0,
-                                                       "finished_unix_s": time.time()})
-                as_dict[id(verdict)] = verdict.to_dict()
-                _write_json(gate_dir / "verdict.json", as_dict[id(verdict)])
-                verdicts.append(verdict)
-                progress(f"{gate.id}: {verdict.outcome.value}: {verdict.reason}")
-                if interrupted:
-                    stop_at = f"{gate.id} (interrupted)"
-                elif still_running:
-                    # Its workload may still send requests to a shared engine or run on its nodes: no gate runs
-                    # beside it, and no bundle is written around it.
-                    stop_at = f"{gate.id} (its workload did not stop)"
-                elif verdict.outcome is Outcome.STOP:
-                    stop_at = gate.id
+            run.connect(trust_new_hosts, known_hosts_path)
+            run.facts()
+            run.gates()
         except KeyboardInterrupt as exc:
-            interrupted, interrupt = True, exc
+            run.interrupted, run.interrupt = True, exc
             progress(f"stopping the run: {_stopped_by(exc)}")
         finally:
-            for view in views:
-                try:
-                    if view.abort():
-                        progress(f"stopped the commands still running on {view.name}")
-                except Exception:  # noqa: BLE001
-                    pass
-            undo.run_pending(opened, steps, progress)  # Ctrl-C between gates, or a second one during an undo
-            managed.detach(opened)
-            for tr in opened.values():
-                try:
-                    if tr.abort():
-                        progress(f"stopped the commands still running on {tr.name}")
-                    tr.close()
-                except Exception:  # noqa: BLE001
-                    pass
-        done_ids = {v.gate_id for v in verdicts}
-        for gate in suite.gates:
-            if gate.id not in done_ids:
-                verdicts.append(skipped(gate, "skipped: run interrupted", config.workload(gate).METRICS[gate.metric]))
-        overall = overall_outcome(verdicts)
-        verdict_dicts = [as_dict.get(id(v)) or v.to_dict() for v in verdicts]
+            run.teardown()
         finished = time.time()
+        overall, verdict_dicts = run.summary(started, finished)
+        outcome = RunOutcome(run_dir, run.verdicts, overall, interrupted=run.interrupted, interrupt=run.interrupt)
+        if _unsigned(run, outcome):
+            return outcome
         pub = private_key.public_key()
-        summary = {
-            "suite": suite.suite.model_dump(), "overall": overall.value,
-            "verdicts": verdict_dicts,
-            "run": {"started_unix_s": started, "finished_unix_s": finished, "interrupted": interrupted,
-                    "node_errors": node_errors},
-        }
-        _write_json(run_dir / "verdicts.json", summary)
-        outcome = RunOutcome(run_dir, verdicts, overall, interrupted=interrupted, interrupt=interrupt)
-        if interrupted:
-            outcome.messages.append(f"interrupted ({_stopped_by(interrupt) if interrupt else 'Ctrl-C'}): "
-                                    f"partial results kept in {run_dir}; no bundle was written")
-            return outcome
-        if still_running:
-            outcome.unstopped = list(still_running)
-            outcome.messages.append(f"the workload of {', '.join(still_running)} did not stop within "
-                                    f"{STOP_GRACE_S:g} s after its gate ended: partial results kept in {run_dir}; "
-                                    "no bundle was written")
-            return outcome
         predicate = {
             "kvgate": {"version": __version__, "commit": git_commit()},
-            "suite": suite.suite.model_dump(),
+            "suite": config.suite.suite.model_dump(),
             "overall": overall.value,
             "verdicts": verdict_dicts,
             "run": {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

@@ -16,3 +16,5 @@ from . import kv_read  # noqa: F401,E402
 from . import pd_handoff  # noqa: F401,E402
 from . import fio_faults  # noqa: F401,E402
 from . import g2_faults  # noqa: F401,E402
+from . import g2_tenancy  # noqa: F401,E402
+from . import g2_answer  # noqa: F401,E402

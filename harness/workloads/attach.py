@@ -95,9 +95,20 @@ def attach_issues(attach: AttachParams | None, profile: EngineProfile | None, no
     if not pool_path:
         issues.append((("pool_path",), "attach: needs pool_path, the directory on the pool's node where the "
                                        "engine stores KV (the populate proof and its device's reads)"))
-    if profile is not None and profile.api.kind == "chat" and not (tokenizer or profile.tokenizer):
-        issues.append((("tokenizer",), "a chat API takes text prompts: give the model's tokenizer.json"))
+    if profile is not None and (why := text_prompt_issue(profile, tokenizer, builds_tokenizer=False)):
+        issues.append((("tokenizer",), why))
     return issues
+
+
+def text_prompt_issue(profile: EngineProfile, tokenizer: str | None, builds_tokenizer: bool) -> str | None:
+    """Pure: why prompts could not be sent: the profile's API takes text only (``api.prompt_format: text``, or
+    chat) and no tokenizer is known to build them with (the gate's, the profile's, or the one kvgate builds with a
+    random-weight model)."""
+    if not profile.api.text_only or tokenizer or profile.tokenizer or builds_tokenizer:
+        return None
+    what = "a chat API" if profile.api.kind == "chat" else "api.prompt_format text"
+    return (f"profile {profile.name!r} takes text prompts only ({what}): give the model's tokenizer.json "
+            "(tokenizer:) to build them with")
 
 
 class AttachedEngine:

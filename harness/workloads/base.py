@@ -15,19 +15,23 @@ writing a gate's summary file.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import WorkloadError
+from ..endurance import DriveRating
+from ..errors import ConfigError, WorkloadError
 from ..execute.cancel import Cancellation, check_write
 from ..execute.cancel import write_text as write_gate_file
 from ..execute.clock import Clock
 from ..execute.nvmeof import NvmeofError, NvmeofHost, NvmeofSpec
-from ..safeio import dumps_indented
+from ..safeio import InputFileError, dumps_indented
+from ..stats import Interval
 from ..units import format_quantity
 
 WORKLOADS: dict[str, type["Workload"]] = {}
@@ -152,6 +156,9 @@ class ValidityCheck(BaseModel):
     figure: str | None = None
     value: float | None = None
     unit: str | None = None
+    # False: a proof the gate turned off (e.g. min_read_fraction: 0, a profile without device reads): shown
+    # NOT CHECKED, and the verdict's reason says the claim is unproven (``ok`` then says only that nothing failed)
+    checked: bool = True
 
     def figure_text(self) -> str | None:
         """``figure: value`` with its unit in a readable form (harness.units.format_quantity), or None."""
@@ -184,6 +191,10 @@ class Evidence(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     validity: list[ValidityCheck] = []
+    # a serving gate's: what serving cost the pool's drive (harness.endurance.Endurance.to_dict(), docs/endurance.md)
+    # and the drive the inventory declares for the pool's node (pool_drive), if it declares one
+    endurance: dict[str, Any] | None = None
+    pool_drive: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -223,6 +234,9 @@ class WorkloadResult:
     # a degraded answer the gate reports whatever its outcome (e.g. requests the engine re-computed because the
     # tier failed: never hits): the verdict's reason carries it, marked DEGRADED
     degraded: str | None = None
+    # figures measured over trials, typed: metric name -> its median and confidence interval (harness.stats
+    # .Interval); ``metrics[name]`` holds the median, the verdict judges the interval
+    intervals: dict[str, Interval] = field(default_factory=dict)
 
     def evidence_dict(self) -> dict[str, Any]:
         return {} if self.evidence is None else self.evidence.as_dict()
@@ -234,7 +248,54 @@ class WorkloadResult:
             out["failed_check"] = self.failed_check
         if self.degraded is not None:
             out["degraded"] = self.degraded
+        if self.intervals:  # only then, so results measured once keep their shape
+            out["intervals"] = {k: iv.model_dump(mode="json") for k, iv in self.intervals.items()}
         return out
+
+
+@dataclass(frozen=True)
+class ControlFile:
+    """A file on the control host that a gate's params name (a trace, a model config): where in the params, what
+    it is, its path, and how it is read (``parse(path)`` raises ConfigError, InputFileError or ValueError when the
+    file cannot be used)."""
+
+    at: tuple
+    what: str
+    path: str
+    parse: Callable[[str], Any]
+
+
+def control_file_issue(f: ControlFile) -> str | None:
+    """Why a control-host file cannot be used, on one line naming its path once (None when it can): missing, not a
+    regular file, or not parsing (the file's own line where the parser names one)."""
+    try:
+        st = os.stat(f.path)
+    except FileNotFoundError:
+        return f"{f.what} {f.path}: no such file"
+    except OSError as exc:
+        return f"{f.what} {f.path}: {exc.strerror or exc}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{f.what} {f.path}: not a regular file"
+    try:
+        f.parse(f.path)
+    except (ConfigError, InputFileError, OSError, ValueError) as exc:
+        return file_error_text(f.what, f.path, exc)
+    return None
+
+
+def file_error_text(what: str, path: str, exc: Exception) -> str:
+    """Pure: why a file could not be read or parsed, on one line naming its path once (a ConfigError's or an
+    InputFileError's own file and line where they give one)."""
+    if isinstance(exc, ConfigError) and len(exc.issues) == 1 and not exc.issues[0].line and not exc.issues[0].path:
+        return f"{what} {exc.issues[0].file}: {exc.issues[0].message}"   # the file as a whole (missing, too big)
+    if isinstance(exc, ConfigError):
+        shown = [f"{i.file}{f':{i.line}' if i.line else ''}: {i.path + ': ' if i.path else ''}{i.message}"
+                 for i in exc.issues[:3]]
+        more = f" (and {len(exc.issues) - 3} more)" if len(exc.issues) > 3 else ""
+        return f"{what}: {'; '.join(shown)}{more}"
+    if isinstance(exc, InputFileError):
+        return f"{what}: {exc}"
+    return f"{what} {path}: {' '.join(str(exc).split())}"
 
 
 class Workload:
@@ -242,10 +303,22 @@ class Workload:
     Params: ClassVar[type[BaseModel]] = StrictModel
     EvidenceModel: ClassVar[type[Evidence]] = Evidence
     METRICS: ClassVar[dict[str, str]] = {}
+    # a workload that stores KV on the pool: which window its endurance prices (docs/endurance.md); None: none
+    ENDURANCE: ClassVar[str | None] = None
 
     def validate_against(self, params: Any, nodes: dict[str, Any]) -> list[tuple[tuple, str]]:
         """Cross-checks against the inventory: list of (path inside params, message)."""
         return []
+
+    def control_files(self, params: Any) -> list[ControlFile]:
+        """The control-host files the params name (read by the run before anything starts on a node)."""
+        return []
+
+    def file_issues(self, params: Any) -> list[tuple[tuple, str]]:
+        """Every control-host file the params name that is missing, not a regular file or does not parse:
+        (path inside params, message). ``kvgate validate`` and ``run`` check them; loading a bundle's suite does
+        not (its run recorded the files' digests)."""
+        return [(f.at, why) for f in self.control_files(params) if (why := control_file_issue(f)) is not None]
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         raise NotImplementedError
@@ -314,3 +387,19 @@ def nvmeof_device(ctx: GateContext, node: Any, target: Any, transport: Any) -> t
     if not res.ok:
         raise WorkloadError(f"target {target.name}: {res.error}")
     return res.device, record
+
+
+def pool_drive_of(ctx: GateContext, pool_node: str | None = None) -> dict[str, Any] | None:
+    """The drive the inventory declares (``pool_drive``) for the node holding the pool (``pool_node``, or the
+    gate's first node), as the evidence keeps it; None where it declares none."""
+    name = pool_node or next(iter(ctx.nodes), None)
+    drive = getattr(ctx.nodes.get(name), "pool_drive", None) if name is not None else None
+    return None if drive is None else drive.rating().to_dict()
+
+
+def drive_rating(recorded: dict[str, Any] | None) -> DriveRating | None:
+    """Pure: the evidence's ``pool_drive`` back as a rating (a bundle re-evaluated offline prices the same drive)."""
+    if not recorded:
+        return None
+    return DriveRating(int(recorded["capacity_bytes"]), float(recorded["rated_dwpd"]),
+                       float(recorded.get("warranty_years") or 5.0), recorded.get("name"))

@@ -276,10 +276,13 @@ class LaunchedEngine:
     persistent = False
 
     def __init__(self, ctx: GateContext, transport: Any, profile: EngineProfile, argv: list[str],
-                 env: dict[str, str], base_url: str, run_dir: str, labels: tuple[str, ...], drop_on: list[str]):
+                 env: dict[str, str], base_url: str, run_dir: str, labels: tuple[str, ...], drop_on: list[str],
+                 pool: Any = None):
         self.ctx, self.transport, self.profile = ctx, transport, profile
         self.argv, self.env, self.base_url, self.run_dir = argv, env, base_url, run_dir
         self.labels, self._drop_on = labels, drop_on
+        # the pool made for the run (harness.workloads.pool.PoolHandle): closed after the engine stopped
+        self.pool = pool
         self.processes: list[EngineProcess] = []
         self.cold_steps: list[dict[str, Any]] = []
 
@@ -323,6 +326,14 @@ class LaunchedEngine:
     def close(self) -> None:
         for eng in self.processes:
             eng.stop()
+        if self.pool is not None:
+            self.pool.close()
+
+
+def pool_record(engine: Any) -> dict[str, Any] | None:
+    """The pool record of a launched engine's pool (after close: with what its cold regime did), else None."""
+    pool = getattr(engine, "pool", None)
+    return None if pool is None else pool.record.to_dict()
 
 
 def engine_preflight(ctx: GateContext, transport: Any, node_name: str, prof: EngineProfile, python: str,

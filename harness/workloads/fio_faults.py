@@ -156,7 +156,17 @@ class FaultRecord(BaseModel):
     timed_from: str = "the fault's command"  # an operator's fault: the first lost I/O
     t_apply_unix_s: float | None = None  # the same two times on the node's clock, as judged (re-evaluation)
     t_undo_unix_s: float | None = None
+    # when the fault's command returned (its second clock reading): only from then is the change surely in
+    # force. A slow path's delay starts with its filter, the last of three tc commands, which took seconds in the
+    # qemu TCG guest: timed from the command's start, the window held seconds of undelayed reads
+    t_in_force_s: float | None = None
+    t_in_force_unix_s: float | None = None
+    in_force_rate_mb_s: float | None = None  # MB/s completed from t_in_force_s to the undo (or the next fault)
+    delay_ms: float | None = None  # slow-path: the delay put on the path's replies
     pre_rate_mb_s: float | None = None
+    # the faulted path's bytes read over the PRE_WINDOW_S before the fault (its own counters, sampled): a fault on
+    # a path that carried no reads (native multipath, iopolicy numa, keeps every read on one path) is not felt
+    path_read_bytes_before: int | None = None
     stall_s: float | None = None
     recovery_s: float | None = None
     path_read_bytes: dict[str, int] = {}
@@ -193,6 +203,7 @@ class FioFaultsEvidence(Evidence, SeriesEvidence):
     corrupted_chunks: int | None = None
     corrupted_offsets: list[int] = []
     failed_reads: int | None = None
+    fio_exit_code: int | None = None  # the faulted read's exit status (None: not known)
     baseline_max_gap_s: float | None = None
     # the report's timeline (SeriesEvidence): per path, (t_s since the first completion, read GB/s over the
     # sample interval ending there); series_marks: each fault and its inverse on the same time line
@@ -253,6 +264,19 @@ def path_bytes_between(samples: list[tuple[float, dict[str, BlockStat]]], start:
     return {dev: b[1][dev].read_bytes - st.read_bytes for dev, st in a[1].items() if dev in b[1]}
 
 
+def path_bytes_before(samples: list[tuple[float, dict[str, BlockStat]]], device: str | None, start: float,
+                      end: float) -> int | None:
+    """Pure: bytes ``device`` read between the last sample at or before ``start`` (else the first sample) and the
+    last sample at or before ``end``, counted only from samples taken before ``end``; None when fewer than two
+    such samples name the device (not known)."""
+    inside = [(t, st[device]) for t, st in samples if t <= end and device in st]
+    if device is None or len(inside) < 2:
+        return None
+    a = max((x for x in inside if x[0] <= start), key=lambda x: x[0], default=inside[0])
+    b = inside[-1]
+    return None if b[0] <= a[0] else b[1].read_bytes - a[1].read_bytes
+
+
 def timeline(samples: list[tuple[float, dict[str, BlockStat]]], t0: float) -> dict[str, list[tuple[float, float]]]:
     """Pure: per path device, (s since ``t0``, read MB/s over the interval ending there)."""
     out: dict[str, list[tuple[float, float]]] = {}
@@ -283,8 +307,10 @@ def first_lost_io(times: list[float], start: float, end: float, gap_s: float = L
 
 
 def judge_fault(done: list[Completion], rec: FaultRecord, window_end: float, fraction: float,
-                samples: list[tuple[float, dict[str, BlockStat]]]) -> FaultRecord:
-    """Pure: one fault's stall, pre-fault rate, recovery and per-path bytes from the completion log."""
+                samples: list[tuple[float, dict[str, BlockStat]]], device: str | None = None) -> FaultRecord:
+    """Pure: one fault's stall, pre-fault rate, recovery and per-path bytes from the completion log; ``device``:
+    the faulted path's block device, whose reads before the fault (``path_read_bytes_before``) show whether the
+    fault could be felt at all."""
     if rec.t_apply_s is None or not done:
         return rec
     t = rec.t_apply_s
@@ -294,9 +320,14 @@ def judge_fault(done: list[Completion], rec: FaultRecord, window_end: float, fra
     times = [c.t_s for c in done]
     stall = longest_gap(times, t, window_end)
     rec_s = recovery_s(done, t, pre, fraction) if pre else None
+    forced = None
+    if rec.t_in_force_s is not None:
+        forced = rate_mb_s(done, rec.t_in_force_s, min(window_end, rec.t_undo_s or window_end))
     return rec.model_copy(update=dict(
+        in_force_rate_mb_s=None if forced is None else round(forced, 3),
         pre_rate_mb_s=None if pre is None else round(pre, 3), stall_s=None if stall is None else round(stall, 3),
-        recovery_s=rec_s, path_read_bytes=path_bytes_between(samples, t, window_end)))
+        recovery_s=rec_s, path_read_bytes=path_bytes_between(samples, t, window_end),
+        path_read_bytes_before=path_bytes_before(samples, device, pre_start, t) if device else None))
 
 
 def judge_run(ev: FioFaultsEvidence, done: list[Completion], samples: list[tuple[float, dict[str, BlockStat]]],
@@ -312,11 +343,13 @@ def judge_run(ev: FioFaultsEvidence, done: list[Completion], samples: list[tuple
     end = done[-1].t_s if done else 0.0
     shift = lambda x: None if x is None else round(x - t_first, 3)  # noqa: E731
     judged = []
+    by_target = {x.target: x.device for x in ev.paths}
     for k, rec in enumerate(recs):
         nxt = recs[k + 1].t_apply_s if k + 1 < len(recs) and recs[k + 1].t_apply_s else end
-        r = judge_fault(done, rec, nxt, fraction, samples)
+        r = judge_fault(done, rec, nxt, fraction, samples, by_target.get(rec.path) if felt_on_path(rec) else None)
         judged.append(r.model_copy(update=dict(t_apply_s=shift(r.t_apply_s), t_undo_s=shift(r.t_undo_s),
-                                               t_apply_unix_s=r.t_apply_s, t_undo_unix_s=r.t_undo_s)))
+                                               t_in_force_s=shift(r.t_in_force_s), t_apply_unix_s=r.t_apply_s,
+                                               t_undo_unix_s=r.t_undo_s, t_in_force_unix_s=r.t_in_force_s)))
     first_fault = recs[0].t_apply_s if recs and recs[0].t_apply_s else end
     ev.baseline_max_gap_s = longest_gap([c.t_s for c in done if c.t_s < first_fault], t_first, first_fault) \
         if done else None
@@ -329,6 +362,45 @@ def judge_run(ev: FioFaultsEvidence, done: list[Completion], samples: list[tuple
     ev.faults = [fr.model_copy(update={"path_read_bytes": {by_dev.get(d, d): b for d, b in
                                                             fr.path_read_bytes.items()}}) for fr in judged]
     return evaluate_faults(ev)
+
+
+def slow_path_bound_mb_s(jobs: int, bs_bytes: int, delay_ms: float, window_s: float) -> float:
+    """Pure: the most MB/s (1e6) ``jobs`` synchronous readers of ``bs_bytes`` can complete in ``window_s`` when
+    every reply waits ``delay_ms``: each completes at most one read per delay, plus the one it had in flight
+    when the window opened."""
+    return jobs * bs_bytes * (window_s / (delay_ms / 1e3) + 1) / window_s / 1e6
+
+
+def slow_path_felt(ev: "FioFaultsEvidence") -> ValidityCheck | None:
+    """Pure: whether each slow path's delay was felt: the rate while it was surely in force (from its command's
+    return to its undo) within :func:`slow_path_bound_mb_s`; None without a slow path."""
+    slow = [f for f in ev.faults if f.kind == "slow-path"]
+    if not slow:
+        return None
+    notes, worst = [], None
+    for f in slow:
+        window = None if f.t_in_force_s is None or f.t_undo_s is None else f.t_undo_s - f.t_in_force_s
+        if window is None or window <= 0 or f.in_force_rate_mb_s is None or not f.delay_ms:
+            notes.append(f"fault {f.index}: not in force before its undo" if window is not None and window <= 0
+                         else f"fault {f.index}: no rate in force")
+            continue
+        bound = slow_path_bound_mb_s(ev.jobs, ev.bs_bytes, f.delay_ms, window)
+        worst = max(worst or 0.0, f.in_force_rate_mb_s / bound)
+        if f.in_force_rate_mb_s > bound:
+            notes.append(f"fault {f.index}: {f.in_force_rate_mb_s:g} MB/s over {window:.1f} s in force, above "
+                         f"the {bound:.2f} MB/s {ev.jobs} readers of {ev.bs_bytes} B can reach")
+    return ValidityCheck(
+        name="delay felt", ok=not notes, claim="each slow path's delay was felt: while it was in force the read "
+        "completed no more than its readers could through the delay",
+        how="bytes completed (fio's completion log) from the fault command's return to its undo, against jobs x bs "
+            "x (window / delay + 1) / window" + (f"; {'; '.join(notes)}" if notes else ""),
+        figure="highest rate in force over its bound", value=worst, unit="ratio")
+
+
+def felt_on_path(rec: FaultRecord) -> bool:
+    """Whether a fault acts on one path (path down, ANA change, slow path): it is felt only where that path
+    carried reads before it."""
+    return rec.kind in ("path-down", "ana", "slow-path") and rec.path is not None
 
 
 def integrity_of(fio_log: str, fio_json: str) -> tuple[list[int], int | None]:
@@ -352,7 +424,8 @@ def reevaluate_faults(ev_dict: dict[str, Any], raw: dict[str, str], params: FioF
     offsets, failed = integrity_of(raw["log"], raw["json"])
     ev.corrupted_offsets, ev.corrupted_chunks, ev.failed_reads = offsets, len(offsets), failed
     by_target = {x.target: x.device for x in ev.paths}
-    recs = [f.model_copy(update=dict(t_apply_s=f.t_apply_unix_s, t_undo_s=f.t_undo_unix_s, path_read_bytes={
+    recs = [f.model_copy(update=dict(t_apply_s=f.t_apply_unix_s, t_undo_s=f.t_undo_unix_s,
+                                     t_in_force_s=f.t_in_force_unix_s, path_read_bytes={
         by_target.get(k, k): v for k, v in f.path_read_bytes.items()})) for f in ev.faults]
     return judge_run(ev, done, samples, recs, params.recover_fraction)
 
@@ -392,11 +465,35 @@ def evaluate_faults(ev: FioFaultsEvidence) -> WorkloadResult:
                       figure="lowest rate before a fault",
                       value=min((f.pre_rate_mb_s or 0.0) for f in ev.faults) * 1e6 if ev.faults else None,
                       unit="B/s"),
-        ValidityCheck(name="integrity checked", ok=ev.corrupted_chunks is not None,
-                      claim="every block read was checked against the crc32c written with it",
-                      how="fio --verify=crc32c on the read, after a fio write of the region with verify headers",
+        ValidityCheck(name="integrity checked", ok=ev.corrupted_chunks is not None and ev.failed_reads is not None,
+                      claim="every block read was checked against the crc32c written with it, and every failed "
+                            "read counted",
+                      how="fio --verify=crc32c on the read, after a fio write of the region with verify headers; "
+                          "failed reads from fio's JSON (total_err less the verify failures)"
+                          + ("" if ev.failed_reads is not None else ": fio's JSON gave no count (unknown)"),
                       figure="bytes read and checked", value=float(ev.read_bytes), unit="B"),
+        ValidityCheck(name="fio finished", ok=ev.fio_exit_code == 0,
+                      claim="the faulted read ran to its end (fio exited 0)",
+                      how="the exit status of the spawned fio read: "
+                          + ("not recorded" if ev.fio_exit_code is None else f"{ev.fio_exit_code}"),
+                      figure="fio exit status", value=None if ev.fio_exit_code is None else float(ev.fio_exit_code),
+                      unit=None),
     ]
+    on_path = [f for f in ev.faults if felt_on_path(f)]
+    if on_path:
+        least = min((f.path_read_bytes_before for f in on_path if f.path_read_bytes_before is not None), default=None)
+        idle = [f"fault {f.index} ({f.path}): " + ("unknown" if f.path_read_bytes_before is None else "0 B")
+                for f in on_path if not f.path_read_bytes_before]
+        checks.append(ValidityCheck(
+            name="fault felt", ok=not idle, claim="each faulted path carried reads before its fault (a fault on an "
+            "idle path proves nothing: native multipath with iopolicy numa keeps every read on one path)",
+            how=f"/sys/block/<path>/stat of the faulted path, sampled, over the {PRE_WINDOW_S:g} s before the fault"
+                + (f"; no reads: {', '.join(idle)}" if idle else ""),
+            figure="least bytes a faulted path read before its fault", value=None if least is None else float(least),
+            unit="B"))
+    felt = slow_path_felt(ev)
+    if felt is not None:
+        checks.append(felt)
     failover = [f for f in ev.faults if f.kind in ("path-down", "ana") and f.path_read_bytes]
     if failover:
         carried = all(sum(v for v in f.path_read_bytes.values()) > 0 for f in failover)
@@ -645,6 +742,7 @@ class FioFaults(Workload):
                                          if x.device in sa and x.device in sb else None}) for x in paths]
         ev.corrupted_offsets, ev.failed_reads = integrity_of(out["log"].stdout, out["json"].stdout)
         ev.corrupted_chunks = len(ev.corrupted_offsets)
+        ev.fio_exit_code = fio_rc
         ndir = ctx.gate_dir / name  # the raw files the gate is judged from (and re-judged, gates/reevaluate.py)
         ndir.mkdir(parents=True, exist_ok=True)
         for k, r in out.items():
@@ -656,12 +754,14 @@ class FioFaults(Workload):
         p: FioFaultsParams = ctx.params
         recs = []
         for i, f, what, ra, entry, ri in made:
-            ta, _ = F.parse_clocked(ra.stdout)
+            ta, in_force = F.parse_clocked(ra.stdout)
             tu = F.parse_clocked(ri.stdout)[0] if ri is not None else None
             recs.append(FaultRecord(index=i, kind=f.kind, path=f.path, detail=what, applied_ok=ra.ok,
                                     undone_ok=bool(entry.done), undone_by=entry.ran_by,
                                     apply_error=None if ra.ok else ra.summary(), undo_error=entry.error,
-                                    t_apply_s=ta, t_undo_s=tu))
+                                    t_apply_s=ta, t_undo_s=tu,
+                                    t_in_force_s=in_force if ra.ok and f.kind != "operator" else None,
+                                    delay_ms=f.delay_ms if f.kind == "slow-path" else None))
             if f.kind == "operator" and ta is not None:  # timed from the first lost I/O, not from the prompt
                 lost = first_lost_io([c.t_s for c in done], ta, tu or (done[-1].t_s if done else ta))
                 recs[-1] = recs[-1].model_copy(update={"t_apply_s": lost if lost is not None else ta,

@@ -303,6 +303,37 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
                           degraded=degraded)
 
 
+def reevaluate_g2_faults(evidence: dict[str, Any], populate: list[RequestRecord], faulted: list[RequestRecord],
+                         p: "G2FaultsParams") -> WorkloadResult:
+    """Pure: a bundle's g2-faults result again from its raw request records: each faulted request's TTFT, error and
+    answer from ``requests-faulted.jsonl`` (matched by request id, every one of them), its reference answer from
+    ``requests-populate.jsonl`` (every populate request answered), its source classified again from the hit counter
+    read around it and its window from the faults' recorded times (both kept only in the evidence); the recovery
+    bound from the gate's params. Then :func:`evaluate_g2_faults`, as the run. ValueError when the raw records do
+    not match the evidence's requests."""
+    ev = G2FaultsEvidence.model_validate({k: v for k, v in evidence.items() if k != "validity"})
+    if not populate or not all(r.ok for r in populate):
+        raise ValueError("requests-populate.jsonl: a populate request failed or none was recorded, yet the faulted "
+                         "phase ran")
+    raw = {r.request_id: r for r in faulted}
+    if len(raw) != len(faulted) or sorted(raw) != sorted(r.request_id for r in ev.requests):
+        raise ValueError(f"requests-faulted.jsonl: its {len(faulted)} records are not the {len(ev.requests)} "
+                         "requests the evidence records")
+    spans = [(f.t_apply_s, f.t_undo_s if f.t_undo_s is not None else f.t_apply_s) for f in ev.faults
+             if f.t_apply_s is not None]
+    reqs = []
+    for r in ev.requests:
+        rec = raw[r.request_id]
+        ref = populate[r.index].output_text if 0 <= r.index < len(populate) else None
+        reqs.append(r.model_copy(update=dict(
+            ttft_s=rec.ttft_s, error=rec.error, served=classify(rec.ok, r.hit_tokens, r.expected_hit_tokens),
+            answer_matches=None if not rec.ok or ref is None else rec.output_text == ref,
+            window=window_of(r.t_start_s, r.t_end_s, spans))))
+    ev.requests = reqs
+    ev.interval_s, ev.recovery_bound_s = p.interval_s, p.recovery_bound_s
+    return evaluate_g2_faults(ev)
+
+
 # ------------------------------------------------------------------------------------------ timeline
 
 
@@ -481,6 +512,7 @@ class G2Faults(G2Ttft):
 
     Params = G2FaultsParams
     EvidenceModel = G2FaultsEvidence
+    ENDURANCE = None  # its runs break the tier's path on purpose: what they write prices nothing
     METRICS = {"max_stall_s": "s", "max_recovery_s": "s", "tier_requests": "", "recompute_requests": "",
                "failed_requests": "", "wrong_answers": "", "tier_fraction": "ratio",
                "ttft_before_p50_s": "s", "ttft_before_max_s": "s", "ttft_during_p50_s": "s",

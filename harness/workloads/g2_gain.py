@@ -15,18 +15,24 @@ per point × trial phase (counters, pool device and log marks around it) and its
 (harness/workloads/g2_load.py). Each trial runs every load point on both arms, the arm that goes
 first alternating trial by trial, so drift on the machine falls on both; both arms get the same prompts.
 
-Metrics, each the median over trials of the paired per-trial figure with a bootstrap 95 % confidence interval
-(``_ci_low``, ``_ci_high``, ``_ci_trials``), judged as g2-load's (harness.gates.verdict.judge_interval):
+Metrics, each the median over trials of the paired per-trial figure with an exact 95 % confidence interval for
+the median (binomial order statistics, typed on the result: ``WorkloadResult.intervals``), judged as g2-load's
+(harness.gates.verdict.judge_interval; a trial whose pair gives no figure, e.g. an arm that served nothing, is a
+failed trial, and the gate judges only when every trial gave one):
 ``goodput_gain`` (the tier arm's highest goodput over the ladder / the other's, minus 1: 0.35 is +35 %),
 ``throughput_gain`` (the same for the completed request rate), ``ttft_p50_ratio`` and ``ttft_p95_ratio`` (the
 tier arm's TTFT / the other's at the ladder's highest load), and each of them per point as ``FIGURE@LABEL``.
 
 Proofs, one ValidityCheck each (any failing makes the gate INVALID; see :func:`gain_validity`): every point of both
-arms valid by g2-load's own rules (client lag, tier hits reconciled with the pool device's read bytes); neither
-arm's log shows a fall-back; the tier arm's reused context came from the tier (its tier hit tokens at least
-``min_tier_reuse_share`` of its reused tokens, engine memory and tier together: a tier arm served from engine
-memory, or with its connector off, is INVALID); the arm without the tier read nothing from a tier (its tier hit
-counter flat) and recomputed what the engine's memory did not hold.
+arms valid by g2-load's own rules (failed requests, client lag, tier hits reconciled with the pool device's read
+bytes, the last NOT CHECKED where the gate turns it off); neither arm's log shows a fall-back; the arms equal but
+for the tier switch (:func:`arm_difference`: the no-tier arm's argv and environment are the tier arm's less its
+connector, or plus its ``no_tier_flag``; anything else is refused by the config loader); the tier arm's reused
+context came from the tier (its tier hit tokens at least ``min_tier_reuse_share`` of its reused tokens, engine
+memory and tier together) and the tier served the reuse the load offers (its tier hit tokens at least
+``min_tier_served_share`` of the reusable tokens: the trace's ideal at the engine's chunk size, or the ladder's
+shared prefixes); the arm without the tier read nothing from a tier (its tier hit counter flat) and recomputed
+what the engine's memory did not hold.
 
 With ``capacity:`` instead of ``load:`` the gate is the capacity curve: a working-set sweep on the tier arm alone
 (one engine, its memory bounded by ``engine_cache_tokens``), each point a session-recovery trace replayed by
@@ -39,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections import Counter
 from typing import Any, Literal
 
 import httpx
@@ -48,17 +55,20 @@ from ..engines import EngineProfile, check_lmcache_config, load_profile, shell_l
 from ..errors import ConfigError, WorkloadError
 from ..execute.fanout import fan_out
 from ..parsers.pooldev import pool_blockstat_argv
+from ..load.reuse import reuse_stats
+from ..load.traces import Trace
 from ..safeio import InputFileError
-from ..stats import bootstrap_ci
+from ..stats import median_interval
 from .base import GateContext, PlannedStep, ValidityCheck, Workload, WorkloadResult, register_workload, \
-    write_summary
+    pool_drive_of, write_summary
 from .g2_capacity import (CAPACITY_FIGURES, CAPACITY_METRICS, CapacityEvidence, CapacityPoint, CapacitySpec,
                           evaluate_capacity, point_levels, reusable_tokens, sweep_issues, sweep_points, sweep_trace)
-from .g2_load import (Counters, G2Load, G2LoadEvidence, G2LoadParams, LoadAttachParams, LoadSpec, MetricInterval,
-                      MetricTable,
-                      PointTrial, accounting_counters, evaluate_load, g2_view, load_fields, point_invalid,
-                      read_load_trace, reevaluate_load, token_accounting)
+from .g2_load import (Counters, G2Load, G2LoadEvidence, G2LoadParams, LoadAttachParams, LoadPrompts, LoadSpec,
+                      MetricInterval, MetricTable, load_prompts,
+                      PointTrial, accounting_counters, emit, evaluate_load, g2_view, load_fields, point_invalid,
+                      read_load_trace, reevaluate_load, token_accounting, trace_error)
 from .g2_ttft import G2Ttft, launch_values
+from .engine import pool_record
 from .phases import PhaseRunner, first_fallback
 
 ARMS = ("tier", "no_tier")
@@ -79,6 +89,9 @@ class GainParams(G2LoadParams):
     no_tier_engine: str | None = None      # the arm without the tier (default: engine + its no_tier_flag)
     engine_cache_tokens: int | None = Field(default=None, ge=1)  # both arms' engine memory (engine_cache_flag)
     min_tier_reuse_share: float = Field(default=0.9, ge=0, le=1)  # of the tier arm's reused tokens, from the tier
+    # of the reusable tokens the load offers (the trace's ideal at the engine's chunk size, or the ladder's shared
+    # prefixes), the share the tier arm's tier must serve: a tier that served 1 token of 24,600 proves nothing
+    min_tier_served_share: float = Field(default=0.5, ge=0, le=1)
     # attach mode: the arm without the tier is an engine someone else runs too (``attach:`` is the tier arm's)
     no_tier_attach: LoadAttachParams | None = None
     # keys of the profile's LMCache config replaced for this gate (both arms; e.g. a small max_local_cpu_size, so
@@ -135,6 +148,8 @@ class ArmProof(GainModel):
     device_read_bytes: int | None = None
     tier_hit_kv_bytes: float | None = None
     tier_reuse_share: float | None = None   # tier hits / (engine-memory hits + tier hits)
+    reusable_tokens: float | None = None    # of its prompt tokens, what the load offers to reuse (the ideal)
+    tier_served_share: float | None = None  # tier hits / reusable tokens
 
 
 class GainTrial(GainModel):
@@ -156,6 +171,10 @@ class GainEvidence(G2LoadEvidence):
     no_tier_engine_profile: str | None = None
     engine_cache_tokens: int | None = None
     min_tier_reuse_share: float | None = None
+    min_tier_served_share: float | None = None
+    # how the arm without the tier differs from the tier arm (argv and environment as the profiles give them):
+    # the tier switch only (arm_difference); None: not recorded (attached arms, a bundle of an older kvgate)
+    arm_difference: dict[str, list[str]] | None = None
     reference_gain: str = REFERENCE_GAIN
     arms: dict[str, G2LoadEvidence] = {}
     proofs: dict[str, ArmProof] = {}
@@ -215,34 +234,37 @@ def arm_proof(points: list[PointTrial]) -> ArmProof:
 
 
 def gain_validity(arms: dict[str, WorkloadResult], proofs: dict[str, ArmProof], min_tier_reuse_share: float,
-                  fallbacks: dict[str, str | None]) -> list[ValidityCheck]:
-    """Pure: what the gain rests on. Each arm valid by g2-load's rules and without a fall-back in its log; the tier
-    arm's reused context served by the tier (not engine memory, not a connector that is off); the arm without the
-    tier reading nothing from a tier, so what its engine memory did not hold was recomputed."""
+                  fallbacks: dict[str, str | None], min_tier_served_share: float = 0.0,
+                  difference: dict[str, list[str]] | None = None) -> list[ValidityCheck]:
+    """Pure: what the gain rests on. Each arm valid by g2-load's rules and without a fall-back in its log (a proof
+    of the tier arm the gate turned off carried over NOT CHECKED); the arms equal but for the tier switch
+    (``difference``, :func:`arm_difference`, when recorded); the tier arm's reused context served by the tier (not
+    engine memory, not a connector that is off) and covering ``min_tier_served_share`` of the reuse the load
+    offers; the arm without the tier reading nothing from a tier, so what its engine memory did not hold was
+    recomputed."""
     out = []
     for arm in ARMS:
         res = arms.get(arm)
         why = fallbacks.get(arm) or (res.invalid_reason if res is not None else "the arm did not run")
+        checks = [c for c in (res.evidence.validity if res is not None and res.evidence is not None else [])
+                  if isinstance(c, ValidityCheck)]
+        proven = [c.name for c in checks if c.checked]
         out.append(ValidityCheck(name=f"{arm} arm valid", ok=why is None,
                                  claim=f"every point of the {arm.replace('_', ' ')} arm is valid by g2-load's rules and "
                                        "its engine's log shows no fall-back",
-                                 how=why or "client lag within its bound, tier hits reconciled with the pool device's "
-                                            "read bytes, the whole log scanned for fall-back lines"))
-    t = proofs.get("tier", ArmProof())
-    share = t.tier_reuse_share
-    ok = bool(t.tier_hit_tokens) and share is not None and share >= min_tier_reuse_share
-    how = (f"tier hit tokens {t.tier_hit_tokens or 0:.0f}, engine-memory hit tokens {t.memory_hit_tokens or 0:.0f} of "
-           f"{t.prompt_tokens:.0f} prompt tokens (at least {min_tier_reuse_share} of the reuse from the tier)")
-    if t.tier_hit_tokens is None:
-        how = "the engine exposes no tier hit counter: the tier's service is unproven"
-    elif not t.tier_hit_tokens:
-        how = "the tier served no token: its connector is off, or the working set fit the engine's memory"
-    if t.device_read_bytes is not None and t.tier_hit_kv_bytes:
-        how += (f"; the pool device read {t.device_read_bytes} B for {t.tier_hit_kv_bytes:.0f} B of KV the hits "
-                f"claim")
-    out.append(ValidityCheck(name="tier served the reuse", ok=ok,
-                             claim="with the tier, returning context came from the tier, not from engine memory",
-                             how=how, figure="tier share of the reused tokens", value=share, unit="ratio"))
+                                 how=why or f"g2-load's checks held: {', '.join(proven) or 'none recorded'}"))
+        if arm == "tier":
+            out += [c.model_copy(update={"name": f"tier arm: {c.name}"}) for c in checks if not c.checked]
+    if difference is not None:
+        words = {"tier_only_argv": "the tier arm's argv adds", "no_tier_only_argv": "the no-tier arm's argv adds",
+                 "tier_only_env": "the tier arm's environment adds", "no_tier_only_env": "the no-tier arm's "
+                 "environment adds"}
+        shown = "; ".join(f"{words.get(k, k)} {' '.join(v)}" for k, v in difference.items() if v)
+        out.append(ValidityCheck(name="arms equal but the tier switch", ok=True,
+                                 claim="the arm without the tier runs the tier arm's argv and environment, less its "
+                                       "connector (or plus its no-tier flag) and nothing else",
+                                 how=f"as the profiles write them: {shown or 'no difference'}"))
+    out.append(served_check(proofs.get("tier", ArmProof()), min_tier_reuse_share, min_tier_served_share))
     n = proofs.get("no_tier", ArmProof())
     flat = n.tier_hit_tokens is not None and n.tier_hit_tokens == 0
     out.append(ValidityCheck(
@@ -253,6 +275,34 @@ def gain_validity(arms: dict[str, WorkloadResult], proofs: dict[str, ArmProof], 
              f"hits {n.memory_hit_tokens or 0:.0f} of {n.prompt_tokens:.0f} prompt tokens"),
         figure="tier hit tokens", value=n.tier_hit_tokens, unit="count"))
     return out
+
+
+def served_check(t: ArmProof, min_tier_reuse_share: float, min_tier_served_share: float) -> ValidityCheck:
+    """Pure: "tier served the reuse": the tier arm's tier hit tokens at least ``min_tier_served_share`` of the
+    reusable tokens its load offered (``t.reusable_tokens``: the ideal, not the engine's memory hits) and at least
+    ``min_tier_reuse_share`` of what was reused (engine memory + tier)."""
+    share, served = t.tier_reuse_share, t.tier_served_share
+    ok = (bool(t.tier_hit_tokens) and share is not None and share >= min_tier_reuse_share
+          and served is not None and served >= min_tier_served_share)
+    if t.tier_hit_tokens is None:
+        how = "the engine exposes no tier hit counter: the tier's service is unproven"
+    elif not t.tier_hit_tokens:
+        how = "the tier served no token: its connector is off, or the working set fit the engine's memory"
+    elif t.reusable_tokens is None:
+        how = (f"tier hit tokens {t.tier_hit_tokens:.0f}, but the reuse the load offers is not known (no trace "
+               "ideal, no declared reuse): unproven")
+    else:
+        how = (f"tier hit tokens {t.tier_hit_tokens:.0f} of {t.reusable_tokens:.0f} reusable tokens the load offered "
+               f"({served if served is not None else 0:.1%}, at least {min_tier_served_share:g} required); "
+               f"engine-memory hit tokens {t.memory_hit_tokens or 0:.0f} (the tier's share of the reuse "
+               f"{share if share is not None else 0:.1%}, at least {min_tier_reuse_share:g}); {t.prompt_tokens:.0f} "
+               "prompt tokens")
+    if t.device_read_bytes is not None and t.tier_hit_kv_bytes:
+        how += (f"; the pool device read {t.device_read_bytes} B for {t.tier_hit_kv_bytes:.0f} B of KV the hits "
+                f"claim")
+    return ValidityCheck(name="tier served the reuse", ok=ok,
+                         claim="with the tier, the reuse the load offers came from the tier, not from engine memory",
+                         how=how, figure="tier share of the reusable tokens", value=served, unit="ratio")
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -317,15 +367,33 @@ def gain_figures(pairs: list[GainTrial]) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def reusable_share(p: G2LoadParams, unbounded_hit_rate: float | None) -> float | None:
-    """Pure: the share of the load's prompt tokens any cache could serve: a trace's unbounded-cache hit rate
-    (harness/load/reuse.py), or a synthetic ladder's shared prefixes after each group's first request."""
+def reusable_share(p: G2LoadParams, trace: Trace | None, chunk_tokens: int | None = None) -> float | None:
+    """Pure: the share of the load's prompt tokens any cache could serve, in whole chunks of the engine's
+    ``chunk_tokens`` (its KV block or LMCache chunk; None: the trace's block): a trace's unbounded-cache hit rate
+    as sent (its blocks re-mapped to ``tokens_per_block``; harness/load/reuse.py), or a synthetic ladder's declared
+    reuse: its shared prefixes after each group's first request."""
     if p.load.kind == "trace":
-        return unbounded_hit_rate
+        if trace is None:
+            return None
+        per = p.load.tokens_per_block or trace.block_tokens
+        if per != trace.block_tokens:
+            trace = dataclasses.replace(trace, block_tokens=per, requests=tuple(
+                dataclasses.replace(r, input_tokens=-(-r.input_tokens * per // trace.block_tokens))
+                for r in trace.requests))
+        return reuse_stats(trace, engine_block_tokens=chunk_tokens).unbounded_hit_rate
     if p.requests_per_point <= p.prefix_groups:
         return 0.0
     return (p.requests_per_point - p.prefix_groups) * p.shared_prefix_tokens / (p.requests_per_point
                                                                                  * p.prompt_tokens)
+
+
+def chunk_tokens(prof: EngineProfile) -> int | None:
+    """The tokens the profile's tier stores and finds in whole units: its connector's KV block
+    (``kv_block_tokens``) or its LMCache config's ``chunk_size``; None: the trace's own block."""
+    if prof.kv_block_tokens:
+        return prof.kv_block_tokens
+    size = prof.lmcache.config.get("chunk_size") if prof.lmcache is not None else None
+    return int(size) if isinstance(size, int) and size > 0 else None
 
 
 def tier_hit_rate(proof: ArmProof, share: float | None) -> float | None:
@@ -341,40 +409,49 @@ def evaluate_gain(arms: dict[str, WorkloadResult], min_tier_reuse_share: float,
                   evidence: GainEvidence | None = None, reusable: float | None = None) -> WorkloadResult:
     """Pure: the gain over trials and its validity from both arms' g2-load results (each from
     :func:`~harness.workloads.g2_load.evaluate_load` over its points); ``reusable``: the share of the prompt tokens
-    a cache could serve (:func:`reusable_share`), for ``tier_hit_rate``. INVALID when a proof fails (the first one
-    named); ERROR when either arm served nothing."""
+    a cache could serve (:func:`reusable_share`), for ``tier_hit_rate`` and the proof that the tier served the
+    reuse. Each figure over the trials that gave one, against the trials asked for (``evidence.trials``). INVALID
+    when a proof fails (the first one named); ERROR when either arm served nothing."""
     fallbacks = fallbacks or {}
     ev = (evidence or GainEvidence()).model_copy(deep=True)
     ev.arms = {a: r.evidence for a, r in arms.items()}
     points = {a: list(r.evidence.points) for a, r in arms.items()}
     ev.proofs = {a: arm_proof(pts) for a, pts in points.items()}
     ev.pairs = gain_pairs(points)
-    metrics: dict[str, float] = {}
+    # what the tier arm's serving cost the pool's drive (the no-tier arm stores nothing on it)
+    ev.endurance = getattr(arms["tier"].evidence, "endurance", None) if "tier" in arms else None
+    out = WorkloadResult(metrics={}, evidence=ev)
+    asked = ev.trials or len({g.trial for g in ev.pairs}) or None
     ev.gain = {}
     for fig, scopes in gain_figures(ev.pairs).items():
         for scope, values in scopes.items():
-            med, lo, hi = bootstrap_ci(values)
             name = f"{fig}@{scope}" if scope else fig
-            iv = MetricInterval(median=med, ci_low=lo, ci_high=hi, trials=len(values))
-            ev.gain[name] = iv
-            metrics[name] = med
-            metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = lo, hi
-            metrics[f"{name}_ci_trials"] = float(len(values))
+            ev.gain[name] = median_interval(values, asked=asked)
+            emit(out, name, ev.gain[name])
     ev.reusable_share = reusable
+    tier = ev.proofs.get("tier", ArmProof())
+    if reusable is not None and tier.prompt_tokens:
+        reusable_tokens_ = tier.prompt_tokens * reusable
+        ev.proofs["tier"] = tier.model_copy(update={
+            "reusable_tokens": reusable_tokens_,
+            "tier_served_share": None if tier.tier_hit_tokens is None or reusable_tokens_ <= 0
+            else tier.tier_hit_tokens / reusable_tokens_})
     ev.tier_hit_rate = tier_hit_rate(ev.proofs.get("tier", ArmProof()), reusable)
     if ev.tier_hit_rate is not None:
-        metrics["tier_hit_rate"] = ev.tier_hit_rate
-    ev.validity = gain_validity(arms, ev.proofs, min_tier_reuse_share, fallbacks)
+        out.metrics["tier_hit_rate"] = ev.tier_hit_rate
+    served = (ev.min_tier_served_share if ev.min_tier_served_share is not None  # an older bundle: today's default
+              else GainParams.model_fields["min_tier_served_share"].default)
+    ev.validity = gain_validity(arms, ev.proofs, min_tier_reuse_share, fallbacks, served, ev.arm_difference)
     bad = next((c for c in ev.validity if not c.ok), None)
-    invalid = None if bad is None else f"{bad.name}: {bad.how}"
+    out.invalid_reason = None if bad is None else f"{bad.name}: {bad.how}"
     errors = [f"{a} arm: {r.error}" for a, r in arms.items() if r.error]
-    return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid,
-                          error=errors[0] if errors else None)
+    out.error = errors[0] if errors else None
+    return out
 
 
 def sweep_point(pt: PointTrial, shape: CapacityPoint, ram_counter: str | None, evicted_counter: str | None,
                 max_client_lag_p99_s: float, min_read_fraction: float, device_reads: bool,
-                device_error: str | None = None) -> tuple[PointTrial, CapacityPoint]:
+                device_error: str | None = None, max_failed_share: float = 0.0) -> tuple[PointTrial, CapacityPoint]:
     """Pure: one sweep point × trial judged: its tokens by level (engine memory; the RAM level's hits, a further
     counter; the tier's, the connector's hits less those) and g2-load's validity with the tier's hits reconciled
     with the pool device's read bytes (RAM-level hits read no device)."""
@@ -392,7 +469,8 @@ def sweep_point(pt: PointTrial, shape: CapacityPoint, ram_counter: str | None, e
     if pt.figures is not None:
         pool = token_accounting(0, acc.prompt_tokens, acc.memory_hit_tokens, cp.tier_hit_tokens, acc.kv_bytes_per_token,
                                 acc.device_read_bytes, acc.device_write_bytes, acc.window_s)
-        why = point_invalid(pt.figures, pool, max_client_lag_p99_s, min_read_fraction, device_reads, device_error)
+        why = point_invalid(pt.figures, pool, max_client_lag_p99_s, min_read_fraction, device_reads, device_error,
+                            max_failed_share)
         pt = pt.model_copy(update={"invalid_reason": why})
         cp = cp.model_copy(update={"invalid_reason": why})
     return pt, cp
@@ -416,11 +494,12 @@ def evaluate_sweep(points: list[PointTrial], shapes: list[CapacityPoint], ev: Ga
             continue
         pt, cp = sweep_point(pt, shape, ram_counter, evicted_counter, ev.max_client_lag_p99_s or 0.001,
                              ev.min_read_fraction if ev.min_read_fraction is not None else 0.5, device_reads,
-                             arm_ev.pool_device_error)
+                             arm_ev.pool_device_error, ev.max_failed_share or 0.0)
         judged.append(pt)
         cpoints.append(cp)
     arm = evaluate_load(judged, "trace", ev.ttft_slo_s or 0.0, ev.knee_percentile or 95, arm_ev, fallback=fallback)
     ev.arms = {"tier": arm.evidence}
+    ev.endurance = arm.evidence.endurance
     cap_ev, metrics, checks = evaluate_capacity(cpoints, ev.capacity, arm.invalid_reason, None)
     ev.capacity = cap_ev
     ev.validity = checks
@@ -441,13 +520,18 @@ def sweep_counters(prof: EngineProfile) -> Counters:
 
 
 def reevaluate_sweep(ev: GainEvidence, requests: dict[str, str], counters_text: dict[str, str], counters: Counters,
-                     device_reads: bool) -> WorkloadResult:
+                     device_reads: bool, params: "GainParams | None" = None,
+                     device: dict[str, tuple[int | None, int | None]] | None = None,
+                     fallback: str | None | bool = False) -> WorkloadResult:
     """Pure: a capacity sweep again from the tier arm's raw files: each point through g2-load's re-evaluation,
-    the further counters' deltas from its counters file, then :func:`evaluate_sweep`."""
+    the further counters' deltas from its counters file, then :func:`evaluate_sweep`. ``params``, ``device``,
+    ``fallback`` (False: as the run judged it) as :func:`reevaluate_gain` takes them."""
     recorded = {c.name: c.how for c in ev.validity}
     arm_ev = ev.arms["tier"]
-    fallback = recorded.get("tier arm valid") if arm_ev.fallback_lines else None
-    again = reevaluate_load(arm_ev.model_dump(mode="json"), requests, counters_text, counters, device_reads, fallback)
+    if fallback is False:
+        fallback = recorded.get("tier arm valid") if arm_ev.fallback_lines else None
+    again = reevaluate_load(arm_ev.model_dump(mode="json"), requests, counters_text, counters, device_reads, fallback,
+                            params=params, device=device)
     assert ev.capacity is not None
     names = [n for n in (ev.capacity.ram_counter, ev.capacity.evicted_counter) if n]
     points = []
@@ -465,23 +549,37 @@ def reevaluate_sweep(ev: GainEvidence, requests: dict[str, str], counters_text: 
 
 def reevaluate_gain(evidence: dict[str, Any], requests: dict[str, dict[str, str]],
                     counters_text: dict[str, dict[str, str]], counters: dict[str, Counters],
-                    device_reads: dict[str, bool]) -> WorkloadResult:
+                    device_reads: dict[str, bool], params: "GainParams | None" = None,
+                    device: dict[str, dict[str, tuple[int | None, int | None]]] | None = None,
+                    fallbacks: dict[str, str | None] | None = None) -> WorkloadResult:
     """Pure: a bundle's g2-gain result again from its raw files: each arm's points through g2-load's own
     re-evaluation (``requests`` / ``counters_text``: arm -> file name -> text; ``counters``: arm -> which counters
-    are prompt tokens, memory and tier hits), an arm's fall-back as the run judged it, then :func:`evaluate_gain`."""
+    are prompt tokens, memory and tier hits), then :func:`evaluate_gain`. ``params``: the gate's params, whose
+    bounds (each arm's SLOs and read fraction, ``min_tier_reuse_share``, the reusable share of a synthetic load)
+    replace the evidence's; ``device``: arm -> requests file -> the pool device's (read, written) bytes re-parsed
+    from the steps; ``fallbacks``: arm -> its engine log's fall-back as re-scanned (None: as the run judged it)."""
     ev = GainEvidence.model_validate(evidence)
+    device = device or {}
     if ev.capacity is not None:
         return reevaluate_sweep(ev, requests.get("tier", {}), counters_text.get("tier", {}), counters["tier"],
-                                device_reads["tier"])
+                                device_reads["tier"], sweep_params(params) if params is not None else None,
+                                device.get("tier") if device else None,
+                                fallbacks["tier"] if fallbacks is not None else False)
     recorded = {c.name: c.how for c in ev.validity}
-    arms, fallbacks = {}, {}
+    arms = {}
+    if fallbacks is None:
+        fallbacks = {arm: recorded.get(f"{arm} arm valid") if ev.arms[arm].fallback_lines else None for arm in ARMS}
     for arm in ARMS:
-        arm_ev = ev.arms[arm]
-        fallbacks[arm] = recorded.get(f"{arm} arm valid") if arm_ev.fallback_lines else None
-        arms[arm] = reevaluate_load(arm_ev.model_dump(mode="json"), requests.get(arm, {}), counters_text.get(arm, {}),
-                                    counters[arm], device_reads[arm], fallbacks[arm])
-    return evaluate_gain(arms, ev.min_tier_reuse_share if ev.min_tier_reuse_share is not None else 0.9, fallbacks,
-                         ev, reusable=ev.reusable_share)
+        arms[arm] = reevaluate_load(ev.arms[arm].model_dump(mode="json"), requests.get(arm, {}),
+                                    counters_text.get(arm, {}), counters[arm], device_reads[arm], fallbacks[arm],
+                                    params=params, device=device.get(arm) if device else None)
+    share = params.min_tier_reuse_share if params is not None else (
+        ev.min_tier_reuse_share if ev.min_tier_reuse_share is not None else 0.9)
+    # a ladder's declared reuse from the config; a trace's ideal (at the engine's chunk) as the run computed it from
+    # the trace it replayed (its sha256 recorded; the file need not be where the bundle is re-derived)
+    reusable = reusable_share(params, None) if params is not None and params.load.kind != "trace" \
+        else ev.reusable_share
+    return evaluate_gain(arms, share, fallbacks, ev, reusable=reusable)
 
 
 # ------------------------------------------------------------------------------------------------ the workload
@@ -513,7 +611,8 @@ def engine_cache_issues(p: GainParams, prof: EngineProfile) -> list[tuple[tuple,
 
 def no_tier_engine_issues(p: GainParams, prof: EngineProfile, attached: bool) -> list[tuple[tuple, str]]:
     """The arm without the tier's profile (``no_tier_engine``), when the gate names one: it loads, runs the same
-    engine as ``prof``, and is launched by kvgate or attached to as the tier arm is."""
+    engine as ``prof`` with the same argv and environment less the tier switch (:func:`unequal_arms`), and is
+    launched by kvgate or attached to as the tier arm is."""
     if p.no_tier_engine is None:
         return []
     try:
@@ -524,10 +623,52 @@ def no_tier_engine_issues(p: GainParams, prof: EngineProfile, attached: bool) ->
     if other.engine != prof.engine:
         issues.append((("no_tier_engine",), f"profile {other.name!r} runs {other.engine}, not {prof.engine}: both "
                        "arms must be the same engine"))
+    extra = unequal_arms(prof, other)
+    if extra:
+        issues.append((("no_tier_engine",), f"profile {other.name!r} is not {prof.name!r} less its tier switch: the "
+                       f"arms also differ by {' '.join(extra)} (declare the switch in {prof.name!r}'s "
+                       "capabilities.tier_flags / tier_env; a slowed baseline is no gain)"))
     if attached and other.launches:
         issues.append((("no_tier_engine",), f"profile {other.name!r} launches its engine (argv); an attached arm "
                        "takes a profile without argv"))
     return issues
+
+
+def _argv_words(prof: EngineProfile) -> list[str]:
+    """Pure: the profile's argv as written (templates unfilled; a structured value as its JSON)."""
+    return [a if isinstance(a, str) else json.dumps(a.json_, sort_keys=True) for a in prof.argv]
+
+
+def arm_difference(tier: EngineProfile, no_tier: EngineProfile) -> dict[str, list[str]]:
+    """Pure: how the arm without the tier's launch differs from the tier arm's, as the profiles write them: argv
+    words and environment entries (``NAME=value``) only the tier arm has (``tier_only``) and only the other has
+    (``no_tier_only``), each in its profile's order (the evidence records it, the report shows it)."""
+    out: dict[str, list[str]] = {}
+    for key, mine, other in (("argv", _argv_words(tier), _argv_words(no_tier)),
+                             ("env", [f"{k}={v}" for k, v in tier.env.items()],
+                              [f"{k}={v}" for k, v in no_tier.env.items()])):
+        a, b = Counter(mine), Counter(other)
+        out[f"tier_only_{key}"] = [w for w in dict.fromkeys(mine) for _ in range((a - b)[w])]
+        out[f"no_tier_only_{key}"] = [w for w in dict.fromkeys(other) for _ in range((b - a)[w])]
+    return out
+
+
+def unequal_arms(tier: EngineProfile, no_tier: EngineProfile) -> list[str]:
+    """Pure: what the arm without the tier changes beyond the tier switch: every argv word or environment entry of
+    :func:`arm_difference` that is not the tier arm's declared switch (``capabilities.tier_flags`` with their
+    values, ``capabilities.tier_env``) or its ``no_tier_flag``. Empty: equal arms."""
+    cap = tier.capabilities
+    words = _argv_words(tier)
+    switch = set(cap.tier_flags)
+    for i, w in enumerate(words[:-1]):
+        if w in cap.tier_flags and not words[i + 1].startswith("-"):
+            switch.add(words[i + 1])
+    d = arm_difference(tier, no_tier)
+    extra = [w for w in d["tier_only_argv"] if w not in switch]
+    extra += [w for w in d["no_tier_only_argv"] if w != cap.no_tier_flag]
+    for key in ("tier_only_env", "no_tier_only_env"):
+        extra += [e for e in d[key] if e.partition("=")[0] not in cap.tier_env]
+    return extra
 
 
 def with_cache(p: GainParams, prof: EngineProfile, extra: list[str] | None = None) -> EngineProfile:
@@ -556,11 +697,40 @@ def lmcache_override_issues(p: GainParams, prof: EngineProfile) -> list[tuple[tu
             if path and path[0] in p.lmcache_overrides]
 
 
+def arm_prompts(profs: dict[str, EngineProfile], setups: dict[str, Any], vocab_size: int,
+                arm_ev: dict[str, G2LoadEvidence]) -> LoadPrompts:
+    """Both arms' prompts, the same tokens on both: token ids, or text built with the tokenizer of the arm whose
+    API takes text only (then both arms get that text). ValueError when no prompt would suit both arms."""
+    text_arm = next((a for a in ARMS if profs[a].api.text_only), None)
+    if text_arm is None:
+        for a in ARMS:
+            arm_ev[a].prompt_kind = "token_ids"
+        return LoadPrompts(vocab_size)
+    ids_only = [a for a in ARMS if profs[a].capabilities.token_ids_only]
+    if ids_only:
+        raise ValueError(f"the {text_arm} arm's profile {profs[text_arm].name!r} takes text prompts only, the "
+                         f"{ids_only[0]} arm's {profs[ids_only[0]].name!r} token ids only: no prompt suits both")
+    prompts = load_prompts(profs[text_arm], setups[text_arm].ev, vocab_size, arm_ev[text_arm])
+    for a in ARMS:
+        arm_ev[a].prompt_kind, arm_ev[a].tokenizer = arm_ev[text_arm].prompt_kind, arm_ev[text_arm].tokenizer
+    return prompts
+
+
 @register_workload("g2-gain")
 class G2Gain(Workload):
+    # what its endurance prices (docs/endurance.md), for `kvgate plan`
+    ENDURANCE = ("the tier arm's points as g2-load prices them (the no-tier arm stores nothing); a capacity sweep's "
+                 "points the same way")
     Params = GainParams
     EvidenceModel = GainEvidence
     METRICS = GainMetricTable({**GAIN_FIGURES, "tier_hit_rate": "ratio", **CAPACITY_METRICS})
+
+    @staticmethod
+    def interval_trials(params: GainParams, metric: str) -> int | None:
+        """The gain figures are judged on their interval over ``trials``; a capacity sweep's figures (counts of
+        the levels' tokens, no interval) and ``tier_hit_rate`` are not."""
+        fig = metric.partition("@")[0]
+        return params.trials if params.capacity is None and fig in GAIN_FIGURES else None
 
     @staticmethod
     def metric_issue(params: GainParams, metric: str) -> str | None:
@@ -574,6 +744,9 @@ class G2Gain(Workload):
         if params.capacity is None and metric in CAPACITY_METRICS:
             return f"metric {metric!r} needs capacity: (a working-set sweep); this gate compares the two arms"
         return None
+
+    def control_files(self, params):
+        return G2Load().control_files(params)
 
     def validate_against(self, params, nodes):
         if params.capacity is not None:
@@ -796,7 +969,7 @@ class G2Gain(Workload):
             require_up_to_x=spec.require.up_to_x if spec.require else None,
             ram_counter=counters.extra[0] if counters.extra else None,
             evicted_counter=counters.extra[1] if counters.extra else None)
-        arm_ev = G2LoadEvidence(**load_fields(view))
+        arm_ev = G2LoadEvidence(**load_fields(view), device_reads=prof.device_reads, pool_drive=pool_drive_of(ctx))
         g2v = self._arm_view(view, "tier", spec.context_tokens)
         setup = g2._setup_launched(ctx, g2v, prof, labels=("tier",))
         if isinstance(setup, WorkloadResult):
@@ -814,6 +987,11 @@ class G2Gain(Workload):
         shapes: list[CapacityPoint] = []
         closed, fallback = False, None
         try:
+            try:  # before the engine starts: a text-only API without a usable tokenizer is known now
+                prompts = load_prompts(prof, setup.ev, vocab, arm_ev)
+            except ValueError as exc:
+                ev.arms = {"tier": arm_ev}
+                return WorkloadResult(evidence=ev, error=f"tier arm: {exc}")
             err = runner.open()
             if err:
                 ev.arms = {"tier": arm_ev}
@@ -833,10 +1011,11 @@ class G2Gain(Workload):
                                                 working_set_tokens=n * spec.context_tokens, requests=len(trace.requests),
                                                 reusable_tokens=float(reusable_tokens(trace))))
                     points.append(load._attempts(actx, view, prof, runner, setup, counters, t, label, 0.0, trace,
-                                                 p.seed, vocab, arm_ev))
+                                                 p.seed, prompts, arm_ev))
             logs = runner.close(logs=True)
             closed = True
-            fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "tier")
+            fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "tier",
+                                             prof.in_force_log)
             arm_ev.fallback_lines = [m.quote() for m in found]
         except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
             arm_ev.points = points
@@ -845,6 +1024,7 @@ class G2Gain(Workload):
         finally:
             if not closed:
                 runner.close()
+            arm_ev.pool = ev.pool = pool_record(setup.engine) or arm_ev.pool
         result = evaluate_sweep(points, shapes, ev, arm_ev, prof.device_reads, fallback)
         write_summary(ctx.gate_dir, "g2-gain-summary.json", result)
         return result
@@ -856,13 +1036,15 @@ class G2Gain(Workload):
         profs = self._profiles(p)
         load = G2Load()
         ev = GainEvidence(no_tier_engine_profile=profs["no_tier"].name, engine_cache_tokens=p.engine_cache_tokens,
-                          min_tier_reuse_share=p.min_tier_reuse_share, **load_fields(p))
+                          min_tier_reuse_share=p.min_tier_reuse_share, min_tier_served_share=p.min_tier_served_share,
+                          arm_difference=None if p.attach is not None else arm_difference(profs["tier"], profs["no_tier"]),
+                          device_reads=profs["tier"].device_reads, **load_fields(p))
         trace = None
         if p.load.kind == "trace":
             try:
                 trace, ev.trace = read_load_trace(p.load)
             except (ConfigError, InputFileError, ValueError) as exc:
-                return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
+                return WorkloadResult(evidence=ev, error=trace_error(p.load, exc))
         longest = load._longest_prompt(p)
         g2 = G2Ttft()
         setups, arm_ev, runners, ctxs = {}, {}, {}, {}
@@ -871,7 +1053,8 @@ class G2Gain(Workload):
             view = self._arm_view(p, arm, longest)
             setup = (g2._setup_attached(ctx, view, profs[arm]) if attached
                      else g2._setup_launched(ctx, view, profs[arm], labels=(arm,)))
-            arm_ev[arm] = G2LoadEvidence(**load_fields(p), trace=ev.trace)
+            arm_ev[arm] = G2LoadEvidence(**load_fields(p), trace=ev.trace, device_reads=profs[arm].device_reads,
+                                         pool_drive=pool_drive_of(ctx, p.pool_node if attached else None))
             if isinstance(setup, WorkloadResult):
                 load._engine_evidence(arm_ev[arm], setup.evidence)
                 ev.arms = arm_ev
@@ -897,6 +1080,11 @@ class G2Gain(Workload):
             # both engines start at once (a start-up is mostly one process importing at a time: two overlap on a
             # node's cores instead of one waiting for the other); each is closed whether it started or not
             opened += ARMS
+            try:  # before the engines start: a text-only API without a usable tokenizer is known now
+                prompts = arm_prompts(profs, setups, vocab, arm_ev)
+            except ValueError as exc:
+                ev.arms = arm_ev
+                return WorkloadResult(evidence=ev, error=str(exc))
             if attached:  # nothing to start: each engine's health (and log) checked in turn, in the plan's order
                 why = {arm: e for arm in ARMS if (e := runners[arm].open())}
             else:
@@ -918,11 +1106,14 @@ class G2Gain(Workload):
                 for arm in (first, "no_tier" if first == "tier" else "tier"):
                     ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}, {arm} arm")
                     points[arm].append(load._attempts(ctxs[arm], p, profs[arm], runners[arm], setups[arm],
-                                                      counters[arm], t, label, lv, trace, seed, vocab, arm_ev[arm]))
+                                                      counters[arm], t, label, lv, trace, seed, prompts,
+                                                      arm_ev[arm]))
             for arm in ARMS:
                 logs = runners[arm].close(logs=True)
                 opened.remove(arm)
-                fallbacks[arm], found = first_fallback(logs, profs[arm].fallback_patterns, lambda _n, a=arm: a)
+                fallbacks[arm], found = first_fallback(
+                    logs, profs[arm].fallback_patterns, lambda _n, a=arm: a,
+                    profs[arm].in_force_log if arm == "tier" else ())
                 arm_ev[arm].fallback_lines = [m.quote() for m in found]
         except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
             for arm in ARMS:
@@ -933,10 +1124,13 @@ class G2Gain(Workload):
         finally:
             for arm in opened:
                 runners[arm].close()
+            for arm in ARMS:
+                arm_ev[arm].pool = pool_record(setups[arm].engine) or arm_ev[arm].pool
+            ev.pool = arm_ev["tier"].pool
         results = {arm: evaluate_load(points[arm], p.load.kind, p.ttft_slo_s, p.knee_percentile, arm_ev[arm],
                                       fallback=fallbacks.get(arm)) for arm in ARMS}
         result = evaluate_gain(results, p.min_tier_reuse_share, fallbacks, ev,
-                               reusable=reusable_share(p, ev.trace.unbounded_hit_rate if ev.trace else None))
+                               reusable=reusable_share(p, trace, chunk_tokens(profs["tier"])))
         write_summary(ctx.gate_dir, "g2-gain-summary.json", result)
         return result
 

@@ -3,7 +3,7 @@ every load point accounted for (engine memory, tier, re-computed) and the tier's
 judged on confidence intervals over repeated trials.
 
 One engine start for the whole run (launched, or attached with ``attach:``), one warm-up prompt, then for each
-trial (``trials``, default 3) each load point of ``load:`` in turn:
+trial (``trials``, default 6: the fewest that give a 95 % interval for the median) each point of ``load:``:
 
 - closed loop, ``{concurrency: [1, 2, 4]}``: that many users, each sending its next request when its last one
   finished (``requests_per_point`` requests per point);
@@ -25,21 +25,29 @@ and trial (seeded by both, and by a per-run nonce on an attached engine), so one
 next one; within a point they share ``shared_prefix_tokens`` per prefix group, the reuse the engine's memory and
 the tier can serve.
 
-A point is INVALID when its client lag p99 exceeds ``max_client_lag_p99_s`` (the client set the send times,
-not the server), or when it had tier hits and the pool's device read less than ``min_read_fraction`` of the KV
-they claim (the KV came from a cache, not the tier). One INVALID point makes the gate INVALID, naming it.
+Failures count: every point states its requests sent, served and failed; a failed request is an infinite TTFT in
+the percentiles (a percentile that falls on one has no finite value: the point gives no such figure), and a point
+whose failed share exceeds ``max_failed_share`` (default 0) is INVALID. A point is INVALID too when its client lag
+p99 exceeds ``max_client_lag_p99_s`` (the client set the send times, not the server), or when it had tier hits and
+the pool's device read less than ``min_read_fraction`` of the KV they claim (the KV came from a cache, not the
+tier). One INVALID point makes the gate INVALID, naming it. The evaluator states its validity as named
+ValidityChecks (:func:`load_validity`); a proof the gate turns off (``min_read_fraction: 0``, a profile without
+device reads) is one marked not checked, and the verdict says "unproven".
 
 Metrics (``METRICS``): every point figure as ``FIGURE@LOAD`` (``ttft_p95_s@c4``: closed loop, 4 users;
 ``goodput_rps@r2``: open loop at 2 requests/s; ``ttft_p99_s@trace``), and over the ladder ``knee_concurrency`` /
 ``knee_rate_rps`` (the highest load whose ``knee_percentile`` TTFT stays within ``ttft_slo_s``, every request
-served) and ``max_goodput_rps``. Each is the median over trials with a bootstrap 95 % confidence interval
-(``_ci_low``, ``_ci_high``, ``_ci_trials``), on which the gate's thresholds are judged
-(harness.gates.verdict.judge_interval: PASS only when the whole interval clears ``pass``, else inconclusive FAIL).
+served) and ``max_goodput_rps``. Each is the median over trials with an exact 95 % confidence interval for the
+median from binomial order statistics (harness.stats.median_interval; fewer than 6 trials give none), typed on the
+result (``WorkloadResult.intervals``), on which the gate's thresholds are judged (harness.gates.verdict
+.judge_interval: PASS only when the whole interval clears ``pass``; no interval, or a trial without the figure,
+never PASS).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import re
@@ -53,22 +61,26 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import STOP_POLL_S, CompletionRequest, RequestRecord
+from ..engines.prompts import IdsAsText, load_tokenizer
 from ..engines.load import (LoadPoint, LoadRecord, arrival_offsets, client_priority, closed_loop, knee, load_point,
                             open_loop)
+from ..endurance import DriveRating, combined, endurance
 from ..errors import ConfigError, WorkloadError
 from ..load.prompts import block_ids, prompt_ids
 from ..load.reuse import reuse_stats
-from ..load.synth import MultiTurnShape, multi_turn_trace
+from ..load.synth import FanOutShape, MultiTurnShape, SessionRecoveryShape, TraceShape, shape_trace
 from ..load.traces import MAX_TRACE_BYTES, Trace, cut, read_trace, scale_time, trace_lines
+from ..paths import given_or_shipped
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, read_bytes_between
 from ..parsers.prometheus import Sample, counter_delta, metric_total
 from ..safeio import InputFileError, read_bytes
-from ..stats import bootstrap_ci
+from ..stats import Interval, median_interval
 from .attach import AttachParams, NodeCommand
-from .base import Evidence, GateContext, PlannedStep, Workload, WorkloadResult, register_workload, write_gate_file, \
-    write_summary
+from .base import ControlFile, Evidence, GateContext, PlannedStep, ValidityCheck, Workload, WorkloadResult, \
+    drive_rating, file_error_text, pool_drive_of, register_workload, write_gate_file, write_summary
+from .engine import pool_record
 from .phases import PhaseRunner, first_fallback
-from .g2_ttft import G2EngineParams, G2Evidence, G2Params, G2Ttft, launch_values
+from .g2_ttft import G2EngineParams, G2Evidence, G2Params, G2Ttft, launch_values, model_config_files
 
 # ------------------------------------------------------------------------------------------------- params
 
@@ -99,11 +111,16 @@ class MultiTurnLoad(BaseModel):
 
 
 MULTI_TURN_PATH = "(multi-turn sessions)"  # the trace's name in the evidence: synthesised, not read from a file
+# ``load:``'s declared shapes: the key in the gate -> the shape's name in harness.load.synth.SHAPES
+SHAPE_KEYS = {"multi_turn": "multi-turn", "session_recovery": "session-recovery", "fan_out": "fan-out",
+              "sessions": "sessions"}
 
 
 class LoadSpec(BaseModel):
-    """The ``load:`` block: exactly one of a concurrency ladder, a rate ladder, a trace or multi-turn sessions (a
-    trace synthesised from their shape)."""
+    """The ``load:`` block: exactly one of a concurrency ladder, a rate ladder, a trace file, or a declared shape
+    (``multi_turn``, ``session_recovery``, ``fan_out``, ``sessions``: a trace synthesised from it by
+    harness.load.synth, the same one ``kvgate trace synth --shape`` writes). A trace ``path`` that is not there as
+    given is kvgate's shipped trace of that name (``traces/mooncake-conversation-3000.jsonl``, harness.paths)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -121,14 +138,27 @@ class LoadSpec(BaseModel):
     # (a closed loop: the timestamps are not used, so a slower machine serves the same sequence, not an overload)
     users: int | None = Field(default=None, ge=1, le=1024)
     multi_turn: MultiTurnLoad | None = None                # multi-turn sessions, replayed as a trace
+    session_recovery: SessionRecoveryShape | None = None   # sessions resumed with their whole context
+    fan_out: FanOutShape | None = None                     # single requests fanning out from shared system prompts
+    sessions: TraceShape | None = None                     # sessions sharing system prompts, Poisson starts
+
+    @field_validator("path")
+    @classmethod
+    def _shipped(cls, v: str | None) -> str | None:
+        return None if v is None else str(given_or_shipped(v, "traces"))
 
     @model_validator(mode="after")
     def _one_shape(self) -> "LoadSpec":
-        given = [k for k in ("concurrency", "rates_rps", "path", "multi_turn") if getattr(self, k) is not None]
+        given = [k for k in ("concurrency", "rates_rps", "path", *SHAPE_KEYS) if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of concurrency (closed loop), rates_rps (open loop), path (a trace) "
-                             "or multi_turn (sessions served round-robin)"
+                             "or a shape (multi_turn, session_recovery, fan_out, sessions)"
                              + (f"; got {', '.join(given)}" if given else ""))
+        shape = self.shape
+        if shape is not None and shape[0] != "multi-turn":
+            bad = shape[1].check()
+            if bad:
+                raise ValueError(f"{given[0]}: {'; '.join(bad)}")
         if self.concurrency is not None and any(c < 1 for c in self.concurrency):
             raise ValueError("concurrency: every level must be >= 1")
         if self.rates_rps is not None and any(not r > 0 for r in self.rates_rps):
@@ -138,18 +168,31 @@ class LoadSpec(BaseModel):
                 raise ValueError("a load appears twice in the ladder")
         if self.burstiness is not None and self.rates_rps is None:
             raise ValueError("burstiness belongs to an open loop (rates_rps)")
-        trace_only = [k for k in ("format", "time_scale", "max_requests", "max_duration_s", "block_tokens",
-                                  "tokens_per_block", "users")
-                      if getattr(self, k) is not None]
-        if trace_only and self.path is None:
-            raise ValueError(f"{', '.join(trace_only)}: only for a trace (path)")
+        # a declared shape is cut like a file (max_requests, max_duration_s); its format and blocks are its own
+        file_only = [k for k in ("format", "block_tokens") + (() if self.shape is not None else
+                                                             ("max_requests", "max_duration_s"))
+                     if getattr(self, k) is not None]
+        if file_only and self.path is None:
+            raise ValueError(f"{', '.join(file_only)}: only for a trace file (path)")
+        trace_only = [k for k in ("time_scale", "tokens_per_block", "users") if getattr(self, k) is not None]
+        if trace_only and self.kind != "trace":
+            raise ValueError(f"{', '.join(trace_only)}: only for a trace (path or a shape)")
         if self.users is not None and self.time_scale is not None:
             raise ValueError("time_scale: a trace replayed by users does not use its timestamps")
         return self
 
     @property
+    def shape(self) -> tuple[str, Any] | None:
+        """The declared shape: (its name in harness.load.synth.SHAPES, its dataclass), or None."""
+        for key, name in SHAPE_KEYS.items():
+            v = getattr(self, key)
+            if v is not None:
+                return name, (v.shape() if key == "multi_turn" else v)
+        return None
+
+    @property
     def kind(self) -> Literal["closed", "open", "trace"]:
-        """A trace file and multi-turn sessions are both a trace replay."""
+        """A trace file and a declared shape are both a trace replay."""
         return "closed" if self.concurrency is not None else "open" if self.rates_rps is not None else "trace"
 
     def points(self) -> list[tuple[str, float]]:
@@ -188,11 +231,14 @@ class G2LoadParams(G2EngineParams):
     attach: LoadAttachParams | None = None  # type: ignore[assignment]
     load: LoadSpec
     requests_per_point: int = Field(default=16, ge=1, le=100_000)  # closed and open loops
-    trials: int = Field(default=3, ge=1, le=100)
+    trials: int = Field(default=6, ge=1, le=100)  # 6: the fewest that give a 95 % interval for the median
     ttft_slo_s: float = Field(gt=0)
     tpot_slo_s: float | None = Field(default=None, gt=0)
     knee_percentile: Literal[50, 90, 95, 99] = 95
     max_client_lag_p99_s: float = Field(default=0.001, gt=0)
+    # the share of a point's requests that may fail before the point is INVALID (0: one failed request is enough);
+    # within it a failed request still counts, as an infinite TTFT in the percentiles
+    max_failed_share: float = Field(default=0.0, ge=0, le=1)
     # attempts the gate may set aside as spoiled by its own client (client lag over the bound) and repeat with new
     # prompts, per engine (g2-gain: per arm); 0: a spoiled attempt makes the gate INVALID
     repeat_spoiled: int = Field(default=0, ge=0, le=20)
@@ -242,6 +288,12 @@ class TokenAccounting(LoadModel):
     device_write_bytes: int | None = None
     window_s: float | None = None              # the point's duration (first send to last stream end)
     store_write_gb_s: float | None = None      # device_write_bytes / window_s, decimal GB/s
+    # the tier's hits by level, where the engine counts its RAM level (LMCache's local_cpu): RAM + device = tier
+    ram_hit_tokens: float | None = None
+    device_hit_tokens: float | None = None
+    device_hit_share_of_tier: float | None = None  # device_hit_tokens / tier_hit_tokens
+    # what serving costs the pool's drives: bytes written per million prompt tokens served
+    device_write_bytes_per_mtok: float | None = None
 
 
 class PointTrial(LoadModel):
@@ -266,13 +318,9 @@ class PointTrial(LoadModel):
     error: str | None = None
 
 
-class MetricInterval(LoadModel):
-    """A figure over trials: its median and bootstrap 95 % confidence interval, and how many trials gave it."""
-
-    median: float
-    ci_low: float
-    ci_high: float
-    trials: int
+# A figure over trials: its median, its 95 % confidence interval for the median (none from too few trials), the
+# trials that gave it and the trials asked for (harness.stats.Interval; the evidence's name for it)
+MetricInterval = Interval
 
 
 class PointSummary(LoadModel):
@@ -300,6 +348,8 @@ class TraceInfo(LoadModel):
     # memory + tier hit shares are compared with
     unbounded_hit_rate: float | None = None
     multi_turn: MultiTurnLoad | None = None   # the sessions' shape when the trace was synthesised from it
+    shape: str | None = None                  # the declared shape it was synthesised from (harness.load.synth)
+    shape_params: dict[str, Any] | None = None
     users: int | None = None                  # replayed in order by this many users (closed loop), not by its times
 
 
@@ -335,13 +385,18 @@ class G2LoadEvidence(Evidence):
     prefix_groups: int | None = None
     max_tokens: int | None = None
     prompt_seed: int | None = None
+    prompt_kind: Literal["token_ids", "text"] | None = None  # text: the API takes text only (api.prompt_format)
+    tokenizer: str | None = None                 # what built the text prompts
     # the bounds
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     knee_percentile: int | None = None
     knee_figure: str | None = None               # the figure the knee is judged on: ttft_p95_s
     max_client_lag_p99_s: float | None = None
+    max_failed_share: float | None = None        # None in a bundle of an older kvgate: failures were not bounded
     min_read_fraction: float | None = None
+    pool: dict[str, Any] | None = None           # the pool as made for the run (device kind, loop device, cold regime)
+    device_reads: bool | None = None             # the profile proves tier hits by the pool device's read bytes
     repeat_spoiled: int | None = None            # attempts that may be set aside as spoiled by the client
     client_priority: str | None = None           # how the load client's thread was scheduled (its nice value)
     # the results
@@ -365,7 +420,9 @@ FIGURES: dict[str, str] = {
     "memory_hit_share": "ratio", "tier_hit_share": "ratio", "recomputed_share": "ratio", "read_fraction": "ratio",
     "device_write_bytes": "B", "store_write_gb_s": "GB/s",
 }
-SUMMARY_METRICS: dict[str, str] = {"knee_concurrency": "count", "knee_rate_rps": "/s", "max_goodput_rps": "/s"}
+SUMMARY_METRICS: dict[str, str] = {"knee_concurrency": "count", "knee_rate_rps": "/s", "max_goodput_rps": "/s",
+                                   # a trace's cache-served share over its ideal (hit_efficiency_per_trial)
+                                   "hit_efficiency": "ratio"}
 LABEL_RE = re.compile(r"c[0-9]+|r[0-9][0-9.e+-]*|trace")
 
 
@@ -410,6 +467,7 @@ class Counters:
     memory_hit_tokens: list[str]
     tier_hit_tokens: list[str]
     extra: tuple[str, ...] = ()   # more counters recorded per point (their deltas: PointTrial.extra_counters)
+    ram_hit_tokens: tuple[str, ...] = ()  # of the tier's hits, those its RAM level served (per-level counters)
 
     @property
     def any(self) -> bool:
@@ -425,12 +483,14 @@ def accounting_counters(prof: EngineProfile) -> Counters:
     memory = (list(hm.memory_hit_tokens) if hm and hm.memory_hit_tokens
               else [level + "gpu_hit_tokens_total"] if level else [])
     tier = list(hm.hit_tokens) if hm else [level + "external_hit_tokens_total"] if level else []
-    return Counters(prompt, memory, tier)
+    ram = (level + "ram_hit_tokens_total",) if level else ()
+    return Counters(prompt, memory, tier, ram_hit_tokens=ram)
 
 
 def token_accounting(sent_prompt_tokens: int, prompt_delta: float | None, memory_delta: float | None,
                      tier_delta: float | None, kv_bytes_per_token: int | None, read_bytes: int | None,
-                     write_bytes: int | None, window_s: float | None) -> TokenAccounting:
+                     write_bytes: int | None, window_s: float | None,
+                     ram_delta: float | None = None) -> TokenAccounting:
     """Pure: a point's accounting from its counter deltas and device bytes. Prompt tokens are the engine's
     count, or what was sent when it has none; recomputed = prompt - memory hits - tier hits (known only when
     both hit counters are); shares of the prompt tokens."""
@@ -443,7 +503,11 @@ def token_accounting(sent_prompt_tokens: int, prompt_delta: float | None, memory
     tier_bytes = None if tier_delta is None or kv_bytes_per_token is None else tier_delta * kv_bytes_per_token
     fraction = None if read_bytes is None or not tier_bytes else read_bytes / tier_bytes
     store = None if write_bytes is None or not window_s else write_bytes / window_s / 1e9
+    device_hits = None if ram_delta is None or tier_delta is None else max(tier_delta - ram_delta, 0.0)
     return TokenAccounting(
+        ram_hit_tokens=ram_delta, device_hit_tokens=device_hits,
+        device_hit_share_of_tier=None if device_hits is None or not tier_delta else device_hits / tier_delta,
+        device_write_bytes_per_mtok=endurance(write_bytes, prompt, None, window_s).write_bytes_per_mtok,
         prompt_tokens=prompt, prompt_tokens_source="engine" if prompt_delta is not None else "sent",
         memory_hit_tokens=memory_delta, tier_hit_tokens=tier_delta, recomputed_tokens=recomputed,
         memory_hit_share=share(memory_delta), tier_hit_share=share(tier_delta), recomputed_share=share(recomputed),
@@ -451,13 +515,77 @@ def token_accounting(sent_prompt_tokens: int, prompt_delta: float | None, memory
         read_fraction=fraction, device_write_bytes=write_bytes, window_s=window_s, store_write_gb_s=store)
 
 
+def points_endurance(points: list[PointTrial], drive: DriveRating | None) -> dict[str, Any] | None:
+    """Pure: what the run's points cost the pool's drive, over every point x trial that was served (docs/endurance
+    .md): the pool device's bytes written over each point's window, the prompt tokens served in it. The KV the tier
+    stored is not counted per point (the pool's growth is read only where a gate waits for it), so no write
+    amplification here. None when no point has its accounting."""
+    accs = [pt.accounting for pt in points if pt.accounting is not None]
+    if not accs:
+        return None
+    return combined([endurance(a.device_write_bytes, a.prompt_tokens, None, a.window_s) for a in accs],
+                    drive).to_dict()
+
+
+def hits_by_level(points: list[PointTrial], pool: dict[str, Any] | None) -> str | None:
+    """Pure: where a serving gate's tier hits came from, over every point × trial, in one sentence (the first line
+    of its report section): the device's share of the tier's hits (its read bytes over the KV they claim), the
+    engine's RAM level where it counts one, and the pool's device and cold regime. None when nothing claimed a
+    tier hit."""
+    accs = [pt.accounting for pt in points if pt.accounting is not None and pt.accounting.tier_hit_tokens]
+    if not accs:
+        return None
+    tier = sum(a.tier_hit_tokens or 0.0 for a in accs)
+    claimed = sum(a.tier_hit_kv_bytes or 0.0 for a in accs)
+    read = [a.device_read_bytes for a in accs]
+    ram = [a.ram_hit_tokens for a in accs]
+    where = ""
+    if pool:
+        loop = pool.get("loop") or {}
+        regime = {"evict": "pages dropped on store and after each read", "odirect": "O_DIRECT",
+                  "none": "none declared"}.get(pool.get("cold_regime") or "none", str(pool.get("cold_regime")))
+        dev = f"{loop['device']}, a loop device of its own" if loop.get("device") else "the pool directory's device"
+        where = f" ({dev}; cold regime: {regime})"
+    if any(r is None for r in read):
+        dev_part = f"the pool's device{where} could not be read for every point: the tier's hits are unproven"
+    else:
+        share = min(sum(read) / claimed, 1.0) if claimed else 0.0
+        dev_part = (f"the pool's device{where} served {100 * share:.0f} % of the tier's hits "
+                    f"({sum(read):,} B read for {claimed:,.0f} B of KV claimed)")
+    ram_part = ""
+    if all(r is not None for r in ram):
+        ram_part = f"; the engine's RAM level {100 * sum(ram) / tier:.0f} %" if tier else ""
+    return f"Where the tier's {tier:,.0f} hit tokens came from: {dev_part}{ram_part}."
+
+
+def failed_issue(fig: LoadPoint, max_failed_share: float) -> str | None:
+    """Pure: why a point's failed requests make it INVALID: a failed share above ``max_failed_share`` (None when
+    within it)."""
+    if not fig.failed or fig.failed <= max_failed_share * fig.requests:
+        return None
+    return (f"{fig.failed} of {fig.requests} requests failed ({fig.failed / fig.requests:.0%}; {fig.ok} served), "
+            f"above the gate's max_failed_share {max_failed_share:g}: a failed request is an infinite TTFT, not a "
+            "faster one")
+
+
 def point_invalid(fig: LoadPoint, acc: TokenAccounting | None, max_client_lag_p99_s: float,
-                  min_read_fraction: float, device_reads: bool, device_error: str | None = None) -> str | None:
-    """Pure: why a point's figures would not mean what they claim: the client's lag, or tier hits the pool's
-    device did not read (None when valid)."""
+                  min_read_fraction: float, device_reads: bool, device_error: str | None = None,
+                  max_failed_share: float = 0.0) -> str | None:
+    """Pure: why a point's figures would not mean what they claim: failed requests above ``max_failed_share``, the
+    client's lag, or tier hits the pool's device did not read (None when valid)."""
+    failed = failed_issue(fig, max_failed_share)
+    if failed:
+        return failed
     if fig.client_lag_p99_s > max_client_lag_p99_s:
         return (f"client lag p99 {fig.client_lag_p99_s * 1e3:.3f} ms exceeds the {max_client_lag_p99_s * 1e3:g} ms "
                 f"bound: requests left later than scheduled, so the client, not the server, set the load")
+    return read_issue(acc, min_read_fraction, device_reads, device_error)
+
+
+def read_issue(acc: TokenAccounting | None, min_read_fraction: float, device_reads: bool,
+               device_error: str | None = None) -> str | None:
+    """Pure: tier hits the pool's device did not read (None when reconciled, when there are none, or when the
+    gate turns the proof off: ``min_read_fraction`` 0 or a profile without device reads)."""
     if acc is None or not device_reads or min_read_fraction <= 0 or not acc.tier_hit_tokens:
         return None
     if acc.device_read_bytes is None:
@@ -465,10 +593,12 @@ def point_invalid(fig: LoadPoint, acc: TokenAccounting | None, max_client_lag_p9
         return (f"bytes read from the pool's device could not be measured{why}: {acc.tier_hit_tokens:.0f} tier hit "
                 f"tokens are unproven")
     if acc.read_fraction is None or acc.read_fraction < min_read_fraction:
+        ram = (f"; the engine's RAM level served {acc.ram_hit_tokens:.0f} of them" if acc.ram_hit_tokens
+               else "")
         return (f"read fraction {0.0 if acc.read_fraction is None else acc.read_fraction:.4f} is below "
                 f"{min_read_fraction}: the pool's device read {acc.device_read_bytes} B for "
-                f"{acc.tier_hit_kv_bytes or 0:.0f} B of KV the {acc.tier_hit_tokens:.0f} tier hit tokens claim "
-                f"(the KV came from a cache, not the tier)")
+                f"{acc.tier_hit_kv_bytes or 0:.0f} B of KV the {acc.tier_hit_tokens:.0f} tier hit tokens claim{ram} "
+                f"(the KV came from RAM or the page cache, not the tier's device)")
     return None
 
 
@@ -487,33 +617,38 @@ def figure_values(pt: PointTrial) -> dict[str, float]:
     return out
 
 
-def interval(values: list[float]) -> MetricInterval:
-    med, lo, hi = bootstrap_ci(values)
-    return MetricInterval(median=med, ci_low=lo, ci_high=hi, trials=len(values))
+def interval(values: list[float], asked: int | None = None) -> Interval:
+    """Pure: a figure over the trials that gave it (harness.stats.median_interval); ``asked``: the trials the gate
+    asked for."""
+    return median_interval(values, asked=asked)
 
 
-def _emit(metrics: dict[str, float], name: str, iv: MetricInterval) -> None:
-    metrics[name] = iv.median
-    metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = iv.ci_low, iv.ci_high
-    metrics[f"{name}_ci_trials"] = float(iv.trials)
+def emit(result: WorkloadResult, name: str, iv: Interval) -> None:
+    """A figure over trials onto a result: its median as the metric, the interval typed beside it."""
+    result.metrics[name] = iv.median
+    result.intervals[name] = iv
 
 
 def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "trace"], ttft_slo_s: float,
                   knee_percentile: int = 95, evidence: G2LoadEvidence | None = None,
                   fallback: str | None = None) -> WorkloadResult:
-    """Pure: metrics and validity from every point × trial. Each point's figures over trials as median and
-    bootstrap 95 % CI (``FIGURE@LABEL``); per trial the knee (the highest load whose TTFT percentile stays within
-    ``ttft_slo_s`` with every request served; 0 when even the lowest misses it) and the highest goodput, then
-    their median and CI over trials. INVALID: the engine's log says the tier fell back (``fallback``), or a point
-    is INVALID (the first one named); ERROR only when not one request of the run succeeded."""
+    """Pure: metrics and validity from every point × trial. Each point's figures over trials as median and exact
+    95 % interval (``FIGURE@LABEL``, typed in ``intervals``; the trials asked for: ``evidence.trials``); per trial
+    the knee (the highest load whose TTFT percentile stays within ``ttft_slo_s`` with every request served; 0 when
+    even the lowest misses it) and the highest goodput, then their median and interval over trials. INVALID: the
+    engine's log says the tier fell back (``fallback``), or a point is INVALID (the first one named); ERROR only
+    when not one request of the run succeeded. The validity as named checks (:func:`load_validity`)."""
     ev = (evidence or G2LoadEvidence()).model_copy(deep=True)
-    metrics: dict[str, float] = {}
+    out = WorkloadResult(metrics={}, evidence=ev)
+    ev.endurance = points_endurance(points, drive_rating(ev.pool_drive))
     order: list[str] = []
     by_label: dict[str, list[PointTrial]] = {}
     for pt in points:
         if pt.label not in by_label:
             order.append(pt.label)
         by_label.setdefault(pt.label, []).append(pt)
+    trials = sorted({p.trial for p in points})
+    asked = ev.trials or len(trials)
     ev.summary = []
     for label in order:
         pts = by_label[label]
@@ -521,14 +656,13 @@ def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "tra
         for pt in pts:
             for name, v in figure_values(pt).items():
                 values.setdefault(name, []).append(v)
-        figs = {name: interval(vs) for name, vs in values.items()}
+        figs = {name: interval(vs, asked) for name, vs in values.items()}
         for name, iv in figs.items():
-            _emit(metrics, f"{name}@{label}", iv)
+            emit(out, f"{name}@{label}", iv)
         ev.summary.append(PointSummary(label=label, load=pts[0].load, load_kind=pts[0].load_kind, figures=figs,
                                        invalid_trials=sum(1 for p in pts if p.invalid_reason)))
     key = f"ttft_p{knee_percentile}_s"
     ev.knee_figure = key
-    trials = sorted({p.trial for p in points})
     if kind != "trace":
         ev.knee_per_trial, ev.max_goodput_per_trial = [], []
         for t in trials:
@@ -537,27 +671,118 @@ def evaluate_load(points: list[PointTrial], kind: Literal["closed", "open", "tra
             goodputs = [f.goodput_rps for _, f in ladder]
             if goodputs:
                 ev.max_goodput_per_trial.append(max(goodputs))
-        ev.knee = interval([k if k is not None else 0.0 for k in ev.knee_per_trial]) if ev.knee_per_trial else None
+        ev.knee = (interval([k if k is not None else 0.0 for k in ev.knee_per_trial], asked)
+                   if ev.knee_per_trial else None)
         if ev.knee is not None:
-            _emit(metrics, "knee_concurrency" if kind == "closed" else "knee_rate_rps", ev.knee)
+            emit(out, "knee_concurrency" if kind == "closed" else "knee_rate_rps", ev.knee)
         if ev.max_goodput_per_trial:
-            ev.max_goodput = interval(ev.max_goodput_per_trial)
-            _emit(metrics, "max_goodput_rps", ev.max_goodput)
+            ev.max_goodput = interval(ev.max_goodput_per_trial, asked)
+            emit(out, "max_goodput_rps", ev.max_goodput)
+    eff = hit_efficiency_per_trial(points, ev.trace)
+    if eff:
+        emit(out, "hit_efficiency", interval(eff, asked))
     ev.points = list(points)
-    invalid = fallback or spoiled_issue(ev.spoiled, points, ev.repeat_spoiled or 0, ev.max_client_lag_p99_s or 0.001)
+    spoiled = spoiled_issue(ev.spoiled, points, ev.repeat_spoiled or 0, ev.max_client_lag_p99_s or 0.001)
+    ev.validity = load_validity(points, ev, fallback, spoiled)
+    invalid = fallback or spoiled
     if invalid is None:
         bad = next((p for p in points if p.invalid_reason), None)
         if bad is not None:
             n = sum(1 for p in points if p.invalid_reason)
             more = f" ({n - 1} more INVALID points)" if n > 1 else ""
             invalid = f"load point {bad.label}, trial {bad.trial}: {bad.invalid_reason}{more}"
+    out.invalid_reason = invalid
     ok = sum(p.figures.ok for p in points if p.figures is not None)
-    error = None
-    if not ok:  # the engine served nothing: not a measurement of load. A point whose requests all failed
-        # (an overloaded server refusing) is data: the knee stops below it, its error in the evidence.
+    if not ok:  # the engine served nothing: not a measurement of load
         errs = [p for p in points if p.error]
-        error = f"not one request of the run succeeded; first: {errs[0].error if errs else 'no request was sent'}"
-    return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
+        out.error = f"not one request of the run succeeded; first: {errs[0].error if errs else 'no request was sent'}"
+    return out
+
+
+def load_validity(points: list[PointTrial], ev: G2LoadEvidence, fallback: str | None,
+                  spoiled: str | None) -> list[ValidityCheck]:
+    """Pure: what g2-load's figures rest on, one named check each (pd_handoff's shape): every request served
+    (failed share within ``max_failed_share``), the client kept its schedule, the tier's hits read from the pool's
+    device (NOT CHECKED where the gate turns it off: ``min_read_fraction`` 0, or a profile without device reads),
+    no fall-back in the engine's log, the attempts set aside justified."""
+    figs = [p.figures for p in points if p.figures is not None]
+    sent, failed = sum(f.requests for f in figs), sum(f.failed for f in figs)
+    share = ev.max_failed_share if ev.max_failed_share is not None else 0.0
+    worst = max(figs, key=lambda f: f.failed / f.requests, default=None)
+    over = [p for p in points if p.figures is not None and failed_issue(p.figures, share)]
+    out = [ValidityCheck(
+        name="requests served", ok=not over and bool(figs),
+        claim=f"every point served its requests (failed share at most {share:g}; a failed request counts as an "
+              "infinite TTFT)",
+        how=(f"{sent} requests sent, {sent - failed} served, {failed} failed over {len(figs)} points"
+             + (f"; worst point {worst.failed} of {worst.requests} failed" if worst is not None and failed else "")
+             + (f"; {len(over)} points above the bound" if over else "")),
+        figure="failed requests", value=float(failed), unit="count")]
+    lag = max((f.client_lag_p99_s for f in figs), default=0.0)
+    bound = ev.max_client_lag_p99_s or 0.001
+    out.append(ValidityCheck(
+        name="client kept the schedule", ok=lag <= bound,
+        claim="requests left when scheduled: the server, not the client, set the load",
+        how=f"worst client lag p99 {lag * 1e3:.3f} ms, bound {bound * 1e3:g} ms",
+        figure="client lag p99", value=lag, unit="s"))
+    out.append(read_check(points, ev))
+    out.append(ValidityCheck(
+        name="no fall-back", ok=fallback is None,
+        claim="the engine's log shows no fall-back of the tier (recompute, connector failure)",
+        how=fallback or f"the whole log scanned: {len(ev.fallback_lines)} fall-back lines"))
+    if ev.spoiled or spoiled:
+        out.append(ValidityCheck(
+            name="attempts set aside justified", ok=spoiled is None,
+            claim="every attempt set aside was spoiled by the client and repeated",
+            how=spoiled or f"{len(ev.spoiled)} set aside, at most {ev.repeat_spoiled or 0} allowed, each repeated"))
+    return out
+
+
+def read_check(points: list[PointTrial], ev: G2LoadEvidence) -> ValidityCheck:
+    """Pure: the tier hits reconciled with the pool device's read bytes over the run, or NOT CHECKED where the
+    gate turns the proof off (``min_read_fraction`` 0, a profile without device reads)."""
+    name, claim = "tier hits read from the pool", "the KV the tier hits claim was read from the pool's device"
+    accs = [p.accounting for p in points if p.accounting is not None]
+    hits = sum(a.tier_hit_tokens or 0 for a in accs)
+    reads = sum(a.device_read_bytes or 0 for a in accs)
+    kv = sum(a.tier_hit_kv_bytes or 0 for a in accs)
+    seen = f"{hits:.0f} tier hit tokens, {reads} B read from the pool's device for {kv:.0f} B of KV they claim"
+    if ev.device_reads is False or not (ev.min_read_fraction or 0) > 0:
+        why = ("the engine's profile proves no hit by device reads" if ev.device_reads is False
+               else "the gate sets min_read_fraction 0")
+        return ValidityCheck(name=name, ok=True, checked=False, claim=claim, how=f"not checked: {why} ({seen})",
+                             figure="pool device read bytes", value=float(reads), unit="B")
+    if accs and all(a.tier_hit_tokens is None for a in accs):
+        return ValidityCheck(name=name, ok=True, checked=False, claim=claim,
+                             how=(f"not checked: the engine counts no tier hits (its profile declares no tier hit "
+                                  f"counter: hit_metrics), so none is claimed; the pool's device read {reads} B over "
+                                  "the run"),
+                             figure="pool device read bytes", value=float(reads), unit="B")
+    bad = [p for p in points if read_issue(p.accounting, ev.min_read_fraction or 0.0, True, ev.pool_device_error)]
+    return ValidityCheck(name=name, ok=not bad, claim=claim,
+                         how=(f"{seen}; each point at least {ev.min_read_fraction:g} of its claim"
+                              + (f"; {len(bad)} points short" if bad else "") if hits else
+                              "no point claimed tier hits: nothing to reconcile"),
+                         figure="pool device read bytes", value=float(reads), unit="B")
+
+
+def hit_efficiency_per_trial(points: list[PointTrial], trace: "TraceInfo | None") -> list[float]:
+    """Pure: per trial, the share of the trace's prompt tokens served from cache (engine memory and the tier)
+    over the trace's ideal, an unbounded prefix cache's hit rate at the replayed block size (``kvgate trace
+    stats``): a tier or connector that loses reuse the trace offers shows below 1. Empty without a trace ideal
+    or without both hit counters."""
+    if trace is None or not trace.unbounded_hit_rate:
+        return []
+    out = []
+    for t in sorted({p.trial for p in points}):
+        accs = [p.accounting for p in points if p.trial == t and p.accounting is not None]
+        if not accs or any(a.tier_hit_tokens is None for a in accs):
+            continue
+        prompt = sum(a.prompt_tokens for a in accs)
+        served = sum((a.memory_hit_tokens or 0.0) + (a.tier_hit_tokens or 0.0) for a in accs)
+        if prompt > 0:
+            out.append(served / prompt / trace.unbounded_hit_rate)
+    return out
 
 
 def spoiled_by_client(pt: PointTrial, max_client_lag_p99_s: float) -> bool:
@@ -605,35 +830,62 @@ def records_from_jsonl(text: str) -> list[LoadRecord]:
     return out
 
 
+# The bounds a re-evaluation takes from the gate's params (the bundle's config/gates.yaml), never from the evidence.
+BOUND_FIELDS = ("load_kind", "ttft_slo_s", "tpot_slo_s", "knee_percentile", "knee_figure", "max_client_lag_p99_s",
+                "min_read_fraction", "repeat_spoiled")
+
+
+def raw_records(pt: PointTrial, requests: dict[str, str]) -> list[LoadRecord]:
+    """Pure: an attempt's records from its raw requests file; ValueError when the file is missing, or empty or
+    short while the attempt records figures (signed figures with no raw basis are not kept)."""
+    text = requests.get(pt.requests_file)
+    if text is None:
+        raise ValueError(f"{pt.requests_file}: missing from the bundle")
+    records = records_from_jsonl(text)
+    if not records and pt.figures is not None:
+        raise ValueError(f"{pt.requests_file}: empty, yet the evidence records figures for point {pt.label} trial "
+                         f"{pt.trial}")
+    if records and len(records) != pt.requests:
+        raise ValueError(f"{pt.requests_file}: {len(records)} request records for the {pt.requests} requests point "
+                         f"{pt.label} trial {pt.trial} sent")
+    return records
+
+
 def reevaluate_load(evidence: dict[str, Any], requests: dict[str, str], counters_text: dict[str, str],
-                    counters: Counters, device_reads: bool, fallback: str | None = None) -> WorkloadResult:
+                    counters: Counters, device_reads: bool, fallback: str | None = None,
+                    params: "G2LoadParams | None" = None,
+                    device: dict[str, tuple[int | None, int | None]] | None = None) -> WorkloadResult:
     """Pure: a bundle's g2-load result again from its raw files: every point's figures from its requests file
     (``requests``: file name -> text), its accounting from the engine counters before and after
     (``counters_text``: file name -> text; ``counters``: which of them are prompt tokens, memory and tier hits)
-    with the device bytes the run recorded, then the same evaluation as the run (:func:`evaluate_load`)."""
+    with the pool device's bytes (``device``: requests file name -> (read, written) bytes, re-parsed from the run's
+    steps; None: as the run recorded them), then the same evaluation as the run (:func:`evaluate_load`).
+    ``params``: the gate's params, whose bounds (SLOs, knee percentile, client lag, read fraction) replace the
+    ones the evidence records; ``fallback``: the engine log's fall-back, as re-scanned."""
     ev = G2LoadEvidence.model_validate(evidence)
+    ev.device_reads = device_reads
+    if params is not None:
+        fields = load_fields(params)
+        ev = ev.model_copy(update={k: fields[k] for k in BOUND_FIELDS})
     spoiled = []
     for pt in ev.spoiled:  # the attempts set aside: their figures again, so their cause is judged on the records
-        text = requests.get(pt.requests_file)
-        if text is None:
-            raise ValueError(f"{pt.requests_file}: missing from the bundle")
-        records = records_from_jsonl(text)
+        records = raw_records(pt, requests)
         spoiled.append(pt.model_copy(update={"figures": load_point(records, ev.ttft_slo_s, ev.tpot_slo_s)
                                              if records else None}))
     ev.spoiled = spoiled
     points = []
     for pt in ev.points:
-        text = requests.get(pt.requests_file)
-        if text is None:
-            raise ValueError(f"{pt.requests_file}: missing from the bundle")
-        records = records_from_jsonl(text)
+        records = raw_records(pt, requests)
         if not records:
+            if pt.requests and pt.figures is not None:  # figures recorded from records the file no longer holds
+                raise ValueError(f"{pt.requests_file}: empty, but the point recorded figures of {pt.requests} "
+                                 "requests")
             points.append(pt)
             continue
         fig = load_point(records, ev.ttft_slo_s, ev.tpot_slo_s)
         acc = pt.accounting
         if acc is not None:
-            deltas: dict[str, float | None] = {"prompt": None, "memory": None, "tier": None}
+            deltas: dict[str, float | None] = {"prompt": None, "memory": None, "tier": None, "ram": None}
             if pt.counters_file is not None:
                 c = json.loads(counters_text[pt.counters_file])
 
@@ -644,13 +896,16 @@ def reevaluate_load(evidence: dict[str, Any], requests: dict[str, str], counters
                             return b - a
                     return None
                 deltas = {"prompt": delta(counters.prompt_tokens), "memory": delta(counters.memory_hit_tokens),
-                          "tier": delta(counters.tier_hit_tokens)}
+                          "tier": delta(counters.tier_hit_tokens),
+                          "ram": delta(list(counters.ram_hit_tokens)) if counters.ram_hit_tokens else None}
             sent = sum(r.record.prompt_tokens or 0 for r in records if r.record.ok)
+            read_b, write_b = (acc.device_read_bytes, acc.device_write_bytes) if device is None \
+                else device.get(pt.requests_file, (None, None))
             acc = token_accounting(sent, deltas["prompt"], deltas["memory"], deltas["tier"], acc.kv_bytes_per_token,
-                                   acc.device_read_bytes, acc.device_write_bytes, fig.duration_s)
+                                   read_b, write_b, fig.duration_s, deltas["ram"])
         invalid = point_invalid(fig, acc, ev.max_client_lag_p99_s or 0.001,
                                 ev.min_read_fraction if ev.min_read_fraction is not None else 0.5,
-                                device_reads, ev.pool_device_error)
+                                device_reads, ev.pool_device_error, ev.max_failed_share or 0.0)
         points.append(pt.model_copy(update={"figures": fig, "accounting": acc, "invalid_reason": invalid}))
     return evaluate_load(points, ev.load_kind or "closed", ev.ttft_slo_s or 0.0, ev.knee_percentile or 95, ev,
                          fallback=fallback)
@@ -662,6 +917,44 @@ def reevaluate_load(evidence: dict[str, Any], requests: dict[str, str], counters
 def point_seed(seed: int, label: str, trial: int) -> int:
     """Pure: the seed of a point × trial's prompts (and arrivals): new prompts at every point and trial."""
     return int(hashlib.sha256(f"kvgate-g2-load:{seed}:{label}:{trial}".encode()).hexdigest()[:12], 16)
+
+
+@dataclass(frozen=True)
+class LoadPrompts:
+    """How a run's prompts reach the engine: the token ids drawn from a vocabulary of ``vocab_size``, sent as they
+    are, or (``text``: the profile's API takes text only) as text the model's tokenizer encodes back to them, so
+    prompts sharing ids still share their tokens (harness.engines.prompts.IdsAsText)."""
+
+    vocab_size: int
+    text: IdsAsText | None = None
+
+    def finish(self, reqs: list[CompletionRequest]) -> list[CompletionRequest]:
+        """The requests as sent (ValueError when the tokenizer cannot carry their ids as text)."""
+        if self.text is None:
+            return reqs
+        t = self.text
+        return [dataclasses.replace(r, prompt=t.text(r.prompt), prompt_tokens=t.tokens(r.prompt)) for r in reqs]
+
+
+def load_prompts(prof: EngineProfile, setup_ev: Any, vocab_size: int,
+                 ev: "G2LoadEvidence | None" = None) -> LoadPrompts:
+    """The prompts a run sends, from the engine set-up's evidence (its tokenizer, when G2 built text prompts);
+    records their kind in ``ev``. ValueError: the API takes text only and no tokenizer is known, or it cannot be
+    read or used."""
+    if not prof.api.text_only:
+        if ev is not None:
+            ev.prompt_kind = "token_ids"
+        return LoadPrompts(vocab_size)
+    tok = getattr(setup_ev, "tokenizer", None)
+    if not tok:
+        raise ValueError(f"profile {prof.name!r} takes text prompts only: give the model's tokenizer.json (tokenizer:)")
+    try:
+        text = IdsAsText(load_tokenizer(tok))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"tokenizer {tok}: {exc}") from None
+    if ev is not None:
+        ev.prompt_kind, ev.tokenizer = "text", tok
+    return LoadPrompts(vocab_size, text)
 
 
 def synthetic_requests(p: G2LoadParams, label: str, trial: int, seed: int, vocab_size: int) -> list[CompletionRequest]:
@@ -692,8 +985,10 @@ def trace_requests(p: G2LoadParams, trace: Trace, tokens_per_block: int, label: 
 def load_trace(spec: LoadSpec) -> Trace:
     """The trace of a ``load:`` block, cut and time-scaled (ConfigError naming file:line: field); multi-turn
     sessions' trace synthesised from their shape (pure)."""
-    if spec.multi_turn is not None:
-        return multi_turn_trace(spec.multi_turn.shape())
+    shape = spec.shape
+    if shape is not None:
+        return scale_time(cut(shape_trace(*shape), spec.max_requests, spec.max_duration_s),
+                          1.0 / (spec.time_scale or 1.0))
     trace = read_trace(spec.path, spec.format or "auto", spec.block_tokens)
     trace = cut(trace, spec.max_requests, spec.max_duration_s)
     if not trace.requests:
@@ -705,16 +1000,40 @@ def read_load_trace(spec: LoadSpec) -> tuple[Trace, TraceInfo]:
     """The trace of a ``load:`` block, cut and time-scaled, and what the evidence records of it (its sha256, its
     shape, its unbounded-cache hit rate); ConfigError, InputFileError or ValueError when it cannot be read."""
     trace = load_trace(spec)
-    if spec.multi_turn is not None:  # its digest: of the trace as `kvgate trace synth` would write it
+    shape = spec.shape
+    if shape is not None:  # its digest: of the trace as `kvgate trace synth` would write it
         raw = "".join(line + "\n" for line in trace_lines(trace)).encode()
     else:
         raw = read_bytes(spec.path, max_bytes=MAX_TRACE_BYTES, what="trace")
-    return trace, TraceInfo(path=spec.path or MULTI_TURN_PATH, format=trace.format, block_tokens=trace.block_tokens,
+    path = spec.path or (MULTI_TURN_PATH if spec.multi_turn is not None else f"(synthesised: {shape[0]})")
+    return trace, TraceInfo(path=path, format=trace.format, block_tokens=trace.block_tokens,
                             tokens_per_block=spec.tokens_per_block or trace.block_tokens,
                             time_scale=spec.time_scale or 1.0, requests=len(trace.requests),
                             duration_s=trace.duration_s, sha256=hashlib.sha256(raw).hexdigest(),
                             unbounded_hit_rate=reuse_stats(trace).unbounded_hit_rate,
-                            multi_turn=spec.multi_turn, users=spec.users)
+                            multi_turn=spec.multi_turn, shape=shape[0] if shape else None,
+                            shape_params=dataclasses.asdict(shape[1]) if shape else None, users=spec.users)
+
+
+def trace_source_text(spec: LoadSpec) -> str:
+    """Pure: where a trace load's requests come from, in words (a file and its cuts, or a declared shape)."""
+    shape = spec.shape
+    if shape is not None:
+        if spec.multi_turn is not None:
+            return multi_turn_text(spec.multi_turn)
+        fields = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                           for k, v in dataclasses.asdict(shape[1]).items())
+        return f"the {shape[0]} shape ({fields}; harness/load/synth.py, as `kvgate trace synth --shape {shape[0]}`)"
+    cuts = [f"first {spec.max_requests} requests" if spec.max_requests else "",
+            f"within {spec.max_duration_s:g} s" if spec.max_duration_s else "",
+            f"{spec.tokens_per_block} tokens per hash id" if spec.tokens_per_block else ""]
+    return (f"{spec.path} ({spec.format or 'format from its first line'}"
+            f"{', ' + ', '.join(c for c in cuts if c) if any(cuts) else ''})")
+
+
+def trace_error(spec: LoadSpec, exc: Exception) -> str:
+    """Pure: why a ``load:`` trace could not be read, on one line naming its path once (the run's ERROR)."""
+    return file_error_text("trace", spec.path or "(synthesised)", exc)
 
 
 def multi_turn_text(m: MultiTurnLoad) -> str:
@@ -737,7 +1056,8 @@ def load_fields(p: G2LoadParams) -> dict[str, Any]:
                 prefix_groups=p.prefix_groups if synthetic else None, max_tokens=p.max_tokens,
                 ttft_slo_s=p.ttft_slo_s, tpot_slo_s=p.tpot_slo_s, knee_percentile=p.knee_percentile,
                 knee_figure=f"ttft_p{p.knee_percentile}_s", max_client_lag_p99_s=p.max_client_lag_p99_s,
-                min_read_fraction=p.min_read_fraction, repeat_spoiled=p.repeat_spoiled)
+                max_failed_share=p.max_failed_share, min_read_fraction=p.min_read_fraction,
+                repeat_spoiled=p.repeat_spoiled)
 
 
 # ------------------------------------------------------------------------------------------------ the workload
@@ -772,28 +1092,31 @@ async def _until_stopped(coro, stop) -> list[LoadRecord]:
 
 @register_workload("g2-load")
 class G2Load(Workload):
+    # what its endurance prices (docs/endurance.md), for `kvgate plan`
+    ENDURANCE = ("every point x trial: the pool device's bytes written over the point, per million prompt tokens served "
+                 "and over its length (no write amplification: the pool's growth is not read per point)")
     Params = G2LoadParams
     EvidenceModel = G2LoadEvidence
     METRICS = MetricTable(SUMMARY_METRICS)
 
+    def control_files(self, params) -> list[ControlFile]:
+        # The trace is checked by `kvgate validate` and `run` (Workload.file_issues), not when a suite is loaded, so
+        # a bundle re-evaluated on a machine without the trace still loads its suite (the run recorded its sha256).
+        trace = ([ControlFile(("load", "path"), "trace", params.load.path, lambda _: load_trace(params.load))]
+                 if params.load is not None and params.load.path is not None else [])   # g2-gain's capacity: has none
+        return trace + model_config_files(params)
+
+    @staticmethod
+    def interval_trials(params: G2LoadParams, metric: str) -> int | None:
+        """Every g2-load figure is judged on its interval over ``trials`` (the config loader refuses too few)."""
+        return params.trials
+
     def validate_against(self, params, nodes):
         issues = []
-        # A trace that is there is checked now (every bad line named); one that is not is the run's ERROR, so a
-        # bundle re-evaluated on a machine without the trace still loads its suite (the run recorded its sha256).
-        if params.load.path is not None and Path(params.load.path).exists():
-            try:
-                load_trace(params.load)
-            except ConfigError as exc:
-                issues.append((("load", "path"), str(exc.issues[0])))
-            except ValueError as exc:
-                issues.append((("load", "path"), str(exc)))
         try:
             prof = load_profile(params.engine)
         except ConfigError:
             prof = None
-        if prof is not None and prof.api.kind != "completions":
-            issues.append((("engine",), f"g2-load sends token-id prompts through the completions API; profile "
-                           f"{prof.name!r} speaks {prof.api.kind}"))
         g2 = G2Ttft().validate_against(g2_view(params, params.prompt_tokens), nodes)
         return issues + [(path, msg.replace("g2-ttft", "g2-load")) for path, msg in g2]
 
@@ -810,16 +1133,13 @@ class G2Load(Workload):
         elif k == "open":
             what = (f"open loop: {p.requests_per_point} requests at {load:g} requests/s, gamma arrivals (burstiness "
                     f"{p.load.burstiness or 1.0:g}), sent on schedule")
-        elif p.load.multi_turn is not None:
+        elif p.load.multi_turn is not None and not p.load.users and not p.load.time_scale:
             what = multi_turn_text(p.load.multi_turn)
         else:
-            cuts = [f"first {p.load.max_requests} requests" if p.load.max_requests else "",
-                    f"within {p.load.max_duration_s:g} s" if p.load.max_duration_s else ""]
             how = (f"in its order by {p.load.users} user{'s' if p.load.users != 1 else ''}, each sending its next "
                    "request when its previous one finished (its timestamps not used)" if p.load.users
                    else f"timestamps x {p.load.time_scale or 1.0:g}")
-            what = (f"trace replay of {p.load.path} ({p.load.format or 'format from its first line'}"
-                    f"{', ' + ', '.join(c for c in cuts if c) if any(cuts) else ''}), {how}")
+            what = f"trace replay of {trace_source_text(p.load)}, {how}"
         shape = ("" if k == "trace" else f", prompts of {p.prompt_tokens} tokens sharing {p.shared_prefix_tokens} "
                  f"per {p.prefix_groups} prefix group(s)")
         again = (f"; an attempt its own client spoils (client lag p99 over {p.max_client_lag_p99_s * 1e3:g} ms) is set "
@@ -889,13 +1209,14 @@ class G2Load(Workload):
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: G2LoadParams = ctx.params
         prof = load_profile(p.engine)
-        ev = G2LoadEvidence(**load_fields(p))
+        ev = G2LoadEvidence(**load_fields(p), device_reads=prof.device_reads,
+                             pool_drive=pool_drive_of(ctx, p.pool_node if p.attach else None))
         trace = None
         if p.load.kind == "trace":
             try:
                 trace, ev.trace = read_load_trace(p.load)
             except (ConfigError, InputFileError, ValueError) as exc:
-                return WorkloadResult(evidence=ev, error=f"trace {p.load.path}: {exc}")
+                return WorkloadResult(evidence=ev, error=trace_error(p.load, exc))
         view = g2_view(p, self._longest_prompt(p))
         g2 = G2Ttft()
         setup = (g2._setup_attached(ctx, view, prof) if p.attach is not None
@@ -915,6 +1236,10 @@ class G2Load(Workload):
         fallback = None
         closed = False
         try:
+            try:  # before the engine starts: a text-only API without a usable tokenizer is known now
+                prompts = load_prompts(prof, setup.ev, vocab, ev)
+            except ValueError as exc:
+                return WorkloadResult(evidence=ev, error=str(exc))
             err = runner.open()
             if err:
                 return WorkloadResult(evidence=ev, error=err)
@@ -927,10 +1252,10 @@ class G2Load(Workload):
             for t, label, load in self._schedule(p):
                 ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}")
                 points.append(self._attempts(ctx, p, prof, runner, setup, counters, t, label, load, trace, seed,
-                                             vocab, ev))
+                                             prompts, ev))
             logs = runner.close(logs=True)
             closed = True
-            fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "load")
+            fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "load", prof.in_force_log)
             ev.fallback_lines = [m.quote() for m in found]
         except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
             ev.points = points
@@ -938,6 +1263,7 @@ class G2Load(Workload):
         finally:
             if not closed:
                 runner.close()
+            ev.pool = pool_record(eng) or ev.pool
         result = evaluate_load(points, p.load.kind, p.ttft_slo_s, p.knee_percentile, ev, fallback=fallback)
         write_summary(ctx.gate_dir, "g2-load-summary.json", result)
         return result
@@ -947,28 +1273,28 @@ class G2Load(Workload):
         if g is None:
             return
         for name in ("engine_profile", "engine", "engine_version", "versions", "base_url", "client_path", "attached",
-                     "pool_dir", "kv_bytes_per_token", "random_model"):
+                     "pool_dir", "kv_bytes_per_token", "random_model", "pool"):
             setattr(ev, name, getattr(g, name))
 
-    def _requests(self, p: G2LoadParams, label: str, load: float, t: int, seed: int, vocab: int,
+    def _requests(self, p: G2LoadParams, label: str, load: float, t: int, seed: int, prompts: LoadPrompts,
                   trace: Trace | None) -> tuple[list[CompletionRequest], list[float] | None]:
         if trace is not None:
             per = p.load.tokens_per_block or trace.block_tokens
-            reqs, offsets = trace_requests(p, trace, per, label, t, seed, vocab)
-            return reqs, (None if p.load.users else offsets)  # by users: in order, each after the one before
-        reqs = synthetic_requests(p, label, t, seed, vocab)
+            reqs, offsets = trace_requests(p, trace, per, label, t, seed, prompts.vocab_size)
+            return prompts.finish(reqs), (None if p.load.users else offsets)  # by users: in order, one by one
+        reqs = prompts.finish(synthetic_requests(p, label, t, seed, prompts.vocab_size))
         if p.load.kind == "open":
             return reqs, arrival_offsets(len(reqs), load, p.load.burstiness or 1.0, seed)
         return reqs, None
 
     def _point(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, runner: PhaseRunner, setup,
-               counters: Counters, t: int, label: str, load: float, trace: Trace | None, seed: int, vocab: int,
-               ev: G2LoadEvidence, attempt: int = 0) -> PointTrial:
+               counters: Counters, t: int, label: str, load: float, trace: Trace | None, seed: int,
+               prompts: LoadPrompts, ev: G2LoadEvidence, attempt: int = 0) -> PointTrial:
         """One point × trial, a phase of the runner: counters, pool device and log before, the requests (and the
         engine's counting of them), the same after. ``attempt`` k > 0 (a repeat of a spoiled attempt): new prompts
         (no KV of the attempt before can be reused) and files of its own (``requests-LABEL-tT-aK.jsonl``)."""
         pseed = point_seed(seed, label if not attempt else f"{label}+{attempt}", t)
-        reqs, offsets = self._requests(p, label, load, t, pseed, vocab, trace)
+        reqs, offsets = self._requests(p, label, load, t, pseed, prompts, trace)
         kind = {"closed": "concurrency", "open": "rate_rps", "trace": "trace"}[p.load.kind]
         if trace is not None:
             load = len(reqs) / trace.duration_s if trace.duration_s > 0 else 0.0
@@ -992,7 +1318,8 @@ class G2Load(Workload):
         m0, m1, s0, s1 = reading.metrics_before, reading.metrics_after, rec.device_before, rec.device_after
         write_gate_file(ctx.gate_dir / name, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
         if m0 is not None and m1 is not None:
-            names = counters.prompt_tokens + counters.memory_hit_tokens + counters.tier_hit_tokens + list(counters.extra)
+            names = (counters.prompt_tokens + counters.memory_hit_tokens + counters.tier_hit_tokens
+                     + list(counters.ram_hit_tokens) + list(counters.extra))
             pt.counters_file = f"counters-{tag}.json"
             write_gate_file(ctx.gate_dir / pt.counters_file, json.dumps(
                 {when: {n: metric_total(m, [n]) for n in names} for when, m in (("before", m0), ("after", m1))},
@@ -1011,23 +1338,25 @@ class G2Load(Workload):
             else s1.stat.write_bytes - s0.stat.write_bytes
         pt.accounting = token_accounting(sent, delta(counters.prompt_tokens), delta(counters.memory_hit_tokens),
                                          delta(counters.tier_hit_tokens), setup.ev.kv_bytes_per_token,
-                                         read_bytes_between(s0, s1), writes, fig.duration_s)
+                                         read_bytes_between(s0, s1), writes, fig.duration_s,
+                                         delta(list(counters.ram_hit_tokens)) if counters.ram_hit_tokens else None)
         pt.invalid_reason = point_invalid(fig, pt.accounting, p.max_client_lag_p99_s, p.min_read_fraction,
-                                          prof.device_reads, ev.pool_device_error)
+                                          prof.device_reads, ev.pool_device_error, p.max_failed_share)
         if not fig.ok:
             first = next(r.record.error for r in records if not r.record.ok)
             pt.error = f"every request failed; first: {first}"
         return pt
 
     def _attempts(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, runner: PhaseRunner, setup,
-                  counters: Counters, t: int, label: str, load: float, trace: Trace | None, seed: int, vocab: int,
-                  ev: G2LoadEvidence) -> PointTrial:
+                  counters: Counters, t: int, label: str, load: float, trace: Trace | None, seed: int,
+                  prompts: LoadPrompts, ev: G2LoadEvidence) -> PointTrial:
         """One point × trial as :meth:`_point`, repeated with new prompts while its attempt was spoiled by the client
         (:func:`spoiled_by_client`) and ``repeat_spoiled`` allows one more (counted over ``ev``: the run, or one
         arm); every attempt set aside goes to ``ev.spoiled`` with its files, and the last attempt counts."""
         attempt = 0
         while True:
-            pt = self._point(ctx, p, prof, runner, setup, counters, t, label, load, trace, seed, vocab, ev, attempt)
+            pt = self._point(ctx, p, prof, runner, setup, counters, t, label, load, trace, seed, prompts, ev,
+                             attempt)
             if not spoiled_by_client(pt, p.max_client_lag_p99_s) or len(ev.spoiled) >= p.repeat_spoiled:
                 return pt
             ev.spoiled.append(pt)

@@ -24,7 +24,7 @@ import posixpath
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import httpx
 from pydantic import Field, field_validator
@@ -33,18 +33,23 @@ from ..engines import DEFAULT_CPU_REF_MODEL, EngineProfile, kv_bytes_per_token, 
 from ..engines.client import RequestRecord, run_requests_sync
 from ..engines.preflight import preflight_argv
 from ..engines.prompts import load_tokenizer, make_prompts, make_text_prompts
+from ..endurance import endurance
 from ..errors import WorkloadError
-from ..parsers.pooldev import PoolDeviceStat, parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
+from ..safeio import load_json
+from ..parsers.pooldev import PoolDeviceStat, parse_pool_blockstat, pool_blockstat_argv, read_bytes_between, \
+    write_bytes_between
 from ..parsers.engine_log import LogHits, count_log_hits, new_log_lines
 from ..stats import percentile
 from ..units import format_quantity
-from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, ValidityCheck,
-                   Workload, WorkloadResult, drop_caches, register_workload, write_gate_file, write_summary)
-from .attach import AttachedEngine, AttachParams, attach_issues, restarted
-from .engine import (EngineHandle, LaunchedEngine, client_base_url, engine_node, engine_port, engine_preflight,
+from .base import (DROP_CACHES_ARGV, ControlFile, Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel,
+                   ValidityCheck, Workload, WorkloadResult, drop_caches, drive_rating, pool_drive_of, register_workload,
+                   write_gate_file, write_summary)
+from .attach import AttachedEngine, AttachParams, attach_issues, restarted, text_prompt_issue
+from .engine import (EngineHandle, LaunchedEngine, pool_record, client_base_url, engine_node, engine_port, engine_preflight,
                      engine_python, engine_values, model_config_issues, pool_contents, pool_files_argv,
                      profile_issues, random_model_dir, stage_engine_files, stored_kv_tokens,
                      build_random_model, build_random_model_argv)
+from .pool import PoolDeviceSpec, cold_regime_of, plan_pool, prepare_pool
 from .phases import PhaseRecord, PhaseRunner, first_fallback
 
 
@@ -63,6 +68,11 @@ class G2EngineParams(StrictModel):
     model_config_inline: dict[str, Any] | None = Field(default=None, alias="model_config_inline")
     seed: int = 0
     pool_dir: str = "kvgate-kv-pool"
+    # A launched engine's pool on a block device of its own (``kind: loop``: kvgate makes, mounts and removes it)
+    # or where pool_dir is (``directory``); and whether the profile's cold regime runs (``none``: switched off,
+    # to show what the node's memory serves; the device proof then decides). harness/workloads/pool.py.
+    pool_device: PoolDeviceSpec = Field(default_factory=PoolDeviceSpec)
+    cold_regime: Literal["profile", "none"] = "profile"
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535)
     request_timeout_s: float = Field(default=1800.0, gt=0)
@@ -145,6 +155,7 @@ class G2Evidence(Evidence):
     pool_device: str | None = None        # as findmnt names it (/dev/mapper/vg-kv, /dev/nvme0n1p1, ...)
     pool_device_maj_min: str | None = None  # the block device counted: /sys/dev/block/MAJ:MIN/stat
     pool_device_error: str | None = None    # why the pool's device could not be read, if it could not
+    pool: dict[str, Any] | None = None      # the pool as made for the run: its device kind, loop device, cold regime
     readback_hit_tokens: float | None = None
     readback_query_tokens: float | None = None
     readback_device_read_bytes: int | None = None
@@ -162,6 +173,35 @@ class G2Evidence(Evidence):
     engine_restarted: bool | None = None
     pool_before_recompute: PoolSnapshot | None = None
     recompute_log_hit_lines: int | None = None
+    # the pool device's bytes written from the re-compute phase's start to the read-back's (the stores, flushed by
+    # the sync before the read-back): what serving the re-compute cost the drive (docs/endurance.md)
+    recompute_device_write_bytes: int | None = None
+
+
+def phase_window_s(records: list[RequestRecord]) -> float | None:
+    """Pure: a phase's length, first send to last stream end, from its records' wall-clock starts and latencies;
+    None when no record has both."""
+    spans = [(r.started_unix_s, r.started_unix_s + (r.latency_s or 0.0)) for r in records
+             if r.started_unix_s is not None and r.latency_s is not None]
+    return None if not spans else max(e for _, e in spans) - min(b for b, _ in spans)
+
+
+def store_phase_endurance(records: Sequence[RequestRecord], write_bytes: int | None,
+                          ev: "G2Evidence") -> dict[str, Any] | None:
+    """Pure: what a phase that stores cost the pool's drive: the device bytes it wrote (``write_bytes``), the prompt
+    tokens it served, the KV bytes the pool gained after it (``ev.pool_after_populate``) and the phase's length
+    (harness.endurance). None for a phase that sent nothing."""
+    if not records:
+        return None
+    pool = ev.pool_after_populate
+    stored = None if pool is None else (pool.bytes if pool.bytes_added is None else pool.bytes_added)
+    tokens = sum(r.prompt_tokens or 0 for r in records if r.ok)
+    return endurance(write_bytes, tokens, stored, phase_window_s(list(records)), drive_rating(ev.pool_drive)).to_dict()
+
+
+def recompute_endurance(recompute: list[RequestRecord], ev: "G2Evidence") -> dict[str, Any] | None:
+    """Pure: what the re-compute phase (the one that stores) cost the pool's drive (:func:`store_phase_endurance`)."""
+    return store_phase_endurance(recompute, ev.recompute_device_write_bytes, ev)
 
 
 def ttft_stats(xs: list[float], prefix: str) -> dict[str, float]:
@@ -246,6 +286,7 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
         failed_requests=len(failed)))
     if log is not None:
         ev.readback_log_hits = None if log.hits is None else dataclasses.asdict(log.hits)
+    ev.endurance = recompute_endurance(recompute, ev)
     error = None
     if failed:
         error = (f"{len(failed)} of {len(recompute) + len(readback)} requests failed; first: "
@@ -290,6 +331,21 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
 
 
+def cold_check(ev: Any, dev: float | None, claimed_bytes: float, read_fraction: float | None,
+               min_read_fraction: float, around: str, claim: str, figure: str) -> ValidityCheck:
+    """Pure: the "cold" check: the pool's own device (``ev.pool_device``, ``ev.pool_device_maj_min``,
+    ``ev.pool_device_error``) read ``dev`` bytes ``around`` a phase, against the KV its hits claim."""
+    where = ev.pool_device or "the pool's device"
+    how = (f"{where}'s read counters (/sys/dev/block/{ev.pool_device_maj_min or 'MAJ:MIN'}/stat) {around}, against "
+           f"the {format_quantity(int(claimed_bytes), 'B')} of KV its hits claim (at least {min_read_fraction} of it "
+           "required)")
+    if dev is None:
+        how += f"; not measured ({ev.pool_device_error or 'no block device'})"
+    return ValidityCheck(name="cold", ok=dev is not None and dev > 0 and (
+        read_fraction is None or read_fraction >= min_read_fraction), claim=claim, how=how, figure=figure, value=dev,
+        unit="B")
+
+
 def g2_validity(ev: G2Evidence, fallback: str | None, min_hit_rate: float, hit_rate: float | None, counters: bool,
                 log: "LogProof | None", log_rate: float | None, device_reads: bool, read_fraction: float | None,
                 claimed_bytes: float, min_read_fraction: float) -> list[ValidityCheck]:
@@ -314,18 +370,11 @@ def g2_validity(ev: G2Evidence, fallback: str | None, min_hit_rate: float, hit_r
                                      f"request(s) (at least {min_hit_rate} required)",
                                  figure="read-back hit rate from the log", value=log_rate, unit="ratio"))
     if device_reads:
-        dev = ev.readback_device_read_bytes
         drop = {True: "yes", False: "no", None: "not recorded"}[ev.page_cache_dropped]
-        where = ev.pool_device or "the pool's device"
-        how = (f"{where}'s read counters (/sys/dev/block/{ev.pool_device_maj_min or 'MAJ:MIN'}/stat) before and "
-               f"after the read-back, against the {format_quantity(claimed_bytes, 'B')} of KV the hits claim (at "
-               f"least {min_read_fraction} of it required); page cache dropped: {drop}")
-        if dev is None:
-            how += f"; not measured ({ev.pool_device_error or 'no block device'})"
-        out.append(ValidityCheck(name="cold", ok=dev is not None and dev > 0 and (
-            read_fraction is None or read_fraction >= min_read_fraction),
-            claim="the read-back read the pool's device, not the engine's memory or a cache", how=how,
-            figure="bytes the pool device read during read-back", value=dev, unit="B"))
+        out.append(cold_check(ev, ev.readback_device_read_bytes, claimed_bytes, read_fraction, min_read_fraction,
+                              f"before and after the read-back (page cache dropped: {drop})",
+                              "the read-back read the pool's device, not the engine's memory or a cache",
+                              "bytes the pool device read during read-back"))
     if not (counters or log is not None or device_reads):
         out.append(ValidityCheck(name="proof declared", ok=False, claim="the profile declares a proof of hits or "
                                  "cold reads", how="profile hit_metrics, hit_log, device_reads: none"))
@@ -351,8 +400,57 @@ def g2_validity(ev: G2Evidence, fallback: str | None, min_hit_rate: float, hit_r
     return out
 
 
+def _json_object(path: str) -> dict[str, Any]:
+    obj = load_json(path, what="model config", follow_symlinks=True)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object (a model's config.json)")
+    return obj
+
+
+def model_config_files(p: G2EngineParams) -> list[ControlFile]:
+    """Pure: the model config file a G2 gate names (``model_config:``), a JSON object on the control host."""
+    return ([] if p.model_config_path is None
+            else [ControlFile(("model_config",), "model config", p.model_config_path, _json_object)])
+
+
+def records_from_text(text: str) -> list[RequestRecord]:
+    """Pure: a phase's ``requests-<phase>.jsonl`` back into its records (as RequestRecord.to_dict wrote them)."""
+    fields = set(RequestRecord.__dataclass_fields__)
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            rec = {k: v for k, v in json.loads(line).items() if k in fields}
+            for k in ("itl_s", "tokens", "token_logprobs", "top_logprobs"):
+                rec[k] = tuple(rec.get(k) or ())
+            out.append(RequestRecord(**rec))
+    return out
+
+
+def reevaluate_g2(evidence: dict[str, Any], recompute: list[RequestRecord], readback: list[RequestRecord],
+                  device_read_bytes: int | None, fallback: str | None, p: "G2Params", prof: EngineProfile,
+                  model: type["G2Evidence"] | None = None) -> WorkloadResult:
+    """Pure: a bundle's g2-ttft result again: both phases' records from their raw files, the read-back's device
+    bytes re-parsed from the run's probe steps, the fall-back from the engine logs re-scanned, the bounds
+    (``min_hit_rate``, ``min_read_fraction``) from the gate's params and the proofs the profile declares; the hit
+    counters and the log's hit lines as the run recorded them (the engine's counters are read over HTTP, kept
+    only in the evidence). Then :func:`evaluate_g2`, as the run. ``model``: the evidence's class (a workload
+    built on G2's phases, g2-answer, keeps its own fields)."""
+    ev = (model or G2Evidence).model_validate({k: v for k, v in evidence.items() if k != "validity"})
+    log = None
+    if prof.hit_log is not None and readback:
+        hits = ev.readback_log_hits
+        log = LogProof(None if hits is None else LogHits(**hits), len(readback),
+                       sum(r.prompt_tokens or 0 for r in readback))
+    return evaluate_g2(recompute, readback, ev.readback_hit_tokens, ev.readback_query_tokens, device_read_bytes,
+                       p.min_hit_rate, ev.expected_kv_bytes or 0, ev, fallback, counters=prof.hit_metrics is not None,
+                       log=log, device_reads=prof.device_reads, min_read_fraction=p.min_read_fraction)
+
+
 @register_workload("g2-ttft")
 class G2Ttft(Workload):
+    # what its endurance prices (docs/endurance.md), for `kvgate plan`
+    ENDURANCE = ("the re-compute phase, which stores: the pool device's bytes written from its start to the read-back's "
+                 "(after the sync), per million prompt tokens, per byte the pool gained, over the phase")
     Params = G2Params
     EvidenceModel = G2Evidence
     METRICS = {
@@ -365,7 +463,8 @@ class G2Ttft(Workload):
     # -------------------------------------------------------------------------------- preparation
 
     # parameters only a launched engine uses: set with attach:, they would be accepted and ignored
-    LAUNCH_ONLY = ("python", "host", "port", "engine_values", "pool_dir", "random_weights", "random_weights_dtype")
+    LAUNCH_ONLY = ("python", "host", "port", "engine_values", "pool_dir", "random_weights", "random_weights_dtype",
+                   "pool_device", "cold_regime")
 
     def validate_against(self, params, nodes):
         prof, issues = profile_issues(params.engine, nodes, "g2-ttft", node_count=len(nodes))
@@ -377,11 +476,16 @@ class G2Ttft(Workload):
         else:
             issues += [((name,), "only with attach: (a launched engine's pool is kvgate's own pool_dir)")
                        for name in ("pool_path", "pool_node") if getattr(params, name) is not None]
+            if prof is not None and (why := text_prompt_issue(prof, params.tokenizer, params.random_weights)):
+                issues.append((("tokenizer",), why))
         if prof is not None and not prof.capabilities.builds_model and (
                 params.model_config_inline is None and params.model_config_path is None):
             issues.insert(0, (("model_config",), "needs the model's config.json (for KV bytes per token and vocab size)"))
         kv_dtype = prof.capabilities.kv_dtype if prof is not None else None
         return model_config_issues(params.model_config_inline, "model_config_inline", kv_dtype) + issues
+
+    def control_files(self, params) -> list[ControlFile]:
+        return model_config_files(params)
 
     def _model_config(self, p: G2Params) -> dict[str, Any]:
         if p.model_config_inline is not None:
@@ -409,8 +513,13 @@ class G2Ttft(Workload):
         check = "; its log is checked for fall-back / connector-failure lines (a match is INVALID)"
         steps += [
             PlannedStep(node.name, f"start {prof.name} in its own process group: {shell_line(argv, env)}", tuple(argv)),
+            PlannedStep(node.name, "the pool device's write counters before the re-compute (what storing its KV "
+                        "costs the drive, counted to the read-back's: docs/endurance.md)",
+                        pool_blockstat_argv(v["pool_dir"])),
             PlannedStep(node.name, f"re-compute: {n} never-seen prompts of {p.prompt_tokens} tokens, TTFT each "
                         f"(this also stores their KV in the pool){warm}"),
+            PlannedStep(node.name, "the pool device's counters after the re-compute phase",
+                        pool_blockstat_argv(v["pool_dir"])),
             PlannedStep(node.name, f"wait until the finished chunk files in {v['pool_dir']} hold the expected KV bytes",
                         tuple(pool_files_argv(v["pool_dir"], prof.pool_files)), repeats=True),
             PlannedStep(node.name, f"stop the engine (kill its process group){check}"),
@@ -438,6 +547,8 @@ class G2Ttft(Workload):
             PlannedStep(node.name, f"create {v['run_dir']} and a fresh pool {v['pool_dir']}",
                         ("mkdir", "-p", v["run_dir"], v["pool_dir"], posixpath.join(v["run_dir"], "prometheus")),
                         files=files)]
+        steps += plan_pool(node.name, p.pool_device, cold_regime_of(prof.cold_regime, p.cold_regime), v["python"],
+                           v["pool_dir"], v["run_dir"], prof.pool_files)
         if p.random_weights:
             try:
                 model_dir = random_model_dir(node.work_dir, self._model_config(p), p.seed, p.random_weights_dtype)
@@ -471,12 +582,17 @@ class G2Ttft(Workload):
         steps = [PlannedStep("(control host)", f"attach: {prof.name} already running at {a.url}; its "
                              f"{prof.health_path} must answer 200 within {a.connect_timeout_s:.0f} s (else ERROR)")]
         steps += log("where it stands at the start (fall-backs count from here)")
+        steps += [PlannedStep(pool_node, "the pool device's write counters before the re-compute (what storing its "
+                              "KV costs the drive, counted to the read-back's: docs/endurance.md)",
+                              pool_blockstat_argv(p.pool_path))]
         steps += log("before the re-compute phase")
         steps += [
             PlannedStep(pool_node, f"the chunk files already in {p.pool_path} (earlier runs'; only what this run "
                         "adds counts)", files),
             PlannedStep("(control host)", f"re-compute: {n} prompts of {p.prompt_tokens} tokens new to the engine "
                         f"(seed {p.seed} + a per-run nonce, recorded){warm}; hit counters before and after must not move")]
+        steps += [PlannedStep(pool_node, "the pool device's counters after the re-compute phase",
+                              pool_blockstat_argv(p.pool_path))]
         steps += log("after the re-compute phase")
         steps += [PlannedStep(pool_node, f"wait until the finished chunk files in {p.pool_path} grew by the expected "
                               "KV bytes", files, repeats=True)]
@@ -530,6 +646,8 @@ class G2Ttft(Workload):
             warm = [make_text_prompts(seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, tokenizer)[0]
                     for i in range(2)]
             ev.prompt_kind, ev.tokenizer = "text", tok_spec
+        elif prof.api.text_only:
+            raise ValueError(text_prompt_issue(prof, None, False))
         else:
             prompts = make_prompts(seed, p.prompt_tokens, p.prompts_per_length, vocab)
             warm = [make_prompts(seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, vocab)[0]
@@ -609,7 +727,8 @@ class G2Ttft(Workload):
         v = launch_values(p, prof, node.work_dir, ctx.gate.id, port, run_tag, node.transport, node.engine_python)
         base_url, client_path = client_base_url(transport, node, p.host, port)
         ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,
-                        base_url=base_url, client_path=client_path, pool_dir=v["pool_dir"], run_dir_on_node=v["run_dir"])
+                        base_url=base_url, client_path=client_path, pool_dir=v["pool_dir"], run_dir_on_node=v["run_dir"],
+                        pool_drive=pool_drive_of(ctx, node.name))
         try:
             model_cfg, bpt, vocab = self._kv_shape(p, prof)
         except ValueError as exc:  # a model_config file read only now
@@ -621,13 +740,18 @@ class G2Ttft(Workload):
             return WorkloadResult(evidence=ev, error=err)
         if prof.lmcache is not None:
             ev.lmcache_version_pinned, ev.lmcache_config = prof.lmcache.version, cfg
+        err, pool = prepare_pool(ctx, transport, node.name, p.pool_device, cold_regime_of(prof.cold_regime,
+                                 p.cold_regime), python, v["pool_dir"], v["run_dir"], prof.pool_files, "g2-pool")
         tok_spec = p.tokenizer or prof.tokenizer
-        if p.random_weights:
+        if err is None and p.random_weights:
             err, tok_spec = self._build_model(ctx, transport, python, node, v, p, model_cfg, ev)
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
+        if err:  # no engine will close the pool: close it here
+            pool.close()
+            ev.pool = pool.record.to_dict()
+            return WorkloadResult(evidence=ev, error=err)
         engine = LaunchedEngine(ctx, transport, prof, prof.render_argv(v), prof.render_env(v), base_url, v["run_dir"],
-                                labels, [node.name])
+                                labels, [node.name], pool=pool)
+        ev.pool = pool.record.to_dict()
         return self._setup(p, prof, ev, engine, tok_spec, vocab, bpt, p.seed, transport, v["pool_dir"])
 
     def _setup_attached(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> "G2Setup | WorkloadResult":
@@ -635,7 +759,8 @@ class G2Ttft(Workload):
         a = p.attach
         pool_node = p.pool_node or next(iter(ctx.nodes))
         ev = G2Evidence(engine_profile=prof.name, engine=prof.engine, engine_version=prof.engine_version,
-                        base_url=a.url, client_path="direct (attached)", pool_dir=p.pool_path, attached=True)
+                        base_url=a.url, client_path="direct (attached)", pool_dir=p.pool_path, attached=True,
+                        pool_drive=pool_drive_of(ctx, pool_node))
         try:
             model_cfg, bpt, vocab = self._kv_shape(p, prof)
         except ValueError as exc:
@@ -651,7 +776,7 @@ class G2Ttft(Workload):
         try:
             prompts, warm = self._prompts(p, prof, tok_spec, vocab, seed, ev)
         except (OSError, ValueError) as exc:
-            return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}")
+            return WorkloadResult(evidence=ev, error=f"tokenizer {tok_spec}: {exc}" if tok_spec else str(exc))
         expected_bytes = sum(stored_kv_tokens(r.prompt_tokens, prof.kv_block_tokens) for r in prompts) * bpt
         ev.kv_bytes_per_token, ev.expected_kv_bytes = bpt, expected_bytes
         return G2Setup(engine, ev, prompts, warm, expected_bytes, pool_transport, pool_dir)
@@ -685,8 +810,10 @@ class G2Ttft(Workload):
             err = runner.open()
             if err:
                 return WorkloadResult(evidence=ev, error=err)
-            rc = runner.phase("recompute", recompute)
+            rc = runner.phase("recompute", recompute,
+                              device=lambda: self._pool_stat(ctx, s.pool_transport, s.pool_dir, ev))
             r = rc.engines["engine"]
+            ev.recompute_device_write_bytes = write_bytes_between(rc.device_before, rc.device_after)  # until the sync
             if counters:
                 ev.recompute_hit_tokens = r.delta(prof.hit_metrics.hit_tokens)
             self._recompute_log_hits(prof, r.log_before.text, r.log_after.text, prompts, ev)
@@ -697,12 +824,14 @@ class G2Ttft(Workload):
             # a pool that held earlier runs' chunks: what this run's re-compute added is the figure
             ev.pool_after_populate = pool.model_copy(update={"bytes_added": pool.bytes - before}) \
                 if eng.persistent else pool
-            fallback, found = first_fallback(rc.engines, prof.fallback_patterns, lambda _n: "re-compute")
+            fallback, found = first_fallback(rc.engines, prof.fallback_patterns, lambda _n: "re-compute",
+                                             prof.in_force_log)
             ev.fallback_lines = [m.quote() for m in found]
             if fallback is None and any(x.ok for x in rc.output):  # all failed: an ERROR, nothing to read back
                 err = runner.forget()
                 if err:
                     return WorkloadResult(evidence=ev, error=err)
+                self._between_phases(ctx, p, prof, s)
                 if p.drop_caches:
                     drops = [drop_caches(ctx, ctx.transports[n], f"g2-drop-caches-{n}") for n in eng.drop_nodes()]
                     ev.page_cache_dropped = all(d.dropped for d in drops)
@@ -717,9 +846,11 @@ class G2Ttft(Workload):
                 if eng.persistent:  # its process start time is the marker of a restart
                     ev.engine_restarted = restarted(r.metrics_after, rb.engines["engine"].metrics_before)
                 rr = rb.engines["engine"]
+                ev.recompute_device_write_bytes = write_bytes_between(rc.device_before, rb.device_before)
                 log = self._log_proof(prof, rr.log_before.text, rr.log_after.text, prompts)
                 self._save(ctx.gate_dir / "requests-readback.jsonl", rb.output)
-                fallback, found = first_fallback(rb.engines, prof.fallback_patterns, lambda _n: "read-back")
+                fallback, found = first_fallback(rb.engines, prof.fallback_patterns, lambda _n: "read-back",
+                                                 prof.in_force_log)
                 ev.fallback_lines += [m.quote() for m in found]
         except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
             return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
@@ -727,7 +858,12 @@ class G2Ttft(Workload):
             runner.close()
             if eng.persistent:
                 ev.cold_procedure = eng.cold_steps
+            ev.pool = pool_record(eng) or ev.pool
         return self._finish(ctx, p, prof, rc, rb, log, s.expected_bytes, ev, fallback)
+
+    def _between_phases(self, ctx: GateContext, p: G2Params, prof: EngineProfile, s: "G2Setup") -> None:
+        """What a workload built on this procedure does to the pool while the engine is stopped, after the store and
+        before the page cache is dropped and the read-back starts (g2-answer's corruption); here nothing."""
 
     def _recompute_log_hits(self, prof: EngineProfile, before: str | None, after: str | None, prompts: list,
                             ev: G2Evidence) -> None:

@@ -20,6 +20,7 @@ import posixpath
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,12 +30,12 @@ from ..errors import WorkloadError
 from ..execute.clock import CLOCK_SESSION_ARGV, applied_offset_s, measure_clock_offsets
 from ..execute.fanout import FailurePolicy, GroupResult, LaunchSpec, NodeOutcome, SynchronizedLaunch, fan_out
 from ..execute.slurm import (SlurmCluster, SlurmJob, job_dir_for, parse_sinfo_nodes, sinfo_argv, srun_argv,
-                             srun_command, unusable_nodes)
+                             srun_command, time_limit_arg, unusable_nodes)
 from ..transport.local import LocalTransport
 from ..node import program_path
-from ..parsers.g3series import (GB, NodeSeries, PortRate, active_span, aggregate, bytes_in_window,
+from ..parsers.g3series import (GB, NodeSeries, PortRate, TimeFrame, active_span, aggregate, bytes_in_window,
                                 cross_check_port_rate, longest_idle_s, nic_ceiling_ratio, nodes_completed,
-                                parse_reader_output, rate_series, start_skew_s)
+                                parse_reader_output, rate_series, self_report_problems, start_skew_s)
 from ..units import parse_size_bytes
 from .base import (DROP_CACHES_ARGV, CacheDrop, Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel,
                    ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary,
@@ -60,6 +61,9 @@ class G3Writer(StrictModel):
     subdir: str = "kvgate-g3-writes"  # under the writer's pool target; removed after the run
     # The readers' window may hold no stretch this long without a written byte (else INVALID).
     max_idle_s: float = Field(default=2.0, gt=0)
+    # The writer must write at least this share of the port's ceiling inside the readers' window, else the
+    # readers' loss is not judged (INVALID): 4 KiB every 1.9 s is not a writer contending for the port.
+    min_write_share: float = Field(default=0.05, gt=0, le=1)
 
     @field_validator("block_bytes", mode="before")
     @classmethod
@@ -102,6 +106,14 @@ class G3Params(StrictModel):
     launcher: Literal["ssh", "slurm"] = "ssh"
     # Isolation: the readers read alone, then again while this node writes through the same port.
     writer: G3Writer | None = None
+    # Physics: the declared line rate and the one the port's node reports (sysfs, a root tbf) may differ by
+    # this share (else INVALID); the aggregate may exceed the port's ceiling by this share, for counter timing
+    # (a sample's edges, a shaper's burst), and no more (else INVALID: no port carries more than its rate).
+    port_rate_tolerance: float = Field(default=0.02, ge=0, le=0.5)
+    line_rate_tolerance: float = Field(default=0.02, ge=0, le=0.5)
+    # Self-reported runs (k8s, slurm): the readers' times may lie this far outside the frame kvgate knows
+    # (render or submission .. collect or the job's end), for the clocks assumed in sync.
+    clock_slack_s: float = Field(default=60.0, ge=0)
 
     @field_validator("block_bytes", mode="before")
     @classmethod
@@ -139,6 +151,19 @@ def manifest_for(p: G3Params) -> dict:
             "kv_bytes_per_token": p.kv_bytes_per_token, "chunk_tokens": p.chunk_tokens,
             "chunk_bytes": p.chunk_bytes, "header_bytes": LMCACHE_HEADER_BYTES,
             "files": chunk_file_names(p.model, p.chunks)}
+
+
+@dataclass(frozen=True)
+class G3Bounds:
+    """The physical bounds G3's evaluator holds a run to (G3Params: ``line_rate_tolerance``,
+    ``writer.min_write_share``); the same from a bundle's config/gates.yaml when ``kvgate report`` re-derives."""
+
+    line_rate_tolerance: float = 0.02
+    min_write_share: float = 0.05
+
+    @classmethod
+    def of(cls, p: "G3Params") -> "G3Bounds":
+        return cls(p.line_rate_tolerance, p.writer.min_write_share if p.writer else 0.05)
 
 
 def _pool_dir(node, p: G3Params) -> str:
@@ -317,33 +342,42 @@ class G3Evidence(Evidence, SeriesEvidence):
     launcher: str = "ssh"
     slurm_job: dict[str, Any] | None = None  # harness.execute.slurm.SlurmJob.record(): job id, nodes, scontrol
     k8s_job: dict[str, Any] | None = None  # kvgate collect (harness.suite.k8s): the Job, its go.json, each pod's record
+    # Self-reported runs (k8s, slurm): when the run can have happened, by clocks kvgate trusts (parsers.g3series
+    # .TimeFrame: not_before_s, not_after_s, max_duration_s, slack_s)
+    time_frame: dict[str, float] | None = None
     isolation: G3Isolation | None = None
 
 
 def evaluate_g3(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, policy: FailurePolicy,
                 min_window_s: float, offset_uncertainty_s: float, go_ref_s: float | None,
                 with_writer: dict[str, NodeSeries] | None = None, writer: NodeSeries | None = None,
-                max_idle_s: float = 2.0) -> WorkloadResult:
+                max_idle_s: float = 2.0, bounds: G3Bounds = G3Bounds()) -> WorkloadResult:
     """Pure: G3's metrics and validity from every reader's parsed series and the evidence gathered so far
     (``ev.nodes``, ``ev.failed_nodes``, ``ev.page_cache_dropped``); fills in the aggregate, the start skew
     and the per-node rate series the report draws. With ``ev.isolation`` (a writer): also the readers' second
-    read (``with_writer``) and the writer's series, judged by :func:`evaluate_isolation`."""
-    res = _evaluate_alone(ev, series, port, policy, min_window_s, offset_uncertainty_s, go_ref_s)
+    read (``with_writer``) and the writer's series, judged by :func:`evaluate_isolation`. Physics (``bounds``):
+    INVALID when the port's declared and measured rates differ beyond their tolerance, when the aggregate
+    exceeds the port's ceiling (min(declared, measured)) by more than ``line_rate_tolerance``, when a
+    self-reported run (k8s, slurm) holds an impossible time or byte count, and, with a writer, when the writer
+    wrote less than ``min_write_share`` of the port's ceiling."""
+    res = _evaluate_alone(ev, series, port, policy, min_window_s, offset_uncertainty_s, go_ref_s, bounds)
     if ev.isolation is None:
         return res
     metrics, checks, error, invalid = evaluate_isolation(ev, series, with_writer or {}, writer, policy,
-                                                         min_window_s, max_idle_s)
+                                                         min_window_s, max_idle_s, bounds.min_write_share)
     ev.validity = [*ev.validity, *checks]
     return WorkloadResult({**res.metrics, **metrics}, ev, error=res.error or error,
                           invalid_reason=None if res.error or error else res.invalid_reason or invalid)
 
 
 def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer: dict[str, NodeSeries],
-                       writer: NodeSeries | None, policy: FailurePolicy, min_window_s: float, max_idle_s: float
+                       writer: NodeSeries | None, policy: FailurePolicy, min_window_s: float, max_idle_s: float,
+                       min_write_share: float = 0.05
                        ) -> tuple[dict[str, float], list[ValidityCheck], str | None, str | None]:
     """Pure: the isolation run's metrics, validity, error and invalid reason. The readers' loss compares the two
     reads over the readers that completed both (each read's own common window); the writer must have written
-    inside the with-writer window with no idle stretch over ``max_idle_s``, else the comparison is INVALID."""
+    inside the with-writer window with no idle stretch over ``max_idle_s`` and at least ``min_write_share`` of
+    the port's ceiling (``ev.nic_line_rate_gb_s``), else the comparison is INVALID."""
     iso = ev.isolation
     failed = {**ev.failed_nodes, **iso.failed_nodes}
     both = [n for n in ev.readers if n not in failed and n in alone and n in with_writer]
@@ -379,6 +413,8 @@ def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer
         if rec.window_write_gb_s is not None:
             metrics["writer_write_gb_s"] = rec.window_write_gb_s
         wrote = wb > 0 and idle <= max_idle_s
+    min_gb_s = min_write_share * ev.nic_line_rate_gb_s if ev.nic_line_rate_gb_s else None
+    slow = (wrote and min_gb_s is not None and (rec.window_write_gb_s or 0.0) < min_gb_s)
     series = dict(with_writer)
     if writer is not None:
         series[f"{iso.writer} (writer)"] = writer
@@ -398,14 +434,19 @@ def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer
     elif not wrote:
         why = (f"the writer {iso.writer} did not write through the readers' window: {rec.window_bytes:.0f} bytes in "
                f"its {w.window_s:.2f} s, longest idle stretch {rec.longest_idle_s:.2f} s (bound {max_idle_s:g} s)")
+    elif slow:
+        why = (f"the writer {iso.writer} wrote {rec.window_write_gb_s:.6f} GB/s in the readers' window, below its "
+               f"stated minimum {min_gb_s:.6f} GB/s (min_write_share {min_write_share:g} of the port's "
+               f"{ev.nic_line_rate_gb_s:.6g} GB/s): not a writer contending for the port, its loss is not judged")
     else:
         why = None
     checks = [
         ValidityCheck(name="writer wrote", ok=why is None,
                       claim=f"the writer {iso.writer} wrote through the same port for the whole with-writer window",
                       how=why or (f"{rec.window_bytes / 1e6:.1f} MB written in the readers' {w.window_s:.2f} s window "
-                                  f"({rec.window_write_gb_s:.3f} GB/s), longest idle stretch {rec.longest_idle_s:.2f} s "
-                                  f"(bound {max_idle_s:g} s)"),
+                                  f"({rec.window_write_gb_s:.3f} GB/s"
+                                  + (f", at least {min_gb_s:.4f} GB/s stated" if min_gb_s is not None else "")
+                                  + f"), longest idle stretch {rec.longest_idle_s:.2f} s (bound {max_idle_s:g} s)"),
                       figure="longest writer idle", value=rec.longest_idle_s, unit="s"),
         ValidityCheck(name="comparison", ok=loss is not None,
                       claim="the same readers read alone and with the writer, each in a common window",
@@ -428,7 +469,8 @@ def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer
 
 
 def _evaluate_alone(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, policy: FailurePolicy,
-                    min_window_s: float, offset_uncertainty_s: float, go_ref_s: float | None) -> WorkloadResult:
+                    min_window_s: float, offset_uncertainty_s: float, go_ref_s: float | None,
+                    bounds: G3Bounds = G3Bounds()) -> WorkloadResult:
     failed = ev.failed_nodes
     ok_series = {n: s for n, s in series.items() if n not in failed}
     agg = aggregate(ok_series, min_window_s=min_window_s)
@@ -444,24 +486,99 @@ def _evaluate_alone(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRat
         # twice the largest offset uncertainty (zero where all nodes share one clock, as in the rig).
         ev.start_skew_uncertainty_ms = 2e3 * offset_uncertainty_s
         ev.start_times_node_clock_s = {n: s.started_at_s for n, s in series.items()}
+    ratio = None
     if agg.aggregate_read_gb_s is not None:
         metrics["aggregate_read_gb_s"] = agg.aggregate_read_gb_s
-        metrics["nic_ceiling_ratio"] = nic_ceiling_ratio(agg.aggregate_read_gb_s, port.effective_gbit_s)
+        ratio = metrics["nic_ceiling_ratio"] = nic_ceiling_ratio(agg.aggregate_read_gb_s, port.effective_gbit_s)
     if agg.fairness_min_max is not None:
         metrics["fairness_min_max"] = agg.fairness_min_max
     group = GroupResult({n: NodeOutcome(n, n not in failed, None, failed.get(n)) for n in ev.readers})
     err = policy.verdict_error(group)
     drops = ev.page_cache_dropped
     not_cold = [n for n in ok_series if not _direct(ev, n) and not (n in drops and drops[n].dropped)]
-    ev.validity = g3_validity(ev, list(ok_series), not_cold, err)
+    over = (f"the aggregate {agg.aggregate_read_gb_s:.4f} GB/s is {ratio:.3f} x the port's ceiling "
+            f"{port.effective_gbit_s:g} Gbit/s ({port.effective_gbit_s / 8:.4f} GB/s), beyond the "
+            f"{bounds.line_rate_tolerance:g} allowed for counter timing: more than the port can carry (a page "
+            "cache, another path, or readers that over-count)") \
+        if ratio is not None and ratio > 1.0 + bounds.line_rate_tolerance else None
+    impossible = _self_report_problems(ev, series) if ev.launcher in SELF_REPORTED else []
+    ev.validity = [*g3_validity(ev, list(ok_series), not_cold, err), *_physics_checks(ev, port, ratio, over, bounds),
+                   *_self_report_checks(ev, impossible)]
     if err:
         return WorkloadResult(metrics, ev, error=err)
     if agg.aggregate_read_gb_s is None:
         return WorkloadResult(metrics, ev, invalid_reason=f"no aggregate: {agg.reason}")
+    if port.mismatch:
+        return WorkloadResult(metrics, ev, invalid_reason=f"port rate: {port.mismatch}")
+    if over:
+        return WorkloadResult(metrics, ev, invalid_reason=over)
+    if impossible:
+        return WorkloadResult(metrics, ev, invalid_reason=(
+            f"self-reported figures that cannot be: {'; '.join(impossible[:4])}"
+            + (f" (and {len(impossible) - 4} more)" if len(impossible) > 4 else "")))
     if not_cold:
         return WorkloadResult(metrics, ev, invalid_reason=(
             f"not cold: no O_DIRECT and the page cache was not dropped on {', '.join(not_cold)}"))
     return WorkloadResult(metrics, ev)
+
+
+# Launchers whose readers' figures reach kvgate only as files the nodes wrote (a results volume, a job
+# directory), not over a session kvgate held and timed.
+SELF_REPORTED = ("k8s", "slurm")
+
+
+def _self_report_problems(ev: G3Evidence, series: dict[str, NodeSeries]) -> list[str]:
+    """Pure: the impossible in a self-reported run (harness.parsers.g3series.self_report_problems), its
+    go time and its tasks' start times held to the run's frame too."""
+    frame = TimeFrame(**ev.time_frame) if ev.time_frame else None
+    extra: dict[str, float] = {}
+    if ev.launch is not None and isinstance(ev.launch.go_ref_s, (int, float)):
+        extra["the common start (go)"] = float(ev.launch.go_ref_s)
+    job = ev.k8s_job or ev.slurm_job or {}
+    spec = job.get("spec_sha256")  # the job spec kvgate wrote (slurm); each task records the one it read
+    wrong = []
+    for node, task in sorted((job.get("tasks") or {}).items()):
+        t = task.get("started_at_s") if isinstance(task, dict) else None
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            extra[f"{node}'s task start"] = float(t)
+        if spec and isinstance(task, dict) and task.get("spec_sha256") != spec:
+            wrong.append(f"{node}'s task ran a spec with sha256 {str(task.get('spec_sha256'))[:16]}, not the one "
+                         f"kvgate wrote ({spec[:16]})")
+    return wrong + self_report_problems(series, ev.copy_bytes, frame, extra)
+
+
+def _physics_checks(ev: G3Evidence, port: PortRate, ratio: float | None, over: str | None,
+                    bounds: G3Bounds) -> list[ValidityCheck]:
+    """Pure: the port's rate (declared against measured) and the aggregate against the port's ceiling."""
+    if port.measured_gbit_s is None:
+        how = f"declared {port.declared_gbit_s:g} Gbit/s; not measured (nothing read from the port's node)"
+    else:
+        how = (port.mismatch or f"declared {port.declared_gbit_s:g} Gbit/s, measured {port.measured_gbit_s:g} Gbit/s "
+               f"({port.measured_by}; within {port.tolerance:g})")
+        how += f"; judged against {port.effective_gbit_s:g} Gbit/s"
+    return [
+        ValidityCheck(name="port rate", ok=port.mismatch is None,
+                      claim="the port is the one the inventory declares: its declared rate and the rate its node "
+                            "reports agree", how=how, figure="port ceiling", value=port.effective_gbit_s,
+                      unit="Gbit/s"),
+        ValidityCheck(name="within line rate", ok=over is None,
+                      claim="the aggregate is no more than the port can carry",
+                      how=over or ("no aggregate" if ratio is None else
+                                   f"{ratio:.3f} x the port's ceiling (at most 1 + {bounds.line_rate_tolerance:g})"),
+                      figure="nic ceiling ratio", value=ratio, unit="ratio")]
+
+
+def _self_report_checks(ev: G3Evidence, impossible: list[str]) -> list[ValidityCheck]:
+    if ev.launcher not in SELF_REPORTED:
+        return []
+    frame = ev.time_frame
+    return [ValidityCheck(
+        name="self-reported figures", ok=not impossible,
+        claim="the readers' own times and byte counts are possible: inside the run's frame, no longer than the "
+              "job allows, no more bytes than the copy holds",
+        how="; ".join(impossible) or (f"times within the frame ({frame['max_duration_s']:.0f} s at most) and bytes "
+                                      f"within the copy's {ev.copy_bytes}" if frame else
+                                      f"bytes within the copy's {ev.copy_bytes}; no time frame recorded"))]
 
 
 def _direct(ev: G3Evidence, node: str) -> bool:
@@ -495,6 +612,123 @@ def g3_validity(ev: G3Evidence, included: list[str], not_cold: list[str], policy
         ValidityCheck(name="cold", ok=bool(included) and not not_cold,
                       claim="every reader read the shared copy, not its page cache",
                       how="; ".join(ways) or "no reader's series")]
+
+
+# The errors a node's own output makes (parse_stream), as against the run's (rc, silence, never started).
+STREAM_ERRORS = ("reader output unparseable", "reader did not complete", "writer output unparseable",
+                 "writer did not end on its stop file")
+
+
+def parse_stream(name: str, text: str, offset_s: float, info: dict[str, Any], source: str, kind: str = "reader"
+                 ) -> tuple[NodeSeries | None, dict[str, Any]]:
+    """Pure: one reader's (or the writer's) raw JSON-lines stream parsed into its series (None if unparseable)
+    and its record: ``info`` (the run's record of the process: rc, error, ...) with what the stream says (O_DIRECT,
+    bytes, completion, samples, errors) and the node's error: the run's, else an unparseable or incomplete
+    stream. The run and ``kvgate report``'s re-derivation (:func:`reevaluate_g3`) both use it."""
+    info = dict(info)
+    error = info.get("error")
+    series = None
+    try:
+        out = parse_reader_output(text, name, offset_s, source=source)
+        info.update(direct_used=out.armed.get("direct_used"), direct_error=out.armed.get("direct_error"),
+                    completed=out.series.completed, truncated=out.truncated, samples=len(out.series.intervals))
+        if kind == "writer":
+            info.update(bytes_written=out.series.total_bytes, writer_errors=list(out.errors))
+        else:
+            info.update(start_priority=out.start.get("start_priority"), bytes_read=out.series.total_bytes,
+                        reader_errors=list(out.errors))
+        series = out.series
+    except Exception as exc:  # noqa: BLE001 - unparseable output is that node's failure
+        info["parse_error"] = str(exc)
+        error = error or f"{kind} output unparseable: {exc}"
+    if error is None and not info.get("completed"):
+        errs = info.get(f"{kind}_errors")
+        error = ("writer did not end on its stop file: " if kind == "writer" else "reader did not complete: ") \
+            + "; ".join(errs or ["no end record"])
+    info["error"] = error
+    return series, info
+
+
+PROCESS_KEYS = ("node", "rc", "error", "stopped", "armed_at_s", "go_node_s", "go_written_at_s", "pid", "pgid")
+
+
+def _run_record(rec: G3Process | None) -> dict[str, Any]:
+    """What the run itself recorded of a node's process (not what its stream said): the re-derivation's input."""
+    info = {k: getattr(rec, k, None) for k in PROCESS_KEYS} if rec is not None else {}
+    if isinstance(info.get("error"), str) and info["error"].startswith(STREAM_ERRORS):
+        info["error"] = None  # made from the stream: made again from it
+    return info
+
+
+def _rederive_streams(names: list[str], recs: dict[str, G3NodeRecord], raw: dict[str, str | None], stem: str,
+                      offsets: dict[str, float], gate: str
+                      ) -> tuple[dict[str, NodeSeries], dict[str, G3NodeRecord], dict[str, str]]:
+    """Pure: every reader's stream ``nodes/<node>/<stem>.jsonl`` parsed again, as the run's ``_gather`` did. A node
+    the run saw fail without output (never started, unreachable) has none; any other node's missing or empty
+    file is an error of the re-derivation (WorkloadError), never a figure taken from result.json."""
+    series: dict[str, NodeSeries] = {}
+    node_ev: dict[str, G3NodeRecord] = {}
+    failed: dict[str, str] = {}
+    for name in names:
+        info = _run_record(recs.get(name))
+        rel = f"nodes/{name}/{stem}.jsonl"
+        text = raw.get(rel)
+        if text is None or (not text.strip() and info.get("error") is None):
+            if info.get("error") is None:
+                raise WorkloadError(f"gates/{gate}/{rel} is {'missing' if text is None else 'empty'}: the run says "
+                                    f"{name} read, and its raw stream is not there to re-derive it from")
+            failed[name] = info["error"]
+            node_ev[name] = G3NodeRecord.model_validate(info)
+            continue
+        one, info = parse_stream(name, text, offsets.get(name, 0.0), info, rel)
+        if one is not None:
+            series[name] = one
+        if info["error"]:
+            failed[name] = info["error"]
+        node_ev[name] = G3NodeRecord.model_validate(info)
+    return series, node_ev, failed
+
+
+def reevaluate_g3(signed: dict[str, Any], raw: dict[str, str | None], p: G3Params, port: PortRate,
+                  gate: str = "G3") -> WorkloadResult:
+    """Pure: G3 re-derived from a bundle's raw streams (``raw``: path under the gate directory -> text, None when
+    the file is missing) and the bounds of its own config/gates.yaml (``p``), with what only the run can know
+    taken from the signed evidence (the launch, clock offsets, cache drops, each process's exit and error, the
+    self-reported run's time frame). The same evaluator as the run (:func:`evaluate_g3`); a missing or empty raw
+    stream raises WorkloadError."""
+    ev = G3Evidence.model_validate(signed)
+    policy = FailurePolicy(p.max_failed_share, p.on_node_failure)
+    offsets = {n: float(o.get("applied_s") or 0.0) for n, o in ev.clock_offsets.items() if isinstance(o, dict)}
+    fresh = G3Evidence(readers=ev.readers, port=p.port, copy_bytes=p.copy_bytes, chunks=p.chunks,
+                       chunk_bytes=p.chunk_bytes, streams_per_node=p.streams, block_bytes=p.block_bytes,
+                       policy=vars(policy), pool=ev.pool, phase_failures=ev.phase_failures,
+                       clock_offsets=ev.clock_offsets, clock_alignment=ev.clock_alignment,
+                       clock_offset_errors=ev.clock_offset_errors, page_cache_dropped=ev.page_cache_dropped,
+                       launch=ev.launch, launcher=ev.launcher, slurm_job=ev.slurm_job, k8s_job=ev.k8s_job,
+                       time_frame=ev.time_frame, port_rate=vars(port) | {"notes": list(port.notes)})
+    series, fresh.nodes, fresh.failed_nodes = _rederive_streams(ev.readers, ev.nodes, raw, "reader", offsets, gate)
+    with_writer = writer = None
+    if ev.isolation is not None:
+        iso = ev.isolation
+        with_writer, nodes, failed = _rederive_streams(list(iso.nodes), iso.nodes, raw, "reader" + WITH_WRITER,
+                                                       offsets, gate)
+        winfo = _run_record(iso.writer_record) | {"dir": iso.writer_record.dir if iso.writer_record else None}
+        text = raw.get(f"nodes/{iso.writer}/writer.jsonl")
+        if (text is None or not text.strip()) and winfo.get("error") is None:
+            raise WorkloadError(f"gates/{gate}/nodes/{iso.writer}/writer.jsonl is "
+                                f"{'missing' if text is None else 'empty'}: the run says the writer {iso.writer} "
+                                "wrote, and its raw stream is not there to re-derive it from")
+        if text is not None:
+            writer, winfo = parse_stream(iso.writer, text, offsets.get(iso.writer, 0.0), winfo,
+                                         f"nodes/{iso.writer}/writer.jsonl", "writer")
+        fresh.isolation = G3Isolation(writer=iso.writer, nodes=nodes, failed_nodes=failed,
+                                      page_cache_dropped=iso.page_cache_dropped, launch=iso.launch,
+                                      writer_record=G3WriterRecord.model_validate(winfo))
+    uncertainty = max((float(o.get("uncertainty_s") or 0.0) for o in ev.clock_offsets.values()
+                       if isinstance(o, dict)), default=0.0)
+    return evaluate_g3(fresh, series, port, policy, p.min_window_s, uncertainty,
+                       ev.launch.go_ref_s if ev.launch else None, with_writer, writer,
+                       p.writer.max_idle_s if p.writer else 2.0, G3Bounds.of(p))
 
 
 @register_workload("g3-shared-read")
@@ -681,7 +915,7 @@ class G3SharedRead(Workload):
         cluster, job_dir = self._slurm_paths(ctx, p)
         control = LocalTransport(name="control")
         ev.launcher = "slurm"
-        port = self._port_rate(ctx, port_node, nic)
+        port = self._port_rate(ctx, port_node, nic, p.port_rate_tolerance)
 
         env = dict(cluster.env) or None
         r = ctx.steps.run(control, "sinfo", sinfo_argv(readers), timeout_s=30, env=env)
@@ -725,8 +959,12 @@ class G3SharedRead(Workload):
                        p.arm_timeout_s + p.read_timeout_s + cluster.time_margin_s, drop_caches=p.drop_caches,
                        cancel=ctx.cancel, progress=ctx.progress)
         launch = SynchronizedLaunch(job.transports(), specs, applied, policy, log_dir=ctx.gate_dir)
+        submitted_s = time.time()
         with job:
             self._arm_release_wait(ctx, p, launch, policy, len(readers))
+        # The tasks' files are what the nodes wrote into the job directory: held to the job's frame on our clock.
+        ev.time_frame = {"not_before_s": submitted_s, "not_after_s": time.time(),
+                         "max_duration_s": 60.0 * int(time_limit_arg(job.time_limit_s)), "slack_s": p.clock_slack_s}
         ev.slurm_job = job.record()
         if p.drop_caches:
             ev.page_cache_dropped = {n: CacheDrop.model_validate(t["cache_drop"])
@@ -756,7 +994,7 @@ class G3SharedRead(Workload):
         writer = p.writer.node if p.writer else None
 
         # 1. The port's line rate: declared, cross-checked where the port's node lets us read it.
-        port = self._port_rate(ctx, port_node, nic)
+        port = self._port_rate(ctx, port_node, nic, p.port_rate_tolerance)
         ev.port_rate = vars(port) | {"notes": list(port.notes)}
 
         # 2. Reader script on every node (a node failing here is a node failure like any other).
@@ -861,7 +1099,7 @@ class G3SharedRead(Workload):
             launch.wait(timeout_s=max(30.0, 20 * p.interval_s), stall_timeout_s=p.stall_timeout_s, nodes=[writer])
         return launch
 
-    def _port_rate(self, ctx: GateContext, port_node: str, nic: str) -> PortRate:
+    def _port_rate(self, ctx: GateContext, port_node: str, nic: str, tolerance: float = 0.02) -> PortRate:
         declared = next(n.line_rate_gbit_s for n in ctx.nodes[port_node].nics if n.name == nic)
         pt = ctx.transports.get(port_node)
         speed = tcj = None
@@ -870,7 +1108,7 @@ class G3SharedRead(Workload):
             speed = r.stdout if r.ok else None
             r = ctx.steps.run(pt, "port-qdisc", ("tc", "-j", "qdisc", "show", "dev", nic), timeout_s=30)
             tcj = r.stdout if r.ok else None
-        return cross_check_port_rate(declared, speed, tcj)
+        return cross_check_port_rate(declared, speed, tcj, tolerance)
 
     def _arm_release_wait(self, ctx: GateContext, p: G3Params, launch: SynchronizedLaunch, policy: FailurePolicy,
                           n: int) -> None:
@@ -909,7 +1147,7 @@ class G3SharedRead(Workload):
                 nodes=iso_nodes, failed_nodes=iso_failed, writer_record=wrec,
                 launch=G3Launch(go_ref_s=launch2.go_ref_s, events=launch2.events)))
         result = evaluate_g3(ev, series, port, policy, p.min_window_s, uncertainty, launch.go_ref_s, with_writer,
-                             writer, p.writer.max_idle_s if p.writer else 2.0)
+                             writer, p.writer.max_idle_s if p.writer else 2.0, G3Bounds.of(p))
         write_summary(ctx.gate_dir, "g3.json", result)
         return result
 
@@ -924,20 +1162,8 @@ class G3SharedRead(Workload):
         write_gate_file(ndir / "writer.jsonl", run.stdout)
         write_gate_file(ndir / "writer.stderr", run.stderr)
         info: dict[str, Any] = run.as_dict() | {"dir": _writes_dir(ctx.nodes[name], p)}
-        series = None
-        try:
-            out = parse_reader_output(run.stdout, name, applied[name], source=str(ndir / "writer.jsonl"))
-            series = out.series
-            info.update(direct_used=out.armed.get("direct_used"), direct_error=out.armed.get("direct_error"),
-                        bytes_written=out.series.total_bytes, completed=out.series.completed,
-                        truncated=out.truncated, samples=len(out.series.intervals), writer_errors=list(out.errors))
-        except Exception as exc:  # noqa: BLE001 - unparseable output fails the writer
-            info["parse_error"] = str(exc)
-            run.error = run.error or f"writer output unparseable: {exc}"
-        if run.error is None and not info.get("completed"):
-            run.error = "writer did not end on its stop file: " + "; ".join(info.get("writer_errors") or
-                                                                           ["no end record"])
-        info["error"] = run.error
+        series, info = parse_stream(name, run.stdout, applied[name], info, f"nodes/{name}/writer.jsonl", "writer")
+        run.error = info["error"]
         return series, G3WriterRecord.model_validate(info)
 
     def _gather(self, ctx: GateContext, readers: list[str], launch: SynchronizedLaunch, applied: dict[str, float],
@@ -958,23 +1184,12 @@ class G3SharedRead(Workload):
             ndir.mkdir(parents=True, exist_ok=True)
             write_gate_file(ndir / f"{stem}.jsonl", run.stdout)
             write_gate_file(ndir / f"{stem}.stderr", run.stderr)
-            info: dict[str, Any] = run.as_dict()
-            try:
-                out = parse_reader_output(run.stdout, name, applied[name],
-                                          source=str(ndir / f"{stem}.jsonl"))
-                info.update(direct_used=out.armed.get("direct_used"), direct_error=out.armed.get("direct_error"),
-                            start_priority=out.start.get("start_priority"),
-                            bytes_read=out.series.total_bytes, completed=out.series.completed,
-                            truncated=out.truncated, samples=len(out.series.intervals), reader_errors=list(out.errors))
-                series[name] = out.series
-            except Exception as exc:  # noqa: BLE001 - unparseable output is that node's failure
-                info["parse_error"] = str(exc)
-                run.error = run.error or f"reader output unparseable: {exc}"
-            if run.error is None and not info.get("completed"):
-                run.error = "reader did not complete: " + "; ".join(info.get("reader_errors") or ["no end record"])
+            one, info = parse_stream(name, run.stdout, applied[name], run.as_dict(), f"nodes/{name}/{stem}.jsonl")
+            if one is not None:
+                series[name] = one
+            run.error = info["error"]
             if run.error:
                 failed[name] = run.error
-            info["error"] = run.error
             node_ev[name] = G3NodeRecord.model_validate(info)
         return series, node_ev, failed
 

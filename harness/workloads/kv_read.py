@@ -45,17 +45,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engines import ArchError, ModelArch, arch_from_config, check_lmcache_config, lmcache_config, load_profile
 from ..engines.profiles import EngineProfile
+from ..endurance import DriveRating, combined, endurance
 from ..errors import ConfigError, WorkloadError
 from ..execute.fanout import fan_out
 from ..node import program_path
 from ..parsers.fio import FioRun, parse_fio_json
 from ..parsers.kvread import ReadRun, parse_drop_caches, parse_layout, parse_read, split_documents
-from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
+from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between, write_bytes_between
+from ..parsers.smart import SmartLog, parse_smart_log, smart_device, smart_log_argv, smart_writes
 from ..paths import data_path
 from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
 from ..units import format_quantity, parse_size_bytes
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
-                   ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary, write_gate_file)
+                   ValidityCheck, Workload, WorkloadResult, drive_rating, drop_caches, pool_drive_of, register_workload,
+                   target_path, write_summary, write_gate_file)
 from .engine import node_engine_python
 from .probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
 
@@ -319,6 +322,8 @@ class KvNodeEvidence(Evidence):
     fio_drop_caches_error: str | None = None
     fio_device_read_bytes: int | None = None
     fio_version: str | None = None
+    # the layout's writes: the pool device's bytes written from before the layout to after it and the read (synced)
+    layout_device_write_bytes: int | None = None
     error: str | None = None
 
 
@@ -565,6 +570,9 @@ def _run_dir(node, gate_id: str) -> str:
 
 @register_workload("kv-read")
 class KvRead(Workload):
+    # what its endurance prices (docs/endurance.md), for `kvgate plan`
+    ENDURANCE = ("the layout: the pool device's bytes written from before it to after the read (synced), per million "
+                 "KV tokens, per KV byte stored, over the layout; NVMe SMART data units beside, on an NVMe namespace")
     Params = KvReadParams
     EvidenceModel = KvReadEvidence
     METRICS = {
@@ -725,6 +733,9 @@ class KvRead(Workload):
                                           s.program: "(harness/node/kv_reader.py)",
                                           s.spec: json.dumps(self._spec(ctx, node, s, None, "<device stat>"),
                                                                 indent=1)}))
+            out.append(PlannedStep(n, "NVMe SMART data units written before the layout, where the pool's device is "
+                                      "an NVMe namespace", smart_log_argv("<the pool's NVMe namespace>"),
+                                   optional=True))
             lay = (f"lay out {sz.prompts * sz.chunks_per_retrieve} chunks of {sz.chunk_bytes} bytes "
                    f"({sz.kv_bytes} bytes of {s.model} KV) through LMCache {p.backend} in {s.pool}, unless an intact "
                    f"layout {s.layout_id} is there")
@@ -739,6 +750,7 @@ class KvRead(Workload):
                 if p.drop_caches:
                     out.append(PlannedStep(n, "drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV))
                 out.append(PlannedStep(n, reads, self._argv(s, "read")))
+            out += endurance_plan(n, s.pool)
             if p.drop_caches:
                 out.append(PlannedStep(n, "drop the page cache again before fio", DROP_CACHES_ARGV))
             out.append(PlannedStep(n, "the pool device's read counters before fio", pool_blockstat_argv(s.pool)))
@@ -774,6 +786,7 @@ class KvRead(Workload):
         for n, rec in nodes.items():
             if rec.error:
                 ev.node_errors = {**ev.node_errors, n: rec.error}
+        ev.endurance = nodes_endurance(nodes)
         result = evaluate_kv_read(ev)
         write_summary(ctx.gate_dir, "kv-read.json", result)
         return result
@@ -782,7 +795,8 @@ class KvRead(Workload):
         """One node's layout, cold read and fio pass; a failure ends the node's part with its record kept."""
         p: KvReadParams = ctx.params
         s = self._setup(ctx, node)
-        rec = KvNodeEvidence(target=p.target, kind=s.target.kind, pool_dir=s.pool, python=s.python)
+        rec = KvNodeEvidence(target=p.target, kind=s.target.kind, pool_dir=s.pool, python=s.python,
+                             pool_drive=pool_drive_of(ctx, node.name))
         acc: dict[str, list] = {"rows": [], "fio": [], "details": []}
         try:
             self._node_steps(ctx, node, s, rec, acc)
@@ -807,6 +821,8 @@ class KvRead(Workload):
         dev = _pool_stat(r)
         if dev is not None:
             rec.pool_device, rec.pool_device_maj_min = dev.source, dev.maj_min
+        smart_dev = smart_device(rec.pool_device)
+        smart0 = _smart(steps, tr, smart_dev, "kv-smart-before")
         issues = check_lmcache_config(s.lmcache, s.profile.lmcache.version)
         if issues:
             raise WorkloadError("LMCache config rejected: "
@@ -853,6 +869,13 @@ class KvRead(Workload):
                                parse_read, "readers failed")
         record_checks(rec, run)
         rec.reader_start = run.start_method
+        # what laying out the KV cost the pool's drive: its writes synced, the block counters and the drive's own
+        steps.run(tr, "kv-sync", SYNC_ARGV, timeout_s=300)
+        dev1 = _pool_stat(steps.run(tr, "kv-blockstat-after-layout", pool_blockstat_argv(s.pool), timeout_s=30))
+        smart1 = _smart(steps, tr, smart_dev, "kv-smart-after")
+        rec.layout_device_write_bytes = write_bytes_between(dev, dev1)
+        rec.endurance = layout_endurance(rec, sz.kv_bytes_per_token, smart_dev, smart0, smart1,
+                                         drive_rating(rec.pool_drive))
         acc["rows"], acc["details"] = connector_rows(node.name, run, None)
 
         # fio over the same chunk files, stream by stream
@@ -881,6 +904,60 @@ class KvRead(Workload):
         gpu_of = {label: gpu for label, gpu, _ in stream_labels(node) if gpu is not None}
         acc["rows"], acc["details"] = connector_rows(node.name, run, fio)
         acc["fio"] = fio_stream_rows(node.name, fio, gpu_of)
+
+
+SYNC_ARGV = ("sync",)
+
+
+def endurance_plan(node: str, pool: str) -> list[PlannedStep]:
+    """The steps that price the layout's writes (docs/endurance.md), for ``kvgate plan``."""
+    return [PlannedStep(node, "sync: the layout's writes (data, ext4 metadata and journal) reach the device", SYNC_ARGV),
+            PlannedStep(node, "the pool device's write counters after the layout (against those before it)",
+                        pool_blockstat_argv(pool)),
+            PlannedStep(node, "NVMe SMART data units written after the layout, where the pool's device is an NVMe "
+                        "namespace (also read before the layout; not exposed otherwise)",
+                        smart_log_argv("<the pool's NVMe namespace>"), optional=True)]
+
+
+def _smart(steps, tr, device: str | None, name: str) -> tuple[SmartLog | None, str | None]:
+    """The drive's SMART log now (the probe ``nvme smart-log``), or why not: no NVMe namespace, or nvme-cli's
+    failure as it said it."""
+    if device is None:
+        return None, "the pool's device is no NVMe namespace"
+    r = steps.run(tr, name, smart_log_argv(device), timeout_s=60)
+    if not r.ok:
+        first = next((line for line in (r.stderr or r.stdout or "").splitlines() if line.strip()), "no output")
+        return None, f"nvme smart-log {device}: exit {r.rc}: {first.strip()[:200]}"
+    try:
+        return parse_smart_log(r.stdout), None
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def layout_endurance(rec: KvNodeEvidence, kv_bytes_per_token: int, device: str | None,
+                     before: tuple[SmartLog | None, str | None], after: tuple[SmartLog | None, str | None],
+                     drive: DriveRating | None) -> dict[str, Any] | None:
+    """Pure: what the node's layout cost the pool's drive (harness.endurance: its tokens are the KV's, its window the
+    layout's), with the drive's own SMART data units written beside the block counters (harness.parsers.smart)."""
+    lay = rec.layout
+    if lay is None:
+        return None
+    stored = 0 if lay.reused else lay.kv_bytes
+    e = endurance(rec.layout_device_write_bytes, lay.kv_bytes / kv_bytes_per_token if kv_bytes_per_token else None,
+                  stored, lay.elapsed_s, drive).to_dict()
+    smart = smart_writes(device, before[0], after[0], rec.layout_device_write_bytes, before[1] or after[1])
+    return {**e, "smart": smart.to_dict()}
+
+
+def nodes_endurance(nodes: dict[str, KvNodeEvidence]) -> dict[str, Any] | None:
+    """Pure: the gate's endurance: its one node's (SMART included), or the sum over its nodes (harness.endurance
+    .combined; each node's SMART stays in its own record)."""
+    recs = [r.endurance for r in nodes.values() if r.endurance]
+    if len(recs) <= 1:
+        return recs[0] if recs else None
+    drive = drive_rating(next(iter(nodes.values())).pool_drive)
+    return combined([endurance(e["device_write_bytes"], e["served_tokens"], e["stored_kv_bytes"], e["window_s"])
+                     for e in recs], drive).to_dict()
 
 
 def _pool_stat(result):

@@ -18,6 +18,7 @@ The metric is the number of bytes that differ; every read-back is kept in the ev
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,7 +30,7 @@ from ..rigs.loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, Loopb
 from ..writeguard import block_probe_plan, check_write
 from .base import (Evidence, GateContext, PlannedStep, StrictModel, ValidityCheck, Workload, WorkloadResult, nvmeof_device,
                    register_workload, write_gate_file)
-from .integrity import (IntegrityResult, integrity_cleanup_argv, integrity_commands, loopback_integrity,
+from .integrity import (IntegrityResult, pattern_bytes, integrity_cleanup_argv, integrity_commands, loopback_integrity,
                         roundtrip_commands, roundtrip_integrity)
 
 
@@ -115,6 +116,48 @@ def integrity_validity(ev: NvmeIntegrityEvidence, errors: list[str]) -> list[Val
                       claim="no byte read back differs from the pattern",
                       how="sha256 and a byte-by-byte comparison of each read-back with the pattern",
                       figure="bytes that differ", value=float(mismatched), unit="B")]
+
+
+def pattern_sha256(direction: str, length_bytes: int, nqn: str | None, device: str, seed: str = "kvgate"
+                   ) -> str | None:
+    """Pure: the digest of the pattern a check of ``direction`` wrote (the seeds of harness.workloads.integrity:
+    a loopback's ``SEED:NQN:DIRECTION``, a round trip's ``SEED:DEVICE:roundtrip``); None for a read-only compare
+    (its reference is the backing's own bytes) or an unknown NQN."""
+    if direction == "nvme->nvme":
+        return hashlib.sha256(pattern_bytes(f"{seed}:{device}:roundtrip", length_bytes)).hexdigest()
+    if direction in ("backing->nvme", "nvme->backing") and nqn:
+        return hashlib.sha256(pattern_bytes(f"{seed}:{nqn}:{direction}", length_bytes)).hexdigest()
+    return None
+
+
+def reevaluate_integrity(records: dict[str, str], nqn: dict[str, str | None]) -> WorkloadResult:
+    """Pure: a bundle's nvme-integrity result again from every node's raw ``NODE-integrity.json`` (``records``:
+    node -> text; ``nqn``: node -> the target's NQN, from the bundle's inventory): each check's pattern digest
+    computed again, each check's verdict from its digests and byte count (ValueError when they contradict each
+    other: a check that says 0 bytes differ where the digests differ, or a digest that is not the pattern's), the
+    node's figures summed again, then :func:`evaluate_integrity`."""
+    ev = NvmeIntegrityEvidence()
+    errors = []
+    for name in sorted(records):
+        d = IntegrityRecord.model_validate_json(records[name])
+        checks = []
+        for c in d.checks:
+            want = pattern_sha256(c.direction, c.length_bytes, nqn.get(name), d.device)
+            where = f"{name}-integrity.json: {c.direction}"
+            if c.error is None and want is not None and c.expected_sha256 != want:
+                raise ValueError(f"{where}: expected digest {c.expected_sha256[:16]}... is not the pattern's "
+                                 f"({want[:16]}...)")
+            if c.error is None and (c.expected_sha256 == c.actual_sha256) != (c.mismatched_bytes == 0):
+                raise ValueError(f"{where}: {c.mismatched_bytes} bytes differ, yet the digests "
+                                 f"{'agree' if c.expected_sha256 == c.actual_sha256 else 'differ'}")
+            checks.append(c.model_copy(update={"ok": c.error is None and c.mismatched_bytes == 0}))
+            if c.error:
+                errors.append(f"{name}: {c.direction}: {c.error}")
+        ev.nodes = {**ev.nodes, name: d.model_copy(update=dict(
+            checks=checks, ok=bool(checks) and all(c.ok for c in checks),
+            mismatched_bytes=sum(c.mismatched_bytes for c in checks),
+            checked_bytes=sum(c.length_bytes for c in checks if c.error is None)))}
+    return evaluate_integrity(ev, errors)
 
 
 @register_workload("nvme-integrity")

@@ -47,6 +47,7 @@ from ..engines import EngineProfile, kv_bytes_per_token, load_profile, shell_lin
 from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
 from ..engines.preflight import preflight_argv
 from ..engines.prompts import make_prompts
+from ..endurance import DriveRating, combined, endurance
 from ..errors import WorkloadError
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, pool_device_probe, read_bytes_between, \
     write_bytes_between
@@ -55,8 +56,8 @@ from ..redact import redact_url
 from ..stats import percentile
 from ..units import format_quantity
 from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, TtftEvidence,
-                   ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path,
-                   write_gate_file, write_summary)
+                   ValidityCheck, Workload, WorkloadResult, drop_caches, drive_rating, pool_drive_of, register_workload,
+                   target_path, write_gate_file, write_summary)
 from .g2_ttft import ttft_stats
 from .attach import AttachedEngine, NodeCommand, engine_url
 from .engine import (FREE_PORT_CODE, LaunchedEngine, build_random_model, build_random_model_argv, client_base_url,
@@ -321,6 +322,17 @@ def device_where(ev: PdEvidence) -> dict[str, str]:
     return out
 
 
+def pd_endurance(prompts: Sequence[PdPrompt], drive: DriveRating | None) -> dict[str, Any] | None:
+    """Pure: what the producer's stores cost the pool's drive (harness.endurance): per prompt, the pool device's
+    bytes written around the producer's request, its prompt tokens, the KV the pool gained, over the store's
+    window (the producer's TTFT plus the wait until the pool held the KV)."""
+    if not prompts:
+        return None
+    return combined([endurance(x.producer_write_bytes, x.prompt_tokens, x.pool_bytes_added,
+                               None if x.prefill_ttft_s is None or x.store_wait_s is None
+                               else x.prefill_ttft_s + x.store_wait_s) for x in prompts], drive).to_dict()
+
+
 def evaluate_pd(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance], bpt: int, min_hit_rate: float,
                 min_read_fraction: float, min_write_fraction: float, evidence: PdEvidence | None = None,
                 fallback: str | None = None) -> WorkloadResult:
@@ -357,8 +369,9 @@ def evaluate_pd(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance]
             metrics["read_fraction"] = read / (hit * bpt)
     checks = pd_validity(prompts, instances, fallback, bpt, min_hit_rate, min_read_fraction, min_write_fraction,
                          device_where(evidence) if evidence is not None else None)
-    ev = (evidence or PdEvidence()).model_copy(update=dict(prompts=list(prompts), ttft_recompute_s=rec or None,
-                                                           ttft_readback_s=hand or None, validity=checks))
+    base = evidence or PdEvidence()
+    ev = base.model_copy(update=dict(prompts=list(prompts), ttft_recompute_s=rec or None, ttft_readback_s=hand or None,
+                                     endurance=pd_endurance(prompts, drive_rating(base.pool_drive)), validity=checks))
     failed = [f"{x.request_id}: {e}" for x in prompts for e in x.errors]
     error = f"{len(failed)} request(s) failed; first: {failed[0]}" if failed else None
     if not prompts:
@@ -368,11 +381,48 @@ def evaluate_pd(prompts: Sequence[PdPrompt], instances: Mapping[str, PdInstance]
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
 
 
+def reevaluate_pd(evidence: dict[str, Any], requests: Mapping[str, Sequence[RequestRecord]],
+                  device: Sequence[tuple[int | None, int | None]], fallback: str | None, p: "PdParams",
+                  prof: EngineProfile) -> WorkloadResult:
+    """Pure: a bundle's pd-handoff result again: per prompt its three requests' TTFTs and errors from the raw
+    records (``requests``: phase -> records in prompt order, as many as the evidence's prompts, the prefill and
+    hand-off ones named by the prompt's id), the producer's written and the consumer's read bytes (``device``: per
+    prompt, re-parsed from the run's probe steps), the KV each prompt stores from its prompt tokens and the
+    model (``p.model_config_inline``, ``prof``: the producer's profile), the engines' fall-back as re-scanned and
+    the bounds of the gate's params; the engines' hit counters and the pool's listings as recorded. Then
+    :func:`evaluate_pd`, as the run. ValueError when the raw records do not match the evidence's prompts."""
+    ev = PdEvidence.model_validate({k: v for k, v in evidence.items() if k != "validity"})
+    n = len(ev.prompts)
+    counts = {ph: len(requests.get(ph, ())) for ph in ("prefill", "handoff", "recompute")}
+    if any(c != n for c in counts.values()) or len(device) != n:
+        got = ", ".join(f"{ph} {c}" for ph, c in counts.items())
+        raise ValueError(f"the raw request records ({got}) and device probes ({len(device)}) are not the "
+                         f"evidence's {n} prompts")
+    bpt = kv_bytes_per_token(dict(p.model_config_inline), prof.capabilities.kv_dtype)
+    prompts = []
+    for i, x in enumerate(ev.prompts):
+        pre, hand, rec = (requests[ph][i] for ph in ("prefill", "handoff", "recompute"))
+        if pre.request_id != x.request_id or hand.request_id != x.request_id:
+            raise ValueError(f"prompt {i}: the raw records name {pre.request_id} / {hand.request_id}, the evidence "
+                             f"{x.request_id}")
+        prompts.append(x.model_copy(update=dict(
+            errors=[f"{ph}: {r.error}" for ph, r in (("prefill", pre), ("handoff", hand), ("recompute", rec))
+                    if not r.ok],
+            prefill_ttft_s=pre.ttft_s, handoff_ttft_s=hand.ttft_s, recompute_ttft_s=rec.ttft_s,
+            expected_kv_bytes=stored_kv_tokens(pre.prompt_tokens or 0, prof.kv_block_tokens) * bpt,
+            producer_write_bytes=device[i][0], consumer_read_bytes=device[i][1])))
+    return evaluate_pd(prompts, ev.instances, bpt, p.min_hit_rate, p.min_read_fraction, p.min_write_fraction, ev,
+                       fallback=fallback)
+
+
 # -------------------------------------------------------------------------------------------- workload
 
 
 @register_workload("pd-handoff")
 class PdHandoff(Workload):
+    # what its endurance prices (docs/endurance.md), for `kvgate plan`
+    ENDURANCE = ("the producer's stores: the pool device's bytes written around each producer request, per million "
+                 "prompt tokens, per byte the pool gained, over its TTFT and store wait")
     Params = PdParams
     EvidenceModel = PdEvidence
     METRICS = {
@@ -635,7 +685,8 @@ class PdHandoff(Workload):
         fresh = make_prompts(seed + FRESH_SEED_OFFSET, p.prompt_tokens, p.prompts_per_length, vocab)
         warm = [make_prompts(seed + WARMUP_SEED_OFFSET + i, [min(p.prompt_tokens)], 1, vocab)[0] for i in range(2)]
         ev = PdEvidence(producer_profile=profs["producer"].name, consumer_profile=profs["consumer"].name,
-                        kv_bytes_per_token=bpt, prompt_seed=seed, attached=p.attach is not None)
+                        kv_bytes_per_token=bpt, prompt_seed=seed, attached=p.attach is not None,
+                        pool_drive=pool_drive_of(ctx, p.storage[0] if p.storage else roles["producer"]))
         if p.attach is not None:
             a = p.attach
             handles: dict[str, Any] = {r: AttachedEngine(ctx, profs[r], getattr(a, r), roles[r]) for r in ROLES}

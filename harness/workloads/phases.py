@@ -10,6 +10,7 @@ operator runs; it never looks at an engine's name.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Generic, Mapping, Sequence, TypeVar
 
@@ -46,6 +47,10 @@ class EngineReading:
         """Pure: the fall-back lines the engine's log holds from its start up to the phase's end."""
         return fallbacks_between(self.since, self.log_after, patterns)
 
+    def missing(self, required: Sequence[str] = ()) -> str | None:
+        """Pure: the first of ``required`` (regular expressions) the engine's current log never matches."""
+        return missing_in_text(self.log_after.text, required)
+
 
 @dataclass(frozen=True)
 class PhaseRecord(Generic[T]):
@@ -69,17 +74,38 @@ class EngineLog:
     def fallbacks(self, patterns: Sequence[str] = ()) -> list[LogMatch]:
         return fallbacks_between(self.since, self.end, patterns)
 
+    def missing(self, required: Sequence[str] = ()) -> str | None:
+        return missing_in_text(self.end.text, required)
+
+
+def missing_in_text(text: str | None, required: Sequence[str]) -> str | None:
+    """Pure: the first pattern of ``required`` that no line of a log's text matches (None: all there, or none
+    asked). An unreadable log (None) misses every line."""
+    for pat in required:
+        if text is None or re.search(pat, text, re.MULTILINE) is None:
+            return pat
+    return None
+
 
 def first_fallback(logs: Mapping[str, EngineReading | EngineLog], patterns: Sequence[str],
-                   label: Callable[[str], str]) -> tuple[str | None, list[LogMatch]]:
-    """Pure: the INVALID reason of the first engine (in order) whose log says the tier silently did nothing, and
-    every such line of all engines. ``label(name)`` names an engine's phase in the reason."""
+                   label: Callable[[str], str], required: Sequence[str] = ()) -> tuple[str | None, list[LogMatch]]:
+    """Pure: the INVALID reason of the first engine (in order) whose log says the tier silently did nothing, or
+    lacks a line of ``required`` (the profile's ``in_force_log``: what shows the cold regime in force), and every
+    fall-back line of all engines. ``label(name)`` names an engine's phase in the reason."""
     reason, found = None, []
     for name, log in logs.items():
         matches = log.fallbacks(patterns)
         found += matches
         reason = reason or fallback_reason(matches, label(name))
+        if reason is None:
+            reason = not_in_force(log.missing(required), label(name))
     return reason, found
+
+
+def not_in_force(gone: str | None, label: str) -> str | None:
+    """Pure: the INVALID reason when an engine's log lacks the profile's in-force line ``gone`` (None: all there)."""
+    return None if gone is None else (f"{label}: the engine's log never says /{gone}/ (the profile's in_force_log): "
+                                      "the cold regime it declares is not in force")
 
 
 @dataclass

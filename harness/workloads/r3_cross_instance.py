@@ -37,12 +37,15 @@ from ..engines.profiles import HitMetrics
 from ..engines.prompts import make_prompts
 from ..execute.fanout import fan_out
 from ..node import program_path
+from ..endurance import endurance
+from ..parsers.pooldev import pool_blockstat_argv, pool_device_probe, write_bytes_between
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from ..units import format_quantity
 from .base import (Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, ValidityCheck,
-                   Workload, WorkloadResult, register_workload, target_path, write_summary,
+                   Workload, WorkloadResult, drive_rating, pool_drive_of, register_workload, target_path, write_summary,
                    write_gate_file)
-from .engine import (FREE_PORT_CODE, LaunchedEngine, client_base_url, engine_port, engine_preflight, engine_values,
+from .probes import run_probe
+from .engine import (FREE_PORT_CODE, LaunchedEngine, LogMark, client_base_url, engine_port, engine_preflight, engine_values,
                      model_config_issues, node_engine_python, pool_contents, pool_files_argv, profile_issues,
                      stage_engine_files)
 from .phases import EngineLog, PhaseRecord, PhaseRunner, first_fallback
@@ -91,6 +94,11 @@ class R3Evidence(Evidence):
     layout: dict[str, dict[str, Any]] = {}
     lmcache_config: dict[str, Any] | None = None
     pool_after_writer: PoolSnapshot | None = None
+    # the writer's stores on the pool's device (docs/endurance.md): its bytes written from before the writer's
+    # phase to after the pool held the KV (synced), and the writer client's time serving
+    pool_device: str | None = None
+    writer_device_write_bytes: int | None = None
+    writer_window_s: float | None = None
     pool_seen_from_reader_before: PoolSnapshot | None = None
     pool_seen_from_reader_after: PoolSnapshot | None = None
     writer_hit_tokens: float | None = None
@@ -161,6 +169,9 @@ def evaluate_r3(writer: PhaseRecord, reader: PhaseRecord, hit: HitMetrics, pool_
         reader_query_tokens=reader_query, pool_bytes_before_reader=pool_bytes, expected_kv_bytes=expected_kv_bytes,
         failed_requests=failed, reader_read_bytes=counter_delta(rb, ra, hit.read_bytes),
         reader_query_tokens_before=before))
+    ev.endurance = endurance(ev.writer_device_write_bytes, expected_kv_bytes / ev.kv_bytes_per_token
+                             if ev.kv_bytes_per_token else None, pool_bytes, ev.writer_window_s,
+                             drive_rating(ev.pool_drive)).to_dict()
     # an engine that fell back silently: the tier was not used (the first engine's reason)
     invalid, _ = first_fallback(logs or {}, fallback_patterns, lambda role: f"{role} engine's")
     ev.validity = r3_validity(ev, invalid, reader_hit, reader_query, writer_hit, pool_bytes, expected_kv_bytes)
@@ -184,8 +195,37 @@ def evaluate_r3(writer: PhaseRecord, reader: PhaseRecord, hit: HitMetrics, pool_
     return WorkloadResult(metrics, ev, invalid_reason=invalid)
 
 
+def reevaluate_r3(evidence: dict[str, Any], raw: Mapping[str, Mapping[str, str]], logs: Mapping[str, str],
+                  p: "R3Params") -> WorkloadResult:
+    """Pure: a bundle's r3-cross-instance result again from its raw files (``raw``: role -> ``records`` (the node
+    client's ``requests-ROLE.json``), ``metrics_before`` and ``metrics_after`` (``metrics-ROLE-*.prom``); ``logs``:
+    role -> the engine's whole log), the KV the prompts store from the gate's params and the profile, the pool's
+    bytes after the writer as recorded. Then :func:`evaluate_r3`, as the run."""
+    ev = R3Evidence.model_validate({k: v for k, v in evidence.items() if k != "validity"})
+    prof = load_profile(p.engine)
+    model_cfg = R3CrossInstance()._model_config(p)
+    bpt = kv_bytes_per_token(model_cfg, prof.capabilities.kv_dtype)
+    prompts = make_prompts(p.seed, p.prompt_tokens, p.prompts_per_length, int(model_cfg.get("vocab_size", 4096)))
+    expected = sum(r.prompt_tokens for r in prompts) * bpt
+    phases = {}
+    for role in ("writer", "reader"):
+        records = json.loads(raw[role]["records"])
+        if not isinstance(records, list) or len(records) != len(prompts):
+            raise ValueError(f"requests-{role}.json: {len(records) if isinstance(records, list) else 'no'} records "
+                             f"for the {len(prompts)} prompts")
+        phases[role] = PhaseRecord(role, {"records": records, "metrics_before": raw[role]["metrics_before"],
+                                          "metrics_after": raw[role]["metrics_after"]}, {})
+    pool = ev.pool_after_writer.bytes if ev.pool_after_writer is not None else 0
+    marks = {role: EngineLog(LogMark(1, ""), LogMark(1, text)) for role, text in logs.items()}
+    return evaluate_r3(phases["writer"], phases["reader"], prof.hit_metrics, pool, expected, ev, logs=marks,
+                       fallback_patterns=prof.fallback_patterns)
+
+
 @register_workload("r3-cross-instance")
 class R3CrossInstance(Workload):
+    # what its endurance prices (docs/endurance.md), for `kvgate plan`
+    ENDURANCE = ("the writer's stores: the pool device's bytes written from before its phase to the pool holding "
+                 "the KV (synced), per million prompt tokens, per byte the pool gained, over the writer's client")
     Params = R3Params
     EvidenceModel = R3Evidence
     METRICS = {"hit_rate": "ratio"}
@@ -262,11 +302,16 @@ class R3CrossInstance(Workload):
                                    f"{shell_line(argv, env)}", tuple(argv)))
         w, r = lay["writer"], lay["reader"]
         out += [
+            PlannedStep(writer, "the pool device's write counters before the writer's phase (docs/endurance.md)",
+                        pool_blockstat_argv(w["pool_dir"])),
             PlannedStep(writer, f"writer: serve {n} new prompts of {p.prompt_tokens} tokens (stores their KV), its "
                         "counters read before and after on the node; hit counter must stay 0",
                         tuple(self._client_argv(w, p))),
             PlannedStep(writer, "wait until the finished chunk files in the pool hold the expected KV bytes",
                         tuple(pool_files_argv(w["pool_dir"], prof.pool_files))),
+            PlannedStep(writer, "sync: the writer's stores reach the device", ("sync",)),
+            PlannedStep(writer, "the pool device's write counters after the writer's stores",
+                        pool_blockstat_argv(w["pool_dir"])),
             PlannedStep(reader, "what the reader sees in the pool before its phase",
                         tuple(pool_files_argv(r["pool_dir"], prof.pool_files))),
             PlannedStep(reader, f"reader (never saw them): serve the same {n} prompts; hit_rate = hit / looked-up "
@@ -290,7 +335,7 @@ class R3CrossInstance(Workload):
         expected = sum(r.prompt_tokens for r in prompts) * bpt
         ev = R3Evidence(engine_profile=prof.name, writer=writer, reader=reader, run_tag=tag, kv_bytes_per_token=bpt,
                         expected_kv_bytes=expected, prompts=len(prompts), prompt_tokens=list(p.prompt_tokens),
-                        seed=p.seed)
+                        seed=p.seed, pool_drive=pool_drive_of(ctx, writer))
         write_gate_file(ctx.gate_dir / "prompts.json", json.dumps([{"id": r.request_id, "ids": r.prompt} for r in prompts]))
 
         # 1. Per node: a free loopback port, directories, model config, LMCache YAML, the engine program, the
@@ -334,12 +379,17 @@ class R3CrossInstance(Workload):
             if err:
                 return WorkloadResult(evidence=ev, error=err)
 
-            # 3. Writer phase.
+            # 3. Writer phase, its stores counted on the pool's device (what serving costs the drive).
             ctx.progress(f"{ctx.gate.id}: {writer} serves {len(prompts)} new prompts")
-            w = runner.phase("writer", lambda: self._serve(ctx, writer, lay[writer], "writer", p), on=["writer"])
-            pool = pool_contents(ctx, ctx.transports[writer], lay[writer]["pool_dir"], expected, p.populate_timeout_s,
-                                 "r3-pool-writer", prof.pool_files)
+            wt, wpool = ctx.transports[writer], lay[writer]["pool_dir"]
+            d0, _ = run_probe(ctx, wt, pool_device_probe(wpool), "r3-pool-blockstat-before")
+            w = runner.phase("writer", lambda: self._serve(ctx, writer, lay[writer], "writer", p, ev), on=["writer"])
+            pool = pool_contents(ctx, wt, wpool, expected, p.populate_timeout_s, "r3-pool-writer", prof.pool_files)
             ev.pool_after_writer = pool
+            ctx.steps.run(wt, "r3-sync", ("sync",), timeout_s=300)
+            d1, _ = run_probe(ctx, wt, pool_device_probe(wpool), "r3-pool-blockstat-after")
+            ev.pool_device = (d0 or d1).source if (d0 or d1) else None
+            ev.writer_device_write_bytes = write_bytes_between(d0, d1)
             ev.pool_seen_from_reader_before = pool_contents(ctx, ctx.transports[reader], lay[reader]["pool_dir"],
                                                             expected, 0, "r3-pool-reader-before", prof.pool_files)
 
@@ -360,10 +410,14 @@ class R3CrossInstance(Workload):
 
     # ---------------------------------------------------------------------------------- helpers
 
-    def _serve(self, ctx: GateContext, name: str, v: dict, role: str, p: R3Params) -> dict:
-        """One phase on a node: the node client sends the prompts to its engine; what it printed, kept."""
+    def _serve(self, ctx: GateContext, name: str, v: dict, role: str, p: R3Params,
+               ev: R3Evidence | None = None) -> dict:
+        """One phase on a node: the node client sends the prompts to its engine; what it printed, kept (and with
+        ``ev``, the client's time serving, as the writer's window)."""
         res = ctx.steps.run(ctx.transports[name], f"r3-{role}-serve", self._client_argv(v, p),
                             timeout_s=p.request_timeout_s * (p.prompts_per_length * len(p.prompt_tokens)) + 60)
+        if ev is not None:
+            ev.writer_window_s = res.duration_s
         if not res.ok:
             raise RuntimeError(f"{role} client on {name} failed: {res.summary()}")
         try:

@@ -9,3 +9,10 @@ def sshd(tmp_path_factory):
     server = PrivateSshd(tmp_path_factory.mktemp("sshd")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def signer(tmp_path_factory):
+    """A key pair of the module's own: (private key, public key)."""
+    from harness.report.bundle import generate_keypair
+    return generate_keypair(tmp_path_factory.mktemp("keys") / "signer")

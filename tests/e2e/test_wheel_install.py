@@ -64,6 +64,9 @@ def test_the_wheel_is_kvgate_with_its_own_data_not_the_checkout(installed):
     module, data_root, found = r.stdout.split()
     assert str(ROOT) not in module and "site-packages" in module
     assert data_root.endswith("harness/_data") and found == "True"
+    # the real traces it ships, found by name from any directory (gates name them as traces/<file>)
+    r = kvgate(installed, "trace", "stats", "traces/mooncake-conversation-3000.jsonl")
+    assert r.returncode == 0 and "mooncake trace, 3000 requests" in r.stdout, r.stdout + r.stderr
     # torch and LMCache are not needed by kvgate itself
     r = subprocess.run([str(py), "-c", "import torch"], cwd=cwd, env=env, capture_output=True, text=True)
     assert r.returncode != 0

@@ -58,6 +58,14 @@ def vllm_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def vllm_wide_model(tmp_path_factory):
+    """The wider random-weight model the vLLM gain and hand-off gates serve (vllm_engines.WIDE_GATE's), built once
+    for the session."""
+    from vllm_engines import WIDE_GATE, build_model, model_config
+    return build_model(tmp_path_factory.mktemp("vllm-wide-model"), model_config(WIDE_GATE))
+
+
+@pytest.fixture(scope="session")
 def vllm_attached(tmp_path_factory, vllm_model):
     """One `vllm serve` kvgate did not start (ExampleConnector on its own loop device's ext4, prefix caching on),
     shared by every test that needs only a running vLLM: started once (a vLLM start-up is the dearest thing these

@@ -1,6 +1,7 @@
 """gates/loopback-faults.yaml in the real qemu guest (Debian's kernel): a two-path NVMe/TCP namespace read
 through the native multipath head while a path goes down and comes back, a path turns ANA inaccessible and
-back, and the target restarts. One guest boot and one run for every case (qemu TCG is slow); the target side is
+back, the target restarts, and a path is slowed (netem on the guest's lo, the replies of the path's port only). One
+guest boot and one run for every case (qemu TCG is slow); the target side is
 torn down and qemu stopped by PID at the end, also on failure.
 """
 
@@ -47,7 +48,7 @@ def faulted_run(qemu_guest, tmp_path_factory):
                         "cat /sys/kernel/config/nvmet/subsystems/*/namespaces/1/enable; "
                         "tc qdisc show dev lo"], timeout_s=120)
         results = {g: json.loads((outcome.run_dir / "gates" / g / "result.json").read_text())
-                   for g in ("F1-path-down", "F2-ana", "F3-target-restart")}
+                   for g in ("F1-path-down", "F2-ana", "F3-target-restart", "F4-slow-path")}
         yield outcome, results, links.stdout
     finally:
         tr.run(["nvme", "disconnect", "-n", "nqn.2024-01.io.kvgate:loopback-kvmp"], timeout_s=120)
@@ -67,6 +68,9 @@ def test_path_down_fails_over_within_the_bound_with_every_block_verified(faulted
     by_path = {p["target"]: p["read_bytes"] for p in ev["paths"]}
     assert set(by_path) == {"kvmp-a", "kvmp-b"} and sum(by_path.values()) >= ev["read_bytes"] * 0.9
     assert fault["path_read_bytes"]["kvmp-b"] > 0
+    # the fault was felt: path A carried reads in the 2 s before it went down (its own sampled counters)
+    assert fault["path_read_bytes_before"] > 0 and ev["fio_exit_code"] == 0
+    assert {c["name"] for c in ev["validity"]} >= {"fault felt", "fio finished"}
     assert all(c["ok"] for c in ev["validity"]), ev["validity"]
 
 
@@ -77,6 +81,7 @@ def test_ana_inaccessible_moves_the_read_and_comes_back(faulted_run):
     ev = results["F2-ana"]["evidence"]
     (fault,) = ev["faults"]
     assert fault["undone_ok"] and fault["path_read_bytes"]["kvmp-b"] > 0
+    assert fault["path_read_bytes_before"] > 0  # felt: path A carried reads before it turned inaccessible
     assert ev["corrupted_chunks"] == 0 and ev["failed_reads"] == 0
 
 
@@ -104,3 +109,21 @@ def test_the_report_draws_each_paths_rate_with_the_fault_and_its_inverse_marked(
     svg = (outcome.run_dir / "charts" / "F1-path-down-series.svg").read_text()
     assert 'id="series-kvmp-a"' in svg and 'id="series-kvmp-b"' in svg
     assert 'id="mark-0"' in svg and 'id="mark-1"' in svg
+
+
+def test_a_slowed_path_is_felt_and_ridden_out_with_every_block_verified(faulted_run):
+    outcome, results, _ = faulted_run
+    v = {x.gate_id: x for x in outcome.verdicts}
+    assert v["F4-slow-path"].outcome.value == "PASS", v["F4-slow-path"].reason
+    ev = results["F4-slow-path"]["evidence"]
+    (fault,) = ev["faults"]
+    assert fault["applied_ok"] and fault["undone_ok"] and fault["stall_s"] <= 5, fault
+    assert ev["corrupted_chunks"] == 0 and ev["failed_reads"] == 0
+    # the delay felt while it was surely in force (from the tc commands' return to the undo): 4 readers of 1 MiB
+    # each waiting 500 ms per read reach ~8.4 MB/s at most, where the path read at tens of MB/s before
+    felt = next(c for c in ev["validity"] if c["name"] == "delay felt")
+    in_force_s = fault["t_undo_s"] - fault["t_in_force_s"]
+    print(f"F4: apply took {fault['t_in_force_s'] - fault['t_apply_s']:.1f} s; {fault['pre_rate_mb_s']:.1f} MB/s "
+          f"before, {fault['in_force_rate_mb_s']:.2f} MB/s over {in_force_s:.1f} s in force")
+    assert felt["ok"] and in_force_s >= 5, (felt, fault)
+    assert fault["in_force_rate_mb_s"] <= 0.5 * fault["pre_rate_mb_s"], fault

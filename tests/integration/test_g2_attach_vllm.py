@@ -14,18 +14,14 @@ before is none of these runs' business."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from harness.config import load_config
 from harness.gates.verdict import Outcome
-from harness.report.bundle import generate_keypair, load_private_key, verify_bundle
-from harness.suite.runner import run_suite
 from harness.transport.local import free_port
-from harness.workloads import WORKLOADS
+from suite_run import run_one_gate
 from vllm_engines import PROMPT_TOKENS, SERVED_MODEL_NAME, model_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -58,18 +54,9 @@ def _run(tmp_path: Path, engine: dict | None, url: str, restart: str, profile: s
                          "restart": [{"node": "cpu1", "run": restart, "timeout_s": 300}], **extra}}
     if params["tokenizer"] is None:
         params.pop("tokenizer")
-    suite = {"suite": {"name": "g2-attach-test", "version": 1},
-             "gates": [{"id": "G2", "title": "attached", "workload": "g2-ttft", "params": params,
-                        "metric": "readback_speedup_p50", "pass": ">= 1.5 x", "stop_loss": "< 1 x"}]}
-    (tmp_path / "gates.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
-    (tmp_path / "inv.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "cpu1", "transport": "local",
-                                                                  "work_dir": str(tmp_path / "work")}]}))
-    config = load_config(tmp_path / "inv.yaml", tmp_path / "gates.yaml", WORKLOADS)
-    key, pub = generate_keypair(tmp_path / "op")
-    out = run_suite(config, tmp_path / "out", load_private_key(key), progress=lambda m: print(m, flush=True))
-    result = json.loads((out.run_dir / "gates" / "G2" / "result.json").read_text())
-    assert verify_bundle(out.bundle.path, pub).ok
-    return out.verdicts[0], result, out
+    return run_one_gate(tmp_path, "g2-attach-test", {
+        "id": "G2", "title": "attached", "workload": "g2-ttft", "params": params,
+        "metric": "readback_speedup_p50", "pass": ">= 1.5 x", "stop_loss": "< 1 x"})
 
 
 def test_an_unreachable_engine_url_is_an_error(tmp_path):

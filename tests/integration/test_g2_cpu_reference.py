@@ -54,6 +54,14 @@ def test_cold_readback_beats_recompute_with_hits_and_bytes_from_the_pool(tmp_pat
     assert ev["pool_after_populate"]["bytes"] >= ev["expected_kv_bytes"]
     assert m["readback_device_read_bytes"] > 0
     assert ev["page_cache_dropped"] is True
+    # what the re-compute's stores cost the drive: at least the KV the pool gained reached the device (synced
+    # before the read-back; other writers on this host's device only add), over the prompts it served
+    e = ev["endurance"]
+    print(f"re-compute wrote {e['device_write_bytes']} B for {e['stored_kv_bytes']} B of KV, "
+          f"{e['write_bytes_per_mtok']:.4g} B per million tokens, {e['store_write_gb_s']:.4g} GB/s")
+    assert e["device_write_bytes"] >= e["stored_kv_bytes"] == ev["pool_after_populate"]["bytes"] > 0
+    assert e["served_tokens"] == ev["prompts"] * ev["prompt_tokens"][0]  # one length: prompts x its tokens
+    assert e["window_s"] > 0 and e["write_amplification"] >= 1.0 and e["days_to_rating"] is None
     assert ev["lmcache_version_pinned"] == "0.5.6" and ev["versions"]["lmcache"] == "0.5.6"
     # every request is on disk, and the engine logs of both starts are in the bundle
     gate_dir = out.run_dir / "gates" / "G2"
@@ -65,7 +73,12 @@ def test_cold_readback_beats_recompute_with_hits_and_bytes_from_the_pool(tmp_pat
     rc = [json.loads(l)["output_text"] for l in (gate_dir / "requests-recompute.jsonl").read_text().splitlines()]
     rb = [json.loads(l)["output_text"] for l in (gate_dir / "requests-readback.jsonl").read_text().splitlines()]
     assert rc == rb
-    assert verify_bundle(out.bundle.path, pub).ok
+    res = verify_bundle(out.bundle.path, pub)
+    assert res.ok
+    # kvgate report's re-derivation: both phases' records, the read-back's probe steps, both engine logs
+    from harness.gates.reevaluate import reevaluate_bundle
+    again = reevaluate_bundle(out.bundle.path, res.statement["predicate"])
+    assert again.same and again.checks[0].rederived, again.differences
 
 
 def test_engine_that_crashes_at_start_is_error_with_its_log(tmp_path):

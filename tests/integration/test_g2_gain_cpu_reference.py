@@ -1,13 +1,15 @@
-"""The tier's worth on the cpu-reference engine with the real LMCache 0.5.6, end to end as a user runs it: `kvgate
-trace synth` writes a session trace, `kvgate run` of gates/g2-gain-cpu-reference.yaml replays it on two engines
-(with LMCache, and with --no-kv-tier) interleaved over 3 trials, into a signed bundle that verifies: PASS with both
-arms proven (the tier served the returning sessions' context; without it nothing came from a tier). The same gate
-with an engine memory that holds the whole working set (engine_cache_tokens) is INVALID: the tier arm was served
-from engine memory, not from the tier. The capacity curve (gates/g2-gain-capacity-cpu-reference.yaml): a
-working-set sweep from half the engine memory to 4x it, engine memory serving the reuse below the knee and
-LMCache's RAM level past it, its requirement PASS and the curve drawn in the signed report. Attach mode: two
-engines the test starts outside kvgate (one with LMCache, one with --no-kv-tier), given to the gate as two URLs,
-PASS with both arms proven and both engines left running."""
+"""The tier's worth on the cpu-reference engine with the real LMCache 0.5.6, end to end as a user runs it: `kvgate run`
+of gates/g2-gain-cpu-reference.yaml as shipped (its session trace a shape declared in it) replays it on two engines
+(with LMCache on a cold tier, and with --no-kv-tier) interleaved over 6 trials (the trace's first 6 requests each),
+into a signed bundle that verifies: PASS on the interval for the median with both arms proven (the tier served the
+returning sessions' context, every hit a read of its own loop device; without it nothing came from a tier; the arms
+differ by --no-kv-tier only). The same gate with an engine memory that holds the whole working set is INVALID, and so
+are an LMCache RAM level that holds it and O_DIRECT asked for but not in force. The capacity curve
+(gates/g2-gain-capacity-cpu-reference.yaml): a working-set sweep from half the engine memory to 4x it, engine memory,
+then LMCache's RAM level, then the pool's device serving the reuse, its requirement PASS and the curve drawn in the
+signed report. Attach mode: two engines the test starts outside kvgate (one with LMCache, one with --no-kv-tier),
+given to the gate as two URLs, 2 trials of an informational gate (reported, never decided: 2 trials give no
+interval) with both arms proven and both engines left running."""
 
 import contextlib
 import json
@@ -34,25 +36,27 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("gain")
-    home, trace = d / "home", d / "trace.jsonl"
-    synth = kvgate("trace", "synth", "--out", trace, "--sessions", "4", "--turns", "3", "--system-prompts", "1",
-                   "--system-prompt-tokens", "1024", "--user-tokens", "256", "--output-tokens", "4", "--rate-rps",
-                   "4", "--think-time-s", "0.5", "--block-tokens", "256", "--seed", "1", home=home)
-    assert synth.returncode == 0, synth.stderr
+    home = d / "home"
     assert kvgate("keygen", "--out", d / "op", home=home).returncode == 0
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"nodes": [{"name": "cpu1", "transport": "local", "read_streams": 1,
                                               "work_dir": str(d / "work")}]}))
-    return d, home, trace, inv
+    return d, home, inv
 
 
-def run_gate(setup, name: str, **params):
-    d, home, trace, inv = setup
-    suite = yaml.safe_load((ROOT / "gates" / "g2-gain-cpu-reference.yaml").read_text())
-    suite["gates"][0]["params"]["load"]["path"] = str(trace)
-    suite["gates"][0]["params"].update(params)
-    gates = d / f"{name}.yaml"
-    gates.write_text(yaml.safe_dump(suite, sort_keys=False))
+def run_gate(setup, name: str, gate: dict | None = None, **params):
+    """The shipped gate (its sessions shape declared in it) as it is, or a copy with ``params`` (and the gate's
+    own fields ``gate``) changed."""
+    d, home, inv = setup
+    gates = ROOT / "gates" / "g2-gain-cpu-reference.yaml"
+    if params or gate:
+        suite = yaml.safe_load(gates.read_text())
+        suite["gates"][0]["params"].update(params)
+        for k in [k for k, v in params.items() if v is None]:  # None: the parameter taken out
+            suite["gates"][0]["params"].pop(k)
+        suite["gates"][0].update(gate or {})
+        gates = d / f"{name}.yaml"
+        gates.write_text(yaml.safe_dump(suite, sort_keys=False))
     r, bundle = signed_run(inv, gates, d / name, d / "op.key", home, timeout=900)
     result = json.loads((bundle / "gates" / "G2-gain" / "result.json").read_text())
     v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
@@ -60,38 +64,79 @@ def run_gate(setup, name: str, **params):
     return r, bundle, result, v
 
 
+def cold_tier_proven(bundle: Path, arm: dict, regime: str) -> None:
+    """The tier arm's hits were reads of a pool device of its own: a loop device kvgate made, the cold regime in
+    force, every point's read fraction >= 0.5, and the report's first line for the gate says where they came from."""
+    pool = arm["pool"]
+    assert pool["kind"] == "loop" and pool["loop"]["device"].startswith("/dev/loop"), pool
+    assert pool["cold_regime"] == regime
+    fractions = [pt["accounting"]["read_fraction"] for pt in arm["points"]]
+    assert fractions and all(f is not None and f >= 0.5 for f in fractions), fractions
+    assert arm["pool_device_maj_min"] == pool["loop"]["maj_min"]
+    assert "Where the tier's" in (bundle / "report.md").read_text()
+
+
 def test_the_tier_arm_passes_with_both_arms_proven_and_the_bundle_verifies(setup):
     r, bundle, result, v = run_gate(setup, "pass")
     assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"])
-    assert "95 % CI" in v["reason"] and "3 trials" in v["reason"]
-    m, ev = result["metrics"], result["evidence"]
-    assert {c["name"]: c["ok"] for c in ev["validity"]} == {
-        "tier arm valid": True, "no_tier arm valid": True, "tier served the reuse": True,
-        "recomputed without the tier": True}
-    for fig in ("throughput_gain", "ttft_p50_ratio", "ttft_p95_ratio"):
-        assert m[f"{fig}_ci_low"] <= m[fig] <= m[f"{fig}_ci_high"] and m[f"{fig}_ci_trials"] == 3, fig
+    assert "95 % CI" in v["reason"] and "6 trials" in v["reason"]
+    m, ev, ivs = result["metrics"], result["evidence"], result["intervals"]
+    # every proof checked (the device-read proof inside "tier arm valid": every point's read fraction >= 0.5)
+    assert {c["name"]: (c["ok"], c["checked"]) for c in ev["validity"]} == {
+        "tier arm valid": (True, True), "no_tier arm valid": (True, True), "arms equal but the tier switch": (True, True),
+        "tier served the reuse": (True, True), "recomputed without the tier": (True, True)}
+    assert "unproven" not in v["reason"]
+    assert ev["arm_difference"]["no_tier_only_argv"] == ["--no-kv-tier"]
+    for fig in ("throughput_gain", "ttft_p50_ratio", "ttft_p95_ratio"):  # typed intervals, no _ci_ metrics
+        iv = ivs[fig]
+        assert iv["ci_low"] <= m[fig] == iv["median"] <= iv["ci_high"] and iv["trials"] == iv["asked"] == 6, fig
+        assert iv["method"] == "binomial order statistics" and f"{fig}_ci_low" not in m
     assert m["ttft_p50_ratio"] < 1  # the tier arm's median TTFT is below the one that recomputes
     tier, none = ev["proofs"]["tier"], ev["proofs"]["no_tier"]
-    # every session's later turns found their context (at least the 1024-token system prompt) in the tier
-    assert tier["tier_hit_tokens"] >= 3 * 8 * 1024 and tier["memory_hit_tokens"] == 0
+    # sessions 2-4 found the 1024-token system prompt, the two resumed sessions their context, in the tier
+    assert tier["tier_hit_tokens"] >= 6 * 5 * 1024 and tier["memory_hit_tokens"] == 0
+    assert tier["tier_served_share"] >= 0.5 and tier["reusable_tokens"] > 0
     assert none["tier_hit_tokens"] == 0 and none["recomputed_tokens"] == none["prompt_tokens"]
-    assert [p["first"] for p in ev["pairs"]] == ["tier", "no_tier", "tier"]
+    assert [p["first"] for p in ev["pairs"]] == ["tier", "no_tier"] * 3
+    cold_tier_proven(bundle, ev["arms"]["tier"], "odirect")
     d, home = setup[0], setup[1]
     vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", d / "op.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith("OK "), vr.stdout + vr.stderr
+    # re-derived offline from both arms' requests, counters, pool-device probe steps and engine logs: the same
+    rep = kvgate("report", bundle, "--pubkey", d / "op.pub", "--out", d / "re-pass", home=home)
+    assert rep.returncode == 0 and "verdicts: SAME as signed (overall PASS); 1 of 1 gates re-derived from raw " \
+        "files" in rep.stdout, rep.stdout + rep.stderr
 
 
 def test_a_tier_arm_whose_engine_memory_holds_the_working_set_is_invalid_not_pass(setup):
     # 32k tokens of engine memory hold the whole trace's working set (6144 tokens): the returning sessions find
     # their context in the engine, and the tier serves nothing
-    r, _, result, v = run_gate(setup, "fits", engine_cache_tokens=32768, trials=1)
+    r, _, result, v = run_gate(setup, "fits", {"informational": True}, engine_cache_tokens=32768, trials=1)
     assert v["outcome"] == "INVALID" and r.returncode != 0, v
     assert result["invalid_reason"].startswith("tier served the reuse"), result["invalid_reason"]
     assert result["evidence"]["proofs"]["tier"]["memory_hit_tokens"] > 0
 
 
-def test_the_capacity_curve_hands_the_reuse_from_engine_memory_to_lmcache_at_the_knee(setup):
-    d, home, _, inv = setup
+def test_an_lmcache_ram_level_that_holds_the_working_set_is_invalid_naming_the_ram_level(setup):
+    # LMCache's CPU level as large as the default profile's (0.5 GB, the whole trace's KV): the tier arm's hits are
+    # served from the node's memory, and the device proof says so instead of crediting them to the tier
+    r, _, result, v = run_gate(setup, "ram", {"informational": True}, trials=1,
+                               lmcache_overrides={"local_cpu": True, "max_local_cpu_size": 0.5})
+    assert v["outcome"] == "INVALID" and r.returncode != 0, v
+    why = result["invalid_reason"]
+    assert "read fraction" in why and "below 0.5" in why and "RAM level served" in why, why
+
+
+def test_o_direct_requested_but_not_in_force_is_invalid_naming_the_fall_back(setup):
+    # save_chunk_meta on: LMCache 0.5.6 turns O_DIRECT off with a warning and reads through the page cache
+    r, _, result, v = run_gate(setup, "buffered", {"informational": True}, trials=1, lmcache_overrides={
+        "extra_config": {"fs_connector_use_odirect": True, "save_chunk_meta": True}})
+    assert v["outcome"] == "INVALID" and r.returncode != 0, v
+    assert "Cannot use O_DIRECT" in result["invalid_reason"], result["invalid_reason"]
+
+
+def test_the_capacity_curve_hands_the_reuse_from_engine_memory_to_ram_and_then_to_the_device(setup):
+    d, home, inv = setup
     r, bundle = signed_run(inv, ROOT / "gates" / "g2-gain-capacity-cpu-reference.yaml", d / "capacity", d / "op.key",
                            home, timeout=600)
     result = json.loads((bundle / "gates" / "G2-capacity" / "result.json").read_text())
@@ -104,13 +149,18 @@ def test_the_capacity_curve_hands_the_reuse_from_engine_memory_to_lmcache_at_the
     cap = ev["capacity"]
     curve = {c["label"]: c["figures"] for c in cap["curve"]}
     assert [(c["label"], c["sessions"]) for c in cap["curve"]] == [("x0.5", 1), ("x1", 2), ("x2", 4), ("x4", 8)]
-    # up to engine memory (1024 tokens: two sessions of 512) the engine's own prefix cache serves every
-    # returning context; past it, round-robin over 4 and 8 sessions, it serves none and LMCache's RAM level all
+    # three levels: up to engine memory (1024 tokens: two sessions of 512) the engine's own prefix cache serves
+    # every returning context; at 2x (4 sessions) LMCache's RAM level (0.012 GB) does; at 4x it holds too little
+    # for round-robin over 8 sessions and the pool's device serves every returning context, read with O_DIRECT
     for x in ("x0.5", "x1"):
         assert curve[x]["memory_hit_rate"] == 1.0 and curve[x]["ram_hit_rate"] == 0, (x, curve[x])
+    assert curve["x2"]["memory_hit_rate"] == 0 and curve["x2"]["ram_hit_rate"] == 1.0, curve["x2"]
+    assert curve["x4"]["memory_hit_rate"] == 0 and curve["x4"]["ram_hit_rate"] == 0, curve["x4"]
+    assert curve["x4"]["tier_hit_rate"] == 1.0, curve["x4"]
     for x in ("x2", "x4"):
-        assert curve[x]["memory_hit_rate"] == 0 and curve[x]["ram_hit_rate"] == 1.0, (x, curve[x])
         assert curve[x]["recomputed_rate"] == 0 and curve[x]["goodput_rps"] > 0
+    x4 = [p for p in cap["points"] if p["label"] == "x4"]
+    assert x4 and all(p["device_read_bytes"] >= 0.5 * p["tier_hit_tokens"] * 6144 > 0 for p in x4), x4
     assert cap["knee_x"] == 2 and result["metrics"]["capacity_hit_rate"] == 1.0
     # the fs:// pool never evicts and cpu-reference does not count tier evictions: no "tier full" point claimed
     assert cap["tier_exhausted_x"] is None and not cap["tier_evictions_counted"]
@@ -174,19 +224,23 @@ def test_an_attached_pair_of_engines_someone_else_runs_passes_with_both_arms_pro
     prof["name"] = "cpu-reference-attached"
     profile = d / "cpu-reference-attached.yaml"
     profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    # the operator's engines keep LMCache's RAM level (the default profile's): this informational gate shows the
+    # attach mechanics and turns the device proof off (allowed for an informational gate only), which it reports
     r, bundle, result, v = run_gate(
-        setup, "attached", engine=str(profile), trials=2, pool_path=str(pool),
+        setup, "attached", {"informational": True}, engine=str(profile), trials=2, pool_path=str(pool),
+        pool_device=None, min_read_fraction=0,
         attach={"url": urls["tier"], "log": {"node": "cpu1", "run": f"cat {tier_log}"}},
         no_tier_attach={"url": urls["no_tier"], "log": {"node": "cpu1", "run": f"cat {plain_log}"}})
-    assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"])
+    assert r.returncode == 0 and v["outcome"] == "INFO", (v["reason"], result["invalid_reason"], result["error"])
+    assert "(2 trials, no interval)" in v["reason"]
     ev = result["evidence"]
     assert {a: ev["arms"][a]["base_url"] for a in ("tier", "no_tier")} == urls
     assert ev["arms"]["tier"]["attached"] and ev["arms"]["no_tier"]["attached"]
     assert {c["name"]: c["ok"] for c in ev["validity"]} == {
-        "tier arm valid": True, "no_tier arm valid": True, "tier served the reuse": True,
-        "recomputed without the tier": True}
+        "tier arm valid": True, "no_tier arm valid": True, "tier arm: tier hits read from the pool": True,
+        "tier served the reuse": True, "recomputed without the tier": True}
     tier, none = ev["proofs"]["tier"], ev["proofs"]["no_tier"]
-    assert tier["tier_hit_tokens"] >= 2 * 8 * 1024 and none["tier_hit_tokens"] == 0
+    assert tier["tier_hit_tokens"] >= 2 * 5 * 1024 and none["tier_hit_tokens"] == 0
     assert none["recomputed_tokens"] == none["prompt_tokens"]
     # kvgate started and stopped nothing: both engines still serve after the run
     assert _healthy(urls["tier"]) and _healthy(urls["no_tier"])

@@ -126,6 +126,13 @@ def test_g3_through_slurm_passes_with_the_ssh_bounds_and_records_the_job(cluster
     assert job["scontrol_show_job"]["JobId"] == job["job_id"]
     assert {t["node"]: t["hostname"] for t in job["tasks"].values()} == {n: n for n in spec.node_names()}
     assert {t["job_id"] for t in job["tasks"].values()} == {job["job_id"]}
+    # the tasks' files are self-reported: held to the job's frame, the copy's size and the spec kvgate wrote
+    checks = {c["name"]: c for c in ev["validity"]}
+    assert checks["self-reported figures"]["ok"], checks["self-reported figures"]["how"]
+    assert checks["port rate"]["ok"] and checks["within line rate"]["ok"]
+    assert ev["time_frame"]["not_before_s"] < min(starts) and ev["time_frame"]["max_duration_s"] >= 60
+    assert {t["spec_sha256"] for t in job["tasks"].values()} == {job["spec_sha256"]}
+    assert all(n["bytes_read"] == ev["copy_bytes"] for n in ev["nodes"].values())
     run_dir = res.run_dir
     for n in spec.node_names():
         assert '"end"' in (run_dir / "gates" / "G3" / "nodes" / n / "reader.jsonl").read_text()

@@ -41,12 +41,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory, vllm_model):
+def rig(tmp_path_factory, vllm_wide_model):
     """A pool on ext4 on a loop device, and the work directory the PASS run uses, the session's model in it."""
     engine_python()
     d = tmp_path_factory.mktemp("pd")
     gp = _gate()["gates"][0]["params"]
-    preseed_model(d / "work", vllm_model, gp["model_config_inline"], gp["seed"])
+    preseed_model(d / "work", vllm_wide_model, gp["model_config_inline"], gp["seed"])
     with ext4_pool(d) as (pool, loop):
         try:
             yield {"dir": d, "pool": pool, "loop": loop}

@@ -35,6 +35,9 @@ def test_direct_reads_of_a_pool_on_a_loop_device_are_counted(tmp_path):
         os.sync()
         before = probe(pool)
         assert before.source == dev and before.maj_min == f"{os.major(os.stat(dev).st_rdev)}:{os.minor(os.stat(dev).st_rdev)}"
+        # a pool directory the connector has not made yet (it makes it on its first store): the same device
+        unmade = probe(pool / "kv" / "not-yet")
+        assert (unmade.source, unmade.maj_min) == (before.source, before.maj_min)
         fd = os.open(data, os.O_RDONLY | os.O_DIRECT)
         try:
             buf = mmap.mmap(-1, 1 << 20)

@@ -72,6 +72,8 @@ def test_one_step_every_node_armed_released_at_one_time_and_collected(tmp_path):
     rec = job.record()
     assert rec["job_id"] == "4242" and rec["scontrol_show_job"]["JobState"] == "RUNNING"
     assert {t["node"]: t["task_rank"] for t in rec["tasks"].values()} == {"a": "0", "b": "1", "c": "2"}
+    # each task records the spec it ran: the one kvgate wrote (G3 holds a self-reported run to it)
+    assert rec["spec_sha256"] and {t["spec_sha256"] for t in rec["tasks"].values()} == {rec["spec_sha256"]}
 
 
 def test_one_node_stopped_alone_the_others_read_on_then_scancel_ends_the_rest(tmp_path):

@@ -77,14 +77,19 @@ def engine_python() -> Path:
     return ENGINE_PYTHON
 
 
-def model_config() -> dict:
-    """The random model every vLLM gate here serves (the shipped vLLM CPU gates share this config)."""
-    return yaml.safe_load((ROOT / "gates" / "g2-vllm-cpu.yaml").read_text())["gates"][0]["params"]["model_config_inline"]
+def model_config(gate: str = "g2-vllm-cpu.yaml") -> dict:
+    """The random model a shipped vLLM CPU gate serves: by default the session's (gates/g2-vllm-cpu.yaml's, which
+    most of them share); WIDE_GATE's is the wider one the gain and hand-off gates serve."""
+    return yaml.safe_load((ROOT / "gates" / gate).read_text())["gates"][0]["params"]["model_config_inline"]
 
 
-def build_model(d: Path) -> Path:
-    """Build the random-weight model in ``d / "model"`` with kvgate's make_model.py (its tokenizer, chat template)."""
-    (d / "config.json").write_text(json.dumps(model_config()))
+WIDE_GATE = "g2-gain-vllm-cpu.yaml"  # its 768-wide model: gates/pd-vllm-cpu.yaml serves the same
+
+
+def build_model(d: Path, cfg: dict | None = None) -> Path:
+    """Build the random-weight model ``cfg`` (default: :func:`model_config`) in ``d / "model"`` with kvgate's
+    make_model.py (its tokenizer, chat template); its config stays in ``d / "config.json"``."""
+    (d / "config.json").write_text(json.dumps(cfg or model_config()))
     model = d / "model"
     subprocess.run([str(engine_python()), str(ROOT / "harness" / "node" / "make_model.py"), "--config",
                     str(d / "config.json"), "--out", str(model), "--seed", str(MODEL_SEED), "--dtype", MODEL_DTYPE],
@@ -94,10 +99,11 @@ def build_model(d: Path) -> Path:
 
 def preseed_model(work_dir: Path, model: Path, model_cfg: dict | None = None, seed: int = MODEL_SEED) -> Path:
     """Put ``model`` (built by :func:`build_model`) where a launched gate whose node has ``work_dir`` finds it built:
-    a link at ``random_model_dir(work_dir, ...)``. Only for a gate whose model config, seed and dtype are
-    :func:`build_model`'s (asserted by the caller's gate passing the same config)."""
-    assert (model_cfg or model_config()) == model_config() and seed == MODEL_SEED, "not the session's model"
-    link = Path(random_model_dir(str(work_dir), model_config(), MODEL_SEED, MODEL_DTYPE))
+    a link at ``random_model_dir(work_dir, ...)``. ``model_cfg`` is the gate's model config (default: the session
+    model's): it must be the one ``model`` was built from, with the same seed and dtype."""
+    built = json.loads((model.parent / "config.json").read_text())
+    assert (model_cfg or model_config()) == built and seed == MODEL_SEED, "not the model the gate serves"
+    link = Path(random_model_dir(str(work_dir), built, MODEL_SEED, MODEL_DTYPE))
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(model, target_is_directory=True)
     return link

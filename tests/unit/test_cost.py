@@ -209,3 +209,17 @@ def test_csv_bytes_are_stable_and_plain():
     assert a == b
     assert b"\r" not in a
     assert a.splitlines()[0].startswith(b"input,base_value")
+
+
+def test_drive_wear_is_priced_per_million_tokens_and_comes_off_the_net_saving():
+    # 10 sessions a day of 1,000 tokens at 1 MB of KV each: 1 GB per session, 300 GB a month stored once each;
+    # at a write amplification of 1.5, 450 GB written; at $20 per TB written, $9 a month, $0.03 per million tokens
+    plain = cost.evaluate(HAND)
+    worn = cost.evaluate({**HAND, "device_write_amplification": 1.5, "drive_usd_per_tb_written": 20.0})
+    assert float(worn["device_written_tb_per_month"]) == pytest.approx(0.45)
+    assert float(worn["wear_usd_per_month"]) == pytest.approx(9.0)
+    assert float(worn["wear_usd_per_mtok"]) == pytest.approx(1e6 * 1e6 * 1.5 / 1e12 * 20.0)
+    assert float(worn["net_usd_per_month"]) == pytest.approx(float(plain["net_usd_per_month"]) - 9.0)
+    assert float(worn["break_even_hit_rate"]) > float(plain["break_even_hit_rate"])
+    # left out, wear is not priced: the model's figures are what they were
+    assert float(plain["wear_usd_per_month"]) == 0.0 and float(plain["device_written_tb_per_month"]) == pytest.approx(0.3)

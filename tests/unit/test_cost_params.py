@@ -209,3 +209,14 @@ def test_extract_measured_from_verdicts():
         ("readback_ttft_s", 11.85, "G2", "FAIL"),
         ("recompute_ttft_s", 149.3, "G2", "FAIL"),
     }
+
+
+def test_a_serving_gates_write_amplification_feeds_the_wear_input():
+    verdicts = {"verdicts": [
+        {"gate_id": "G2", "metric": "ttft_speedup", "actual": 3.0, "outcome": "PASS",
+         "evidence": {"endurance": {"write_amplification": 1.37, "write_bytes_per_mtok": 4.1e10}}},
+        {"gate_id": "G2x", "metric": "ttft_speedup", "actual": 3.0, "outcome": "INVALID",
+         "evidence": {"endurance": {"write_amplification": 9.0}}},
+    ]}
+    got = [(m.name, m.value, m.gate_id, m.metric) for m in cp.extract_measured(verdicts, "KVG-20250101-cccccccc")]
+    assert got == [("device_write_amplification", 1.37, "G2", "write_amplification")]

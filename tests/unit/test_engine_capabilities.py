@@ -78,12 +78,12 @@ def test_fall_backs_count_from_a_mark_within_one_process_and_wholly_in_a_new_one
 
 
 def test_evaluators_take_the_engines_logs_and_the_profiles_patterns_and_a_fall_back_outranks_their_figures():
-    from test_g2_gain import arms
+    from test_g2_gain import REUSABLE, arms
     clean = {n: EngineLog(LogMark(1, ""), LogMark(1, "ready\nmy-engine: tier off\n")) for n in ("no_tier", "tier")}
 
     def gain(logs, patterns=()):  # as g2-gain's run judges each arm's whole log
         fallbacks = {arm: first_fallback({arm: log}, patterns, lambda _n, a=arm: a)[0] for arm, log in logs.items()}
-        return evaluate_gain(arms([2.6, 2.8, 2.7]), 0.9, fallbacks).invalid_reason
+        return evaluate_gain(arms([2.6, 2.8, 2.7]), 0.9, fallbacks, reusable=REUSABLE).invalid_reason
 
     assert gain(clean) is None
     # the same log with the profile's own pattern declared: that line is the engine saying the tier did nothing

@@ -1,6 +1,8 @@
 """fio-faults' pure parts: fio's completion log and verify failures, the paths' counters, and the judgement of
 each fault (stall, recovery, bytes per path) and of the gate (bounds, integrity, validity)."""
 
+import json
+
 import pytest
 
 from harness.parsers.blockdev import parse_block_stat
@@ -62,9 +64,21 @@ def fault(t_apply: float, **kw) -> FaultRecord:
                        undone_ok=True, undone_by="workload", t_apply_s=t_apply, **kw)
 
 
+# path kvmp-a's device (nvme1c1n1) reading 1 MiB every 0.5 s up to the fault at 4 s (a fault it can feel), then
+# kvmp-b's (nvme1c2n1) carrying the read
+BUSY_A = [(t, {"nvme1c1n1": parse_block_stat(stat(int(min(t, 3.9) * 4096))),
+               "nvme1c2n1": parse_block_stat(stat(int(max(0, t - 3.9) * 4096)))}) for t in (2.0, 2.5, 3.0, 3.5, 3.9, 12.0)]
+
+
+def judged(done: list[Completion], rec: FaultRecord, end: float, samples=BUSY_A) -> FaultRecord:
+    """judge_fault on path kvmp-a (device nvme1c1n1), its samples ``samples`` (busy before the fault by default)."""
+    return judge_fault(done, rec, end, 0.5, samples, "nvme1c1n1")
+
+
 def evidence(**kw) -> FioFaultsEvidence:
     base = dict(region_bytes=64 * MIB, bs_bytes=MIB, jobs=4, runtime_s=12, recover_fraction=0.5,
                 recovery_bound_s=10, completions=1000, read_bytes=1000 * MIB, corrupted_chunks=0, failed_reads=0,
+                fio_exit_code=0,
                 paths=[PathRead(target="kvmp-a", read_bytes=600 * MIB), PathRead(target="kvmp-b", read_bytes=400 * MIB)])
     base.update(kw)
     return FioFaultsEvidence(**base)
@@ -82,7 +96,7 @@ def test_a_fault_is_judged_from_the_log_and_the_path_samples():
 
 def test_a_gate_within_its_bounds_with_data_intact_has_its_stall_as_metric_and_no_failure():
     done = steady(0, 4, 0.01) + steady(5, 12, 0.01)
-    rec = judge_fault(done, fault(4.0), 12.0, 0.5, [])
+    rec = judged(done, fault(4.0), 12.0)
     res = evaluate_faults(evidence(faults=[rec]))
     assert res.metrics["max_stall_s"] == rec.stall_s and res.failed_check is None and res.invalid_reason is None
     assert {c.name for c in res.evidence.validity} >= {"reads logged", "faults made", "faults undone",
@@ -95,14 +109,14 @@ def test_a_gate_within_its_bounds_with_data_intact_has_its_stall_as_metric_and_n
 ])
 def test_a_corrupted_chunk_or_a_lost_read_is_a_failure_whatever_the_stall(change, says):
     done = steady(0, 4, 0.01) + steady(4.2, 12, 0.01)
-    rec = judge_fault(done, fault(4.0), 12.0, 0.5, [])
+    rec = judged(done, fault(4.0), 12.0)
     res = evaluate_faults(evidence(faults=[rec], **change))
     assert says in res.failed_check and res.metrics["max_stall_s"] < 1
 
 
 def test_a_recovery_past_its_bound_or_never_is_a_failure():
     done = steady(0, 4, 0.01) + steady(4.1, 12, 0.05)  # back, at a fifth of the rate: never recovers to 50 %
-    rec = judge_fault(done, fault(4.0), 12.0, 0.5, [])
+    rec = judged(done, fault(4.0), 12.0)
     res = evaluate_faults(evidence(faults=[rec]))
     assert rec.recovery_s is None and "no recovery to 50%" in res.failed_check
 
@@ -110,7 +124,7 @@ def test_a_recovery_past_its_bound_or_never_is_a_failure():
 def test_a_fault_not_undone_or_without_a_rate_before_it_is_not_proven():
     done = steady(0, 12, 0.01)
     undone = fault(4.0).model_copy(update=dict(undone_ok=False, undo_error="rm: exit 1"))
-    res = evaluate_faults(evidence(faults=[judge_fault(done, undone, 12.0, 0.5, [])]))
+    res = evaluate_faults(evidence(faults=[judged(done, undone, 12.0)]))
     assert "faults undone: not proven" in res.invalid_reason
     early = judge_fault(done, fault(0.2), 12.0, 0.5, [])  # 0.2 s of log before it: no baseline
     res = evaluate_faults(evidence(faults=[early]))
@@ -188,3 +202,157 @@ def test_a_bundle_is_rejudged_from_its_raw_files_to_the_same_figures_and_a_tampe
                json='{"jobs": [{"total_err": 1}]}')
     worse = reevaluate_faults(run.evidence.as_dict(), bad, params)
     assert "1 corrupted chunk" in worse.failed_check and worse.metrics["corrupted_chunks"] == 1
+
+
+def test_fault_felt_a_path_down_while_the_other_path_carried_every_read_is_invalid_not_a_pass():
+    """Native multipath with iopolicy numa keeps every read on one path: path A taken down while B carried every
+    read stalls nothing (0.01 s) and proves nothing about failover: INVALID, never PASS."""
+    done = steady(0, 12, 0.01)  # the read never paused
+    idle_a = [(t, {"nvme1c1n1": parse_block_stat(stat(0)), "nvme1c2n1": parse_block_stat(stat(int(t * 4096)))})
+              for t in (2.0, 2.5, 3.0, 3.5, 3.9, 12.0)]
+    rec = judged(done, fault(4.0), 12.0, samples=idle_a)
+    res = evaluate_faults(evidence(faults=[rec]))
+    assert rec.stall_s == pytest.approx(0.01, abs=0.005) and rec.path_read_bytes_before == 0
+    assert res.failed_check is None and "fault felt: not proven" in res.invalid_reason
+    assert "fault 0 (kvmp-a): 0 B" in res.invalid_reason
+    felt = next(c for c in res.evidence.validity if c.name == "fault felt")
+    assert not felt.ok and felt.value == 0.0
+    # no samples of the faulted path before the fault: not known, not felt
+    res = evaluate_faults(evidence(faults=[judged(done, fault(4.0), 12.0, samples=[])]))
+    assert "fault 0 (kvmp-a): unknown" in res.invalid_reason
+    # the same read with path A busy before its fault: felt, and this check holds
+    assert evaluate_faults(evidence(faults=[judged(done, fault(4.0), 12.0)])).invalid_reason is None
+
+
+def test_fault_felt_a_bundle_whose_faulted_path_was_idle_is_rejudged_invalid_from_its_path_samples():
+    from harness.workloads.fio_faults import FioFaultsParams, FaultSpec, judge_run, reevaluate_faults
+    clat = "".join(f"{int(c.t_s * 1000)}, 500, 0, {c.bytes}, 0\n" for c in steady(1000, 1012, 0.01))
+    paths = "".join(f"T {t}\nnvme0c0n1 {stat(0)}\nnvme0c1n1 {stat(int((t - 1000) * 4096))}\n"
+                    for t in (1001.0, 1002.0, 1003.0, 1003.9, 1008.1, 1011.0))
+    raw = {"clat": clat, "paths": paths, "log": "", "json": '{"jobs": [{"total_err": 0}]}'}
+    params = FioFaultsParams(target="kvmp-a", paths=["kvmp-a", "kvmp-b"], runtime_s=12,
+                             faults=[FaultSpec(kind="path-down", path="kvmp-a", at_s=4, duration_s=4)])
+    rec = fault(1004.0).model_copy(update=dict(t_undo_s=1008.0))
+    ev = evidence(paths=[PathRead(target="kvmp-a", device="nvme0c0n1"), PathRead(target="kvmp-b", device="nvme0c1n1")])
+    signed = ev.as_dict()
+    signed["faults"] = [rec.model_copy(update=dict(t_apply_unix_s=1004.0, t_undo_unix_s=1008.0,
+                                                   path_read_bytes_before=1 << 30)).model_dump()]  # a claim
+    again = reevaluate_faults(signed, raw, params)
+    assert again.evidence.faults[0].path_read_bytes_before == 0
+    assert "fault felt: not proven" in again.invalid_reason
+    assert judge_run(ev, parse_clat_log(clat), parse_path_samples(paths), [rec], 0.5).invalid_reason == \
+        again.invalid_reason
+
+
+def test_failed_reads_unknown_a_truncated_fio_json_is_invalid_and_integrity_not_checked():
+    from harness.workloads.fio_faults import integrity_of
+    offsets, failed = integrity_of("", '{"jobs": [{"total_err": 0, "read": {"io_b')  # cut mid-write
+    assert offsets == [] and failed is None
+    done = steady(0, 12, 0.01)
+    res = evaluate_faults(evidence(faults=[judged(done, fault(4.0), 12.0)], failed_reads=failed))
+    checked = next(c for c in res.evidence.validity if c.name == "integrity checked")
+    assert not checked.ok and "integrity checked: not proven" in res.invalid_reason
+    assert "failed_reads" not in res.metrics
+
+
+@pytest.mark.parametrize("rc, says", [(1, "the exit status of the spawned fio read: 1"),
+                                      (None, "the exit status of the spawned fio read: not recorded")])
+def test_fio_exit_a_non_zero_or_unknown_exit_of_the_faulted_read_is_invalid(rc, says):
+    done = steady(0, 12, 0.01)
+    res = evaluate_faults(evidence(faults=[judged(done, fault(4.0), 12.0)], fio_exit_code=rc))
+    assert res.failed_check is None and f"fio finished: not proven ({says})" in res.invalid_reason
+    # a corrupted read is still a FAIL whatever fio's exit status (a failed check comes before INVALID)
+    bad = evaluate_faults(evidence(faults=[judged(done, fault(4.0), 12.0)], fio_exit_code=rc, corrupted_chunks=1,
+                                   corrupted_offsets=[0]))
+    assert "1 corrupted chunk" in bad.failed_check
+
+
+# ------------------------------------------------------------------ the captured guest run (tests/fixtures/faults/)
+
+
+def test_the_captured_guest_run_re_derives_same_and_its_fault_was_felt(tmp_path):
+    from faults_fixture import faults_run
+    from harness.gates.reevaluate import reevaluate_bundle
+    run, pred = faults_run(tmp_path)
+    re = reevaluate_bundle(run, pred)
+    assert re.same and re.checks[0].rederived, re.differences
+    (fault,) = json.loads((run / "gates" / "F1-path-down" / "result.json").read_text())["evidence"]["faults"]
+    assert fault["path_read_bytes_before"] > 0
+
+
+def test_fault_felt_the_captured_run_with_path_a_idle_as_iopolicy_numa_leaves_it_is_invalid(tmp_path):
+    from faults_fixture import faults_run, idle_faulted_path
+    from harness.gates.reevaluate import reevaluate_bundle
+    run, pred = faults_run(tmp_path)
+    idle_faulted_path(run)
+    again = reevaluate_bundle(run, pred).checks[0].reevaluated
+    assert again["outcome"] == "INVALID" and "fault felt: not proven" in again["reason"]
+    assert "fault 0 (kvmp-a): 0 B" in again["reason"]
+
+
+def test_failed_reads_unknown_the_captured_run_with_its_fio_json_cut_short_is_invalid(tmp_path):
+    from faults_fixture import faults_run, raw
+    from harness.gates.reevaluate import reevaluate_bundle
+    run, pred = faults_run(tmp_path)
+    text = raw(run, "fio.json").read_text()
+    raw(run, "fio.json").write_text(text[: len(text) // 2])
+    again = reevaluate_bundle(run, pred).checks[0].reevaluated
+    assert again["outcome"] == "INVALID" and "integrity checked: not proven" in again["reason"]
+
+
+@pytest.mark.parametrize("name", ["fio-clat.log", "paths.log", "fio.json"])
+def test_empty_raw_file_of_the_captured_run_is_an_error(tmp_path, name):
+    from faults_fixture import faults_run, raw
+    from harness.gates.reevaluate import reevaluate_bundle
+    run, pred = faults_run(tmp_path)
+    raw(run, name).write_text("")
+    again = reevaluate_bundle(run, pred).checks[0].reevaluated
+    assert again["outcome"] == "ERROR" and f"gates/F1-path-down/guest/{name}" in again["reason"]
+
+
+def test_a_slow_path_is_judged_from_when_its_command_returned_not_from_when_it_started():
+    """The slow path's delay starts with its last tc command: a fault whose commands took 3 s (the qemu TCG guest)
+    read at full rate for those 3 s. Its rate in force counts only from the command's return to the undo, and a
+    bundle re-judged from its raw files gets the same figure."""
+    from harness.workloads.fio_faults import FioFaultsParams, FaultSpec, judge_run, reevaluate_faults
+    done = steady(1000, 1007, 0.01) + steady(1007, 1012, 0.125) + steady(1012, 1016, 0.01)  # 4 x 1 MiB / 0.5 s
+    rec = FaultRecord(index=0, kind="slow-path", path="kvmp-a", detail="path kvmp-a slow (500 ms on lo)",
+                      applied_ok=True, undone_ok=True, undone_by="workload", t_apply_s=1004.0, t_undo_s=1012.0,
+                      t_in_force_s=1007.0)
+    paths = "".join(f"T {t}\nnvme0c0n1 {stat(int((t - 1000) * 4096))}\nnvme0c1n1 {stat(0)}\n"
+                    for t in (1001.0, 1002.0, 1003.0, 1003.9, 1012.1, 1016.0))
+    ev = evidence(paths=[PathRead(target="kvmp-a", device="nvme0c0n1"), PathRead(target="kvmp-b", device="nvme0c1n1")])
+    run = judge_run(ev, done, parse_path_samples(paths), [rec], 0.5)
+    (f,) = run.evidence.faults
+    assert f.in_force_rate_mb_s == pytest.approx(4 * MIB / 0.5 / 1e6, rel=0.01)  # 8.39 MB/s: the delay felt
+    assert f.pre_rate_mb_s == pytest.approx(104.9, rel=0.01)
+    assert f.t_in_force_s == pytest.approx(7.0) and f.t_in_force_unix_s == 1007.0 and f.t_apply_s == 4.0
+    from_start = sum(c.bytes for c in done if 1004.5 <= c.t_s < 1012.0) / 7.5 / 1e6
+    assert from_start > 4 * f.in_force_rate_mb_s  # timed from the command's start, the 3 s hide the delay
+    clat = "".join(f"{int(round(c.t_s * 1000))}, 500, 0, {c.bytes}, 0\n" for c in done)
+    raw = {"clat": clat, "paths": paths, "log": "", "json": '{"jobs": [{"total_err": 0}]}'}
+    params = FioFaultsParams(target="kvmp-a", paths=["kvmp-a", "kvmp-b"], runtime_s=16,
+                             faults=[FaultSpec(kind="slow-path", path="kvmp-a", delay_ms=500, at_s=4, duration_s=8)])
+    again = reevaluate_faults(run.evidence.as_dict(), raw, params)
+    assert again.evidence.faults[0].in_force_rate_mb_s == f.in_force_rate_mb_s
+
+
+def slow(t_in_force: float | None, rate: float | None, undo: float = 12.0) -> FaultRecord:
+    return FaultRecord(index=0, kind="slow-path", path="kvmp-a", detail="path kvmp-a slow (500 ms on lo)",
+                       applied_ok=True, undone_ok=True, undone_by="workload", t_apply_s=4.0, t_undo_s=undo,
+                       t_in_force_s=t_in_force, in_force_rate_mb_s=rate, delay_ms=500.0, pre_rate_mb_s=100.0,
+                       path_read_bytes_before=MIB)
+
+
+def test_delay_felt_a_slow_path_that_did_not_slow_the_read_is_invalid_not_a_pass():
+    from harness.workloads.fio_faults import slow_path_bound_mb_s
+    # 4 readers of 1 MiB, 500 ms per reply, over 5 s in force: at most 11 reads each, 9.23 MB/s
+    assert slow_path_bound_mb_s(4, MIB, 500, 5.0) == pytest.approx(4 * MIB * 11 / 5 / 1e6)
+    ok = evaluate_faults(evidence(faults=[slow(7.0, 6.4)]))
+    check = next(c for c in ok.evidence.validity if c.name == "delay felt")
+    assert check.ok and ok.invalid_reason is None and check.value == pytest.approx(6.4 / 9.227, rel=0.01)
+    fast = evaluate_faults(evidence(faults=[slow(7.0, 60.0)]))
+    assert "delay felt: not proven" in fast.invalid_reason and "above the 9.23 MB/s 4 readers" in fast.invalid_reason
+    late = evaluate_faults(evidence(faults=[slow(13.0, None)]))  # its command returned after the undo was due
+    assert "fault 0: not in force before its undo" in late.invalid_reason
+    assert "delay felt" not in {c.name for c in evaluate_faults(evidence(faults=[fault(4.0)])).evidence.validity}

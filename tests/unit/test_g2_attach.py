@@ -329,8 +329,11 @@ def test_a_launched_engine_whose_hits_are_proven_by_its_log_lines(tmp_path):
 
 def test_an_engine_without_a_metrics_endpoint_is_proven_by_device_reads_alone(tmp_path):
     """openai-attach (no counters): llama.cpp and others may serve no /metrics; the run needs none, and the
-    restart is then simply not known from the engine (engine_restarted None)."""
-    cfg = attach_config(tmp_path, engine="openai-attach")
+    restart is then simply not known from the engine (engine_restarted None). It takes text prompts only: the gate
+    names the model's tokenizer."""
+    from harness.node.make_model import train_tokenizer
+    train_tokenizer(512, 1).save(str(tmp_path / "tokenizer.json"))
+    cfg = attach_config(tmp_path, engine="openai-attach", tokenizer=str(tmp_path / "tokenizer.json"))
     events: list[Event] = []
     engine = EngineServer(events)
 
@@ -344,7 +347,7 @@ def test_an_engine_without_a_metrics_endpoint_is_proven_by_device_reads_alone(tm
                              events, http=no_metrics)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
     assert "hit_rate" not in result.metrics and result.metrics["readback_read_fraction"] >= 0.5
-    assert result.evidence.engine_restarted is None
+    assert result.evidence.engine_restarted is None and result.evidence.prompt_kind == "text"
 
 
 def test_a_fall_back_the_attached_engines_log_shows_during_re_compute_is_invalid_and_not_read_back(tmp_path):

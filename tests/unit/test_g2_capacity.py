@@ -22,6 +22,10 @@ from harness.workloads.g2_capacity import (CapacityCurvePoint, CapacityPoint, ca
 from harness.workloads.g2_gain import GainEvidence
 from test_g2_load import gate_config, gate_context, scripted_node
 
+# Scripted runs keep to one or two trials, for speed: the config loader's rule that such a gate can never PASS
+# (tests/unit/test_sound_verdicts.py) is off here, and their verdicts say "N trials, no interval".
+TRIALS_RULE = False
+
 PREFIX = "kvgate_cpu_ref_"
 
 
@@ -114,7 +118,7 @@ def test_a_sweep_whose_levels_are_not_counted_or_counted_twice_or_whose_engine_m
 # ----------------------------------------------------------------------------------------------- config
 
 SWEEP = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000, "trials": 1, "ttft_slo_s": 1.0,
-         "max_tokens": 1, "engine_cache_tokens": 128, "min_read_fraction": 0, "max_client_lag_p99_s": 10,
+         "max_tokens": 1, "engine_cache_tokens": 128, "max_client_lag_p99_s": 10,
          "capacity": {"working_set_x": [0.5, 1, 2, 4], "context_tokens": 64, "rounds": 2, "rate_rps": 1000,
                       "require": {"levels": ["ram", "tier"], "up_to_x": 4}}}
 
@@ -226,7 +230,7 @@ class Levels:
 
 def run_sweep(tmp_path, engine, params=None, pass_=">= 90 %"):
     d = sweep_gate(tmp_path, params, pass_)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     gate = cfg.suite.gates[0]
     node = scripted_node()
     ctx = gate_context(tmp_path, cfg, node, engine)
@@ -280,7 +284,8 @@ def test_a_scripted_sweep_sends_exactly_the_planned_commands_and_draws_the_level
     # hits moves the curve with it
     from harness.gates.reevaluate import REDERIVERS
     signed = json.loads(json.dumps(result.as_dict()))
-    metrics, invalid = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["CAP"], {"bundle_dir": tmp_path})
+    again = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["CAP"], {"bundle_dir": tmp_path})
+    metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is None and metrics == pytest.approx(result.metrics)
     x2 = next(p for p in signed["evidence"]["arms"]["tier"]["points"] if p["label"] == "x2")
     f = ctx.gate_dir / "tier" / x2["counters_file"]
@@ -288,7 +293,8 @@ def test_a_scripted_sweep_sends_exactly_the_planned_commands_and_draws_the_level
     c["after"][PREFIX + "ram_hit_tokens_total"] = c["after"][PREFIX + "external_hit_tokens_total"] - \
         c["before"][PREFIX + "external_hit_tokens_total"] + c["before"][PREFIX + "ram_hit_tokens_total"]
     f.write_text(json.dumps(c))
-    metrics, _ = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["CAP"], {"bundle_dir": tmp_path})
+    again = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["CAP"], {"bundle_dir": tmp_path})
+    metrics, _ = again.metrics, again.invalid_reason
     assert metrics["tier_hit_rate@x2"] == 0 and metrics["ram_hit_rate@x2"] == 1.0
 
 

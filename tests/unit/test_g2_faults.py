@@ -14,10 +14,8 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-import yaml
 
-from doubles import EngineServer, engine_node, gate_context
-from harness.config import load_config
+from doubles import gate_context
 from harness.errors import ConfigError
 from harness.execute.cancel import Cancelled
 from harness.execute.clock import Clock
@@ -29,75 +27,7 @@ from harness.workloads import WORKLOADS
 from harness.workloads.g2_faults import (EngineFaultRecord, EngineFaultSpec, FaultedRequest, G2FaultsEvidence,
                                          classify, evaluate_g2_faults, fault_commands, faulted_phase,
                                          parse_mount_server, window_of)
-from test_workload_runs import ROOT
-
-SERVER = "10.83.0.2"
-
-
-def suite(tmp_path, **params) -> SimpleNamespace:
-    """The shipped gate on one local node whose pool is a directory target (an sshfs mount on the rig)."""
-    data = yaml.safe_load((ROOT / "gates" / "g2-faults-cpu-reference.yaml").read_text())
-    g = data["gates"][0]
-    g["params"].update(python="/engine/bin/python", port=18000, populate_timeout_s=1, prompts_per_length=10,
-                       interval_s=0.05, recovery_bound_s=5,
-                       faults=[{"kind": "pool-path-loss", "at_s": 0.1, "duration_s": 0.1}])
-    g["params"].update(params)
-    (tmp_path / "g.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    (tmp_path / "i.yaml").write_text(yaml.safe_dump({"nodes": [{
-        "name": "n1", "transport": "local", "work_dir": "/w",
-        "targets": [{"name": "kvpool", "kind": "directory", "path": "/mnt/pool"}]}]}))
-    return load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
-
-
-class Tier(EngineServer):
-    """The engine double with a tier that can be lost: while ``down``, a stored prompt is re-computed (no hit,
-    the answer the same); ``fail_while_down``: the request fails instead (HTTP 500)."""
-
-    def __init__(self, fail_while_down: bool = False):
-        super().__init__()
-        self.tier_down = False
-        self.fail_while_down = fail_while_down
-        self.seen_down = 0
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/completions") and self.tier_down:
-            self.seen_down += 1
-            if self.fail_while_down:
-                return httpx.Response(500, text="retrieve failed")
-            prompt = json.loads(request.content)["prompt"]
-            self.query += len(prompt)  # looked up, nothing read: the engine computes it all
-            sse = 'data: {"choices": [{"text": " t1"}]}\n\ndata: {"choices": [{"text": " t2"}]}\n\ndata: [DONE]\n\n'
-            return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
-        return super().__call__(request)
-
-
-def faulty_node(tier: Tier, sent: list, undo_rc: int = 0):
-    def route(call):
-        sent.append(call.argv)
-        if call.argv[:3] == ("ip", "route", "add") or "kvgate-pool-unmount" in call.argv:
-            tier.tier_down = True
-        elif "kvgate-pool-path-back" in call.argv or "kvgate-pool-remount" in call.argv:
-            if undo_rc == 0:
-                tier.tier_down = False
-            return Reply(rc=undo_rc, stderr="tc: busy" if undo_rc else "")
-        return Reply()
-    node = engine_node("n1", engine=tier, pool=(4 * 10 ** 7,))
-    node.handler.on(lambda c: c.argv[:2] == ("ip", "route") or any(a.startswith("kvgate-pool-") for a in c.argv),
-                    route)
-    node.handler.on(lambda c: c.argv[:1] == ("findmnt",), Reply(stdout=f"/mnt/pool root@{SERVER}:/srv/pool\n"))
-    return node
-
-
-def run(tmp_path, tier: Tier, **params):
-    cfg = suite(tmp_path, **params)
-    sent: list = []
-    node = faulty_node(tier, sent)
-    ctx = gate_context(tmp_path, cfg, transports={"n1": node}, http=tier, clock=Clock())
-    ctx.undo = UndoLog(tmp_path / "undo.json")
-    result = WORKLOADS["g2-faults"]().run(ctx)
-    gate = cfg.suite.gates[0]
-    return result, evaluate(gate, result, "s", WORKLOADS["g2-faults"].METRICS), sent, ctx
-
+from g2_faults_fixture import SERVER, Tier, faulty_node, run, signed_faults_run as _bundle, suite  # noqa: F401
 
 def test_requests_the_engine_recomputed_while_the_path_was_lost_are_degraded_never_hits(tmp_path):
     tier = Tier()
@@ -352,3 +282,38 @@ def test_the_plan_lists_each_fault_and_its_inverse_as_run(tmp_path):
     apply, inverse = F.pool_path_loss(SERVER)
     assert [s.argv for s in steps if s.argv in (apply, inverse)] == [apply, inverse]
     assert not any(s.argv[:1] == ("findmnt",) for s in steps)  # the server is given: nothing to look up
+
+
+def test_degraded_key_a_g2_faults_bundle_with_a_degraded_result_is_re_verified_same(tmp_path):
+    from harness.gates.reevaluate import reevaluate_bundle
+    result, pred, ctx = _bundle(tmp_path, Tier())
+    assert result.degraded and "degraded" in json.loads((ctx.gate_dir / "result.json").read_text())
+    re = reevaluate_bundle(tmp_path, pred)
+    assert re.same, re.differences
+    assert re.checks[0].rederived and "DEGRADED:" in re.checks[0].reevaluated["reason"]
+
+
+def test_g2_faults_a_failed_request_dropped_from_the_evidence_is_re_derived_from_its_raw_record(tmp_path):
+    """A signer rewrites the evidence: the request that failed while the path was lost becomes a tier hit. The
+    raw requests-faulted.jsonl still holds its error: the re-derived verdict is FAIL."""
+    from harness.gates.reevaluate import reevaluate_bundle
+    result, pred, ctx = _bundle(tmp_path, Tier(fail_while_down=True))
+    assert pred["verdicts"][0]["outcome"] == "FAIL"
+    res = json.loads((ctx.gate_dir / "result.json").read_text())
+    for r in res["evidence"]["requests"]:
+        if r["served"] == "failed":
+            r.update(served="tier", error=None, ttft_s=0.01, hit_tokens=r["expected_hit_tokens"])
+    res["failed_check"] = None
+    (ctx.gate_dir / "result.json").write_text(json.dumps(res))
+    pred["verdicts"][0].update(outcome="PASS")
+    again = reevaluate_bundle(tmp_path, pred).checks[0].reevaluated
+    assert again["outcome"] == "FAIL" and "request(s) failed (lost)" in again["reason"]
+
+
+def test_g2_faults_empty_requests_file_is_an_error(tmp_path):
+    from harness.gates.reevaluate import reevaluate_bundle
+    _, pred, ctx = _bundle(tmp_path, Tier())
+    (ctx.gate_dir / "requests-faulted.jsonl").write_text("")
+    again = reevaluate_bundle(tmp_path, pred).checks[0].reevaluated
+    assert again["outcome"] == "ERROR" and "requests-faulted.jsonl: the faulted phase's requests is empty" in \
+        again["reason"]

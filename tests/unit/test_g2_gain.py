@@ -18,8 +18,12 @@ from harness.report.gain_section import gain_charts
 from harness.suite.plan import gate_plan, plan_mismatch
 from harness.workloads import WORKLOADS
 from harness.workloads.g2_gain import GainEvidence, evaluate_gain, first_arm
-from harness.workloads.g2_load import PointTrial, evaluate_load, token_accounting
+from harness.workloads.g2_load import G2LoadEvidence, PointTrial, evaluate_load, token_accounting
 from test_g2_load import gate_config, gate_context, scripted_node
+
+# Scripted runs keep to one or two trials, for speed: the config loader's rule that such a gate can never PASS
+# (tests/unit/test_sound_verdicts.py) is off here, and their verdicts say "N trials, no interval".
+TRIALS_RULE = False
 
 
 def fig(goodput_rps: float, ttft_p95_s: float, rate_rps: float = 2.0) -> LoadPoint:
@@ -37,25 +41,40 @@ def pt(label: str, trial: int, figures: LoadPoint, memory: float, tier: float) -
 
 def arms(tier_goodput: list[float], tier_memory: float = 0.0, tier_hits: float = 600.0,
          no_tier_hits: float = 0.0) -> dict:
-    """Three trials of a 2-point ladder: the arm without the tier has goodput 1.0 and 2.0 at c1 and c2."""
+    """A trial per tier goodput of a 2-point ladder: the arm without the tier has goodput 1.0 and 2.0 at c1 and c2;
+    each arm's tier hits reconciled with its device reads (min_read_fraction 0.5)."""
     tier, none = [], []
     for t, g in enumerate(tier_goodput, 1):
         tier += [pt("c1", t, fig(1.0, 0.2), tier_memory, tier_hits), pt("c2", t, fig(g, 0.3, rate_rps=g),
                                                                           tier_memory, tier_hits)]
         none += [pt("c1", t, fig(1.0, 0.4), 0, no_tier_hits), pt("c2", t, fig(2.0, 0.6), 0, no_tier_hits)]
-    return {"tier": evaluate_load(tier, "closed", 1.0), "no_tier": evaluate_load(none, "closed", 1.0)}
+    ev = G2LoadEvidence(min_read_fraction=0.5, device_reads=True, trials=len(tier_goodput))
+    return {"tier": evaluate_load(tier, "closed", 1.0, evidence=ev),
+            "no_tier": evaluate_load(none, "closed", 1.0, evidence=ev)}
+
+
+REUSABLE = 0.6  # of each point's 1000 prompt tokens, what the load offers to reuse: the 600 the tier serves
+
+
+def gain(a: dict, min_tier_reuse_share: float = 0.9, **kw):
+    """evaluate_gain with the load's reusable share known (REUSABLE) and the trials asked for as many as given."""
+    trials = len({p.trial for p in a["tier"].evidence.points})
+    return evaluate_gain(a, min_tier_reuse_share, evidence=GainEvidence(trials=trials, min_tier_served_share=0.5),
+                         **{"reusable": REUSABLE, **kw})
 
 
 # ------------------------------------------------------------------------------------------------ figures
 
 
 def test_the_gain_is_the_paired_per_trial_ratio_over_the_ladder_with_an_interval_and_per_point():
-    res = evaluate_gain(arms([2.6, 2.8, 2.7]), min_tier_reuse_share=0.9)
+    res = gain(arms([2.6, 2.8, 2.7] * 2))
     assert res.invalid_reason is None and res.error is None
     m = res.metrics
-    # the ladder's highest goodput per arm and trial: 2.6/2, 2.8/2, 2.7/2 -> +30 %, +40 %, +35 %
-    assert m["goodput_gain"] == pytest.approx(0.35) and m["goodput_gain_ci_trials"] == 3
-    assert m["goodput_gain_ci_low"] == pytest.approx(0.30) and m["goodput_gain_ci_high"] == pytest.approx(0.40)
+    # the ladder's highest goodput per arm and trial: 2.6/2, 2.8/2, 2.7/2 -> +30 %, +40 %, +35 % (twice): the
+    # median and the exact interval [x(1), x(6)], typed beside it (no "_ci_" metrics)
+    iv = res.intervals["goodput_gain"]
+    assert m["goodput_gain"] == pytest.approx(0.35) and not any("_ci_" in k for k in m)
+    assert (iv.trials, iv.asked) == (6, 6) and (iv.ci_low, iv.ci_high) == pytest.approx((0.30, 0.40))
     assert m["throughput_gain"] == pytest.approx(0.35)
     # TTFT ratios at the ladder's top point (c2): 0.3 / 0.6
     assert m["ttft_p95_ratio"] == pytest.approx(0.5) and m["ttft_p50_ratio"] == pytest.approx(0.5)
@@ -82,14 +101,16 @@ BASE = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000
         "shared_prefix_tokens": 32, "min_read_fraction": 0}
 
 
-@pytest.mark.parametrize("goodputs, outcome", [([2.7, 2.8, 2.9], Outcome.PASS), ([2.0, 2.8, 3.4], Outcome.FAIL),
-                                               ([1.5, 1.6, 1.7], Outcome.STOP)])
+@pytest.mark.parametrize("goodputs, outcome", [([2.7, 2.8, 2.9] * 2, Outcome.PASS),
+                                               ([2.0, 2.8, 3.4] * 2, Outcome.FAIL),
+                                               ([1.5, 1.6, 1.7] * 2, Outcome.STOP),
+                                               ([2.7, 2.8, 2.9], Outcome.FAIL)])  # 3 trials: no interval
 def test_the_gate_is_judged_on_the_interval_by_the_real_verdict_code(tmp_path, goodputs, outcome):
     d = gain_gate(tmp_path, BASE)
-    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
+    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE).suite.gates[0]
     unit = WORKLOADS["g2-gain"].METRICS[gate.metric]
     assert unit == "ratio" and WORKLOADS["g2-gain"].METRICS["ttft_p95_ratio@c2"] == "x"
-    v = evaluate(gate, evaluate_gain(arms(goodputs), 0.9), unit)
+    v = evaluate(gate, gain(arms(goodputs)), unit)
     assert v.outcome is outcome, v.reason
     if outcome is Outcome.FAIL:
         assert "inconclusive" in v.reason
@@ -100,26 +121,28 @@ def test_the_gate_is_judged_on_the_interval_by_the_real_verdict_code(tmp_path, g
 
 @pytest.mark.parametrize("kw, check, words", [
     ({"tier_hits": 0.0}, "tier served the reuse", "connector is off, or the working set fit"),
-    ({"tier_hits": 100.0, "tier_memory": 500.0}, "tier served the reuse", "tier hit tokens 600, engine-memory hit tokens 3000"),
+    ({"tier_hits": 100.0, "tier_memory": 500.0}, "tier served the reuse",
+     "tier hit tokens 600 of 3600 reusable tokens the load offered (16.7%, at least 0.5 required); engine-memory "
+     "hit tokens 3000"),
     ({"no_tier_hits": 50.0}, "recomputed without the tier", "tier hit tokens 300"),
 ])
 def test_an_arm_whose_proof_fails_makes_the_gate_invalid_never_pass(tmp_path, kw, check, words):
-    res = evaluate_gain(arms([2.7, 2.8, 2.9], **kw), min_tier_reuse_share=0.9)
+    res = gain(arms([2.7, 2.8, 2.9], **kw))
     bad = [c for c in res.evidence.validity if not c.ok]
     assert [c.name for c in bad] == [check] and words in bad[0].how
     assert res.invalid_reason.startswith(check)
     d = gain_gate(tmp_path, BASE)
-    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
+    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE).suite.gates[0]
     assert evaluate(gate, res, "ratio").outcome is Outcome.INVALID
 
 
 def test_an_arm_with_an_invalid_point_or_a_fall_back_makes_the_gate_invalid_naming_the_arm():
     a = arms([2.7, 2.8, 2.9])
-    res = evaluate_gain(a, 0.9, fallbacks={"tier": "tier's log: 'fell back to recompute'"})
+    res = gain(a, fallbacks={"tier": "tier's log: 'fell back to recompute'"})
     assert res.invalid_reason == "tier arm valid: tier's log: 'fell back to recompute'"
     bad = a["no_tier"].evidence.points[0].model_copy(update={"invalid_reason": "client lag p99 3 ms exceeds"})
     none = evaluate_load([bad] + a["no_tier"].evidence.points[1:], "closed", 1.0)
-    res = evaluate_gain({"tier": a["tier"], "no_tier": none}, 0.9)
+    res = gain({"tier": a["tier"], "no_tier": none})
     assert res.invalid_reason.startswith("no_tier arm valid: load point c1, trial 1: client lag")
 
 
@@ -137,7 +160,7 @@ def test_bad_gain_params_are_config_errors_naming_file_line_and_field(tmp_path, 
     d = gain_gate(tmp_path, {**{k: v for k, v in BASE.items() if k != "python"},
                              **{k: v for k, v in params.items() if v is not None}})
     with pytest.raises(ConfigError) as exc:
-        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     text = str(exc.value)
     assert "g.yaml:" in text and where in text and message in text, text
 
@@ -186,7 +209,7 @@ class TwoArms:
 
 def test_a_scripted_run_sends_exactly_the_planned_commands_on_both_arms_with_the_same_prompts(tmp_path):
     d = gain_gate(tmp_path, BASE)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     gate = cfg.suite.gates[0]
     node, engine = scripted_node(), TwoArms()
     ctx = gate_context(tmp_path, cfg, node, engine)
@@ -210,9 +233,18 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_on_both_arms_with_the
         assert a.accounting.tier_hit_tokens == 64 and b.accounting.tier_hit_tokens == 0
         assert b.accounting.recomputed_tokens == 192
     assert ev.proofs["tier"].tier_reuse_share == 1.0
-    assert {c.name: c.ok for c in ev.validity} == {"tier arm valid": True, "no_tier arm valid": True,
-                                                   "tier served the reuse": True, "recomputed without the tier": True}
-    assert result.metrics["goodput_gain_ci_trials"] == 2
+    # min_read_fraction 0: the tier arm's device-read proof is not checked, and the verdict says so
+    assert {c.name: (c.ok, c.checked) for c in ev.validity} == {
+        "tier arm valid": (True, True), "no_tier arm valid": (True, True),
+        "tier arm: tier hits read from the pool": (True, False), "arms equal but the tier switch": (True, True),
+        "tier served the reuse": (True, True), "recomputed without the tier": (True, True)}
+    assert ev.arm_difference == {"tier_only_argv": [], "no_tier_only_argv": ["--no-kv-tier"], "tier_only_env": [],
+                                 "no_tier_only_env": []}
+    assert result.intervals["goodput_gain"].trials == 2 and not result.intervals["goodput_gain"].has_interval
+    v = evaluate(gate, result, "ratio")
+    assert "(2 trials, no interval)" in v.reason
+    assert "unproven (not checked): tier arm: tier hits read from the pool (not checked: the gate sets " \
+           "min_read_fraction 0" in v.reason
     assert json.loads((ctx.gate_dir / "g2-gain-summary.json").read_text())["evidence"]["pairs"]
     # the report overlays the two arms' TTFT distributions, read back from each arm's requests files
     verdict = {"gate_id": "GAIN", "evidence": json.loads(result.evidence.model_dump_json())}
@@ -223,7 +255,7 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_on_both_arms_with_the
 
 def test_a_tier_arm_silently_served_from_engine_memory_is_invalid(tmp_path):
     d = gain_gate(tmp_path, BASE)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     gate = cfg.suite.gates[0]
     result = WORKLOADS["g2-gain"]().run(gate_context(tmp_path, cfg, scripted_node(), TwoArms(serve_from="gpu")))
     assert result.error is None
@@ -239,10 +271,10 @@ def test_the_tier_hit_rate_feeds_kvgate_cost_by_report_id_and_an_invalid_run_fee
     from harness.cost import params as cp
     root = Path(__file__).resolve().parents[2]
     # of the 1000 prompt tokens per point, 0.75 could be reused; the tier served 600 of them per point
-    res = evaluate_gain(arms([2.7, 2.8, 2.9]), 0.9, reusable=0.75)
+    res = gain(arms([2.7, 2.8, 2.9]), reusable=0.75)
     assert res.metrics["tier_hit_rate"] == pytest.approx(0.8) and res.evidence.tier_hit_rate == pytest.approx(0.8)
     d = gain_gate(tmp_path, BASE)
-    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
+    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE).suite.gates[0]
     verdict = evaluate(gate, res, "ratio", WORKLOADS["g2-gain"].METRICS).to_dict()
     (m,) = [x for x in cp.extract_measured({"verdicts": [verdict]}, "KVG-20261201-gain") if x.name == "hit_rate"]
     assert (m.name, m.value, m.gate_id, m.metric) == ("hit_rate", pytest.approx(0.8), "GAIN", "tier_hit_rate")
@@ -255,7 +287,7 @@ def test_the_tier_hit_rate_feeds_kvgate_cost_by_report_id_and_an_invalid_run_fee
     r = cp.resolve(tmp_path / "params.yaml", [m])  # the hit rate alone (the measured gain: the next test)
     v = r.inputs["hit_rate"]
     assert v.kind == "measured" and v.value == pytest.approx(0.8) and "KVG-20261201-gain GAIN" in v.source
-    invalid = evaluate(gate, evaluate_gain(arms([2.7, 2.8, 2.9], tier_hits=0.0), 0.9, reusable=0.75), "ratio",
+    invalid = evaluate(gate, gain(arms([2.7, 2.8, 2.9], tier_hits=0.0), reusable=0.75), "ratio",
                        WORKLOADS["g2-gain"].METRICS).to_dict()
     assert invalid["outcome"] == "INVALID" and cp.extract_measured({"verdicts": [invalid]}, "KVG-x") == []
 
@@ -266,18 +298,18 @@ def test_the_measured_gain_is_set_beside_the_models_in_kvgate_costs_report_by_re
     from harness.cost.report import build_tables, render_markdown
     root = Path(__file__).resolve().parents[2]
     d = gain_gate(tmp_path, BASE, metric="throughput_gain")
-    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).suite.gates[0]
+    gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE).suite.gates[0]
     # both arms complete 2 requests/s at best: a measured gain of 0 is a measurement, not nothing
-    flat = evaluate(gate, evaluate_gain(arms([1.8, 1.8, 1.8]), 0.9, reusable=0.75), "ratio",
+    flat = evaluate(gate, gain(arms([1.8, 1.8, 1.8]), reusable=0.75), "ratio",
                     WORKLOADS["g2-gain"].METRICS).to_dict()
     found = {m.name: m for m in cp.extract_measured({"verdicts": [flat]}, "KVG-20261202-gain")}
-    gain = found["measured_throughput_gain"]
-    assert gain.value == 0.0 and (gain.gate_id, gain.metric) == ("GAIN", "throughput_gain")
+    measured = found["measured_throughput_gain"]
+    assert measured.value == 0.0 and (measured.gate_id, measured.metric) == ("GAIN", "throughput_gain")
     shutil.copytree(root / "workloads" / "models", tmp_path / "models")
     (tmp_path / "params.yaml").write_text((root / "workloads" / "cost-params.example.yaml").read_text()
                                           .replace("  hit_rate: 90 %\n", ""))
     r = cp.resolve(tmp_path / "params.yaml", list(found.values()))
-    assert r.measured_gain is gain and "measured_throughput_gain" not in r.inputs  # not a model input
+    assert r.measured_gain is measured and "measured_throughput_gain" not in r.inputs  # not a model input
     md = render_markdown(r, build_tables(r), "KVG-cost")
     line = next(x for x in md.splitlines() if x.startswith("Cross-check: the model gives a throughput gain"))
     assert "measured on the same load with the tier and without: +0.0% (KVG-20261202-gain GAIN throughput_gain" \
@@ -286,7 +318,7 @@ def test_the_measured_gain_is_set_beside_the_models_in_kvgate_costs_report_by_re
     r0 = cp.resolve(tmp_path / "params.yaml", [found["hit_rate"]])
     assert r0.measured_gain is None and "Cross-check: the model gives a throughput" not in render_markdown(
         r0, build_tables(r0), "KVG-cost")
-    invalid = evaluate(gate, evaluate_gain(arms([2.7, 2.8, 2.9], tier_hits=0.0), 0.9), "ratio",
+    invalid = evaluate(gate, gain(arms([2.7, 2.8, 2.9], tier_hits=0.0)), "ratio",
                        WORKLOADS["g2-gain"].METRICS).to_dict()
     assert cp.extract_measured({"verdicts": [invalid]}, "KVG-x") == []
 
@@ -294,11 +326,12 @@ def test_the_measured_gain_is_set_beside_the_models_in_kvgate_costs_report_by_re
 def test_a_bundle_re_derives_the_gain_from_each_arms_requests_and_counters_files(tmp_path):
     from harness.gates.reevaluate import REDERIVERS
     d = gain_gate(tmp_path, BASE)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     ctx = gate_context(tmp_path, cfg, scripted_node(), TwoArms())
     result = WORKLOADS["g2-gain"]().run(ctx)
     signed = json.loads(json.dumps(result.as_dict()))  # result.json as the bundle holds it
-    metrics, invalid = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    again = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is None and metrics.keys() == result.metrics.keys()
     assert all(metrics[k] == pytest.approx(v) for k, v in result.metrics.items())
     # the tier arm's counters edited after the run to claim no tier hits: the proof follows the raw files
@@ -307,7 +340,8 @@ def test_a_bundle_re_derives_the_gain_from_each_arms_requests_and_counters_files
         c = json.loads(f.read_text())
         c["after"]["kvgate_cpu_ref_external_hit_tokens_total"] = c["before"]["kvgate_cpu_ref_external_hit_tokens_total"]
         f.write_text(json.dumps(c))
-    metrics, invalid = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    again = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is not None and invalid.startswith("tier served the reuse: the tier served no token")
 
 
@@ -326,9 +360,11 @@ def test_a_trace_is_replayed_on_both_arms_with_its_reuse_accounted_and_its_hit_r
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     params = {k: v for k, v in BASE.items() if k not in ("load", "requests_per_point", "prompt_tokens",
                                                          "shared_prefix_tokens")}
-    params.update(load={"path": str(trace), "format": "mooncake", "block_tokens": 32}, max_client_lag_p99_s=10)
+    # the engine double finds 32-token blocks: LMCache's chunk set to 32 (its 256 would find none of this trace)
+    params.update(load={"path": str(trace), "format": "mooncake", "block_tokens": 32}, max_client_lag_p99_s=10,
+                  lmcache_overrides={"chunk_size": 32})
     d = gain_gate(tmp_path, params)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     node = scripted_node()
     result = WORKLOADS["g2-gain"]().run(gate_context(tmp_path, cfg, node, TwoArms()))
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
@@ -344,7 +380,7 @@ def test_a_trace_is_replayed_on_both_arms_with_its_reuse_accounted_and_its_hit_r
 def test_a_gain_gate_cannot_judge_a_capacity_figure(tmp_path):
     d = gain_gate(tmp_path, BASE, metric="capacity_hit_rate", pass_=">= 90 %", stop=None)
     with pytest.raises(ConfigError) as exc:
-        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     assert "g.yaml:" in str(exc.value) and "needs capacity:" in str(exc.value), str(exc.value)
 
 
@@ -397,7 +433,7 @@ ATTACHED = {k: v for k, v in BASE.items() if k not in ("python", "port")} | {
 def test_an_attached_pair_is_measured_as_two_arms_sending_exactly_its_plan_with_the_same_prompts(tmp_path):
     from harness.transport.doubles import Reply, ScriptedTransport
     d = gain_gate(tmp_path, ATTACHED)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
 
     def handler(call):
         if call.argv[:2] == ("sh", "-c") and call.argv[2].startswith("journalctl"):
@@ -421,6 +457,7 @@ def test_an_attached_pair_is_measured_as_two_arms_sending_exactly_its_plan_with_
     assert ev.prompt_seed != ATTACHED.get("seed", 0) and ev.arms["tier"].attached and ev.arms["no_tier"].attached
     assert ev.arms["no_tier"].base_url == "http://10.0.0.22:8000" and ev.arms["no_tier"].pool_dir is None
     assert {c.name: c.ok for c in ev.validity} == {"tier arm valid": True, "no_tier arm valid": True,
+                                                   "tier arm: tier hits read from the pool": True,
                                                    "tier served the reuse": True, "recomputed without the tier": True}
     assert ev.proofs["no_tier"].tier_hit_tokens == 0 and ev.proofs["tier"].tier_hit_tokens == 2 * 2 * 64
 
@@ -440,6 +477,6 @@ def test_a_half_attached_or_self_compared_pair_is_a_config_error_naming_file_and
     params = {k: v for k, v in {**ATTACHED, **change}.items() if v is not None}
     d = gain_gate(tmp_path, params)
     with pytest.raises(ConfigError) as exc:
-        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     text = str(exc.value)
     assert "g.yaml:" in text and message in text, text

@@ -16,12 +16,17 @@ from harness.engines.load import LoadPoint, arrival_offsets
 from harness.errors import ConfigError
 from harness.execute.clock import ScriptedClock
 from harness.gates.verdict import Outcome, evaluate
+from harness.stats import ORDER_STATISTICS, Interval
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
 from harness.workloads.base import GateContext
 from harness.workloads.g2_load import (G2LoadEvidence, PointTrial, evaluate_load, point_invalid, synthetic_requests,
                                        token_accounting)
+
+# Scripted runs keep to one or two trials, for speed: the config loader's rule that such a gate can never PASS
+# (tests/unit/test_sound_verdicts.py) is off here, and their verdicts say "N trials, no interval".
+TRIALS_RULE = False
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFLIGHT_CPU_REFERENCE = doubles.PREFLIGHT_CPU_REFERENCE
@@ -105,14 +110,19 @@ def test_the_knee_is_found_per_trial_and_reported_as_its_median_with_an_interval
     res = evaluate_load(ladder([(0.2, 0.5, 0.9), (0.2, 0.6, 1.4), (0.3, 0.5, 0.8)]), "closed", ttft_slo_s=1.0)
     ev: G2LoadEvidence = res.evidence
     assert ev.knee_per_trial == [4.0, 2.0, 4.0]
-    m = res.metrics
-    assert m["knee_concurrency"] == 4.0 and m["knee_concurrency_ci_trials"] == 3
-    assert m["knee_concurrency_ci_low"] == 2.0 and m["knee_concurrency_ci_high"] == 4.0
+    m, ivs = res.metrics, res.intervals
+    # the median over trials as the metric, its interval typed beside it (no "_ci_" metrics): 3 trials give none
+    assert m["knee_concurrency"] == 4.0 and not any("_ci_" in k for k in m)
+    assert ivs["knee_concurrency"] == Interval(median=4.0, trials=3, asked=3, method=ORDER_STATISTICS)
     # every figure of every point, over the trials
-    assert m["ttft_p95_s@c2"] == pytest.approx(0.5) and m["ttft_p95_s@c2_ci_trials"] == 3
-    assert m["ttft_p95_s@c2_ci_low"] <= 0.5 <= m["ttft_p95_s@c2_ci_high"]
+    assert m["ttft_p95_s@c2"] == pytest.approx(0.5) and ivs["ttft_p95_s@c2"].trials == 3
     assert [s.label for s in ev.summary] == ["c1", "c2", "c4"]
     assert ev.summary[2].figures["ttft_p95_s"].median == pytest.approx(0.9)
+    # six trials: the exact interval [x(1), x(6)] of the knees 2, 2, 4, 4, 4, 4 (coverage 1 - 2/64)
+    six = evaluate_load(ladder([(0.2, 0.5, 0.9), (0.2, 0.6, 1.4), (0.3, 0.5, 0.8)] * 2), "closed", ttft_slo_s=1.0)
+    iv = six.intervals["knee_concurrency"]
+    assert (iv.median, iv.ci_low, iv.ci_high, iv.trials) == (4.0, 2.0, 4.0, 6)
+    assert iv.coverage == pytest.approx(1 - 2 / 64)
 
 
 def test_a_trial_whose_lowest_load_misses_the_slo_has_knee_zero_and_a_point_with_failures_ends_the_ladder():
@@ -157,20 +167,23 @@ BASE = {**ENGINE, "load": {"concurrency": [1, 2]}, "requests_per_point": 3, "pro
 
 def test_an_interval_straddling_the_threshold_is_an_inconclusive_fail_through_the_real_verdict_code(tmp_path):
     d = gate_config(tmp_path, BASE)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     gate = cfg.suite.gates[0]
     unit = WORKLOADS["g2-load"].METRICS[gate.metric]
-    # knees 4, 2, 4: median 4 clears ">= 3" but the interval [2, 4] does not
-    straddling = evaluate_load(ladder([(0.2, 0.5, 0.9), (0.2, 0.6, 1.4), (0.3, 0.5, 0.8)]), "closed", 1.0)
+    # knees 4, 2, 4, 4, 2, 4: median 4 clears ">= 3" but the interval [2, 4] does not
+    straddling = evaluate_load(ladder([(0.2, 0.5, 0.9), (0.2, 0.6, 1.4), (0.3, 0.5, 0.8)] * 2), "closed", 1.0)
     v = evaluate(gate, straddling, unit)
     assert v.outcome is Outcome.FAIL and v.actual == 4.0
-    assert v.reason.startswith("inconclusive: median 4 count (95 % CI 2-4, 3 trials) straddles pass >= 3")
+    assert v.reason.startswith("inconclusive: median 4 count (95 % CI 2-4, 6 trials) straddles pass >= 3")
     assert "trials would separate them" in v.reason
     # the same median with every trial at 4 users: the whole interval clears pass
-    clear = evaluate_load(ladder([(0.2, 0.5, 0.9)] * 3), "closed", 1.0)
+    clear = evaluate_load(ladder([(0.2, 0.5, 0.9)] * 6), "closed", 1.0)
     assert evaluate(gate, clear, unit).outcome is Outcome.PASS
+    # ... but from 3 trials there is no 95 % interval: never PASS
+    three = evaluate(gate, evaluate_load(ladder([(0.2, 0.5, 0.9)] * 3), "closed", 1.0), unit)
+    assert three.outcome is Outcome.FAIL and "(3 trials, no interval)" in three.reason
     # every trial misses at the lowest load: the whole interval [0, 0] hits the stop-loss
-    stop = evaluate_load(ladder([(1.2, 1.5, 1.9)] * 3), "closed", 1.0)
+    stop = evaluate_load(ladder([(1.2, 1.5, 1.9)] * 6), "closed", 1.0)
     assert evaluate(gate, stop, unit).outcome is Outcome.STOP
 
 
@@ -179,9 +192,9 @@ def test_an_interval_straddling_the_threshold_is_an_inconclusive_fail_through_th
 
 def test_a_point_figure_is_a_gate_metric_in_its_unit(tmp_path):
     d = gate_config(tmp_path, BASE, metric="ttft_p95_s@c2", pass_="<= 500 ms", stop=None)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     assert WORKLOADS["g2-load"].METRICS[cfg.suite.gates[0].metric] == "s"
-    res = evaluate_load(ladder([(0.2, 0.3, 0.9)] * 3), "closed", 1.0)
+    res = evaluate_load(ladder([(0.2, 0.3, 0.9)] * 6), "closed", 1.0)
     assert evaluate(cfg.suite.gates[0], res, "s").outcome is Outcome.PASS
 
 
@@ -203,7 +216,7 @@ def test_a_point_figure_is_a_gate_metric_in_its_unit(tmp_path):
 def test_bad_load_params_are_config_errors_naming_file_line_and_field(tmp_path, params, metric, where, message):
     d = gate_config(tmp_path, {**BASE, **params}, metric=metric)
     with pytest.raises(ConfigError) as e:
-        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     text = str(e.value)
     assert f"g.yaml:" in text and f": {where}" in text and message in text, text
     line = int(text.split("g.yaml:")[1].split(":")[0])
@@ -217,13 +230,16 @@ def test_a_bad_trace_line_is_named_by_the_trace_file_line_and_field(tmp_path):
     d = gate_config(tmp_path, {**ENGINE, "load": {"path": str(trace), "format": "mooncake"}}, metric="ttft_p95_s@trace",
                     pass_="<= 1 s", stop=None)
     with pytest.raises(ConfigError) as e:
-        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
-    assert f"gates[0].params.load.path: {trace}:2: hash_ids: 1 hash ids for 600 input tokens" in str(e.value)
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, check_files=True, trials_rule=TRIALS_RULE)
+    assert f"gates[0].params.load.path: trace: {trace}:2: hash_ids: 1 hash ids for 600 input tokens" in str(e.value)
+    # a bundle's suite re-loaded for re-evaluation does not read the trace (the run recorded its digest)
+    assert load_config(d / "i.yaml", d / "g.yaml", WORKLOADS,
+                       trials_rule=TRIALS_RULE).params["L"].load.path == str(trace)
 
 
 def test_synthetic_prompts_share_exactly_the_prefix_of_their_group_and_are_new_at_every_point(tmp_path):
     d = gate_config(tmp_path, {**BASE, "prefix_groups": 2})
-    p = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS).params["L"]
+    p = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE).params["L"]
     a = synthetic_requests(p, "c1", 1, seed=7, vocab_size=1000)
     assert [len(r.prompt) for r in a] == [64, 64, 64]
     assert a[0].prompt[:32] == a[2].prompt[:32] != a[1].prompt[:32]  # groups round-robin
@@ -264,19 +280,38 @@ class PrefixEngine:
         return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
 
 
-def scripted_node() -> ScriptedTransport:
+# an engine's log: cpu-reference's lines, and LMCache 0.5.6's line that shows O_DIRECT in force (captured from
+# engine-tier.log of a cpu-reference-odirect run on this machine: the profile's in_force_log)
+ENGINE_LOG = ("cpu-reference: listening on 127.0.0.1\n"
+              "[2026-12-04 14:13:24,814] LMCache INFO: Initialized FSConnector with base paths "
+              "[PosixPath('/var/tmp/kvgate-work/kvgate-kv-pool/run-325a525a')], relative tmp dir: None, read ahead size: "
+              "None, use O_DIRECT: True (fs_connector.py:121:lmcache.v1.storage_backend.connector.fs_connector)\n"
+              "cpu-reference: served\n")
+
+
+def scripted_node(engine_log: str = ENGINE_LOG) -> ScriptedTransport:
+    """The node: pool-device probes whose read and written bytes grow (a cold tier's reads: 200 MB between two
+    probes), the engine's pre-flight, the loop pool's make, and a spawned engine that leaves ``engine_log`` as its
+    log on the node (fetched into the gate directory as a real run's is)."""
     writes = iter(range(0, 10 ** 9, 2048))
+    reads = iter(range(5000, 10 ** 12, 400_000))
+    files: dict[str, bytes] = {}
 
     def handler(call):
         argv = call.argv
-        if call.spawned or argv[0] == "mkdir":
+        if call.spawned:
+            files[call.log_path] = engine_log.encode()
+            return Reply()
+        if argv[0] == "mkdir":
             return Reply()
         if "kvgate-pool-blockstat" in argv:
-            return Reply(stdout=f"kvgate-pool-device 8:1 /dev/sda1\n1 0 5000 0 1 0 {next(writes)} 0 0 0 0\n")
+            return Reply(stdout=f"kvgate-pool-device 8:1 /dev/sda1\n1 0 {next(reads)} 0 1 0 {next(writes)} 0 0 0 0\n")
+        if "kvgate-pool-loop" in argv:  # a gate's loop pool (pool_device: {kind: loop}), as this machine answered
+            return Reply(stdout="kvgate-pool-loop /dev/loop7 7:7 1\n")
         if argv[0] == "/engine/bin/python":
             return Reply(stdout=PREFLIGHT_CPU_REFERENCE)
         return Reply(rc=127, stderr=f"{argv[0]}: not expected")
-    return ScriptedTransport(handler, name="n1")
+    return ScriptedTransport(handler, name="n1", files=files)
 
 
 def gate_context(tmp_path: Path, cfg, node: ScriptedTransport, engine=None, clock=None) -> GateContext:
@@ -286,7 +321,7 @@ def gate_context(tmp_path: Path, cfg, node: ScriptedTransport, engine=None, cloc
 
 def test_a_scripted_run_sends_exactly_the_planned_commands_and_accounts_every_point(tmp_path):
     d = gate_config(tmp_path, BASE, pass_=">= 2", stop=None)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     gate = cfg.suite.gates[0]
     node = scripted_node()
     ctx = gate_context(tmp_path, cfg, node, PrefixEngine())
@@ -312,21 +347,28 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_and_accounts_every_po
         # 3 prompts of 64 tokens; the 2nd and 3rd find the first 32 in the engine's memory
         assert acc.prompt_tokens == 192 and acc.prompt_tokens_source == "engine"
         assert (acc.memory_hit_tokens, acc.tier_hit_tokens, acc.recomputed_tokens) == (64, 0, 128)
-        assert acc.device_write_bytes == 2048 * 512 and acc.device_read_bytes == 0
+        assert acc.device_write_bytes == 2048 * 512 and acc.device_read_bytes == 400_000 * 512  # the scripted device's reads
         counters = json.loads((gate_dir / p.counters_file).read_text())  # what the accounting came from
         assert (counters["after"]["kvgate_cpu_ref_prompt_tokens_total"]
                 - counters["before"]["kvgate_cpu_ref_prompt_tokens_total"]) == acc.prompt_tokens
     assert ev.knee_per_trial == [2.0, 2.0] and result.metrics["knee_concurrency"] == 2.0
     assert result.metrics["recomputed_share@c1"] == pytest.approx(128 / 192)
     assert ev.warmup["load"]["error"] is None
-    assert evaluate(gate, result, "count").outcome is Outcome.PASS
+    # two trials give no 95 % interval: the knee is reported, never a conclusive PASS
+    v = evaluate(gate, result, "count")
+    assert v.outcome is Outcome.FAIL and "median 2 count (2 trials, no interval)" in v.reason
+    # the validity as named checks; min_read_fraction's proof is on (0.5 by default) and nothing claimed tier hits
+    assert [(c.name, c.ok, c.checked) for c in ev.validity] == [
+        ("requests served", True, True), ("client kept the schedule", True, True),
+        ("tier hits read from the pool", True, True), ("no fall-back", True, True)]
+    assert ev.validity[0].how == "12 requests sent, 12 served, 0 failed over 4 points"
     summary = json.loads((gate_dir / "g2-load-summary.json").read_text())
     assert summary["evidence"]["points"][0]["figures"]["requests"] == 3
 
 
 def run_valid(tmp_path: Path, d: Path):
     """The g2-load gate written in ``d`` run on the scripted node and the engine double; it must end valid."""
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     ctx = gate_context(tmp_path, cfg, scripted_node(), PrefixEngine())
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
@@ -336,7 +378,7 @@ def run_valid(tmp_path: Path, d: Path):
 def test_an_open_loop_sends_on_its_schedule_and_records_due_and_sent_times(tmp_path):
     d = gate_config(tmp_path, {**BASE, "load": {"rates_rps": [50.0]}, "trials": 1, "max_client_lag_p99_s": 1.0},
                     metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     ctx = gate_context(tmp_path, cfg, scripted_node(), PrefixEngine())
     gate_dir = ctx.gate_dir
     result = WORKLOADS["g2-load"]().run(ctx)
@@ -358,7 +400,7 @@ def test_the_plan_of_a_ladder_against_a_deployed_stack_lists_every_point_and_tri
               "attach": {"url": "http://10.0.0.21:8000"}, "pool_path": "/mnt/kvpool/lmcache",
               "load": {"rates_rps": [1, 2, 4, 8, 16]}, "trials": 2, "ttft_slo_s": 2.0, "tpot_slo_s": 0.05}
     d = gate_config(tmp_path, params, metric="knee_rate_rps", pass_=">= 4 /s", stop="< 1 /s")
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     steps = gate_plan(cfg, cfg.suite.gates[0])
     probes = [s for s in steps if "kvgate-pool-blockstat" in s.argv]
     assert len(probes) == 5 * 2 * 2 and all(s.node == "n1" and s.argv[-1] == "/mnt/kvpool/lmcache" for s in probes)
@@ -371,7 +413,7 @@ def test_a_trace_that_is_not_there_is_the_runs_error_not_a_suite_that_no_longer_
     """A bundle re-evaluated where its trace is gone still loads its suite; the run itself says what is missing."""
     d = gate_config(tmp_path, {**ENGINE, "load": {"path": str(tmp_path / "gone.jsonl")}}, metric="ttft_p95_s@trace",
                     pass_="<= 1 s", stop=None)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     node = scripted_node()
     ctx = gate_context(tmp_path, cfg, node)
     result = WORKLOADS["g2-load"]().run(ctx)
@@ -389,11 +431,11 @@ def test_a_trace_is_replayed_by_its_scaled_timestamps_with_prompts_sharing_exact
                                "max_client_lag_p99_s": 1.0}, metric="ttft_p95_s@trace", pass_="<= 1 s", stop=None)
     # the trace's own blocks are 512 tokens (Mooncake); re-mapped to 16-token blocks: 40 tokens -> 2 blocks
     with pytest.raises(ConfigError):  # 40 tokens in 512-token blocks need 1 hash id, not 3
-        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+        load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, check_files=True, trials_rule=TRIALS_RULE)
     trace.write_text('{"timestamp": 0, "input_length": 1200, "output_length": 9, "hash_ids": [1, 2, 3]}\n'
                      '{"timestamp": 100, "input_length": 1600, "output_length": 1, "hash_ids": [1, 2, 4, 5]}\n'
                      '{"timestamp": 300, "input_length": 900, "output_length": 3, "hash_ids": [7, 8]}\n')
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     engine = PrefixEngine()
     ctx = gate_context(tmp_path, cfg, scripted_node(), engine)
     result = WORKLOADS["g2-load"]().run(ctx)
@@ -439,7 +481,7 @@ class LateCountingEngine(PrefixEngine):
 @pytest.mark.parametrize("late,settled", [(3, True), (50, False)])
 def test_counters_read_after_a_point_wait_on_the_gates_clock_until_the_engine_counted_it(tmp_path, late, settled):
     d = gate_config(tmp_path, {**BASE, "load": {"concurrency": [1]}, "trials": 1})
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     clock = ScriptedClock()
     ctx = gate_context(tmp_path, cfg, scripted_node(), LateCountingEngine(late), clock)
     result = WORKLOADS["g2-load"]().run(ctx)
@@ -463,7 +505,7 @@ def test_a_ladder_against_an_attached_engine_sends_exactly_its_plan_including_th
     for launch_only in ("python", "port"):
         params.pop(launch_only)
     d = gate_config(tmp_path, params)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
 
     def handler(call):
         if call.argv == ("sh", "-c", "journalctl -u vllm"):
@@ -483,19 +525,27 @@ def test_a_ladder_against_an_attached_engine_sends_exactly_its_plan_including_th
 def test_a_bundle_re_derives_the_same_metrics_and_verdict_from_its_requests_and_counters_files(tmp_path):
     from harness.gates.reevaluate import REDERIVERS
     d = gate_config(tmp_path, BASE, pass_=">= 2", stop=None)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     ctx = gate_context(tmp_path, cfg, scripted_node(), PrefixEngine())
     result = WORKLOADS["g2-load"]().run(ctx)
     signed = json.loads(json.dumps(result.as_dict()))  # result.json as the bundle holds it
-    metrics, invalid = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    again = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is None and metrics.keys() == result.metrics.keys()
     assert all(metrics[k] == pytest.approx(v) for k, v in result.metrics.items())
+    # the typed intervals travel through result.json and come back the same; the re-derived verdict (kvgate
+    # report's) says as the run's did that 2 trials give no interval
+    assert signed["intervals"]["knee_concurrency"]["trials"] == 2 and again.intervals == result.intervals
+    gate = cfg.suite.gates[0]
+    assert evaluate(gate, again, "count").reason == evaluate(gate, result, "count").reason
+    assert "(2 trials, no interval)" in evaluate(gate, again, "count").reason
     # a request file edited after the run: its point's figures follow the raw file, not the recorded ones
     first = ctx.gate_dir / signed["evidence"]["points"][0]["requests_file"]
     lines = [json.loads(line) for line in first.read_text().splitlines()]
     lines[0]["ttft_s"], lines[0]["sent_s"] = 9.0, lines[0]["due_s"] + 0.5
     first.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    metrics, invalid = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    again = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    metrics, invalid = again.metrics, again.invalid_reason
     assert metrics["ttft_p99_s@c1"] > result.metrics["ttft_p99_s@c1"]
     assert invalid is not None and invalid.startswith("load point c1, trial 1: client lag p99")
 
@@ -526,7 +576,7 @@ SPOILABLE = {**BASE, "load": {"rates_rps": [50.0]}, "trials": 1, "max_client_lag
 def test_an_attempt_spoiled_by_the_client_is_set_aside_and_repeated_with_new_prompts_and_re_derived(tmp_path):
     from harness.gates.reevaluate import REDERIVERS
     d = gate_config(tmp_path, {**SPOILABLE, "repeat_spoiled": 1}, metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     engine = StallsOnce()
     ctx = gate_context(tmp_path, cfg, scripted_node(), engine)
     result = WORKLOADS["g2-load"]().run(ctx)
@@ -543,19 +593,21 @@ def test_an_attempt_spoiled_by_the_client_is_set_aside_and_repeated_with_new_pro
     assert ev.client_priority
     # a third party re-derives the same, judging the attempt set aside on its own records
     signed = json.loads(json.dumps(result.as_dict()))
-    metrics, invalid = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    again = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is None and metrics == pytest.approx(result.metrics)
     # an attempt set aside whose records keep the schedule (a signer who dropped an attempt they did not like)
     f = ctx.gate_dir / spoiled.requests_file
     recs = [json.loads(line) for line in f.read_text().splitlines()]
     f.write_text("".join(json.dumps({**r, "sent_s": r["due_s"], "lag_s": 0.0}) + "\n" for r in recs))
-    metrics, invalid = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    again = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is not None and "set aside without cause" in invalid and "trial 1, attempt 0" in invalid
 
 
 def test_without_repeats_allowed_the_spoiled_attempt_counts_and_makes_the_gate_invalid(tmp_path):
     d = gate_config(tmp_path, SPOILABLE, metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     ctx = gate_context(tmp_path, cfg, scripted_node(), StallsOnce())
     result = WORKLOADS["g2-load"]().run(ctx)
     assert result.evidence.spoiled == [] and [p.attempt for p in result.evidence.points] == [0]

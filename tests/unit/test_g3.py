@@ -256,7 +256,8 @@ def test_g3_reader_without_o_direct_or_a_dropped_cache_is_invalid_and_its_validi
     cold = next(c for c in res.evidence.validity if c.name == "cold")
     assert not cold.ok and cold.how == "n1: page cache dropped; n2: NEITHER O_DIRECT NOR a dropped page cache"
     shown = validity({"evidence": res.evidence_dict()})
-    assert [(c["name"], c["proven"]) for c in shown] == [("nodes", True), ("common window", True), ("cold", False)]
+    assert [(c["name"], c["proven"]) for c in shown] == [("nodes", True), ("common window", True), ("cold", False),
+                                                         ("port rate", True), ("within line rate", True)]
     # the records stay the JSON the readers know: page_cache_dropped.<node>.dropped, nodes.<node>.direct_used
     d = res.evidence_dict()
     assert d["page_cache_dropped"]["n2"] == {"dropped": False, "error": "EPERM"} and d["nodes"]["n1"]["direct_used"] is False

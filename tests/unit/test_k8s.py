@@ -35,8 +35,10 @@ def write_suite(d: Path, pool: str, *, k8s: bool = True, extra_gate: bool = Fals
     nodes = [{"name": n, "transport": "local", "work_dir": "/w", "nics": [{"name": "eth0", "line_rate_gbit_s": 10.0}],
               "targets": [{"name": "kvpool", "kind": "directory", "path": pool},
                           {"name": "scratch", "kind": "file", "path": "g1.bin", "size": "1 GiB"}]} for n in READERS]
+    # The local 'pods' read a local directory through no port at all: the declared rate is set far above what
+    # they can read, else the aggregate would exceed it (INVALID: more than the port can carry).
     nodes.append({"name": "storage", "transport": "local", "work_dir": "/w",
-                  "nics": [{"name": "st0", "line_rate_gbit_s": 1.0}],
+                  "nics": [{"name": "st0", "line_rate_gbit_s": 400.0}],
                   "targets": [{"name": "kvpool", "kind": "directory", "path": pool}]})
     inv = {"nodes": nodes}
     if k8s:
@@ -102,7 +104,7 @@ def pods(tmp_path_factory):
     results = run_pods(manifest, root / "cluster")
     key, pub = generate_keypair(root / "key")
     return {"root": root, "manifest": manifest, "results": results, "key": load_private_key(key), "pub": pub,
-            "key_path": key}
+            "key_path": key, "record": root / "manifests" / "render.json"}
 
 
 def test_rendered_objects_validate_against_the_kubernetes_schema(pods):
@@ -155,7 +157,7 @@ def test_a_bad_k8s_field_is_one_line_naming_file_line_and_field(tmp_path, capsys
 def test_a_collected_run_is_evaluated_and_signed_like_any_other(pods, tmp_path):
     go = json.loads((pods["results"] / "G3" / "go.json").read_text())
     assert go["armed"] == list(READERS) and go["missing"] == []
-    out = collect_k8s(pods["results"], tmp_path / "runs", pods["key"], make_tar=False)
+    out = collect_k8s(pods["results"], tmp_path / "runs", pods["key"], pods["record"], make_tar=False)
     [v] = out.verdicts
     assert v.outcome.value == "PASS" and v.actual == 3.0, v.reason
     bundle = out.bundle.path
@@ -167,6 +169,11 @@ def test_a_collected_run_is_evaluated_and_signed_like_any_other(pods, tmp_path):
     assert ev["launcher"] == "k8s" and ev["k8s_job"]["go"]["go_s"] == go["go_s"]
     assert sorted(ev["k8s_job"]["tasks"]) == list(READERS)
     assert "start_skew_s" in result["metrics"]
+    # the real readers' own figures pass the self-report checks: inside render..collect, the copy's bytes, samples
+    # that add up to each reader's total
+    checks = {c["name"]: c for c in ev["validity"]}
+    assert checks["self-reported figures"]["ok"], checks["self-reported figures"]["how"]
+    assert ev["time_frame"]["max_duration_s"] == 30 + 60 + 60
     summary = json.loads((bundle / "verdicts.json").read_text())
     again = reevaluate_bundle(bundle, {"verdicts": summary["verdicts"], "overall": summary["overall"]})
     assert again.same, again.differences
@@ -178,10 +185,14 @@ def test_a_missing_rank_is_error_with_the_others_data_kept(pods, tmp_path, max_f
     shutil.copytree(pods["results"], results)
     for f in (results / "G3").glob("n3.*"):
         f.unlink()
-    gates = yaml.safe_load((results / "config" / "gates.yaml").read_text())
-    gates["gates"][0]["params"]["max_failed_share"] = max_failed_share
-    (results / "config" / "gates.yaml").write_text(yaml.safe_dump(gates))
-    out = collect_k8s(results, tmp_path / "runs", pods["key"], make_tar=False)
+    record = pods["record"]
+    if max_failed_share:  # rendered with another failure share: its own render record and config in the volume
+        inv, gates = write_suite(tmp_path, str(pods["root"] / "pool"), max_failed_share=max_failed_share)
+        render_k8s(load_config(inv, gates, WORKLOADS), tmp_path / "m", run_id="t1")
+        cm, _ = docs(tmp_path / "m" / "G3.yaml")
+        (results / "config" / "gates.yaml").write_text(cm["data"]["gates.yaml"])
+        record = tmp_path / "m" / "render.json"
+    out = collect_k8s(results, tmp_path / "runs", pods["key"], record, make_tar=False)
     [v] = out.verdicts
     assert v.outcome.value == "ERROR" and "n3" in v.reason
     assert out.overall.value == "ERROR"
@@ -199,7 +210,7 @@ def test_no_record_of_the_common_start_is_error(pods, tmp_path, go_json):
         (results / "G3" / "go.json").unlink()
     else:
         (results / "G3" / "go.json").write_text(go_json)
-    [v] = collect_k8s(results, tmp_path / "runs", pods["key"], make_tar=False).verdicts
+    [v] = collect_k8s(results, tmp_path / "runs", pods["key"], pods["record"], make_tar=False).verdicts
     assert v.outcome.value == "ERROR" and "go.json" in v.reason
 
 
@@ -242,6 +253,7 @@ def test_the_cli_renders_and_collects_with_the_run_exit_codes(pods, tmp_path, ca
     inv, gates = pods["root"] / "inv.yaml", pods["root"] / "gates.yaml"
     assert main(["render", "k8s", str(inv), str(gates), "-o", str(tmp_path / "m"), "--run-id", "x"]) == 0
     assert (tmp_path / "m" / "G3.yaml").is_file()
-    assert main(["collect", str(pods["results"]), "-o", str(tmp_path / "runs"), "--key", str(pods["key_path"])]) == 0
+    assert main(["collect", str(pods["results"]), "-o", str(tmp_path / "runs"), "--key", str(pods["key_path"]),
+                 "--render", str(pods["record"])]) == 0
     out = capsys.readouterr().out
     assert "overall: PASS" in out and "report ID: " in out

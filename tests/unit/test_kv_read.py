@@ -17,7 +17,7 @@ from harness.parsers.fio import parse_fio_json
 from harness.node.kv_reader import BARRIER_TIMEOUT_S, barrier_timeout_s
 from harness.parsers.kvread import parse_layout, parse_read
 from harness.report.render import gate_charts
-from harness.suite.plan import gate_plan
+from harness.suite.plan import gate_plan, plan_mismatch
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.transport.steps import StepLog
 from harness.workloads import WORKLOADS
@@ -241,7 +241,7 @@ def reader_node(read_json: str, drop_rc: int = 0, seen: dict | None = None) -> S
     # the pool device probe's answers: findmnt's device (captured) with each captured stat line after it
     mark = "kvgate-pool-device {1} {0}\n".format(*fixture("findmnt-vda.txt").split())
     stats = [mark + line for line in fixture("blockstat-around-fio.txt").splitlines(keepends=True)]
-    stats.insert(0, stats[0])
+    stats[:1] = [stats[0]] * 3  # the pool device found, after the layout (nothing written on the captured run), before fio
     seen = {} if seen is None else seen
 
     def handler(call):
@@ -255,7 +255,7 @@ def reader_node(read_json: str, drop_rc: int = 0, seen: dict | None = None) -> S
             return Reply(stdout=stats.pop(0))
         if argv[:2] == ("fio", "--output-format=json"):
             return Reply(stdout=fixture("fio-2streams.json"))
-        if argv[0] == "mkdir":
+        if argv[0] in ("mkdir", "sync"):
             return Reply()
         return Reply(rc=127, stderr=f"{argv[0]}: not expected")
     return ScriptedTransport(handler, name="localhost")
@@ -277,10 +277,12 @@ def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_o
 
     assert result.error is None and result.invalid_reason is None and result.failed_check is None
     cfg, gate = g1c_gate()
-    assert node.commands == [s.argv for s in gate_plan(cfg, gate) if s.argv]
-    # cold first: the page cache dropped after the layout and before the readers, and again before fio
+    # the SMART reads are planned where the device is an NVMe namespace (/dev/vda is none): not sent here
+    assert node.commands == [s.argv for s in gate_plan(cfg, gate) if s.argv and not s.optional]
+    # cold first: the page cache dropped after the layout and before the readers, and again before fio; the layout's
+    # writes synced and counted after the read
     cmds = [c[2] if len(c) > 2 and c[1].endswith("kv_reader.py") else c[0] for c in node.commands]
-    assert cmds == ["mkdir", "sh", "layout", "sh", "read", "sh", "sh", "fio", "sh"]
+    assert cmds == ["mkdir", "sh", "layout", "sh", "read", "sync", "sh", "sh", "sh", "fio", "sh"]
     # one hash seed for the layout and every reader (LMCache's builtin chunk hash), no telemetry
     assert seen["layout"]["PYTHONHASHSEED"] == seen["read"]["PYTHONHASHSEED"] == "0"
     assert seen["read"]["LMCACHE_TRACK_USAGE"] == "false"
@@ -306,6 +308,10 @@ def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_o
     rec = ev.nodes["localhost"]
     assert rec.page_cache_dropped and rec.fio_page_cache_dropped and rec.pool_device == "/dev/vda"
     assert rec.fio_device_read_bytes == (457664082 - 456351058) * 512
+    # what the layout cost the drive: counted (nothing, on the captured device), and SMART said not exposed
+    assert rec.layout_device_write_bytes == 0 and ev.endurance["device_write_bytes"] == 0
+    assert ev.endurance["stored_kv_bytes"] == rec.layout.kv_bytes and ev.endurance["write_amplification"] == 0
+    assert ev.endurance["smart"]["exposed"] is False and "no NVMe namespace" in ev.endurance["smart"]["note"]
     assert ev.parallel_read["odirect_effective"] is False  # the profile asks for it; LMCache 0.5.6 ignores it
     assert ev.kv_bytes_per_token == 131072 and ev.chunk_bytes == 32 * 2 ** 20
     assert result.metrics["fio_read_gb_s"] == pytest.approx(0.547827461)
@@ -344,7 +350,7 @@ def test_import_once_runs_layout_drop_and_read_as_one_planned_step_and_files_eac
     ctx.gate_dir.mkdir()
     result = WORKLOADS["kv-read"]().run(ctx)
     assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
-    assert node.commands == [s.argv for s in gate_plan(cfg, gate) if s.argv]
+    assert node.commands == [s.argv for s in gate_plan(cfg, gate) if s.argv and not s.optional]
     readers = [c for c in node.commands if len(c) > 2 and c[1].endswith("kv_reader.py")]
     assert [c[2:3] + c[5:] for c in readers] == [("layout-read", "--drop-caches") if drop_caches else ("layout-read",)]
     # the drop before the read is the reader interpreter's own; the controller's drop step runs only before fio
@@ -455,3 +461,62 @@ def test_the_report_draws_fio_and_connector_bars_side_by_side_with_the_reference
     for gid in ("bar-fio-stream0", "bar-stream0", "bar-fio-stream1", "bar-stream1", "reference-line", "pass-line"):
         assert f'id="{gid}"' in svg, gid
     assert caption.startswith("fio (grey) and the KV connector (blue) reading the same bytes")
+
+
+def test_on_an_nvme_namespace_the_layout_reports_smart_data_units_beside_the_block_counters(tmp_path):
+    """The pool on /dev/nvme0n1: nvme smart-log read before the layout and after it (the captured loopback's
+    readings: 19 data units written), beside the block counters' bytes over the same window (the captured stat
+    lines: 80 sectors), which do not agree here, and the evidence says so rather than picking one."""
+    smart = iter([(ROOT / "tests/fixtures/nvme/smart-log/null_blk-before.json").read_text(),
+                  (ROOT / "tests/fixtures/nvme/smart-log/null_blk-after-9MiB-written.json").read_text()])
+    lines = fixture("blockstat-around-fio.txt").splitlines(keepends=True)
+    stats = ["kvgate-pool-device 259:0 /dev/nvme0n1\n" + line for line in (lines[0], lines[1], lines[0], lines[1])]
+    inner = reader_node("read-fs-2streams.json")
+
+    def handler(call):
+        if call.argv[:2] == ("nvme", "smart-log"):
+            assert call.argv[2] == "/dev/nvme0n1", call.argv
+            return Reply(stdout=next(smart))
+        if call.argv[:2] == ("sh", "-c") and "kvgate-pool-blockstat" in call.argv:
+            return Reply(stdout=stats.pop(0))
+        return inner.handler(call)
+    node = ScriptedTransport(handler, name="localhost")
+    result = WORKLOADS["kv-read"]().run(g1c_context(tmp_path, node))
+    assert result.error is None, result.error
+    cfg, gate = g1c_gate()
+    assert plan_mismatch([s for s in gate_plan(cfg, gate)], node.commands) is None
+    assert [c for c in node.commands if c[0] == "nvme"] == [("nvme", "smart-log", "/dev/nvme0n1", "-o", "json")] * 2
+    e = result.evidence.endurance
+    assert e["device_write_bytes"] == 80 * 512
+    assert e["smart"]["exposed"] and e["smart"]["data_units_written"] == 19 and e["smart"]["written_bytes"] == 9_728_000
+    assert e["smart"]["block_write_bytes"] == 40960 and e["smart"]["reconciled"] is False
+
+
+def test_the_import_once_preload_runs_without_the_cyclic_collector_and_leaves_it_on_with_the_imports_frozen(
+        monkeypatch, tmp_path):
+    """kv_reader's preload (layout-read) imports with the garbage collector off (each full collection walks the
+    whole heap of ~5,000 modules again), then collects once and freezes what is left, so the forked layout and
+    readers never walk nor copy it; the collector is on again afterwards, also when an import fails."""
+    import gc
+    import sys
+
+    from harness.node import kv_reader
+
+    (tmp_path / "kvgate_preload_probe.py").write_text("import gc\nCOLLECTOR_ON = gc.isenabled()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "kvgate_preload_probe", raising=False)
+    monkeypatch.setattr(kv_reader, "PRELOAD", ("kvgate_preload_probe",))
+    monkeypatch.setattr(kv_reader, "PRELOAD_IF_PRESENT", ("kvgate_no_such_module",))
+    assert gc.isenabled()
+    try:
+        assert kv_reader.preload() >= 0
+        assert sys.modules["kvgate_preload_probe"].COLLECTOR_ON is False
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        gc.unfreeze()
+        monkeypatch.setattr(kv_reader, "PRELOAD", ("kvgate_no_such_module",))
+        with pytest.raises(ModuleNotFoundError):
+            kv_reader.preload()
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.enable()

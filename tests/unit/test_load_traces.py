@@ -10,7 +10,7 @@ from harness.load.prompts import prompt_ids, trace_prompts
 from harness.load.reuse import reuse_stats
 from harness.load.synth import TraceShape, synthesize
 from harness.load.traces import Trace, TraceRequest, cut, parse_trace, scale_time, trace_lines
-from harness.stats import bootstrap_ci
+from harness.stats import median_interval, order_statistic_rank
 
 # the shape of the public traces' lines (Mooncake's README / AIPerf's docs; Bailian's as its tools document it)
 MOONCAKE = """{"timestamp": 27482, "input_length": 655, "output_length": 52, "hash_ids": [46, 47]}
@@ -158,11 +158,15 @@ def test_requests_sharing_hash_ids_share_exactly_those_tokens():
     assert (len(a), len(b)) == (640, 800) and a[:512] == b[:512] and a[512:640] != b[512:640]
 
 
-def test_bootstrap_interval_of_the_median():
-    point, lo, hi = bootstrap_ci([10.0, 11.0, 12.0, 30.0, 9.0], seed=1)
-    assert point == 11.0 and lo <= point <= hi and (lo, hi) == bootstrap_ci([10.0, 11.0, 12.0, 30.0, 9.0], seed=1)[1:]
-    assert bootstrap_ci([5.0]) == (5.0, 5.0, 5.0)
-    tight = bootstrap_ci([10.0, 10.1, 9.9, 10.0, 10.05])
-    assert tight[2] - tight[1] < hi - lo
+def test_the_interval_for_the_median_is_exact_from_binomial_order_statistics():
+    """[x(k), x(n+1-k)] with the largest k whose coverage 1 - 2 P(B <= k-1), B ~ Binomial(n, 1/2), is >= 95 %:
+    none below 6 values (even [min, max] of 5 covers 1 - 2/32 = 93.75 %)."""
+    assert [order_statistic_rank(n) for n in (5, 6, 8, 9, 11, 12, 20)] == [None, 1, 1, 2, 2, 3, 6]
+    iv = median_interval([10.0, 11.0, 12.0, 30.0, 9.0, 10.5, 11.5, 9.5, 40.0], asked=9)
+    assert (iv.median, iv.ci_low, iv.ci_high) == (11.0, 9.5, 30.0)  # x(2), x(8) of the 9 sorted
+    assert iv.coverage == pytest.approx(1 - 2 * 10 / 512) and iv.coverage >= 0.95 and iv.asked == 9
+    five = median_interval([10.0, 11.0, 12.0, 30.0, 9.0])
+    assert five.median == 11.0 and not five.has_interval and five.text("s") == "median 11 s (5 trials, no interval)"
+    assert median_interval([5.0]).text() == "median 5 (1 trial, no interval)"
     with pytest.raises(ValueError):
-        bootstrap_ci([])
+        median_interval([])

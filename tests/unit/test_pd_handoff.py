@@ -382,3 +382,65 @@ def test_attach_refuses_launch_parameters_and_unknown_log_nodes(tmp_path):
     msg = str(exc.value)
     assert "attach.consumer.log.node: node 'nope' is not one of the gate's nodes" in msg
     assert "python: a launch parameter: kvgate does not launch attached instances" in msg
+
+
+def _pd_rederived(tmp_path, tier, edit=None, **params):
+    """The hand-off run, then `kvgate report`'s pd-handoff re-deriver on its bundle after ``edit(gate_dir, signed)``."""
+    from harness.gates.reevaluate import REDERIVERS
+    cfg, _, res = run_pd(tmp_path, tier, **params)
+    signed = json.loads(json.dumps(res.as_dict(), default=str))
+    gate_dir = tmp_path / "run" / "gates" / "PD"
+    if edit:
+        edit(gate_dir, signed)
+    return res, REDERIVERS["pd-handoff"](gate_dir, signed, cfg.params["PD"], {"bundle_dir": tmp_path / "run"})
+
+
+def test_pd_handoff_re_derives_the_same_figures_from_its_request_records_steps_and_logs(tmp_path):
+    res, again = _pd_rederived(tmp_path, Tier())
+    assert again.invalid_reason is None and again.error is None
+    assert again.metrics.keys() == res.metrics.keys()
+    assert all(again.metrics[k] == pytest.approx(v) for k, v in res.metrics.items())
+
+
+def test_pd_handoff_device_bytes_reparsed_a_claimed_consumer_read_follows_the_probe_steps(tmp_path):
+    """The consumer re-computed (it read nothing); a signer claims its device read the KV: the steps say 0."""
+    def edit(gate_dir, signed):
+        for x in signed["evidence"]["prompts"]:
+            x["consumer_read_bytes"] = 10 ** 9
+    res, again = _pd_rederived(tmp_path, Tier(consumer_hits=False), edit)
+    assert again.metrics["consumer_device_read_bytes"] == 0 and again.invalid_reason is not None
+
+
+def test_pd_handoff_engine_log_rescanned_a_fall_back_line_is_invalid(tmp_path):
+    def edit(gate_dir, signed):
+        log = gate_dir / "engine-consumer.log"
+        log.write_text(log.read_text() + "LMCache WARNING: System will operate in degraded mode (recompute)\n")
+    _, again = _pd_rederived(tmp_path, Tier(), edit)
+    assert again.invalid_reason.startswith("the engine fell back in the consumer engine's phase")
+
+
+def test_pd_handoff_a_failed_request_in_its_raw_record_is_an_error_whatever_the_evidence_says(tmp_path):
+    def edit(gate_dir, signed):
+        p = gate_dir / "requests-handoff.jsonl"
+        lines = [json.loads(line) for line in p.read_text().splitlines()]
+        lines[1]["error"] = "HTTP 500: retrieve failed"
+        p.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    _, again = _pd_rederived(tmp_path, Tier(), edit)
+    assert again.error is not None and "HTTP 500: retrieve failed" in again.error
+
+
+def test_pd_handoff_empty_requests_file_is_an_error(tmp_path):
+    from harness.errors import HarnessError
+
+    def edit(gate_dir, signed):
+        (gate_dir / "requests-recompute.jsonl").write_text("")
+    with pytest.raises(HarnessError, match="requests-recompute.jsonl: the recompute requests is empty"):
+        _pd_rederived(tmp_path, Tier(), edit)
+
+
+@pytest.mark.parametrize("kw", [dict(nodes=("p1", "d1"), storage="st", pool_storage="st:kvpool"),
+                                dict(nodes=("p1", "d1"))], ids=["storage side", "no device"])
+def test_pd_handoff_re_derives_the_same_verdict_whether_the_device_was_counted_on_the_storage_side_or_not(tmp_path, kw):
+    res, again = _pd_rederived(tmp_path, Tier(device_on={"st"}), **kw)
+    assert again.invalid_reason == res.invalid_reason and again.error == res.error
+    assert again.metrics == pytest.approx(res.metrics)

@@ -68,6 +68,22 @@ def g2_ttft(tmp_path) -> Scenario:
     return Scenario(cfg, "G2", {"n1": node}, http=httpx.MockTransport(engine))
 
 
+def g2_answer(tmp_path) -> Scenario:
+    """g2-answer with a corruption on the scripted cpu-reference node: the flip is one more planned command between
+    the engine's stop and the read-back (the scripted node answers it with nothing: no byte flipped, INVALID)."""
+    g2_config(tmp_path)
+    suite = yaml.safe_load((tmp_path / "g.yaml").read_text())
+    suite["gates"][0].update(workload="g2-answer", metric="answer_mismatched_prompts", **{"pass": "<= 0"})
+    suite["gates"][0].pop("stop_loss", None)
+    suite["gates"][0].pop("reference", None)
+    suite["gates"][0]["params"].update(corrupt={"byte_offset": "middle", "files": 1}, request_extra={})
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(suite))
+    cfg = load_config(tmp_path / "i.yaml", tmp_path / "g.yaml", WORKLOADS)
+    engine = EngineServer()
+    node = engine_node("n1", pool_blockstat("/dev/loop0", "7:0", iter(range(1000, 10 ** 8, 40000))), engine=engine)
+    return Scenario(cfg, "G2", {"n1": node}, http=httpx.MockTransport(engine))
+
+
 def r3_cross_instance(tmp_path) -> Scenario:
     """The writer and the reader node as test_r3 scripts them (the client prints what it printed on the rig)."""
     cfg = r3_config(tmp_path)
@@ -134,7 +150,7 @@ def g2_ttft_attached(tmp_path) -> Scenario:
 def g2_load(tmp_path) -> Scenario:
     """A concurrency ladder (2 loads x 2 trials) on the cpu-reference engine, as test_g2_load scripts it."""
     d = gate_config(tmp_path, G2_LOAD_LADDER, pass_=">= 2", stop=None)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=False)  # 2 trials: short, never PASS
     return Scenario(cfg, "L", {"n1": scripted_node()}, http=httpx.MockTransport(PrefixEngine()))
 
 
@@ -213,7 +229,7 @@ def g2_gain(tmp_path) -> Scenario:
     """Both arms of a 2 x 2 concurrency ladder on the cpu-reference engine, as test_g2_gain scripts it."""
     from test_g2_gain import BASE as GAIN_LADDER, TwoArms, gain_gate
     d = gain_gate(tmp_path, GAIN_LADDER)
-    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=False)  # 2 trials: short, never PASS
     return Scenario(cfg, "GAIN", {"n1": scripted_node()}, http=httpx.MockTransport(TwoArms()))
 
 
@@ -233,11 +249,20 @@ def g2_faults(tmp_path) -> Scenario:
                     http=httpx.MockTransport(tier))
 
 
+def g2_tenancy(tmp_path) -> Scenario:
+    """Tenants A and B on a tier that keys stored prompts by the salt, as test_g2_tenancy scripts it (one start)."""
+    from test_g2_tenancy import POOL_FILE_BYTES, tenancy_config
+    engine = EngineServer(salt_field="cache_salt")
+    node = engine_node("n1", engine=engine, pool=(POOL_FILE_BYTES,) * 2)
+    return Scenario(tenancy_config(tmp_path), "T", {"n1": node}, http=httpx.MockTransport(engine))
+
+
 SCENARIOS: dict[str, Callable[[Any], Scenario]] = {
     "fio-read": fio_read, "kv-read": kv_read, "nvme-integrity": nvme_integrity, "g2-ttft": g2_ttft,
+    "g2-answer": g2_answer,
     "r3-cross-instance": r3_cross_instance, "g3-shared-read": g3_shared_read,
     "g2-load": g2_load, "pd-handoff": pd_handoff, "fio-faults": fio_faults, "g2-gain": g2_gain,
-    "g2-faults": g2_faults,
+    "g2-faults": g2_faults, "g2-tenancy": g2_tenancy,
 }
 # More ways to run a workload than its first scenario: (workload, id, scenario)
 MORE_SCENARIOS = [("g2-ttft", "g2-ttft-attached", g2_ttft_attached),

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 import harness.workloads.r3_cross_instance  # noqa: F401  (registers r3-cross-instance)
-from doubles import EngineServer, Router, argv_starts, gate_context, normalized, ok, pool_files, preflight, spawned
+from doubles import EngineServer, Router, argv_has, argv_starts, gate_context, normalized, ok, pool_files, preflight, spawned
 from harness.config import load_config
 from harness.engines import load_profile
 from harness.errors import ConfigError
@@ -152,9 +152,12 @@ def r3_node(name: str, role: str, engine_log: str = "ready\n", reader_sees: int 
            "metrics_after": (FIX / f"metrics-{role}-after.prom").read_text(),
            "records": [{"id": f"p{i}", "ok": True, "elapsed_s": 0.5, "usage": None} for i in range(2)]}
     files = [9437352] * (2 if role == "writer" else reader_sees)
+    device = (REPO / "tests" / "fixtures" / "pooldev" / "loop-ext4.out").read_text()  # the pool device probe
     return ScriptedTransport(Router(preflight(), pool_files(files), (spawned, Reply(stdout=engine_log)),
-                                    (lambda c: c.argv[1].endswith("/r3_client.py"), Reply(stdout=json.dumps(out))),
-                                    *ok(argv_starts("mkdir"))), name=name)
+                                    (argv_has("kvgate-pool-blockstat"), Reply(stdout=device)),
+                                    (lambda c: c.argv[1:2] and c.argv[1].endswith("/r3_client.py"),
+                                     Reply(stdout=json.dumps(out))),
+                                    *ok(argv_starts("mkdir"), argv_starts("sync"))), name=name)
 
 
 def run_r3(tmp_path, **kw):
@@ -179,6 +182,12 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_on_each_node_and_pass
     assert any(e.kind == "put" and e.path == client.replace("<run>", ev.run_tag) for e in nodes["n1"].events)
     assert all(sum(e.kind == "kill" for e in n.events) == 1 for n in nodes.values())  # both engines stopped
     assert (ctx.gate_dir / "metrics-reader-after.prom").read_text() == (FIX / "metrics-reader-after.prom").read_text()
+    # the writer's stores priced on the writer's pool device (the captured reading twice: nothing written), over
+    # the pool's growth and the writer client's time
+    e = ev.endurance
+    assert ev.pool_device == "/dev/loop0" and e["device_write_bytes"] == 0 and e["write_bytes_per_mtok"] == 0
+    assert e["stored_kv_bytes"] == 2 * 9437352 and e["served_tokens"] == 3072
+    assert ev.writer_window_s is not None and e["window_s"] == ev.writer_window_s
 
 
 def test_an_engine_whose_log_says_it_fell_back_makes_the_run_invalid(tmp_path):
@@ -191,3 +200,42 @@ def test_a_reader_that_sees_none_of_the_writers_files_is_recorded(tmp_path):
     _, _, _, result = run_r3(tmp_path, reader_sees=0)
     assert result.evidence.pool_seen_from_reader_before.files == 0
     assert result.evidence.pool_after_writer.files == 2
+
+
+def _r3_rederived(tmp_path, edit=None, **kw):
+    """The scripted run, then `kvgate report`'s r3 re-deriver on its raw files after ``edit(gate_dir)``."""
+    from harness.gates.reevaluate import REDERIVERS
+    cfg, ctx, _, result = run_r3(tmp_path, **kw)
+    if edit:
+        edit(ctx.gate_dir)
+    signed = json.loads(json.dumps(result.as_dict(), default=str))
+    return result, REDERIVERS["r3-cross-instance"](ctx.gate_dir, signed, cfg.params[ctx.gate.id],
+                                                   {"bundle_dir": tmp_path / "run"})
+
+
+def test_r3_re_derives_the_same_figures_from_the_clients_records_counters_and_logs(tmp_path):
+    result, again = _r3_rederived(tmp_path)
+    assert again.metrics == result.metrics and again.invalid_reason is None and again.error is None
+
+
+def test_r3_engine_log_rescanned_a_fall_back_line_is_invalid(tmp_path):
+    def edit(gate_dir):
+        log = gate_dir / "engine-reader.log"
+        log.write_text(log.read_text() + DEGRADED + "\n")
+    _, again = _r3_rederived(tmp_path, edit)
+    assert again.invalid_reason.startswith("the engine fell back in the reader engine's phase")
+
+
+def test_r3_the_readers_counters_are_re_read_from_its_raw_prometheus_text(tmp_path):
+    """A reader whose counters say it hit nothing: the re-derived hit rate follows the raw text, whatever the
+    evidence records."""
+    def edit(gate_dir):
+        (gate_dir / "metrics-reader-after.prom").write_text((gate_dir / "metrics-reader-before.prom").read_text())
+    _, again = _r3_rederived(tmp_path, edit)
+    assert again.metrics.get("hit_rate") is None and again.error is not None
+
+
+def test_r3_empty_requests_file_is_an_error(tmp_path):
+    from harness.errors import HarnessError
+    with pytest.raises(HarnessError, match="requests-reader.json: the reader's requests is empty"):
+        _r3_rederived(tmp_path, lambda d: (d / "requests-reader.json").write_text(""))

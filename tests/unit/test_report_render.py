@@ -146,3 +146,21 @@ def test_threshold_in_converts_units():
     assert threshold_in(">= 100 MB/s", "GB/s") == pytest.approx(0.1)
     assert threshold_in("< 2 x", "GB/s") is None
     assert threshold_in(None, "GB/s") is None
+
+
+def test_a_gate_that_priced_its_writes_gets_a_row_in_the_endurance_table_md_html_and_csv(tmp_path):
+    """The fixed bundle's G2 with an endurance record (as g2-ttft writes it): the report's table, in both views, and
+    tables/endurance.csv with the numbers; a bundle without any (the snapshot above) has no such section."""
+    from harness.endurance import DriveRating, endurance
+    run, pred = fixed_run(tmp_path)
+    g2 = next(v for v in pred["verdicts"] if v["gate_id"] == "G2")
+    g2.setdefault("evidence", {})["endurance"] = endurance(
+        2_000_000_000, 4_000_000, 1_600_000_000, 100.0, DriveRating(3_840_000_000_000, 1.0)).to_dict()
+    render_bundle_reports(FIXED_ID, run, pred)
+    md, html = (run / "report.md").read_text(), (run / "report.html").read_text()
+    assert "## What serving cost the drives" in md
+    assert "| G2 | 2,000,000,000 B | 0.500 GB | 1.25 x | 0.0200 GB/s | 3.84 TB, 1 DWPD | 0.45 | 4,056 | — |" in md
+    assert '<section id="endurance">' in html and "<td>3.84 TB, 1 DWPD</td>" in html
+    csv = pd.read_csv(run / "tables" / "endurance.csv")
+    assert list(csv["gate"]) == ["G2"] and csv["write_amplification"][0] == pytest.approx(1.25)
+    assert "What serving cost the drives" not in SNAPSHOT.read_text()

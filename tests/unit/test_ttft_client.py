@@ -85,7 +85,7 @@ def test_chunk_split_across_network_reads_is_timed_when_complete():
     ([(0.1, sse(text_event("x")))], 200, "without [DONE]"),
     ([(0.1, b"data: {not json\n\n")], 200, "malformed stream event"),
     ([(0.1, sse({"error": {"message": "boom", "code": 500}}))], 200, "server error in stream"),
-    ([(0.1, b'{"error": "model not loaded"}')], 503, "HTTP 503: {\"error\": \"model not loaded\"}"),
+    ([(0.1, b'{"error": "model not loaded"}')], 503, "HTTP 503: model not loaded"),
 ])
 def test_failed_streams_are_records_not_exceptions(script, status, expect):
     clock = FakeClock()
@@ -162,3 +162,36 @@ def test_a_token_whose_text_is_empty_still_counts_for_ttft():
     script = [(0.4, sse(text_event(""))), (0.1, sse(text_event("b"))), (0.0, sse("[DONE]"))]
     rec = asyncio.run(one(scripted_transport(clock, script), clock))
     assert rec.ok and rec.ttft_s == pytest.approx(0.4) and rec.output_chunks == 2 and rec.output_text == "b"
+
+
+def test_logprobs_of_a_captured_vllm_stream_are_kept_token_by_token(fixtures):
+    """A real `vllm serve` (CPU build) stream with logprobs=5 and return_tokens_as_token_ids (captured): the client
+    keeps every generated token id with its logprob and top alternatives, in order, and they survive to_dict."""
+    raw = (fixtures / "g2" / "vllm_cpu_logprobs_stream.sse").read_text()
+    clock = FakeClock()
+    script = [(0.01, (line + "\n").encode()) for line in raw.splitlines()]
+    req = CompletionRequest("r0", "hello", max_tokens=8, extra={"logprobs": 5, "return_tokens_as_token_ids": True})
+    rec = asyncio.run(one(scripted_transport(clock, script), clock, req))
+    assert rec.ok, rec.error
+    assert len(rec.tokens) == 8 == len(rec.token_logprobs) == len(rec.top_logprobs)
+    assert rec.tokens[:3] == ("token_id:1490", "token_id:1867", "token_id:1867")
+    assert rec.token_logprobs[0] == pytest.approx(-6.675073146820068)
+    assert len(rec.top_logprobs[0]) == 5 and rec.top_logprobs[0]["token_id:109"] == pytest.approx(-6.686791896820068)
+    # greedy: each chosen token is its position's best alternative
+    assert all(max(top, key=top.get) == tok for tok, top in zip(rec.tokens, rec.top_logprobs))
+    d = rec.to_dict()
+    assert d["tokens"][0] == "token_id:1490" and json.loads(json.dumps(d))["top_logprobs"][1]["token_id:598"] < 0
+
+
+def test_a_stream_without_logprobs_records_no_tokens():
+    clock = FakeClock()
+    rec = asyncio.run(one(scripted_transport(clock, [(0.1, sse(text_event("a"))), (0, sse("[DONE]"))]), clock))
+    assert rec.ok and rec.tokens == () and rec.token_logprobs == () and rec.top_logprobs == ()
+
+
+def test_chunk_logprobs_keeps_a_null_logprob_as_none_never_a_guess():
+    from harness.parsers.sse import chunk_logprobs
+    ev = {"choices": [{"text": "x", "logprobs": {"tokens": ["a", "b"], "token_logprobs": [None, -1.5],
+                                                  "top_logprobs": [None, {"b": -1.5, "c": "junk"}]}}]}
+    assert chunk_logprobs(ev) == [("a", None, {}), ("b", -1.5, {"b": -1.5})]
+    assert chunk_logprobs({"choices": [{"text": "x", "logprobs": None}]}) == []

@@ -3,7 +3,8 @@
 import pytest
 
 from harness.config import Gate
-from harness.gates.verdict import Outcome, evaluate, overall_outcome, skipped
+from harness.gates.verdict import Outcome, evaluate, legacy_intervals, overall_outcome, skipped
+from harness.stats import ORDER_STATISTICS, Interval, median_interval
 from harness.workloads.base import WorkloadResult
 
 
@@ -82,9 +83,9 @@ def test_invalid_without_the_gate_metric_is_invalid_not_an_error():
     assert v.outcome is Outcome.INVALID and v.reason == "engine fell back"
 
 
-def ci(median, low, high, trials=3):
-    return WorkloadResult({"per_gpu_read_gb_s": median, "per_gpu_read_gb_s_ci_low": low,
-                           "per_gpu_read_gb_s_ci_high": high, "per_gpu_read_gb_s_ci_trials": trials})
+def ci(median, low, high, trials=6, asked=None):
+    iv = Interval(median=median, ci_low=low, ci_high=high, trials=trials, asked=asked, method=ORDER_STATISTICS)
+    return WorkloadResult({"per_gpu_read_gb_s": median}, intervals={"per_gpu_read_gb_s": iv})
 
 
 @pytest.mark.parametrize("median,low,high,outcome,inconclusive", [
@@ -98,16 +99,57 @@ def test_a_metric_measured_over_trials_is_judged_on_its_interval(median, low, hi
     v = evaluate(gate(), ci(median, low, high), "GB/s")
     assert v.outcome is outcome
     assert v.reason.startswith("inconclusive: ") is inconclusive
-    assert "95 % CI" in v.reason and "3 trials" in v.reason
+    assert "95 % CI" in v.reason and "6 trials" in v.reason
+    assert v.interval == {"median": median, "ci_low": low, "ci_high": high, "trials": 6, "asked": None,
+                          "method": ORDER_STATISTICS, "coverage": None}
 
 
 def test_an_inconclusive_verdict_says_how_many_trials_would_separate_them():
     v = evaluate(gate(), ci(5.5, 4.5, 6.5), "GB/s")  # half-width 1.0, 0.5 from pass: 4x the trials
-    assert v.reason.endswith("straddles pass >= 5 GB/s; about 12 trials would separate them")
+    assert v.reason.endswith("straddles pass >= 5 GB/s; about 24 trials would separate them")
     v = evaluate(gate(), ci(5.0 - 1e-12, 4.5, 5.5), "GB/s")
     assert "about" in v.reason
     v = evaluate(gate(), ci(5.0, 4.5, 5.5), "GB/s")  # on the threshold: passes on the point, not on the interval
     assert v.outcome is Outcome.FAIL and "more trials would not separate them" in v.reason
+
+
+@pytest.mark.parametrize("trials", [1, 2, 3, 5])
+def test_too_few_trials_for_an_interval_never_pass_and_say_so(trials):
+    """A median from fewer trials than a 95 % interval needs (6) is no conclusive PASS, however far it clears the
+    threshold: the verdict says "N trials, no interval" (issue 36's one-trial "interval")."""
+    iv = median_interval([9.0 + i * 0.01 for i in range(trials)])
+    v = evaluate(gate(), WorkloadResult({"per_gpu_read_gb_s": iv.median}, intervals={"per_gpu_read_gb_s": iv}),
+                 "GB/s")
+    assert v.outcome is Outcome.FAIL and v.reason.startswith("inconclusive: ")
+    word = "trial" if trials == 1 else "trials"
+    assert f"({trials} {word}, no interval)" in v.reason and "at least 6 trials needed" in v.reason
+    info = evaluate(gate(informational=True),
+                    WorkloadResult({"per_gpu_read_gb_s": iv.median}, intervals={"per_gpu_read_gb_s": iv}), "GB/s")
+    assert info.outcome is Outcome.INFO and f"{trials} {word}, no interval" in info.reason
+
+
+def test_a_trial_without_a_figure_is_a_failed_trial_and_the_gate_does_not_judge():
+    """A gate asked for 7 trials; one gave a figure (the other six failed): INVALID, never PASS on 1 trial."""
+    v = evaluate(gate(), ci(9.0, 8.0, 10.0, trials=6, asked=7), "GB/s")
+    assert v.outcome is Outcome.INVALID and "1 of 7 trials gave no figure" in v.reason
+    one = median_interval([0.0625], asked=7)
+    v = evaluate(gate(metric="per_gpu_read_gb_s", **{"pass": "<= 0.5 GB/s"}, stop_loss=None),
+                 WorkloadResult({"per_gpu_read_gb_s": 0.0625}, intervals={"per_gpu_read_gb_s": one}), "GB/s")
+    assert v.outcome is Outcome.INVALID and "6 of 7 trials gave no figure" in v.reason
+
+
+def test_an_older_bundles_suffix_interval_is_read_and_judged_by_todays_rule():
+    """A result.json of an older kvgate holds M_ci_low/M_ci_high/M_ci_trials: read back typed; from 3 trials (a
+    bootstrap's [min, max]) there is no 95 % interval, so its old PASS is now an inconclusive FAIL."""
+    metrics = {"per_gpu_read_gb_s": 5.5, "per_gpu_read_gb_s_ci_low": 5.1, "per_gpu_read_gb_s_ci_high": 5.9,
+               "per_gpu_read_gb_s_ci_trials": 3.0}
+    ivs = legacy_intervals(metrics)
+    assert ivs == {"per_gpu_read_gb_s": Interval(median=5.5, trials=3)}
+    v = evaluate(gate(), WorkloadResult(metrics, intervals=ivs), "GB/s")
+    assert v.outcome is Outcome.FAIL and "(3 trials, no interval)" in v.reason
+    seven = {**metrics, "per_gpu_read_gb_s_ci_trials": 7.0}
+    v = evaluate(gate(), WorkloadResult(seven, intervals=legacy_intervals(seven)), "GB/s")
+    assert v.outcome is Outcome.PASS and "percentile bootstrap" in v.reason
 
 
 def test_interval_thresholds_convert_units_like_single_values():

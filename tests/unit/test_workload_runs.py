@@ -361,3 +361,125 @@ def test_fio_reads_output_arriving_after_its_gate_ended_is_not_written_into_the_
     with pytest.raises(GateEnded):
         WORKLOADS["fio-read"]().run(ctx)
     assert not list(ctx.gate_dir.rglob("fio.json"))
+
+
+def _g2_rederived(tmp_path, edit=None):
+    """The cold procedure's run re-derived by `kvgate report`'s g2-ttft re-deriver, after ``edit(gate_dir,
+    result)`` changed its raw files or evidence."""
+    from harness.gates.reevaluate import REDERIVERS
+    cfg = g2_config(tmp_path)
+    events: list[Event] = []
+    engine = EngineServer(events)
+    node = engine_node("n1", pool_blockstat("/dev/mapper/vg0-kvpool", "253:3", iter(range(1000, 10 ** 8, 40000))),
+                       events=events, engine=engine, log="cpu-reference: listening\ncpu-reference: served\n")
+    ctx = context(cfg, "G2", {"n1": node}, tmp_path, http=engine)
+    result = WORKLOADS["g2-ttft"]().run(ctx)
+    signed = json.loads(json.dumps(result.as_dict(), default=str))
+    if edit:
+        edit(ctx.gate_dir, signed)
+    return result, REDERIVERS["g2-ttft"](ctx.gate_dir, signed, cfg.params["G2"], {"bundle_dir": tmp_path})
+
+
+def test_g2_ttft_re_derives_the_same_figures_from_its_request_records_steps_and_logs(tmp_path):
+    result, again = _g2_rederived(tmp_path)
+    assert again.invalid_reason is None and again.error is None
+    assert again.metrics.keys() == result.metrics.keys()
+    assert all(again.metrics[k] == pytest.approx(v) for k, v in result.metrics.items())
+
+
+def test_g2_ttft_device_bytes_reparsed_a_claimed_read_back_device_read_follows_the_steps(tmp_path):
+    def edit(gate_dir, signed):
+        signed["evidence"]["readback_device_read_bytes"] = 10 ** 12  # a claim; the steps say 40000 sectors
+    _, again = _g2_rederived(tmp_path, edit)
+    assert again.metrics["readback_device_read_bytes"] == 40000 * 512
+
+
+def test_g2_ttft_engine_log_rescanned_a_fall_back_line_in_the_read_back_log_is_invalid(tmp_path):
+    def edit(gate_dir, signed):
+        log = gate_dir / "engine-readback.log"
+        log.write_text(log.read_text() + "LMCache WARNING: System will operate in degraded mode (recompute)\n")
+    _, again = _g2_rederived(tmp_path, edit)
+    assert again.invalid_reason.startswith("the engine fell back in the read-back phase")
+
+
+def test_g2_ttft_empty_requests_file_is_an_error(tmp_path):
+    from harness.errors import HarnessError
+
+    def edit(gate_dir, signed):
+        (gate_dir / "requests-readback.jsonl").write_text("")
+    with pytest.raises(HarnessError, match="requests-readback.jsonl: the read-back phase's requests is empty"):
+        _g2_rederived(tmp_path, edit)
+
+
+def test_g2_ttft_bounds_from_config_min_hit_rate_is_the_gates_not_the_evidences(tmp_path):
+    def edit(gate_dir, signed):
+        signed["evidence"]["readback_hit_tokens"] = signed["evidence"]["readback_query_tokens"] * 0.5
+    _, again = _g2_rederived(tmp_path, edit)
+    assert again.invalid_reason is not None and "read-back hit rate 0.500 is below" in again.invalid_reason
+
+
+def _integrity_rederived(tmp_path, corrupt_reads=False, edit=None):
+    """The loopback integrity gate run, then `kvgate report`'s nvme-integrity re-deriver on its raw record, after
+    ``edit(record)`` changed the node's ``guest-integrity.json``."""
+    from harness.gates.reevaluate import REDERIVERS
+    cfg, node = loopback_node(corrupt_reads=corrupt_reads)
+    ctx = context(cfg, "L1", {"guest": node}, tmp_path)
+    result = WORKLOADS["nvme-integrity"]().run(ctx)
+    path = ctx.gate_dir / "guest-integrity.json"
+    if edit:
+        rec = json.loads(path.read_text())
+        edit(rec)
+        path.write_text(json.dumps(rec))
+    gate = cfg.suite.gates[0]
+    again = REDERIVERS["nvme-integrity"](ctx.gate_dir, json.loads(json.dumps(result.as_dict())), cfg.params["L1"],
+                                         {"bundle_dir": tmp_path, "nodes": {n.name: n for n in cfg.gate_nodes(gate)}})
+    return result, again
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_nvme_integrity_re_derives_its_figures_from_each_nodes_record_and_the_patterns_digest(tmp_path, corrupt):
+    result, again = _integrity_rederived(tmp_path, corrupt)
+    assert again.metrics == result.metrics and again.error == result.error
+
+
+def test_nvme_integrity_a_record_claiming_no_differing_byte_where_the_digests_differ_is_refused(tmp_path):
+    def edit(rec):
+        for c in rec["checks"]:
+            c["mismatched_bytes"], c["ok"] = 0, True
+        rec["mismatched_bytes"], rec["ok"] = 0, True
+    with pytest.raises(ValueError, match="0 bytes differ, yet the digests differ"):
+        _integrity_rederived(tmp_path, True, edit)
+
+
+def test_nvme_integrity_a_digest_that_is_not_the_patterns_is_refused(tmp_path):
+    def edit(rec):  # a check "written and read back" with a made-up pattern, both digests equal
+        for c in rec["checks"]:
+            c["expected_sha256"] = c["actual_sha256"] = "0" * 64
+    with pytest.raises(ValueError, match="is not the pattern's"):
+        _integrity_rederived(tmp_path, False, edit)
+
+
+def test_nvme_integrity_missing_raw_file_is_an_error(tmp_path):
+    from harness.errors import HarnessError
+    from harness.gates.reevaluate import REDERIVERS
+    cfg, node = loopback_node()
+    ctx = context(cfg, "L1", {"guest": node}, tmp_path)
+    result = WORKLOADS["nvme-integrity"]().run(ctx)
+    (ctx.gate_dir / "guest-integrity.json").unlink()
+    gate = cfg.suite.gates[0]
+    with pytest.raises(HarnessError, match="guest-integrity.json: no such file"):
+        REDERIVERS["nvme-integrity"](ctx.gate_dir, result.as_dict(), cfg.params["L1"],
+                                     {"bundle_dir": tmp_path, "nodes": {n.name: n for n in cfg.gate_nodes(gate)}})
+
+
+def test_g2_ttft_re_compute_writes_reparsed_a_claimed_figure_follows_the_steps(tmp_path):
+    """What the re-compute phase cost the drive is re-derived from the run's probe steps (its first and third: before
+    the re-compute and before the read-back), not taken from the signed evidence's claim."""
+    def edit(gate_dir, signed):
+        signed["evidence"]["recompute_device_write_bytes"] = 10 ** 15  # a claim: a drive worn out in a day
+    result, again = _g2_rederived(tmp_path, edit)
+    run = result.evidence.endurance
+    assert run["device_write_bytes"] is not None and run["device_write_bytes"] < 10 ** 15
+    assert run["served_tokens"] > 0 and run["stored_kv_bytes"] > 0 and run["window_s"] is not None
+    assert again.evidence.endurance["device_write_bytes"] == run["device_write_bytes"]
+    assert again.evidence.endurance["write_bytes_per_mtok"] == pytest.approx(run["write_bytes_per_mtok"])
