@@ -41,6 +41,7 @@ NO_ENGINE = (
     "integration/test_report_html_chromium.py",
     "integration/test_scoped_transport.py",
     "integration/test_secrets_transport.py",
+    "integration/test_shipped_local.py",
     "integration/test_third_party_verification.py",
     "integration/test_transport_contract.py",
     "integration/test_write_guard_loop.py",

@@ -65,6 +65,7 @@ from .engine import (FREE_PORT_CODE, LaunchedEngine, build_random_model, build_r
                      pool_contents, pool_files_argv, profile_issues, random_model_dir, stage_engine_files,
                      stored_kv_tokens)
 from .phases import PhaseRunner, first_fallback
+from .pool import PoolDeviceSpec, PoolHandle, plan_pool, prepare_pool
 from .probes import run_probe
 
 ROLES = ("producer", "consumer")
@@ -128,6 +129,10 @@ class PdParams(StrictModel):
     # directory the producer's and the consumer's `pool_target` mount (sshfs, NFS). Both roles' pool device
     # counters, and the sync and page-cache drop, run there too: a network mount has no block device on the nodes.
     pool_storage: str | None = None
+    # Launched on one node: the shared pool on a loop device kvgate makes for the run (``kind: loop``, as the serving
+    # gates' pool_device), so both roles' device counters are the pool's alone; ``directory`` keeps it where the
+    # target is (an operator's array mount). PD's own cold step (sync, page-cache drop) runs either way.
+    pool_device: PoolDeviceSpec = Field(default_factory=PoolDeviceSpec)
 
     @model_validator(mode="after")
     def _lengths(self):
@@ -206,6 +211,7 @@ class PdEvidence(Evidence, TtftEvidence):
     pool_device_side: str | None = None     # "storage": on the pool's storage-side node (pool_storage); "nodes"
     pool_device_dir: dict[str, str] = {}    # role -> the pool directory the device probe was given, on that node
     pool_device_error: str | None = None
+    pool: dict[str, Any] | None = None      # the pool as made for the run (pool_device): its kind and loop device
     pool_end: PoolSnapshot | None = None
     prompts: list[PdPrompt] = []
     fallback_lines: list[str] = []
@@ -437,7 +443,7 @@ class PdHandoff(Workload):
 
     # parameters only launched instances use: set with attach:, they would be accepted and ignored
     LAUNCH_ONLY = ("python", "random_weights", "random_weights_dtype", "model", "pool_target", "pool_subdir",
-                   "pool_storage")
+                   "pool_device", "pool_storage")
 
     # ------------------------------------------------------------------------------------ validation
 
@@ -485,6 +491,9 @@ class PdHandoff(Workload):
         issues += model_config_issues(params.model_config_inline, "model_config_inline", kv_dtype)
         if params.producer and params.consumer and params.producer == params.consumer and len(nodes) == 2:
             issues.append((("consumer",), "producer and consumer name one node of a two-node gate"))
+        if params.pool_device.kind == "loop" and params.attach is None and (len(engine_nodes) != 1 or st is not None):
+            issues.append((("pool_device", "kind"), "a loop pool is made on the one node that runs both roles: not "
+                           "with two nodes or pool_storage (mount the shared pool on both nodes instead)"))
         if params.attach is not None:
             issues += [((name,), "a launch parameter: kvgate does not launch attached instances")
                        for name in self.LAUNCH_ONLY if name in params.model_fields_set]
@@ -630,6 +639,8 @@ class PdHandoff(Workload):
             out.append(PlannedStep(name, f"{role}: create {v['run_dir']} and the shared pool directory {v['pool_dir']}",
                                    ("mkdir", "-p", v["run_dir"], v["pool_dir"],
                                     posixpath.join(v["run_dir"], "prometheus"))))
+            if role == "producer":
+                out += plan_pool(name, p.pool_device, "none", v["python"], v["pool_dir"], v["run_dir"], prof.pool_files)
             if p.random_weights:
                 model_dir = random_model_dir(node.work_dir, p.model_config_inline, p.seed, p.random_weights_dtype)
                 if name not in built:
@@ -687,6 +698,7 @@ class PdHandoff(Workload):
         ev = PdEvidence(producer_profile=profs["producer"].name, consumer_profile=profs["consumer"].name,
                         kv_bytes_per_token=bpt, prompt_seed=seed, attached=p.attach is not None,
                         pool_drive=pool_drive_of(ctx, p.storage[0] if p.storage else roles["producer"]))
+        pool: PoolHandle | None = None
         if p.attach is not None:
             a = p.attach
             handles: dict[str, Any] = {r: AttachedEngine(ctx, profs[r], getattr(a, r), roles[r]) for r in ROLES}
@@ -695,7 +707,7 @@ class PdHandoff(Workload):
             setup = self._setup_launched(ctx, p, roles, profs, model_cfg, ev)
             if isinstance(setup, WorkloadResult):
                 return setup
-            lay, handles = setup
+            lay, handles, pool = setup
         ev.pool_dir = lay["producer"]["pool_dir"]
         at = self.counted_at(p, ctx.nodes, roles, {r: lay[r]["pool_dir"] for r in ROLES})
         ev.pool_device_side = "storage" if p.storage is not None and p.attach is None else "nodes"
@@ -734,6 +746,9 @@ class PdHandoff(Workload):
                                   error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
         finally:
             logs = runner.close(parallel=True, logs=True)
+            if pool is not None:  # after both engines stopped (the loop device itself: the run's undo log)
+                pool.close()
+                ev.pool = pool.record.to_dict()
             for phase, recs in requests.items():
                 write_gate_file(ctx.gate_dir / f"requests-{phase}.jsonl",
                                 "".join(json.dumps(r.to_dict()) + "\n" for r in recs))
@@ -747,13 +762,22 @@ class PdHandoff(Workload):
 
     def _setup_launched(self, ctx: GateContext, p: PdParams, roles: dict[str, str], profs: dict[str, EngineProfile],
                         model_cfg: dict[str, Any], ev: PdEvidence
-                        ) -> tuple[dict[str, dict[str, Any]], dict[str, LaunchedEngine]] | WorkloadResult:
-        """Per role: pre-flight (once per node and check), a port, directories and files, the model (once per
-        node); the two engines' handles (they start in the phase runner)."""
+                        ) -> tuple[dict[str, dict[str, Any]], dict[str, LaunchedEngine], PoolHandle | None] | WorkloadResult:
+        """Per role: pre-flight (once per node and check), a port, directories and files, the pool's device (after
+        the producer's directories), the model (once per node); the two engines' handles (they start in the phase
+        runner) and the pool's (closed once they have stopped)."""
         tag = uuid.uuid4().hex[:8]
         lay: dict[str, dict[str, Any]] = {}
         checked: dict[tuple, dict[str, str]] = {}
         built: dict[str, str] = {}
+        pool: PoolHandle | None = None
+
+        def failed(err: str) -> WorkloadResult:  # the pool made so far is closed: no engine will close it
+            if pool is not None:
+                pool.close()
+                ev.pool = pool.record.to_dict()
+            return WorkloadResult(evidence=ev, error=err)
+
         for role in ROLES:
             name, prof = roles[role], profs[role]
             t, node = ctx.transports[name], ctx.nodes[name]
@@ -763,7 +787,7 @@ class PdHandoff(Workload):
             if key not in checked:
                 versions, err = engine_preflight(ctx, t, name, prof, python, f"pd-{role}-preflight")
                 if err:
-                    return WorkloadResult(evidence=ev, error=err)
+                    return failed(err)
                 checked[key] = versions
             ev.versions[role] = checked[key]
             v["port"] = engine_port(ctx, t, node, 0, python, f"pd-{role}-port")
@@ -772,14 +796,20 @@ class PdHandoff(Workload):
             err, _ = stage_engine_files(ctx, t, prof, v, ctx.gate_dir / role, model_cfg, prof.lmcache,
                                         f"pd-{role}-mkdir")
             if err:
-                return WorkloadResult(evidence=ev, error=err)
+                return failed(err)
+            if role == "producer":  # the shared pool directory exists now: make its device (loop) on it
+                err, pool = prepare_pool(ctx, t, name, p.pool_device, "none", python, v["pool_dir"], v["run_dir"],
+                                         prof.pool_files, "pd-pool")
+                ev.pool = pool.record.to_dict()
+                if err:
+                    return failed(err)
             if p.random_weights:
                 if name not in built:
                     err, built[name], desc = build_random_model(ctx, t, python, node, v["run_dir"], v["model_config"],
                                                                 model_cfg, p.seed, p.random_weights_dtype,
                                                                 f"pd-{role}-make-model")
                     if err:
-                        return WorkloadResult(evidence=ev, error=err)
+                        return failed(err)
                     ev.random_model = desc
                 v["model"] = ev.model_dir_on_node[role] = built[name]
             lay[role] = v
@@ -789,7 +819,7 @@ class PdHandoff(Workload):
             url, _ = client_base_url(ctx.transports[name], ctx.nodes[name], "127.0.0.1", v["port"])
             handles[role] = LaunchedEngine(ctx, ctx.transports[name], prof, prof.render_argv(v), prof.render_env(v),
                                            url, v["run_dir"], (role,), [])
-        return lay, handles
+        return lay, handles, pool
 
     def _one(self, ctx: GateContext, p: PdParams, profs: dict[str, EngineProfile], roles: dict[str, str],
              lay: dict[str, dict[str, Any]], runner: PhaseRunner, handles: dict[str, Any], i: int,

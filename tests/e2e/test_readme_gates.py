@@ -41,7 +41,7 @@ def test_every_shipped_suite_is_in_the_table_once_with_all_its_columns():
     assert sorted(listed) == sorted(p.name for p in (ROOT / "gates").glob("*.yaml")) and len(set(listed)) == len(listed)
     for r in rows:
         assert all(r[c] for c in COLUMNS), r
-        assert r["Test command"].split()[0] in ("yes", "no"), r
+        assert r["Test command"].split()[0].rstrip(",") in ("yes", "no"), r
 
 
 @pytest.mark.parametrize("row", table(), ids=lambda r: r["Suite"].strip("`"))
@@ -64,3 +64,23 @@ def test_each_suite_validates_against_the_inventory_the_table_gives(row, tmp_pat
         assert path.startswith("inventory/") and inventory.is_file(), path
     rc, err = validate(inventory, gates)
     assert rc == 0, err
+
+
+@pytest.mark.parametrize("row", [r for r in table() if r["Test command"].startswith("yes")],
+                         ids=lambda r: r["Suite"].strip("`"))
+def test_each_row_the_test_command_runs_names_the_test_that_runs_it_and_as_shipped_means_exactly_these_files(row):
+    """"yes, as shipped (`FILE`)": FILE calls readme_run with exactly this row's suite and inventory (the files run
+    unchanged, from the checkout's root); "yes (`FILE`...)": FILE names the suite."""
+    cell = row["Test command"]
+    suite = row["Suite"].strip("`")
+    m = re.fullmatch(r"yes, as shipped \(`(tests/[\w/]+\.py)`\)", cell) or re.fullmatch(r"yes \((tests/[\w/]+\.py)[,:].*\)",
+                                                                                       cell)
+    assert m, f"{suite}: the test command column names the test that runs it: {cell!r}"
+    text = (ROOT / m.group(1)).read_text()
+    if cell.startswith("yes, as shipped"):
+        inventory = re.match(r"`inventory/([\w.-]+\.yaml)`", row["Inventory"])
+        assert inventory, f"{suite}: an as-shipped row runs a shipped inventory: {row['Inventory']!r}"
+        call = re.compile(r'readme_run\(\s*"' + re.escape(suite) + r'",\s*"' + re.escape(inventory.group(1)) + '"')
+        assert call.search(text), f"{m.group(1)} runs {suite} on inventory/{inventory.group(1)} through readme_run"
+    else:
+        assert suite in text or suite.removesuffix(".yaml") in text, f"{m.group(1)} runs {suite}"

@@ -72,3 +72,16 @@ def vllm_attached(tmp_path_factory, vllm_model):
     tests pay), each user waiting until it answers (an attach test restarts it); stopped at the session's end."""
     from vllm_engines import start_attached
     yield from start_attached(tmp_path_factory.mktemp("attached-vllm"), vllm_model)
+
+
+@pytest.fixture(scope="session")
+def g2_cpu_reference_shipped(tmp_path_factory):
+    """One run of gates/g2-cpu-reference.yaml exactly as the README's table gives it (inventory/localhost.yaml;
+    both its gates, G2 and the informational G2-multiturn), shared by the modules that check each gate: the run, its
+    bundle directory and the development key's public half that signed it. Both modules are in the engine lane
+    (tests/lanes.py), so one worker runs it once."""
+    from kvgate_cli import readme_run
+    
+    d = tmp_path_factory.mktemp("g2-cpu-reference-shipped")
+    r, bundle, work = readme_run("g2-cpu-reference.yaml", "localhost.yaml", d, timeout=900)
+    return r, bundle, d / "home" / "dev-signing.pub"

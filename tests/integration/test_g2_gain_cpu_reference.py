@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from harness.transport.local import free_port
-from kvgate_cli import kvgate, signed_run
+from kvgate_cli import kvgate, readme_run, signed_run
 from polling import wait_no_process, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -48,6 +48,10 @@ def run_gate(setup, name: str, gate: dict | None = None, **params):
     """The shipped gate (its sessions shape declared in it) as it is, or a copy with ``params`` (and the gate's
     own fields ``gate``) changed."""
     d, home, inv = setup
+    if not (params or gate):   # exactly as the README's table runs it, signed with the development key
+        r, bundle, work = readme_run("g2-gain-cpu-reference.yaml", "localhost.yaml", d / name, timeout=900, home=home)
+        return (r, bundle, json.loads((bundle / "gates" / "G2-gain" / "result.json").read_text()),
+                json.loads((bundle / "verdicts.json").read_text())["verdicts"][0])
     gates = ROOT / "gates" / "g2-gain-cpu-reference.yaml"
     if params or gate:
         suite = yaml.safe_load(gates.read_text())
@@ -100,10 +104,10 @@ def test_the_tier_arm_passes_with_both_arms_proven_and_the_bundle_verifies(setup
     assert [p["first"] for p in ev["pairs"]] == ["tier", "no_tier"] * 3
     cold_tier_proven(bundle, ev["arms"]["tier"], "odirect")
     d, home = setup[0], setup[1]
-    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", d / "op.pub", home=home)
+    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", home / "dev-signing.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith("OK "), vr.stdout + vr.stderr
     # re-derived offline from both arms' requests, counters, pool-device probe steps and engine logs: the same
-    rep = kvgate("report", bundle, "--pubkey", d / "op.pub", "--out", d / "re-pass", home=home)
+    rep = kvgate("report", bundle, "--pubkey", home / "dev-signing.pub", "--out", d / "re-pass", home=home)
     assert rep.returncode == 0 and "verdicts: SAME as signed (overall PASS); 1 of 1 gates re-derived from raw " \
         "files" in rep.stdout, rep.stdout + rep.stderr
 
@@ -137,11 +141,11 @@ def test_o_direct_requested_but_not_in_force_is_invalid_naming_the_fall_back(set
 
 def test_the_capacity_curve_hands_the_reuse_from_engine_memory_to_ram_and_then_to_the_device(setup):
     d, home, inv = setup
-    r, bundle = signed_run(inv, ROOT / "gates" / "g2-gain-capacity-cpu-reference.yaml", d / "capacity", d / "op.key",
-                           home, timeout=600)
+    # exactly as the README's table runs it
+    r, bundle, work = readme_run("g2-gain-capacity-cpu-reference.yaml", "localhost.yaml", d / "capacity",
+                                 timeout=600, home=home)
     result = json.loads((bundle / "gates" / "G2-capacity" / "result.json").read_text())
     v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
-    wait_no_process(str(d / "work") + "/")
     assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"])
     ev = result["evidence"]
     assert {c["name"]: c["ok"] for c in ev["validity"]} == {

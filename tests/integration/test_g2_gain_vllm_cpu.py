@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvgate_cli import kvgate, signed_run
+from kvgate_cli import kvgate, readme_run, signed_run
 from polling import wait_no_process
 from vllm_engines import preseed_model
 
@@ -46,11 +46,13 @@ def run_gain_gate(tmp_path: Path, engine_python: str, gates: Path):
 
 
 def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_path, engine_python, vllm_wide_model):
-    gates = ROOT / "gates" / "g2-gain-vllm-cpu.yaml"   # as shipped: its session-recovery shape is declared in it
-    suite = yaml.safe_load(gates.read_text())
-    # the session's wide random model, found built as by a second run
-    preseed_model(tmp_path / "work", vllm_wide_model, suite["gates"][0]["params"]["model_config_inline"])
-    r, bundle, result, v = run_gain_gate(tmp_path, engine_python, gates)
+    # exactly as the README's table runs it: gates/g2-gain-vllm-cpu.yaml (its session-recovery shape declared in it)
+    # on inventory/localhost-vllm-cpu.yaml, the session's wide random model found built as by a second run
+    suite = yaml.safe_load((ROOT / "gates" / "g2-gain-vllm-cpu.yaml").read_text())
+    r, bundle, work = readme_run("g2-gain-vllm-cpu.yaml", "localhost-vllm-cpu.yaml", tmp_path, before=lambda w: (
+        preseed_model(w, vllm_wide_model, suite["gates"][0]["params"]["model_config_inline"])))
+    result = json.loads((bundle / "gates" / "G2-gain" / "result.json").read_text())
+    v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
     home = tmp_path / "home"
     assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"],
                                                           r.stderr[-3000:])
@@ -90,9 +92,8 @@ def test_session_recovery_through_vllm_serve_passes_with_both_arms_proven(tmp_pa
     assert pool["evict"]["ended"] and pool["evict"]["errors"] == 0 and pool["evict"]["stores"] > 0, pool
     fractions = [pt["accounting"]["read_fraction"] for pt in ev["arms"]["tier"]["points"]]
     assert all(f is not None and f >= 0.5 for f in fractions), fractions
-    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
+    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", home / "dev-signing.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith(f"OK {bundle.name}"), vr.stdout + vr.stderr
-    wait_no_process(str(tmp_path / "work") + "/")
 
 
 def test_with_the_cold_regime_off_the_page_cache_serves_the_tier_and_the_gate_is_invalid(tmp_path, engine_python,
@@ -117,17 +118,11 @@ def test_with_the_cold_regime_off_the_page_cache_serves_the_tier_and_the_gate_is
 
 def test_the_capacity_curve_through_vllm_serve_hands_the_reuse_from_its_memory_to_the_tier(tmp_path, engine_python,
                                                                                            vllm_model):
-    preseed_model(tmp_path / "work", vllm_model)
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump({"nodes": [{"name": "cpu1", "transport": "local", "read_streams": 1,
-                                              "work_dir": str(tmp_path / "work"), "engine_python": engine_python}]}))
-    home = tmp_path / "home"
-    assert kvgate("keygen", "--out", tmp_path / "op", home=home).returncode == 0
-    r, bundle = signed_run(inv, ROOT / "gates" / "g2-gain-capacity-vllm-cpu.yaml", tmp_path / "out",
-                           tmp_path / "op.key", home)
+    # exactly as the README's table runs it, the session's model found built
+    r, bundle, work = readme_run("g2-gain-capacity-vllm-cpu.yaml", "localhost-vllm-cpu.yaml", tmp_path,
+                                 before=lambda w: preseed_model(w, vllm_model))
     result = json.loads((bundle / "gates" / "G2-capacity" / "result.json").read_text())
     v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
-    wait_no_process(str(tmp_path / "work") + "/")
     assert r.returncode == 0 and v["outcome"] == "PASS", (v["reason"], result["invalid_reason"], result["error"],
                                                           r.stderr[-3000:])
     ev = result["evidence"]
@@ -147,5 +142,6 @@ def test_the_capacity_curve_through_vllm_serve_hands_the_reuse_from_its_memory_t
     assert cap["knee_x"] == pytest.approx(10 * 1026 / 5120) and result["metrics"]["capacity_hit_rate"] >= 0.99
     (svg,) = (bundle / "charts").glob("*capacity-curve.svg")
     assert "knee 2.00391x" in svg.read_text()
-    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
+    home = tmp_path / "home"
+    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", home / "dev-signing.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith(f"OK {bundle.name}"), vr.stdout + vr.stderr

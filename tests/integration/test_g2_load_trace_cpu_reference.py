@@ -9,10 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-from kvgate_cli import kvgate
-from polling import wait_no_process
+from kvgate_cli import kvgate, readme_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -20,17 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_shipped_mooncake_trace_replayed_through_lmcache_lands_in_a_signed_bundle_with_tier_hits_accounted(tmp_path):
+    # exactly as the README's table runs it: the shipped gate names the shipped trace
+    r, bundle, work = readme_run("g2-load-trace-cpu-reference.yaml", "localhost.yaml", tmp_path, timeout=1200)
     home = tmp_path / "home"
-    gates = ROOT / "gates" / "g2-load-trace-cpu-reference.yaml"   # as shipped: it names the shipped trace
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump({"nodes": [{"name": "cpu1", "transport": "local", "read_streams": 1,
-                                              "work_dir": str(tmp_path / "work")}]}))
-    assert kvgate("keygen", "--out", tmp_path / "op", home=home).returncode == 0
-    out = tmp_path / "out"
-    r = kvgate("run", "-i", inv, "-g", gates, "--out", out, "--key", tmp_path / "op.key", home=home, timeout=1200)
-    report_id = next((l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: ")), None)
-    assert report_id is not None, r.stdout[-3000:] + r.stderr[-3000:]
-    bundle = out / report_id
     gate_dir = bundle / "gates" / "G2-trace"
     result = json.loads((gate_dir / "result.json").read_text())
     v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
@@ -61,10 +51,9 @@ def test_the_shipped_mooncake_trace_replayed_through_lmcache_lands_in_a_signed_b
         assert acc["device_write_bytes"] is not None
         # the trace's own reuse bounds what any cache finds in it
         assert acc["tier_hit_share"] <= tr["unbounded_hit_rate"]
-    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
+    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", home / "dev-signing.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith(f"OK {report_id}"), vr.stdout + vr.stderr
     # re-derived offline from the requests and counters files, the same verdict as signed
-    rep = kvgate("report", bundle, "--pubkey", tmp_path / "op.pub", "--out", tmp_path / "re", home=home)
+    rep = kvgate("report", bundle, "--pubkey", home / "dev-signing.pub", "--out", tmp_path / "re", home=home)
     assert rep.returncode == 0 and "verdicts: SAME as signed" in rep.stdout, rep.stdout + rep.stderr
     assert "1 of 1 gates re-derived from raw files" in rep.stdout, rep.stdout  # device bytes from the steps, log
-    wait_no_process(str(tmp_path / "work") + "/")

@@ -13,10 +13,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import yaml
 
-from kvgate_cli import kvgate
-from polling import wait_no_process
+from kvgate_cli import kvgate, readme_run
 from vllm_engines import preseed_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,18 +33,10 @@ def engine_python() -> str:
 
 def test_a_load_ladder_through_vllm_serve_lands_in_a_signed_bundle_with_knee_accounting_and_intervals(
         tmp_path, engine_python, vllm_model):
-    preseed_model(tmp_path / "work", vllm_model)  # the session's random model, found built as by a second run
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump({"nodes": [{"name": "cpu1", "transport": "local", "read_streams": 1,
-                                              "work_dir": str(tmp_path / "work"), "engine_python": engine_python}]}))
+    # exactly as the README's table runs it; the session's random model found built as by a second run
+    r, bundle, work = readme_run("g2-load-vllm-cpu.yaml", "localhost-vllm-cpu.yaml", tmp_path,
+                                 before=lambda w: preseed_model(w, vllm_model))
     home = tmp_path / "home"
-    assert kvgate("keygen", "--out", tmp_path / "op", home=home).returncode == 0
-    out = tmp_path / "out"
-    r = kvgate("run", "-i", inv, "-g", ROOT / "gates" / "g2-load-vllm-cpu.yaml", "--out", out,
-               "--key", tmp_path / "op.key", home=home, timeout=1500)
-    report_id = next((l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: ")), None)
-    assert report_id is not None, r.stdout[-3000:] + r.stderr[-3000:]
-    bundle = out / report_id
     result = json.loads((bundle / "gates" / "G2-load" / "result.json").read_text())
     with tarfile.open(f"{bundle}.tar.gz") as tf:
         member = next(m for m in tf.getmembers() if m.name.endswith("/verdicts.json"))
@@ -85,9 +75,8 @@ def test_a_load_ladder_through_vllm_serve_lands_in_a_signed_bundle_with_knee_acc
     assert ev["versions"]["vllm"].endswith("+cpu") and ev["fallback_lines"] == []
     assert ev["warmup"]["load"]["error"] is None
     assert (bundle / "gates" / "G2-load" / "engine-load.log").stat().st_size > 0
-    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", tmp_path / "op.pub", home=home)
+    vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", home / "dev-signing.pub", home=home)
     assert vr.returncode == 0 and vr.stdout.startswith(f"OK {report_id}"), vr.stdout + vr.stderr
     # re-derived offline from the requests and counters files, the same verdict as signed
-    rep = kvgate("report", bundle, "--pubkey", tmp_path / "op.pub", "--out", tmp_path / "re", home=home)
+    rep = kvgate("report", bundle, "--pubkey", home / "dev-signing.pub", "--out", tmp_path / "re", home=home)
     assert rep.returncode == 0 and "verdicts: SAME as signed" in rep.stdout, rep.stdout + rep.stderr
-    wait_no_process(str(tmp_path / "work") + "/")  # the one engine it started is gone

@@ -10,16 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-from harness.config import load_config
 from harness.gates.reevaluate import reevaluate_bundle
-from harness.gates.verdict import Outcome
-from harness.report.bundle import generate_keypair, load_private_key, verify_bundle
-from harness.suite.runner import run_suite
-from harness.workloads import WORKLOADS
-from polling import wait_no_process
-from vllm_engines import engine_python, preseed_model
+from harness.report.bundle import verify_bundle
+from kvgate_cli import readme_run
+from vllm_engines import preseed_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -27,20 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_example_connector_leaks_across_cache_salts_and_fails_named(tmp_path, vllm_model):
-    preseed_model(tmp_path / "work", vllm_model)
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump({"nodes": [{"name": "cpu1", "transport": "local", "read_streams": 1,
-                                              "work_dir": str(tmp_path / "work"),
-                                              "engine_python": str(engine_python())}]}))
-    cfg = load_config(inv, ROOT / "gates" / "g2-tenancy-vllm-cpu.yaml", WORKLOADS)
-    key, pub = generate_keypair(tmp_path / "op")
-    out = run_suite(cfg, tmp_path / "out", load_private_key(key), progress=lambda m: print(m, flush=True))
-    v = out.verdicts[0]
-    gate_dir = out.run_dir / "gates" / "G2-tenancy"
+    # exactly as the README's table runs it; the session's random model found built as by a second run
+    r, bundle, work = readme_run("g2-tenancy-vllm-cpu.yaml", "localhost-vllm-cpu.yaml", tmp_path,
+                                 before=lambda w: preseed_model(w, vllm_model))
+    v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
+    gate_dir = bundle / "gates" / "G2-tenancy"
     result = json.loads((gate_dir / "result.json").read_text())
     m, ev = result["metrics"], result["evidence"]
-    assert v.outcome is Outcome.FAIL, (v.reason, result)
-    assert "the connector's storage keys ignore cache_salt" in v.reason
+    assert v["outcome"] == "FAIL" and r.returncode == 1, (v["reason"], result, r.stderr[-2000:])
+    assert "the connector's storage keys ignore cache_salt" in v["reason"]
     # tenant B (another salt) hit tenant A's KV: vLLM's own external-prefix-cache counters, and its device read
     assert m["cross_tenant_hit_tokens"] > 0 and m["cross_tenant_hit_rate"] >= 0.95
     assert m["cross_tenant_device_read_bytes"] > 0
@@ -56,8 +46,7 @@ def test_example_connector_leaks_across_cache_salts_and_fails_named(tmp_path, vl
         recs = [json.loads(x) for x in (gate_dir / f"requests-{phase}.jsonl").read_text().splitlines()]
         assert len(recs) == 2 and all(r["error"] is None for r in recs), recs
     assert m["timing_probe_ratio"] > 0  # reported (B's TTFT for A's prompts over fresh ones), not judged
-    res = verify_bundle(out.bundle.path, pub)
+    res = verify_bundle(bundle, tmp_path / "home" / "dev-signing.pub")
     assert res.ok
-    again = reevaluate_bundle(out.bundle.path, res.statement["predicate"])
+    again = reevaluate_bundle(bundle, res.statement["predicate"])
     assert again.same and again.checks[0].rederived, again.differences
-    wait_no_process(str(tmp_path / "work") + "/")

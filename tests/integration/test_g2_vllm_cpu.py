@@ -17,6 +17,7 @@ from harness.gates.verdict import Outcome
 from harness.report.bundle import generate_keypair, load_private_key, verify_bundle
 from harness.suite.runner import run_suite
 from harness.workloads import WORKLOADS
+from kvgate_cli import readme_run
 from polling import wait_no_process
 from vllm_engines import preseed_model
 
@@ -59,10 +60,11 @@ def _run(tmp_path, config):
 
 
 def test_g2_passes_through_vllm_serve_with_hits_from_the_tier(tmp_path, engine_python):
-    out, pub = _run(tmp_path, _config(tmp_path, engine_python))
-    v = out.verdicts[0]
-    result = json.loads((out.run_dir / "gates" / "G2" / "result.json").read_text())
-    assert v.outcome is Outcome.PASS, (v.reason, result)
+    # exactly as the README's table runs it: the shipped suite on inventory/localhost-vllm-cpu.yaml
+    r, bundle, work = readme_run("g2-vllm-cpu.yaml", "localhost-vllm-cpu.yaml", tmp_path)
+    v = json.loads((bundle / "verdicts.json").read_text())["verdicts"][0]
+    result = json.loads((bundle / "gates" / "G2" / "result.json").read_text())
+    assert v["outcome"] == "PASS", (v["reason"], result, r.stderr[-2000:])
     m, ev = result["metrics"], result["evidence"]
     assert m["hit_rate"] >= 0.95  # vLLM's own external-prefix-cache counters
     assert m["readback_device_read_bytes"] > 0  # cold: the pool's device was read
@@ -71,7 +73,7 @@ def test_g2_passes_through_vllm_serve_with_hits_from_the_tier(tmp_path, engine_p
     assert ev["prompt_kind"] == "text" and ev["random_model"]["model_type"] == "llama"
     assert ev["pool_after_populate"]["files"] > 0 and ev["pool_after_populate"]["bytes"] >= ev["expected_kv_bytes"]
     # the warm-up prompt of each start is recorded and is not among the measured requests
-    gate_dir = out.run_dir / "gates" / "G2"
+    gate_dir = bundle / "gates" / "G2"
     for phase in ("recompute", "readback"):
         warm = [json.loads(l) for l in (gate_dir / f"requests-warmup-{phase}.jsonl").read_text().splitlines()]
         recs = [json.loads(l) for l in (gate_dir / f"requests-{phase}.jsonl").read_text().splitlines()]
@@ -79,8 +81,7 @@ def test_g2_passes_through_vllm_serve_with_hits_from_the_tier(tmp_path, engine_p
         assert warm[0]["request_id"] not in {r["request_id"] for r in recs} and len(recs) == 2
         assert ev["warmup"][phase]["request_id"] == warm[0]["request_id"]
         assert (gate_dir / f"engine-{phase}.log").stat().st_size > 0
-    assert verify_bundle(out.bundle.path, pub).ok
-    _engines_stopped(tmp_path)
+    assert verify_bundle(bundle, tmp_path / "home" / "dev-signing.pub").ok
 
 
 def test_lmcache_connector_on_vllm_cpu_falls_back_and_is_invalid_naming_lmcache(tmp_path, engine_python, vllm_model):

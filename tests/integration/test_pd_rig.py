@@ -62,6 +62,7 @@ def passed(rig, tmp_path_factory):
     gate = suite["gates"][0]
     gate["nodes"] = ["n1", "n2", "storage"]
     gate["params"].update(producer="n1", consumer="n2", pool_storage="storage:kvpool", python=str(ENGINE_PYTHON))
+    del gate["params"]["pool_device"]  # one node's loop pool: here the pool is the storage side's, shared over sshfs
     d = tmp_path_factory.mktemp("pdrun")
     (d / "gates.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
     key, pub = generate_keypair(d / "op")

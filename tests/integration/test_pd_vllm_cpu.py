@@ -2,7 +2,8 @@
 CPU build (the engine environment scripts/setup.sh --vllm makes), a producer and a consumer with ExampleConnector
 on one pool directory, the pool ext4 on a loop device of its own (so its device's counters are the pool's alone).
 
-Two runs: the shipped gate, launched (PASS: the consumer's hits cover the prompts, the pool device wrote on the
+Two runs: the shipped gate exactly as the README's table runs it, launched, its pool on the loop device the gate
+makes (PASS: the consumer's hits cover the prompts, the pool device wrote on the
 producer's side and read on the consumer's), and the gate in attach mode against a producer with the connector and a
 consumer started without it (INVALID: its hit counters stay flat, it re-computed). The INVALID pair's producer is the
 session's attached vLLM (tests/integration/vllm_engines.py: ExampleConnector on a loop device of its own, shared by
@@ -33,7 +34,8 @@ from harness.transport.local import free_port
 from harness.workloads import WORKLOADS
 from harness.workloads.engine import engine_values
 from polling import wait_no_process, wait_until
-from vllm_engines import ENGINE_PYTHON, SERVED_MODEL_NAME, engine_python, ext4_pool, preseed_model
+from kvgate_cli import readme_run
+from vllm_engines import ENGINE_PYTHON, SERVED_MODEL_NAME, engine_python, preseed_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,17 +43,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory, vllm_wide_model):
-    """A pool on ext4 on a loop device, and the work directory the PASS run uses, the session's model in it."""
+def rig(tmp_path_factory):
+    """The module's directory, and the directory target the attach run's inventory names (attached instances bring
+    their own pool)."""
     engine_python()
     d = tmp_path_factory.mktemp("pd")
-    gp = _gate()["gates"][0]["params"]
-    preseed_model(d / "work", vllm_wide_model, gp["model_config_inline"], gp["seed"])
-    with ext4_pool(d) as (pool, loop):
-        try:
-            yield {"dir": d, "pool": pool, "loop": loop}
-        finally:
-            wait_no_process(str(d / "work") + "/", 120)  # every engine the runs started is gone
+    (d / "pool").mkdir()
+    try:
+        yield {"dir": d, "pool": d / "pool"}
+    finally:
+        wait_no_process(str(d / "work") + "/", 120)  # every engine the in-process runs started is gone
 
 
 def _gate() -> dict:
@@ -63,7 +64,7 @@ def _run(rig, name: str, **params):
     suite = _gate()
     gp = suite["gates"][0]["params"]
     if "attach" in params:  # an attach block replaces the launch settings
-        for key in ("random_weights", "pool_target"):
+        for key in ("random_weights", "pool_target", "pool_device"):
             del gp[key]
     gp.update(params)
     run = d / name
@@ -119,13 +120,20 @@ def _ready(url: str, proc: subprocess.Popen) -> bool:
 
 
 @pytest.fixture(scope="module")
-def passed(rig, bare_consumer):
-    return _run(rig, "pass")
+def passed(rig, bare_consumer, vllm_wide_model):
+    """The shipped gate exactly as the README's table runs it (inventory/localhost-pd-vllm-cpu.yaml; the gate makes
+    its pool's loop device), the session's wide model found built as by a second run: (verdict, result.json)."""
+    gp = _gate()["gates"][0]["params"]
+    r, bundle, _ = readme_run("pd-vllm-cpu.yaml", "localhost-pd-vllm-cpu.yaml", rig["dir"] / "pass", before=lambda w: (
+        preseed_model(w, vllm_wide_model, gp["model_config_inline"], gp["seed"])))
+    assert verify_bundle(bundle, rig["dir"] / "pass" / "home" / "dev-signing.pub").ok
+    return (json.loads((bundle / "verdicts.json").read_text())["verdicts"][0],
+            json.loads((bundle / "gates" / "PD" / "result.json").read_text()))
 
 
-def test_the_hand_off_passes_with_hits_proven_and_device_bytes_on_both_sides(passed, rig):
+def test_the_hand_off_passes_with_hits_proven_and_device_bytes_on_both_sides(passed):
     v, result = passed
-    assert v.outcome is Outcome.PASS, (v.reason, result)
+    assert v["outcome"] == "PASS", (v["reason"], result)
     m, ev = result["metrics"], result["evidence"]
     assert all(c["ok"] for c in ev["validity"]), ev["validity"]
     assert m["hit_rate"] >= 0.95  # vLLM's own external-prefix-cache counters on the consumer
@@ -136,7 +144,10 @@ def test_the_hand_off_passes_with_hits_proven_and_device_bytes_on_both_sides(pas
     inst = ev["instances"]
     assert inst["producer"]["pid"] != inst["consumer"]["pid"]
     assert inst["producer"]["start_time_s"] and inst["consumer"]["start_time_s"]
-    assert ev["pool_device"]["consumer"].startswith(rig["loop"])
+    # both roles counted the loop device the gate made for the pool (and tore down: readme_run's namespace is empty)
+    assert ev["pool"]["kind"] == "loop" and ev["pool"]["loop"]["device"].startswith("/dev/loop"), ev["pool"]
+    assert ev["pool_device"]["consumer"].startswith(ev["pool"]["loop"]["device"]) and \
+        ev["pool_device"]["producer"] == ev["pool_device"]["consumer"]
     assert ev["versions"]["consumer"]["vllm"].endswith("+cpu")
     assert ev["fallback_lines"] == []
 

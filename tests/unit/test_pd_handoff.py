@@ -18,7 +18,8 @@ from harness.suite.plan import gate_plan, plan_mismatch
 from harness.transport.doubles import Call, Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
 from harness.workloads.pd_handoff import PdInstance, PdPrompt, evaluate_pd
-from doubles import EngineServer, Router, argv_has, argv_is, argv_starts, gate_context, ok, preflight, spawned
+from doubles import (EngineServer, Router, argv_has, argv_is, argv_starts, gate_context, ok, pool_loop, preflight,
+                     spawned)
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFLIGHT_VLLM = (ROOT / "tests" / "fixtures" / "preflight" / "vllm-cpu-build.stdout").read_text()
@@ -33,8 +34,10 @@ def pd_config(tmp_path, nodes=("n1",), attach=None, storage=None, **params):
     gp = suite["gates"][0]["params"]
     if attach is None:
         gp.update(python="/engine/bin/python")
+        if len(nodes) > 1 or storage:  # the shipped loop pool is one node's: two mount one pool (as shared)
+            del gp["pool_device"]
     else:
-        for key in ("random_weights", "pool_target"):
+        for key in ("random_weights", "pool_target", "pool_device"):
             del gp[key]
         gp.update(producer_engine="vllm-attach", consumer_engine="vllm-attach",
                   attach=ATTACH if attach is True else attach)
@@ -96,6 +99,7 @@ class Tier:
             preflight(PREFLIGHT_VLLM), (argv_has("kvgate-pool-blockstat"), stat),
             (argv_starts("find"), lambda c: Reply(stdout="".join(f"{n}\n" for n in self.files))),
             (spawned, self.spawn), (argv_has("make_model.py"), Reply(stdout='{"model_type": "llama"}\n')),
+            pool_loop("/dev/loop3", "7:3"),
             *ok(argv_starts("mkdir"), argv_is("sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"),
                 argv_is("sync"))), name=name)
 
@@ -127,6 +131,13 @@ def test_a_hand_off_from_the_tier_proves_every_check_and_sends_exactly_the_plan(
     assert ev.instances["producer"].base_url != ev.instances["consumer"].base_url
     assert ev.page_cache_dropped is True and ev.pool_device == {"producer": "/dev/loop3 (7:3)",
                                                                 "consumer": "/dev/loop3 (7:3)"}
+    # the shipped gate's pool: a loop device of its own, made once on the shared pool directory after it exists,
+    # its inverse registered with the run's undo log before the make was sent
+    assert ev.pool["kind"] == "loop" and ev.pool["loop"] == {"device": "/dev/loop3", "maj_min": "7:3", "direct_io": True}
+    sent = [tuple(c) for c in nodes["n1"].commands]
+    makes = [i for i, a in enumerate(sent) if "kvgate-pool-loop" in a]
+    mkdirs = [i for i, a in enumerate(sent) if a[:2] == ("mkdir", "-p")]
+    assert len(makes) == 1 and mkdirs[0] < makes[0] and sent[makes[0]][-3] == sent[mkdirs[0]][3]
     gate = cfg.suite.gates[0]
     planned = gate_plan(cfg, gate)
     assert plan_mismatch([s for s in planned if s.node == "n1"], nodes["n1"].commands) is None
@@ -245,6 +256,18 @@ def test_pool_storage_names_a_gate_node_with_a_directory_target_and_is_refused_b
     with pytest.raises(ConfigError) as exc:
         pd_config(tmp_path, ("p1", "d1", "x1"), storage="st", pool_storage="st:kvpool")
     assert "pd-handoff runs on one node or two, got 3 besides the pool_storage node 'st'" in str(exc.value)
+
+
+def test_a_loop_pool_is_one_nodes_and_refused_across_two_nodes_or_a_storage_side(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1"), pool_device={"kind": "loop"})
+    assert "pool_device.kind: a loop pool is made on the one node that runs both roles" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1"), storage="st", pool_storage="st:kvpool", pool_device={"kind": "loop"})
+    assert "pool_device.kind: a loop pool" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        pd_config(tmp_path, ("p1", "d1"), attach=True, pool_device={"kind": "loop"})
+    assert "pool_device: a launch parameter: kvgate does not launch attached instances" in str(exc.value)
 
 
 def test_validation_names_the_missing_pool_and_a_profile_without_counters(tmp_path):
