@@ -260,19 +260,7 @@ def resolve(spec: NvmeofSpec, st: HostState) -> Resolution:
 
     # the namespace's per-path block devices and ANA states (for the record, before any check can fail)
     cands = [ns for ns in st.namespaces if ns.nqn == spec.nqn]
-    ana_by_ctrl: dict[str, tuple[str, str | None]] = {}
-    for ns in cands:
-        if ns.controller is None:
-            for path_dev in ns.paths:
-                m = _PATH_DEV.match(path_dev)
-                if m:
-                    ana_by_ctrl[f"nvme{m.group(2)}"] = (path_dev, dict(ns.path_ana).get(path_dev))
-        else:
-            ana_by_ctrl[ns.controller] = (ns.device, st.sysfs.blocks.get(ns.device, {}).get("ana_state"))
-    for dev, attrs in st.sysfs.blocks.items():  # sysfs knows the ANA state of paths nvme-cli did not show
-        m = _PATH_DEV.match(dev)
-        if m and f"nvme{m.group(2)}" not in ana_by_ctrl:
-            ana_by_ctrl[f"nvme{m.group(2)}"] = (dev, attrs.get("ana_state"))
+    ana_by_ctrl = _ana_by_controller(st, cands)
     paths = tuple(PathRecord(
         controller=p.controller, transport=p.transport, address=_addr_text(p.address), state=p.state,
         ana_state=p.ana_state or ana_by_ctrl.get(p.controller, (None, None))[1],
@@ -295,25 +283,9 @@ def resolve(spec: NvmeofSpec, st: HostState) -> Resolution:
         return fail(f"{spec.nqn}: controller {mine[0].controller} at {spec.address} is {mine[0].state or 'unknown'}, "
                     "expected live")
 
-    # the namespace
-    want = None
-    if spec.ns_uuid or spec.nguid:
-        key, value = ("uuid", spec.ns_uuid) if spec.ns_uuid else ("nguid", spec.nguid)
-        hits = {ns.nsid for ns in cands if P.normalize_id(st.sysfs.blocks.get(ns.device, {}).get(key)) ==
-                P.normalize_id(value)}
-        if not hits:
-            return fail(f"{spec.nqn}: no namespace with {key} {value} (namespaces seen: "
-                        + (", ".join(f"{ns.device} nsid {ns.nsid} {key} "
-                                     f"{st.sysfs.blocks.get(ns.device, {}).get(key) or '?'}" for ns in cands)
-                           or "none") + ")")
-        want = min(hits)
-    elif spec.nsid is not None:
-        want = spec.nsid
-    else:
-        nsids = sorted({ns.nsid for ns in cands})
-        if len(nsids) > 1:
-            return fail(f"{spec.nqn} has namespaces {', '.join(map(str, nsids))}: name one with nsid, ns_uuid or nguid")
-        want = nsids[0] if nsids else None
+    want, err = _wanted_nsid(spec, st, cands)
+    if err:
+        return fail(err)
     chosen = [ns for ns in cands if ns.nsid == want]
     if want is None or not chosen:
         return fail(f"{spec.nqn}: no namespace device" + (f" for nsid {want}" if want is not None else "")
@@ -329,21 +301,64 @@ def resolve(spec: NvmeofSpec, st: HostState) -> Resolution:
             return fail(f"{spec.nqn}: namespace {want} has no device on the live controller(s) "
                         f"{', '.join(sorted(live_ctrls))} at {spec.address}")
         ns, mode = per_path[0], "per-path"
-    rdma: list[dict] = []
-    if spec.transport == "rdma":
-        netdev = {(link.device, link.port): link.netdev for link in st.links}
-        for p in live:
-            conns = host_connection(st.cm_ids, p.address.get("traddr", ""), p.address.get("trsvcid", ""))
-            devs = sorted({(c.device, c.port) for c in conns})
-            for dev, port in devs:
-                rdma.append({"controller": p.controller, "device": dev, "port": port,
-                             "netdev": netdev.get((dev, port)),
-                             "queues": sum(1 for c in conns if (c.device, c.port) == (dev, port))})
-            if not devs:
-                rdma.append({"controller": p.controller, "device": None, "port": None, "netdev": None, "queues": 0})
+    rdma = _rdma_paths(st, live) if spec.transport == "rdma" else []
     return Resolution(ok=True, device=f"/dev/{ns.device}", multipath=mode, nsid=ns.nsid,
                       ns_uuid=st.sysfs.blocks.get(ns.device, {}).get("uuid"), serial=ns.serial,
                       size_bytes=ns.size_bytes or None, rdma=tuple(rdma), **base)
+
+
+def _ana_by_controller(st: HostState, cands: list) -> dict[str, tuple[str, str | None]]:
+    """Pure: controller -> (its path's block device, that path's ANA state), from the namespaces nvme-cli listed
+    and from sysfs, which knows the ANA state of paths nvme-cli did not show."""
+    ana_by_ctrl: dict[str, tuple[str, str | None]] = {}
+    for ns in cands:
+        if ns.controller is None:
+            for path_dev in ns.paths:
+                m = _PATH_DEV.match(path_dev)
+                if m:
+                    ana_by_ctrl[f"nvme{m.group(2)}"] = (path_dev, dict(ns.path_ana).get(path_dev))
+        else:
+            ana_by_ctrl[ns.controller] = (ns.device, st.sysfs.blocks.get(ns.device, {}).get("ana_state"))
+    for dev, attrs in st.sysfs.blocks.items():
+        m = _PATH_DEV.match(dev)
+        if m and f"nvme{m.group(2)}" not in ana_by_ctrl:
+            ana_by_ctrl[f"nvme{m.group(2)}"] = (dev, attrs.get("ana_state"))
+    return ana_by_ctrl
+
+
+def _wanted_nsid(spec: NvmeofSpec, st: HostState, cands: list) -> tuple[int | None, str | None]:
+    """Pure: (the namespace ID the spec names, by ns_uuid, nguid or nsid, or the only one there is; or why none)."""
+    if spec.ns_uuid or spec.nguid:
+        key, value = ("uuid", spec.ns_uuid) if spec.ns_uuid else ("nguid", spec.nguid)
+        hits = {ns.nsid for ns in cands if P.normalize_id(st.sysfs.blocks.get(ns.device, {}).get(key)) ==
+                P.normalize_id(value)}
+        if not hits:
+            return None, (f"{spec.nqn}: no namespace with {key} {value} (namespaces seen: "
+                          + (", ".join(f"{ns.device} nsid {ns.nsid} {key} "
+                                       f"{st.sysfs.blocks.get(ns.device, {}).get(key) or '?'}" for ns in cands)
+                             or "none") + ")")
+        return min(hits), None
+    if spec.nsid is not None:
+        return spec.nsid, None
+    nsids = sorted({ns.nsid for ns in cands})
+    if len(nsids) > 1:
+        return None, f"{spec.nqn} has namespaces {', '.join(map(str, nsids))}: name one with nsid, ns_uuid or nguid"
+    return (nsids[0] if nsids else None), None
+
+
+def _rdma_paths(st: HostState, live: list) -> list[dict]:
+    """Pure: per live controller, the RDMA device, port and netdev its queues use (from the host's CM IDs)."""
+    rdma: list[dict] = []
+    netdev = {(link.device, link.port): link.netdev for link in st.links}
+    for p in live:
+        conns = host_connection(st.cm_ids, p.address.get("traddr", ""), p.address.get("trsvcid", ""))
+        devs = sorted({(c.device, c.port) for c in conns})
+        for dev, port in devs:
+            rdma.append({"controller": p.controller, "device": dev, "port": port, "netdev": netdev.get((dev, port)),
+                         "queues": sum(1 for c in conns if (c.device, c.port) == (dev, port))})
+        if not devs:
+            rdma.append({"controller": p.controller, "device": None, "port": None, "netdev": None, "queues": 0})
+    return rdma
 
 
 # ---------------------------------------------------------------------------------------- driver

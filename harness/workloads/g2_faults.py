@@ -194,13 +194,11 @@ def _p50(xs: list[float]) -> float | None:
     return percentile(xs, 50) if xs else None
 
 
-def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
-    """Pure: the metrics, validity, FAIL reasons and DEGRADED note from the recorded requests and faults (each
-    request already classified); fills the per-fault figures and the counts."""
-    reqs = ev.requests
-    by = {w: [r for r in reqs if r.window == w] for w in ("before", "during", "after")}
-    ttft = {w: [r.ttft_s for r in rs if r.ttft_s is not None and r.served != "failed"] for w, rs in by.items()}
-    judged = []
+def _judge_faults(ev: G2FaultsEvidence) -> list:
+    """Pure: each fault with the requests inside its window counted by how they were served, its longest TTFT and
+    its recovery: the first token served from the tier after the undo (a request in flight across it counts),
+    before the next fault is made."""
+    reqs, judged = ev.requests, []
     applies = [f.t_apply_s for f in ev.faults if f.t_apply_s is not None]
     for f in ev.faults:
         if f.t_apply_s is None:
@@ -208,8 +206,6 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
             continue
         undo = f.t_undo_s if f.t_undo_s is not None else f.t_apply_s
         inside = [r for r in reqs if window_of(r.t_start_s, r.t_end_s, [(f.t_apply_s, undo)]) == "during"]
-        # recovery: the first token served from the tier after the undo (a request in flight across it counts),
-        # before the next fault is made
         nxt = min((a for a in applies if a > f.t_apply_s), default=float("inf"))
         firsts = sorted(r.t_start_s + r.ttft_s for r in reqs if r.served == "tier" and r.ttft_s is not None
                         and undo <= r.t_start_s + r.ttft_s < nxt)
@@ -219,11 +215,11 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
             recompute=sum(r.served == "re-compute" for r in inside), failed=sum(r.served == "failed" for r in inside),
             max_ttft_s=max((r.ttft_s or 0.0 for r in inside if r.served != "failed"), default=None),
             recovery_s=rec)))
-    ev.faults = judged
-    ev.tier_requests = sum(r.served == "tier" for r in reqs)
-    ev.recompute_requests = sum(r.served == "re-compute" for r in reqs)
-    ev.failed_requests = sum(r.served == "failed" for r in reqs)
-    ev.wrong_answers = sum(r.answer_matches is False for r in reqs)
+    return judged
+
+
+def _faults_metrics(ev: G2FaultsEvidence, ttft: dict[str, list[float]]) -> dict[str, float]:
+    """Pure: the gate's figures from the counted requests and the judged faults (``ev.faults``)."""
     metrics: dict[str, float] = {"tier_requests": float(ev.tier_requests),
                                  "recompute_requests": float(ev.recompute_requests),
                                  "failed_requests": float(ev.failed_requests), "wrong_answers": float(ev.wrong_answers)}
@@ -231,23 +227,29 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
         if xs:
             metrics[f"ttft_{w}_p50_s"] = _p50(xs)
             metrics[f"ttft_{w}_max_s"] = max(xs)
-    stalls = [f.max_ttft_s for f in judged if f.max_ttft_s is not None]
-    if stalls and len(stalls) == len(judged):
+    stalls = [f.max_ttft_s for f in ev.faults if f.max_ttft_s is not None]
+    if stalls and len(stalls) == len(ev.faults):
         metrics["max_stall_s"] = max(stalls)
-    recov = [f.recovery_s for f in judged]
+    recov = [f.recovery_s for f in ev.faults]
     if recov and all(r is not None for r in recov):
         metrics["max_recovery_s"] = max(recov)
-    if reqs:
-        metrics["tier_fraction"] = ev.tier_requests / len(reqs)
+    if ev.requests:
+        metrics["tier_fraction"] = ev.tier_requests / len(ev.requests)
+    return metrics
+
+
+def _faults_validity(ev: G2FaultsEvidence, by: dict[str, list], ttft: dict[str, list[float]]) -> list[ValidityCheck]:
+    """Pure: the gate's validity checks over the judged faults (``ev.faults``) and the requests by window."""
+    judged = ev.faults
     before_tier = [r for r in by["before"] if r.served == "tier"]
-    counted = [r for r in reqs if r.served != "failed"]
+    counted = [r for r in ev.requests if r.served != "failed"]
     # a fault the engine did not feel proves nothing about how it fails: in its window a request was not served
     # from the tier, or one took at least half the fault's length longer than the slowest before the first fault
     slowest_before = max(ttft["before"], default=0.0)
     unfelt = [f for f in judged if f.t_apply_s is not None and f.t_undo_s is not None
               and not (f.recompute or f.failed) and (f.max_ttft_s is None or f.max_ttft_s < slowest_before
                                                      + 0.5 * (f.t_undo_s - f.t_apply_s))]
-    checks = [
+    return [
         ValidityCheck(name="faults made", ok=bool(judged) and all(f.applied_ok and f.t_apply_s is not None
                                                                   for f in judged),
                       claim="every fault of the schedule was made, its time on the control host's clock",
@@ -278,20 +280,40 @@ def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
                       how="request start and end times against each fault's apply and undo",
                       figure="requests during a fault", value=float(len(by["during"])), unit=None),
     ]
-    ev.validity = checks
-    invalid = "; ".join(f"{c.name}: not proven ({c.how})" for c in checks if not c.ok) or None
+
+
+def _faults_failures(ev: G2FaultsEvidence) -> list[str]:
+    """Pure: why the gate FAILs: lost requests, wrong answers, a tier that did not serve again in time."""
     failed = []
     if ev.failed_requests:
-        lost = [r for r in reqs if r.served == "failed"]
+        lost = [r for r in ev.requests if r.served == "failed"]
         failed.append(f"{ev.failed_requests} request(s) failed (lost): " + "; ".join(
             f"#{r.index} at {r.t_start_s:g} s: {(r.error or '')[:120]}" for r in lost[:3]))
     if ev.wrong_answers:
         failed.append(f"{ev.wrong_answers} wrong answer(s): differ from the same prompt's re-computed answer")
-    for f in judged:
+    for f in ev.faults:
         if f.t_undo_s is not None and (f.recovery_s is None or f.recovery_s > ev.recovery_bound_s):
             failed.append(f"fault {f.index} ({f.detail}): the tier did not serve again within "
                           f"{ev.recovery_bound_s:g} s of the undo" + (f" (took {f.recovery_s:g} s)"
                                                                      if f.recovery_s is not None else ""))
+    return failed
+
+
+def evaluate_g2_faults(ev: G2FaultsEvidence) -> WorkloadResult:
+    """Pure: the metrics, validity, FAIL reasons and DEGRADED note from the recorded requests and faults (each
+    request already classified); fills the per-fault figures and the counts."""
+    reqs = ev.requests
+    by = {w: [r for r in reqs if r.window == w] for w in ("before", "during", "after")}
+    ttft = {w: [r.ttft_s for r in rs if r.ttft_s is not None and r.served != "failed"] for w, rs in by.items()}
+    ev.faults = _judge_faults(ev)
+    ev.tier_requests = sum(r.served == "tier" for r in reqs)
+    ev.recompute_requests = sum(r.served == "re-compute" for r in reqs)
+    ev.failed_requests = sum(r.served == "failed" for r in reqs)
+    ev.wrong_answers = sum(r.answer_matches is False for r in reqs)
+    metrics = _faults_metrics(ev, ttft)
+    ev.validity = checks = _faults_validity(ev, by, ttft)
+    invalid = "; ".join(f"{c.name}: not proven ({c.how})" for c in checks if not c.ok) or None
+    failed = _faults_failures(ev)
     degraded = None
     if ev.recompute_requests:
         hit = sum(r.hit_tokens or 0 for r in reqs if r.served == "re-compute")

@@ -1029,6 +1029,29 @@ class G2Gain(Workload):
         write_summary(ctx.gate_dir, "g2-gain-summary.json", result)
         return result
 
+    def _setup_arms(self, ctx: GateContext, p: GainParams, profs: dict[str, EngineProfile], ev: GainEvidence,
+                    longest: int) -> tuple[dict, dict[str, G2LoadEvidence], dict[str, GateContext]] | WorkloadResult:
+        """Each arm's engine prepared (launched or attached), its evidence begun, its files in its own folder of the
+        gate's directory: (setups, evidence, contexts) by arm, or the first arm's failure as the gate's error."""
+        load, g2, attached = G2Load(), G2Ttft(), p.attach is not None
+        setups, arm_ev, ctxs = {}, {}, {}
+        for arm in ARMS:
+            view = self._arm_view(p, arm, longest)
+            setup = (g2._setup_attached(ctx, view, profs[arm]) if attached
+                     else g2._setup_launched(ctx, view, profs[arm], labels=(arm,)))
+            arm_ev[arm] = G2LoadEvidence(**load_fields(p), trace=ev.trace, device_reads=profs[arm].device_reads,
+                                         pool_drive=pool_drive_of(ctx, p.pool_node if attached else None))
+            if isinstance(setup, WorkloadResult):
+                load._engine_evidence(arm_ev[arm], setup.evidence)
+                ev.arms = arm_ev
+                return WorkloadResult(evidence=ev, error=f"{arm} arm: {setup.error or setup.invalid_reason}")
+            load._engine_evidence(arm_ev[arm], setup.ev)
+            setups[arm] = setup
+            (ctx.gate_dir / arm).mkdir(parents=True, exist_ok=True)
+            ctxs[arm] = dataclasses.replace(ctx, gate_dir=ctx.gate_dir / arm)
+        load._engine_evidence(ev, setups["tier"].ev)
+        return setups, arm_ev, ctxs
+
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: GainParams = ctx.params
         if p.capacity is not None:
@@ -1047,24 +1070,12 @@ class G2Gain(Workload):
                 return WorkloadResult(evidence=ev, error=trace_error(p.load, exc))
         longest = load._longest_prompt(p)
         g2 = G2Ttft()
-        setups, arm_ev, runners, ctxs = {}, {}, {}, {}
+        runners: dict[str, PhaseRunner] = {}
         attached = p.attach is not None
-        for arm in ARMS:
-            view = self._arm_view(p, arm, longest)
-            setup = (g2._setup_attached(ctx, view, profs[arm]) if attached
-                     else g2._setup_launched(ctx, view, profs[arm], labels=(arm,)))
-            arm_ev[arm] = G2LoadEvidence(**load_fields(p), trace=ev.trace, device_reads=profs[arm].device_reads,
-                                         pool_drive=pool_drive_of(ctx, p.pool_node if attached else None))
-            if isinstance(setup, WorkloadResult):
-                load._engine_evidence(arm_ev[arm], setup.evidence)
-                ev.arms = arm_ev
-                return WorkloadResult(evidence=ev, error=f"{arm} arm: {setup.error or setup.invalid_reason}")
-            load._engine_evidence(arm_ev[arm], setup.ev)
-            setups[arm] = setup
-            # each arm's requests and counters files in its own folder of the gate's directory
-            (ctx.gate_dir / arm).mkdir(parents=True, exist_ok=True)
-            ctxs[arm] = dataclasses.replace(ctx, gate_dir=ctx.gate_dir / arm)
-        load._engine_evidence(ev, setups["tier"].ev)
+        arms = self._setup_arms(ctx, p, profs, ev, longest)
+        if isinstance(arms, WorkloadResult):
+            return arms
+        setups, arm_ev, ctxs = arms
         _, _, vocab = g2._kv_shape(g2_view(p, longest), profs["tier"])
         # both arms, the same prompts; attached engines outlive the run, so their prompts are new to them by the
         # tier arm's per-run seed
