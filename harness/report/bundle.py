@@ -319,6 +319,39 @@ class BundleInfo:
     report_id: str
 
 
+def _evidence_digests(run_dir: Path, tmp: Path, files: list[str], moved: bool,
+                      scrub: Callable[[str], bytes] | None) -> dict[str, str]:
+    """Each evidence file's sha256 as it lies in ``tmp`` (copied there first unless the run directory was moved
+    there; scrubbed in the same pass where ``scrub`` is given)."""
+    digests: dict[str, str] = {}
+    for rel in files:
+        if scrub is not None:
+            digests[rel] = _scrub_hashing(scrub, run_dir, tmp, moved, rel)
+            continue
+        if not moved:
+            dst = tmp / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run_dir / rel, dst)
+        digests[rel] = scan_file(tmp / rel, None, rel)[0]
+    return digests
+
+
+def _sign_into(tmp: Path, private_key: Ed25519PrivateKey, digests: dict[str, str], pred: dict[str, Any]) -> None:
+    """The in-toto statement over every file's digest with ``pred``, signed into the DSSE envelope in ``tmp``, and
+    the signing record that dates this signature."""
+    subjects = [{"name": rel, "digest": {"sha256": digests[rel]}} for rel in sorted(digests)]
+    statement = {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": pred}
+    payload = _canonical(statement)
+    sig = private_key.sign(pae(PAYLOAD_TYPE, payload))
+    envelope = {
+        "payloadType": PAYLOAD_TYPE,
+        "payload": base64.b64encode(payload).decode(),
+        "signatures": [{"keyid": key_fingerprint(private_key.public_key()), "sig": base64.b64encode(sig).decode()}],
+    }
+    (tmp / ENVELOPE).write_text(json.dumps(envelope, indent=1) + "\n")
+    write_signing_record(tmp, private_key, payload, pred["report_id"], pred["created_utc"])
+
+
 def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519PrivateKey,
                  predicate: dict[str, Any], make_tar: bool = True,
                  render: Callable[[str, Path], list[str]] | None = None, move: bool = False,
@@ -356,16 +389,7 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
         if moved:  # the same tree, walked above: its empty directories are left out of the bundle
             for d in empty:
                 shutil.rmtree(tmp / d)
-        digests: dict[str, str] = {}
-        for rel in files:
-            if scrub is not None:
-                digests[rel] = _scrub_hashing(scrub, run_dir, tmp, moved, rel)
-                continue
-            if not moved:
-                dst = tmp / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(run_dir / rel, dst)
-            digests[rel] = scan_file(tmp / rel, None, rel)[0]
+        digests = _evidence_digests(run_dir, tmp, files, moved, scrub)
         pred = dict(predicate, created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", created), rendered_files=[])
         rendered = sorted(render(ID_PLACEHOLDER, tmp)) if render else []
         for rel in rendered:
@@ -386,19 +410,7 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
             raise BundleError("the rendered reports print the report ID other than verbatim: the ID would not "
                               "follow from the files")
         pred["report_id"] = report_id
-        subjects = [{"name": rel, "digest": {"sha256": digests[rel]}} for rel in sorted(digests)]
-        statement = {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
-                     "predicate": pred}
-        payload = _canonical(statement)
-        sig = private_key.sign(pae(PAYLOAD_TYPE, payload))
-        pub = private_key.public_key()
-        envelope = {
-            "payloadType": PAYLOAD_TYPE,
-            "payload": base64.b64encode(payload).decode(),
-            "signatures": [{"keyid": key_fingerprint(pub), "sig": base64.b64encode(sig).decode()}],
-        }
-        (tmp / ENVELOPE).write_text(json.dumps(envelope, indent=1) + "\n")
-        write_signing_record(tmp, private_key, payload, report_id, pred["created_utc"])  # dates this signature
+        _sign_into(tmp, private_key, digests, pred)
         final = out_dir / report_id
         if final.exists():
             raise BundleError(f"{final} already exists")

@@ -370,6 +370,35 @@ def evaluate_g3(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, p
                           invalid_reason=None if res.error or error else res.invalid_reason or invalid)
 
 
+def _readers_loss(a: Any, w: Any, both: list[str]) -> tuple[float | None, dict[str, float] | None, str | None]:
+    """Pure: (the readers' loss with the writer against alone, per node, or why there is none) from the two
+    aggregates over the same readers."""
+    if a.aggregate_read_gb_s is None or w.aggregate_read_gb_s is None:
+        return None, None, (f"no {'alone' if a.aggregate_read_gb_s is None else 'with-writer'} aggregate: "
+                            f"{(a if a.aggregate_read_gb_s is None else w).reason}")
+    if a.aggregate_read_gb_s <= 0:
+        return None, None, "the readers read nothing alone"
+    per_node = {n: 1.0 - w.per_node_read_gb_s[n] / a.per_node_read_gb_s[n] for n in both if a.per_node_read_gb_s.get(n)}
+    return 1.0 - w.aggregate_read_gb_s / a.aggregate_read_gb_s, per_node, None
+
+
+def _writer_in_window(rec: G3WriterRecord, writer: NodeSeries | None, w: Any, max_idle_s: float
+                      ) -> tuple[G3WriterRecord, bool | None]:
+    """Pure: the writer's record with what it wrote inside the readers' with-writer window ``w`` (bytes, rate,
+    longest idle stretch), and whether it wrote through it (None: nothing to check against)."""
+    if writer is None or w.window_start_s is None or w.window_end_s is None:
+        return rec, None
+    ivs = writer.aligned()
+    span = active_span(ivs)
+    wb = bytes_in_window(ivs, w.window_start_s, w.window_end_s)
+    idle = longest_idle_s(ivs, w.window_start_s, w.window_end_s)
+    active = span[1] - span[0] if span else 0.0
+    rec = rec.model_copy(update=dict(
+        active_s=active, write_gb_s=(writer.total_bytes or 0.0) / active / GB if active > 0 else None,
+        window_bytes=wb, window_write_gb_s=wb / w.window_s / GB if w.window_s > 0 else None, longest_idle_s=idle))
+    return rec, wb > 0 and idle <= max_idle_s
+
+
 def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer: dict[str, NodeSeries],
                        writer: NodeSeries | None, policy: FailurePolicy, min_window_s: float, max_idle_s: float,
                        min_write_share: float = 0.05
@@ -386,33 +415,13 @@ def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer
     metrics: dict[str, float] = {"nodes_completed_with_writer": float(nodes_completed(with_writer))}
     if w.aggregate_read_gb_s is not None:
         metrics["aggregate_read_gb_s_with_writer"] = w.aggregate_read_gb_s
-    loss = per_node = None
-    reason = None
-    if a.aggregate_read_gb_s is None or w.aggregate_read_gb_s is None:
-        reason = f"no {'alone' if a.aggregate_read_gb_s is None else 'with-writer'} aggregate: " \
-                 f"{(a if a.aggregate_read_gb_s is None else w).reason}"
-    elif a.aggregate_read_gb_s <= 0:
-        reason = "the readers read nothing alone"
-    else:
-        loss = 1.0 - w.aggregate_read_gb_s / a.aggregate_read_gb_s
+    loss, per_node, reason = _readers_loss(a, w, both)
+    if loss is not None:
         metrics["readers_loss"] = loss
-        per_node = {n: 1.0 - w.per_node_read_gb_s[n] / a.per_node_read_gb_s[n] for n in both
-                    if a.per_node_read_gb_s.get(n)}
-    rec = iso.writer_record or G3WriterRecord(node=iso.writer, error="not started")
-    wrote = None
-    if writer is not None and w.window_start_s is not None and w.window_end_s is not None:
-        ivs = writer.aligned()
-        span = active_span(ivs)
-        wb = bytes_in_window(ivs, w.window_start_s, w.window_end_s)
-        idle = longest_idle_s(ivs, w.window_start_s, w.window_end_s)
-        active = span[1] - span[0] if span else 0.0
-        rec = rec.model_copy(update=dict(
-            active_s=active, write_gb_s=(writer.total_bytes or 0.0) / active / GB if active > 0 else None,
-            window_bytes=wb, window_write_gb_s=wb / w.window_s / GB if w.window_s > 0 else None,
-            longest_idle_s=idle))
-        if rec.window_write_gb_s is not None:
-            metrics["writer_write_gb_s"] = rec.window_write_gb_s
-        wrote = wb > 0 and idle <= max_idle_s
+    rec, wrote = _writer_in_window(iso.writer_record or G3WriterRecord(node=iso.writer, error="not started"),
+                                   writer, w, max_idle_s)
+    if wrote is not None and rec.window_write_gb_s is not None:  # measured in this window
+        metrics["writer_write_gb_s"] = rec.window_write_gb_s
     min_gb_s = min_write_share * ev.nic_line_rate_gb_s if ev.nic_line_rate_gb_s else None
     slow = (wrote and min_gb_s is not None and (rec.window_write_gb_s or 0.0) < min_gb_s)
     series = dict(with_writer)
