@@ -355,6 +355,46 @@ def load_model_arch(config_path: Path, kv_dtype: str | None) -> ModelArch:
         ) from None
 
 
+def _inputs(params: CostParams, lines: Any, fname: str, by_name: dict[str, MeasuredInput],
+            issues: list[ConfigIssue]) -> dict[str, InputValue]:
+    """Every model input with its source: measured by a bundle (a parameter set for it too is an issue), set in
+    the file (file:line), or the default; an input with neither is left out."""
+    inputs: dict[str, InputValue] = {}
+    for name, (path, default_source) in PARAM_PATHS.items():
+        value, was_set = _section_value(params, path)
+        line = _line(lines, path)
+        if name in by_name:
+            m = by_name[name]
+            if was_set:
+                issues.append(ConfigIssue(fname, line, ".".join(path), (
+                    f"set here but measured in bundle {m.report_id} ({m.gate_id} {m.metric} = {m.value:g}); "
+                    "a parameter may not override a measured input: remove it or drop the bundle")))
+            inputs[name] = InputValue(
+                name, m.value, f"measured: {m.report_id} {m.gate_id} {m.metric} ({m.outcome})", "measured"
+            )
+        elif value is None:
+            continue
+        elif was_set:
+            inputs[name] = InputValue(name, float(value), f"{fname}:{line}", "param", line)
+        else:
+            inputs[name] = InputValue(name, float(value), default_source, "default")
+    return inputs
+
+
+def _sensitivity_ranges(sens: Any, used: list[str], base: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """The sensitivity sweep's range per input: the ones the file gives, the default spread around the base value
+    for the rest of the swept inputs (those named, or every used non-zero input that moves a figure)."""
+    sweep_names = list(sens.inputs) if sens.inputs is not None else [
+        n for n in used if n not in ("gpus_per_instance",) and base.get(n, 0.0) != 0.0
+        # the write amplification moves nothing while drive wear is not priced
+        and not (n == "device_write_amplification" and not base.get("drive_usd_per_tb_written"))
+    ]
+    sweep_names = sorted(set(sweep_names) | set(sens.ranges))
+    ranges = cost.default_ranges(base, [n for n in sweep_names if n not in sens.ranges], sens.spread)
+    ranges.update({k: (float(lo), float(hi)) for k, (lo, hi) in sens.ranges.items()})
+    return ranges
+
+
 def resolve(
     params_path: str | Path, measured: Sequence[MeasuredInput] = ()
 ) -> Resolved:
@@ -378,26 +418,7 @@ def resolve(
                 f"measured by two bundles ({other.report_id} {other.gate_id}, {m.report_id} {m.gate_id}); "
                 "pass only one")))
         by_name.setdefault(m.name, m)
-
-    inputs: dict[str, InputValue] = {}
-    for name, (path, default_source) in PARAM_PATHS.items():
-        value, was_set = _section_value(params, path)
-        line = _line(lines, path)
-        if name in by_name:
-            m = by_name[name]
-            if was_set:
-                issues.append(ConfigIssue(fname, line, ".".join(path), (
-                    f"set here but measured in bundle {m.report_id} ({m.gate_id} {m.metric} = {m.value:g}); "
-                    "a parameter may not override a measured input: remove it or drop the bundle")))
-            inputs[name] = InputValue(
-                name, m.value, f"measured: {m.report_id} {m.gate_id} {m.metric} ({m.outcome})", "measured"
-            )
-        elif value is None:
-            continue
-        elif was_set:
-            inputs[name] = InputValue(name, float(value), f"{fname}:{line}", "param", line)
-        else:
-            inputs[name] = InputValue(name, float(value), default_source, "default")
+    inputs = _inputs(params, lines, fname, by_name, issues)
 
     if "hit_rate" not in inputs:
         issues.append(ConfigIssue(fname, _line(lines, ("fleet",)), "fleet.hit_rate", (
@@ -429,15 +450,7 @@ def resolve(
         "kv_bytes_per_token", float(arch.kv_bytes_per_token), f"{config_path.name}: {arch.formula()}", "model"
     )
     ordered = {n: inputs[n] for n in cost.INPUTS if n in inputs}
-    base = {n: v.value for n, v in ordered.items()}
-    sweep_names = list(sens.inputs) if sens.inputs is not None else [
-        n for n in used if n not in ("gpus_per_instance",) and base.get(n, 0.0) != 0.0
-        # the write amplification moves nothing while drive wear is not priced
-        and not (n == "device_write_amplification" and not base.get("drive_usd_per_tb_written"))
-    ]
-    sweep_names = sorted(set(sweep_names) | set(sens.ranges))
-    ranges = cost.default_ranges(base, [n for n in sweep_names if n not in sens.ranges], sens.spread)
-    ranges.update({k: (float(lo), float(hi)) for k, (lo, hi) in sens.ranges.items()})
+    ranges = _sensitivity_ranges(sens, used, {n: v.value for n, v in ordered.items()})
     return Resolved(
         params=params,
         params_path=params_path,

@@ -430,9 +430,8 @@ def reevaluate_faults(ev_dict: dict[str, Any], raw: dict[str, str], params: FioF
     return judge_run(ev, done, samples, recs, params.recover_fraction)
 
 
-def evaluate_faults(ev: FioFaultsEvidence) -> WorkloadResult:
-    """Pure: the gate's metrics, validity and FAIL reasons from the judged evidence (also what a bundle's
-    re-evaluation reads)."""
+def _faults_metrics(ev: FioFaultsEvidence) -> dict[str, float]:
+    """Pure: the gate's figures from the judged faults and the read's integrity counts."""
     stalls = [f.stall_s for f in ev.faults if f.stall_s is not None]
     recov = [f.recovery_s for f in ev.faults]
     metrics: dict[str, float] = {}
@@ -446,6 +445,12 @@ def evaluate_faults(ev: FioFaultsEvidence) -> WorkloadResult:
         metrics["failed_reads"] = float(ev.failed_reads)
     if ev.read_mb_s is not None:
         metrics["read_mb_s"] = ev.read_mb_s
+    return metrics
+
+
+def _faults_checks(ev: FioFaultsEvidence) -> list[ValidityCheck]:
+    """Pure: the gate's validity checks: reads logged, faults made and undone, a rate before each, integrity
+    checked, fio finished, and where they apply each fault felt and the paths counted."""
     checks = [
         ValidityCheck(name="reads logged", ok=ev.completions > 0, claim="fio logged every completed read",
                       how="fio's completion log (--write_lat_log, unix ms on the node's clock)",
@@ -501,8 +506,11 @@ def evaluate_faults(ev: FioFaultsEvidence) -> WorkloadResult:
             name="paths counted", ok=carried, claim="the multipath head's reads are counted on its paths while a "
             "path is down (a 6.1 head counts none of its own)", how="/sys/block/<path>/stat of every path, sampled",
             figure="paths", value=float(len(ev.paths)), unit=None))
-    ev.validity = checks
-    invalid = "; ".join(f"{c.name}: not proven ({c.how})" for c in checks if not c.ok) or None
+    return checks
+
+
+def _faults_failures(ev: FioFaultsEvidence) -> list[str]:
+    """Pure: why the gate FAILs: corrupted chunks, lost reads, a fault without recovery in time."""
     failed = []
     if ev.corrupted_chunks:
         failed.append(f"{ev.corrupted_chunks} corrupted chunk(s) read (offsets {ev.corrupted_offsets[:5]})")
@@ -514,6 +522,16 @@ def evaluate_faults(ev: FioFaultsEvidence) -> WorkloadResult:
             failed.append(f"fault {f.index} ({f.detail}): no recovery to {ev.recover_fraction:.0%} of "
                           f"{f.pre_rate_mb_s:g} MB/s within {ev.recovery_bound_s:g} s"
                           + (f" (took {f.recovery_s:g} s)" if f.recovery_s is not None else ""))
+    return failed
+
+
+def evaluate_faults(ev: FioFaultsEvidence) -> WorkloadResult:
+    """Pure: the gate's metrics, validity and FAIL reasons from the judged evidence (also what a bundle's
+    re-evaluation reads)."""
+    metrics = _faults_metrics(ev)
+    ev.validity = checks = _faults_checks(ev)
+    invalid = "; ".join(f"{c.name}: not proven ({c.how})" for c in checks if not c.ok) or None
+    failed = _faults_failures(ev)
     return WorkloadResult(metrics, ev, invalid_reason=invalid, failed_check="; ".join(failed) or None)
 
 
