@@ -246,6 +246,55 @@ class LogProof:
         return min(h.lines / self.requests, 1.0) if self.requests else None
 
 
+def _hits_unproven(counters: bool, hit_rate: float | None, min_hit_rate: float, log: LogProof | None,
+                   log_rate: float | None) -> str | None:
+    """Pure: why the read-back's hits from the tier are not proven by the declared counters or log lines."""
+    if counters:
+        if hit_rate is None:
+            return "the engine exposed no hit counters for the read-back phase: hits from the tier are unproven"
+        if hit_rate < min_hit_rate:
+            return f"read-back hit rate {hit_rate:.3f} is below {min_hit_rate}: TTFT was not measured on the tier"
+    if log is not None:
+        if log.hits is None:
+            return "the engine log could not be read for the read-back phase: hits from the tier are unproven"
+        if log_rate is None or log_rate < min_hit_rate:
+            return (f"the engine log's hit lines give a read-back hit rate of "
+                    f"{0.0 if log_rate is None else log_rate:.3f} ({log.hits.lines} matching lines for "
+                    f"{log.requests} requests), below {min_hit_rate}: TTFT was not measured on the tier")
+    return None
+
+
+def _not_cold(ev: G2Evidence, device_read_bytes: int | None, read_fraction: float | None, claimed: float,
+              min_read_fraction: float) -> str | None:
+    """Pure: why the read-back is not proven a read of the pool's device (nothing read, or too little of the KV
+    the hits claim)."""
+    if device_read_bytes is None:
+        why = f" ({ev.pool_device_error})" if ev.pool_device_error else ""
+        return f"bytes read from the pool's device could not be measured{why}: the read-back is not proven cold"
+    if device_read_bytes <= 0:
+        return "no bytes were read from the pool's device during read-back: the KV came from a cache, not the tier"
+    if read_fraction is not None and read_fraction < min_read_fraction:
+        return (f"the pool's device read {device_read_bytes} B during read-back, {read_fraction:.4f} of the "
+                f"{claimed:.0f} B of KV the hits claim (at least {min_read_fraction} required): the KV came "
+                f"from the engine's memory or a cache, not the tier")
+    return None
+
+
+def _phases_invalid(ev: G2Evidence) -> str | None:
+    """Pure: why the phases themselves prove nothing: the re-compute hit (prompts not new), the pool gained
+    nothing."""
+    if ev.recompute_hit_tokens:
+        return f"the re-compute phase hit {ev.recompute_hit_tokens:.0f} tokens: prompts were not new"
+    if ev.recompute_log_hit_lines:
+        return (f"the engine log has {ev.recompute_log_hit_lines} hit lines in the re-compute phase: "
+                "prompts were not new")
+    pool = ev.pool_after_populate
+    if pool is not None and not (pool.bytes if pool.bytes_added is None else pool.bytes_added):
+        return "the pool holds no bytes after populate" if pool.bytes_added is None \
+            else "the pool gained no bytes in the re-compute phase: the engine stored nothing on the tier"
+    return None
+
+
 def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], hit_tokens: float | None,
                 query_tokens: float | None, device_read_bytes: int | None, min_hit_rate: float,
                 expected_kv_bytes: int, evidence: G2Evidence | None = None,
@@ -291,41 +340,13 @@ def evaluate_g2(recompute: list[RequestRecord], readback: list[RequestRecord], h
     if failed:
         error = (f"{len(failed)} of {len(recompute) + len(readback)} requests failed; first: "
                  f"{failed[0].request_id}: {failed[0].error}")
-    invalid = fallback  # the engine's own log says the tier was not used: nothing else counts
-    if invalid is None and counters:
-        if hit_rate is None:
-            invalid = "the engine exposed no hit counters for the read-back phase: hits from the tier are unproven"
-        elif hit_rate < min_hit_rate:
-            invalid = f"read-back hit rate {hit_rate:.3f} is below {min_hit_rate}: TTFT was not measured on the tier"
-    if invalid is None and log is not None:
-        if log.hits is None:
-            invalid = "the engine log could not be read for the read-back phase: hits from the tier are unproven"
-        elif log_rate is None or log_rate < min_hit_rate:
-            invalid = (f"the engine log's hit lines give a read-back hit rate of "
-                       f"{0.0 if log_rate is None else log_rate:.3f} ({log.hits.lines} matching lines for "
-                       f"{log.requests} requests), below {min_hit_rate}: TTFT was not measured on the tier")
-    if invalid is None and device_reads:
-        if device_read_bytes is None:
-            why = f" ({ev.pool_device_error})" if ev.pool_device_error else ""
-            invalid = f"bytes read from the pool's device could not be measured{why}: the read-back is not proven cold"
-        elif device_read_bytes <= 0:
-            invalid = "no bytes were read from the pool's device during read-back: the KV came from a cache, not the tier"
-        elif read_fraction is not None and read_fraction < min_read_fraction:
-            invalid = (f"the pool's device read {device_read_bytes} B during read-back, {read_fraction:.4f} of the "
-                       f"{claimed:.0f} B of KV the hits claim (at least {min_read_fraction} required): the KV came "
-                       f"from the engine's memory or a cache, not the tier")
-    if invalid is None and not (counters or log is not None or device_reads):
-        invalid = "no proof of hits or cold reads was declared (profile hit_metrics, hit_log, device_reads)"
-    if invalid is None and ev.recompute_hit_tokens:
-        invalid = f"the re-compute phase hit {ev.recompute_hit_tokens:.0f} tokens: prompts were not new"
-    if invalid is None and ev.recompute_log_hit_lines:
-        invalid = (f"the engine log has {ev.recompute_log_hit_lines} hit lines in the re-compute phase: "
-                   "prompts were not new")
-    if invalid is None and ev.pool_after_populate is not None:
-        pool = ev.pool_after_populate
-        if not (pool.bytes if pool.bytes_added is None else pool.bytes_added):
-            invalid = "the pool holds no bytes after populate" if pool.bytes_added is None \
-                else "the pool gained no bytes in the re-compute phase: the engine stored nothing on the tier"
+    invalid = (fallback  # the engine's own log says the tier was not used: nothing else counts
+               or _hits_unproven(counters, hit_rate, min_hit_rate, log, log_rate)
+               or (_not_cold(ev, device_read_bytes, read_fraction, claimed, min_read_fraction) if device_reads
+                   else None)
+               or (None if counters or log is not None or device_reads
+                   else "no proof of hits or cold reads was declared (profile hit_metrics, hit_log, device_reads)")
+               or _phases_invalid(ev))
     ev.validity = g2_validity(ev, fallback, min_hit_rate, hit_rate if counters else None, counters,
                               log, log_rate, device_reads, read_fraction, claimed, min_read_fraction)
     return WorkloadResult(metrics=metrics, evidence=ev, invalid_reason=invalid, error=error)
