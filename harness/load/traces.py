@@ -89,9 +89,9 @@ def detect_format(first: dict) -> Format:
     return "bailian" if "chat_id" in first else "mooncake"
 
 
-def parse_trace(text: str, source: str = "<trace>", fmt: Format | Literal["auto"] = "auto",
-                block_tokens: int | None = None) -> Trace:
-    """Pure: a trace from its JSONL text. Raises ConfigError listing every bad line (file:line: field: why)."""
+def _json_rows(text: str, source: str) -> list[tuple[int, dict]]:
+    """Pure: (line number, object) of every non-blank line; ConfigError naming each line that is no JSON object
+    (up to MAX_ISSUES), or an empty trace."""
     issues: list[ConfigIssue] = []
     rows: list[tuple[int, dict]] = []
     for n, raw in enumerate(text.splitlines(), 1):
@@ -112,6 +112,14 @@ def parse_trace(text: str, source: str = "<trace>", fmt: Format | Literal["auto"
         issues.append(ConfigIssue(source, None, "", "no requests in the trace"))
     if issues:
         raise ConfigError(issues)
+    return rows
+
+
+def parse_trace(text: str, source: str = "<trace>", fmt: Format | Literal["auto"] = "auto",
+                block_tokens: int | None = None) -> Trace:
+    """Pure: a trace from its JSONL text. Raises ConfigError listing every bad line (file:line: field: why)."""
+    issues: list[ConfigIssue] = []
+    rows = _json_rows(text, source)
     if fmt == "auto":
         fmt = detect_format(rows[0][1])
     bt = block_tokens or BLOCK_TOKENS[fmt]
