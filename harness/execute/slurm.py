@@ -38,6 +38,24 @@ RC_GRACE_S = 5.0
 
 # ------------------------------------------------------------------------------------------------ parsers
 
+# How long a job's record is read again while Slurm still reports it COMPLETING (its epilogs running): seconds.
+SETTLE_S = 30.0
+
+
+def record_settled(rec: dict[str, str]) -> bool:
+    """Pure: the ``scontrol show job`` record names the job's whole allocation: any state but COMPLETING, in which
+    Slurm's NodeList names only the nodes still completing (captured: ``NodeList=n1`` for a job of n[1-8])."""
+    return rec.get("JobState") != "COMPLETING"
+
+
+def job_nodes(rec: dict[str, str]) -> list[str] | None:
+    """Pure: the nodes a job was allocated, from its ``scontrol show job`` record: [] without one, None when the
+    record is COMPLETING (its NodeList is partial)."""
+    if not rec:
+        return []
+    return expand_nodelist(rec.get("NodeList", "")) if record_settled(rec) else None
+
+
 def parse_scontrol_record(text: str) -> dict[str, str]:
     """Pure: ``scontrol show job ID`` (or ``show node``) output as a dict of its ``Key=Value`` fields.
 
@@ -415,17 +433,26 @@ class SlurmJob:
         self.close(f"{exc_type.__name__} in orchestrator" if exc_type else "the gate's step is over")
 
     def close(self, reason: str) -> None:
-        """Record the job (``scontrol show job``), then cancel what still runs of it and wait for srun;
-        :meth:`record` is what the gate's evidence keeps."""
+        """Record the job (``scontrol show job``, again while it is COMPLETING: its NodeList then names only the
+        nodes still completing), then cancel what still runs of it and wait for srun; :meth:`record` is what the
+        gate's evidence keeps."""
         try:
             self.scontrol = self.show_job() or self.scontrol
+            deadline = time.monotonic() + SETTLE_S
+            tries = 1
+            while not record_settled(self.scontrol) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                tries += 1
+                self.scontrol = self.show_job(f"scontrol-show-job-{tries}") or self.scontrol
         finally:
             self.cancel(reason)
 
     def record(self) -> dict:
-        """What the run snapshot keeps of the job."""
+        """What the run snapshot keeps of the job (``job_nodes``: the nodes Slurm allocated it, from a record that
+        is not COMPLETING; None when the only record is)."""
         return {"job_id": self.job_id, "job_name": self.job_name, "nodes": self.nodes,
-                "job_nodes": expand_nodelist(self.scontrol.get("NodeList", "")) if self.scontrol else [],
+                "job_nodes": job_nodes(self.scontrol),
+                "job_state": self.scontrol.get("JobState"),
                 "srun_argv": list(self.srun_argv), "srun_rc": None if self.srun is None else self.srun.poll(),
                 "submit_error": self.submit_error, "cancelled": self.cancelled, "scancel": self.scancel, "job_dir": self.job_dir,
                 "spec_sha256": self.spec_sha256,

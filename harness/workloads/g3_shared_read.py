@@ -909,7 +909,9 @@ class G3SharedRead(Workload):
                                "page cache (recorded), arms its reader, waits for the common start in the job's files",
                                srun_argv(cluster, f"kvgate-{ctx.gate.id}", readers,
                                          p.arm_timeout_s + p.read_timeout_s + cluster.time_margin_s, job_dir)))
-        out.append(PlannedStep("control", "the job's record", ("scontrol", "show", "job", "<job id>")))
+        out.append(PlannedStep("control", "the job's record (read again, up to 30 s, while Slurm reports it COMPLETING: "
+                               "its NodeList then names only the nodes still completing)",
+                               ("scontrol", "show", "job", "<job id>")))
         out.append(PlannedStep("control", "cancel what still runs of the job (timeout, Ctrl-C, a stopped node)",
                                ("scancel", "<job id>"), optional=True))
         return out
