@@ -52,7 +52,7 @@ def test_the_shipped_mooncake_trace_replayed_through_lmcache_lands_in_a_signed_b
         # the trace's own reuse bounds what any cache finds in it
         assert acc["tier_hit_share"] <= tr["unbounded_hit_rate"]
     vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", home / "dev-signing.pub", home=home)
-    assert vr.returncode == 0 and vr.stdout.startswith(f"OK {report_id}"), vr.stdout + vr.stderr
+    assert vr.returncode == 0 and vr.stdout.startswith(f"OK {bundle.name}"), vr.stdout + vr.stderr
     # re-derived offline from the requests and counters files, the same verdict as signed
     rep = kvgate("report", bundle, "--pubkey", home / "dev-signing.pub", "--out", tmp_path / "re", home=home)
     assert rep.returncode == 0 and "verdicts: SAME as signed" in rep.stdout, rep.stdout + rep.stderr

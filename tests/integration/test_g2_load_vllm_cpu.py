@@ -76,7 +76,7 @@ def test_a_load_ladder_through_vllm_serve_lands_in_a_signed_bundle_with_knee_acc
     assert ev["warmup"]["load"]["error"] is None
     assert (bundle / "gates" / "G2-load" / "engine-load.log").stat().st_size > 0
     vr = kvgate("verify", f"{bundle}.tar.gz", "--pubkey", home / "dev-signing.pub", home=home)
-    assert vr.returncode == 0 and vr.stdout.startswith(f"OK {report_id}"), vr.stdout + vr.stderr
+    assert vr.returncode == 0 and vr.stdout.startswith(f"OK {bundle.name}"), vr.stdout + vr.stderr
     # re-derived offline from the requests and counters files, the same verdict as signed
     rep = kvgate("report", bundle, "--pubkey", home / "dev-signing.pub", "--out", tmp_path / "re", home=home)
     assert rep.returncode == 0 and "verdicts: SAME as signed" in rep.stdout, rep.stdout + rep.stderr
