@@ -27,9 +27,15 @@ def signed_run(inventory: Path, gates: Path, out: Path, key: Path, home: Path,
     """``kvgate run`` into ``out`` signed with ``key``, and the bundle directory it wrote (the test fails, quoting
     the run's output, when it printed no report ID)."""
     r = kvgate("run", "-i", inventory, "-g", gates, "--out", out, "--key", key, home=home, timeout=timeout)
+    return r, bundle_dir(r, out)
+
+
+def bundle_dir(r: subprocess.CompletedProcess, out: Path) -> Path:
+    """The bundle directory a ``kvgate run`` into ``out`` wrote, from the report ID it printed (the test fails,
+    quoting the run's output, when it printed none)."""
     report_id = next((l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: ")), None)
     assert report_id is not None, r.stdout[-3000:] + r.stderr[-3000:]
-    return r, out / report_id
+    return out / report_id
 
 
 def _in_namespace(ns: str) -> list[str]:
@@ -74,6 +80,4 @@ def readme_run(suite: str, inventory: str, tmp_path: Path, *, timeout: float = 1
     while _in_namespace(ns) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _in_namespace(ns), f"left running by the run: {_in_namespace(ns)}"
-    report_id = next((l.split(": ")[1] for l in r.stdout.splitlines() if l.startswith("report ID: ")), None)
-    assert report_id is not None, r.stdout[-3000:] + r.stderr[-3000:]
-    return r, out / report_id, work
+    return r, bundle_dir(r, out), work
