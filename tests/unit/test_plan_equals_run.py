@@ -11,6 +11,8 @@ workload is covered as soon as it is registered.
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -280,7 +282,7 @@ def _params():
 
 
 @pytest.mark.parametrize("workload, scenario", list(_params()))
-def test_a_scripted_run_sends_exactly_the_planned_commands(workload, scenario, tmp_path):
+def test_a_scripted_run_sends_exactly_the_planned_commands(workload, scenario, tmp_path, request):
     assert scenario is not None, f"workload {workload!r} is registered but has no scripted run in {__file__}"
     sc = scenario(tmp_path)
     gate = next(g for g in sc.cfg.suite.gates if g.id == sc.gate_id)
@@ -291,6 +293,92 @@ def test_a_scripted_run_sends_exactly_the_planned_commands(workload, scenario, t
         mine = [s for s in planned if s.node == name]
         assert plan_mismatch(mine, node.commands) is None, (name, plan_mismatch(mine, node.commands))
     assert result.error is None, result.error  # the whole procedure ran, not a path cut short
+    _compare_with_baseline(request.node.callspec.id, _record(planned, sc.nodes, ctx.gate_dir, result, tmp_path))
+
+
+# ----------------------------------------------------------------------------------------- the recorded baseline
+# Behaviour kept across a restructure (issue 37): for every scenario above, what was planned, what each node was
+# sent, the files the gate left and its result are recorded under tests/fixtures/plan_run_baseline/ and compared
+# on every run. Only what a run cannot repeat is masked: the test's directory, decimal figures (times, rates taken
+# from the clock), long hex (run tags, digests of timed files) and how often a poll was sent in a row. Write the
+# records again (after a change of behaviour one means to make) with KVGATE_RECORD_BASELINE=1.
+BASELINE = Path(os.environ.get("KVGATE_BASELINE_DIR", FIX / "plan_run_baseline"))
+_DECIMAL = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+_HEX = re.compile(r"\b[0-9a-f]{8,}\b")
+_DIGITS = re.compile(r"\d{9,}")  # unix times, nanosecond clocks
+_PORT = re.compile(r"(:|--port |\"port\": )\d{4,5}\b")  # an engine's free port
+_SEEDED_ID = re.compile(r"\bs\d{5,}-")  # a request id that starts with the drawn prompt seed
+_UNREPEATABLE_KEYS = {"port", "prompt_seed"}  # a free port, a seed drawn when the gate gives none
+# The scripted tier of the g2-faults scenario serves or fails a request by the wall clock (a request sent while the
+# fault is on fails), so how many fell back varies with the machine's speed: its files and result are compared by
+# name only; what was planned and sent in full.
+_TIMED_RESULT = {"g2-faults"}
+
+
+def _mask(text: str, tmp_path) -> str:
+    text = _PORT.sub(r"\1<port>", text.replace(str(tmp_path), "<tmp>"))
+    text = _SEEDED_ID.sub("s<seed>-", text)
+    return _DIGITS.sub("<n>", _HEX.sub("<hex>", _DECIMAL.sub("<x>", text)))
+
+
+def _mask_json(value, tmp_path):
+    if isinstance(value, float):
+        return "<x>"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 9:
+        return "<n>"
+    if isinstance(value, str):
+        return _mask(value, tmp_path)
+    if isinstance(value, list):  # per-node records come in the order the nodes answered
+        items = [_mask_json(v, tmp_path) for v in value]
+        if any(isinstance(v, dict) and "node" in v for v in items):
+            items.sort(key=lambda v: json.dumps(v, sort_keys=True))
+        return items
+    if isinstance(value, dict):
+        return {_mask(k, tmp_path): "<masked>" if k in _UNREPEATABLE_KEYS else _mask_json(v, tmp_path)
+                for k, v in value.items()}
+    return value
+
+
+def _collapsed(argvs) -> list[str]:
+    """Each node's commands in order, a run of the same command (a poll) as one."""
+    out: list[str] = []
+    for argv in argvs:
+        line = " ".join(argv)
+        if not out or out[-1] != line:
+            out.append(line)
+    return out
+
+
+def _record(planned, nodes, gate_dir: Path, result, tmp_path) -> dict:
+    files = {}
+    for f in sorted(p for p in gate_dir.rglob("*") if p.is_file()):
+        try:
+            text = f.read_text()
+            if f.suffix == ".json":  # compared as data: per-node lists in it sorted as in the result
+                files[str(f.relative_to(gate_dir))] = _mask_json(json.loads(text), tmp_path)
+            else:
+                files[str(f.relative_to(gate_dir))] = _mask(text, tmp_path).splitlines()
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            files[str(f.relative_to(gate_dir))] = f"<{f.stat().st_size} bytes>"
+    record = {"planned": [[s.node, s.description, " ".join(s.argv), s.optional, s.repeats] for s in planned],
+              "sent": {name: _collapsed(node.commands) for name, node in sorted(nodes.items())},
+              "files": files, "result": result.as_dict()}
+    return _mask_json(json.loads(json.dumps(record, default=str)), tmp_path)
+
+
+def _compare_with_baseline(run_id: str, record: dict) -> None:
+    path = BASELINE / f"{run_id}.json"
+    if os.environ.get("KVGATE_RECORD_BASELINE") == "1":
+        BASELINE.mkdir(exist_ok=True)
+        path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        return
+    assert path.exists(), f"no recorded baseline {path}: record it with KVGATE_RECORD_BASELINE=1"
+    recorded = json.loads(path.read_text())
+    if run_id in _TIMED_RESULT:
+        record, recorded = ({"planned": r["planned"], "sent": r["sent"], "files": sorted(r["files"])}
+                            for r in (record, recorded))
+    for part in record:
+        assert record[part] == recorded[part], f"{run_id}: the {part} differ from {path}"
 
 
 def _step(argv, optional=False, repeats=False) -> PlannedStep:
