@@ -33,7 +33,7 @@ from harness.execute.nvmeof import NvmeofHost, NvmeofSpec  # noqa: E402
 from harness.parsers.fio import parse_fio_json  # noqa: E402
 from harness.rigs import guest as G  # noqa: E402
 from harness.rigs.loopback import Loopback, LoopbackSpec  # noqa: E402
-from harness.workloads.integrity import loopback_integrity  # noqa: E402
+from harness.workloads.kit.integrity import loopback_integrity  # noqa: E402
 from harness.transport import SSHTransport  # noqa: E402
 
 

@@ -191,6 +191,20 @@ def probe_path(run: Runner, path: str) -> tuple[PathFacts | None, str]:
     return facts, "" if facts else (r.summary() if not r.ok else f"unexpected output {r.stdout[:200]!r}")
 
 
+def _decide_file(path: str, facts: PathFacts) -> tuple[bool, str]:
+    """Pure: the file rule: kvgate writes a file that does not exist yet or one it created, nothing else."""
+    if facts.kind == "missing":
+        return True, f"{path} does not exist; kvgate creates it"
+    if facts.kind == "file" and facts.created_by_kvgate:
+        return True, f"{path} was created by kvgate ({path}{CREATED_SUFFIX})"
+    if facts.kind == "file":
+        return False, (f"{path} exists and was not created by kvgate (no {path}{CREATED_SUFFIX}); "
+                       "kvgate only writes files it created")
+    if facts.kind == "block":
+        return False, f"{path} is a block device, not a file; declare it as a block target (see allow_destructive)"
+    return False, f"{path} is not a regular file"
+
+
 def check_write(run: Runner, path: str, *, expect: Expect, purpose: str, node: str = "",
                 allow_destructive: bool = False, serial: str | None = None,
                 facts: PathFacts | None = None, same_storage_as: WriteDecision | None = None) -> WriteDecision:
@@ -208,19 +222,8 @@ def check_write(run: Runner, path: str, *, expect: Expect, purpose: str, node: s
     d.update(kind=facts.kind, created_by_kvgate=facts.created_by_kvgate)
     ev: dict[str, Any] = {"path": facts.__dict__}
     if expect == "file":
-        if facts.kind == "missing":
-            return WriteDecision(allowed=True, reason=f"{path} does not exist; kvgate creates it", evidence=ev, **d)
-        if facts.kind == "file" and facts.created_by_kvgate:
-            return WriteDecision(allowed=True, reason=f"{path} was created by kvgate ({path}{CREATED_SUFFIX})",
-                                 evidence=ev, **d)
-        if facts.kind == "file":
-            why = (f"{path} exists and was not created by kvgate (no {path}{CREATED_SUFFIX}); "
-                   "kvgate only writes files it created")
-        elif facts.kind == "block":
-            why = f"{path} is a block device, not a file; declare it as a block target (see allow_destructive)"
-        else:
-            why = f"{path} is not a regular file"
-        return WriteDecision(allowed=False, reason=why, evidence=ev, **d)
+        ok, why = _decide_file(path, facts)
+        return WriteDecision(allowed=ok, reason=why, evidence=ev, **d)
     if facts.kind != "block":
         what = "does not exist" if facts.kind == "missing" else "is not a block device"
         return WriteDecision(allowed=False, reason=f"{path} {what}", evidence=ev, **d)

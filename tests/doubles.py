@@ -6,7 +6,7 @@
   workloads send ready-made (:func:`preflight`, :func:`pool_files`, :func:`pool_blockstat`);
 - :class:`EngineServer`: an engine's HTTP API (an ``httpx.MockTransport`` handler): health, counters under the
   names of the shipped profiles, completions that hit the tier for prompts it stored before a restart;
-- :class:`FakeEngine`: an :class:`~harness.workloads.engine.EngineHandle` with scripted counters and log, for the
+- :class:`FakeEngine`: an :class:`~harness.workloads.kit.engine.EngineHandle` with scripted counters and log, for the
   phase runner and whatever drives engines through the handle.
 """
 
@@ -26,8 +26,8 @@ from harness.execute.clock import Clock, ScriptedClock
 from harness.parsers.prometheus import Sample, parse_prometheus
 from harness.transport.doubles import Call, Event, Reply, ScriptedTransport
 from harness.transport.steps import StepLog
-from harness.workloads.base import DROP_CACHES_ARGV, GateContext
-from harness.workloads.engine import LogMark
+from harness.workloads.kit.base import DROP_CACHES_ARGV, GateContext
+from harness.workloads.kit.engine import LogMark
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFLIGHT_CPU_REFERENCE = (ROOT / "tests" / "fixtures" / "preflight" / "cpu-reference.stdout").read_text()
@@ -210,7 +210,7 @@ class EngineServer:
 # -------------------------------------------------------------------------------------- engine (handle)
 
 class FakeEngine:
-    """An :class:`~harness.workloads.engine.EngineHandle` whose counters and log the test scripts: ``counters()``
+    """An :class:`~harness.workloads.kit.engine.EngineHandle` whose counters and log the test scripts: ``counters()``
     gives the next metrics text (or raises), ``log`` is what its current process has written (``say`` appends),
     ``open``/``resume`` start a new process (``fail``: why they fail instead). Every call is appended to
     ``calls`` so a test checks the order the runner used."""

@@ -37,7 +37,7 @@ from ..paths import given_or_shipped
 from ..rigs.guest import (GuestError, build_guest, check_engine_python, default_state_dir, guest_running,
                           open_node_transport, start_guest, stop_guest)
 from ..rigs.loopback import Loopback, LoopbackSpec
-from ..workloads.integrity import loopback_integrity
+from ..workloads.kit.integrity import loopback_integrity
 from ..transport.steps import StepLog
 from .exits import EXIT_INFRA, EXIT_INPUT, EXIT_OK
 

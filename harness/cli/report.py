@@ -17,9 +17,10 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ..errors import BundleError
-from ..gates.reevaluate import reevaluate_bundle
+from ..gates.reevaluate import Reevaluation, reevaluate_bundle
 from ..paths import state_dir
 from ..report.bundle import (ENVELOPE, check_statement, generate_keypair, key_fingerprint, load_public_key,
                              open_bundle, read_envelope, verify_bundle)
@@ -115,6 +116,34 @@ def _verify(d: Path, pubkey: str | None):
     return verify_bundle(d, key), how
 
 
+def _rerender_predicate(pred: dict[str, Any], re: Reevaluation, signers: SignersResult, keyring: str | None,
+                        checked_with: str) -> dict[str, Any]:
+    """The predicate the re-rendered reports print: the re-evaluated verdicts, the judged signatures (where there
+    is more than one, or a keyring judged them) and, where the verdicts differ from the signed ones, a notice."""
+    render_pred = render_predicate(pred)
+    render_pred["verdicts"] = re.verdicts_for_render()
+    if len(signers.signatures) > 1 or keyring:  # else the signed copy's text already says it all
+        render_pred["rerender_signers"] = {"signatures": signer_view(signers.signatures),
+                                           "checked_with": checked_with}
+    if not re.same:
+        render_pred["overall"] = re.overall_reevaluated or pred.get("overall")
+        render_pred["rerender_notice"] = ("Re-rendered by kvgate report: the verdicts re-evaluated from the raw "
+                                          "data differ from the signed ones: " + "; ".join(re.differences))
+    return render_pred
+
+
+def _reevaluation_record(rid: str, re: Reevaluation) -> dict[str, Any]:
+    """reevaluation.json of a re-rendered report: the signed and re-evaluated outcome of every gate, and how."""
+    return {
+        "report_id": rid, "same": re.same, "differences": re.differences,
+        "overall_signed": re.overall_signed, "overall_reevaluated": re.overall_reevaluated,
+        "rederived": re.rederived_text,
+        "gates": [{"gate_id": c.gate_id, "source": c.source, "rederived": c.rederived,
+                   "signed": (c.signed or {}).get("outcome"),
+                   "reevaluated": (c.reevaluated or {}).get("outcome"), "differences": c.differences}
+                  for c in re.checks]}
+
+
 def cmd_report(args) -> int:
     with open_bundle(args.bundle) as d:
         res, how = (None, f"keyring {args.keyring}") if args.keyring and not args.pubkey else _verify(d, args.pubkey)
@@ -141,29 +170,14 @@ def cmd_report(args) -> int:
             s = (c.signed or {}).get("outcome", "—")
             n = (c.reevaluated or {}).get("outcome", "—")
             print(f"  {c.gate_id}: signed {s}, re-evaluated {n} ({c.source})" + ("" if c.same else "  DIFFERS"))
-        render_pred = render_predicate(pred)
-        render_pred["verdicts"] = re.verdicts_for_render()
-        if len(signers.signatures) > 1 or args.keyring:  # else the signed copy's text already says it all
-            render_pred["rerender_signers"] = {"signatures": signer_view(signers.signatures),
-                                               "checked_with": checked_with}
-        if not re.same:
-            render_pred["overall"] = re.overall_reevaluated or pred.get("overall")
-            render_pred["rerender_notice"] = ("Re-rendered by kvgate report: the verdicts re-evaluated from the raw "
-                                              "data differ from the signed ones: " + "; ".join(re.differences))
+        render_pred = _rerender_predicate(pred, re, signers, args.keyring, checked_with)
         with tempfile.TemporaryDirectory(prefix="kvgate-rerender-") as td:
             mine, differ = signed_render_differences(rid, d, pred, Path(td))
         held = sum(1 for f in mine if (d / f).is_file())
         out = Path(args.out) if args.out else Path(f"{rid}-report")
         out.mkdir(parents=True, exist_ok=True)
         files = write_reports(rid, d, render_pred, out)
-        confined(out, "reevaluation.json").write_text(json.dumps({
-            "report_id": rid, "same": re.same, "differences": re.differences,
-            "overall_signed": re.overall_signed, "overall_reevaluated": re.overall_reevaluated,
-            "rederived": re.rederived_text,
-            "gates": [{"gate_id": c.gate_id, "source": c.source, "rederived": c.rederived,
-                       "signed": (c.signed or {}).get("outcome"),
-                       "reevaluated": (c.reevaluated or {}).get("outcome"), "differences": c.differences}
-                      for c in re.checks]}, indent=1) + "\n")
+        confined(out, "reevaluation.json").write_text(json.dumps(_reevaluation_record(rid, re), indent=1) + "\n")
         print(f"re-rendered {len(files)} files into {out}")
         if differ:
             print(f"signed reports: DIFFER from kvgate's render of the verified files: {', '.join(differ[:8])}"

@@ -88,16 +88,7 @@ def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None
             issues.append(index.issue(at + ("metric",), f"workload {gate.workload!r} has no metric {gate.metric!r} "
                                       f"(expected one of {', '.join(sorted(wl.METRICS))})"))
         else:
-            dim, _ = unit_info(unit)
-            for key, thr in (("pass", gate.pass_), ("stop_loss", gate.stop_loss)):
-                if thr is not None and thr.dimension != dim:
-                    issues.append(index.issue(at + (key,), f"{thr} is a {thr.dimension} but metric {gate.metric} "
-                                              f"is a {dim} (expected a threshold in e.g. {unit})"))
-            if gate.reference is not None:
-                ref = parse_quantity(gate.reference.value)
-                if ref.dimension != dim:
-                    issues.append(index.issue(at + ("reference", "value"), f"reference {ref} is a {ref.dimension} but "
-                                              f"metric {gate.metric} is a {dim} (expected e.g. {unit})"))
+            issues.extend(_dimension_issues(gate, unit, index, at))
         try:
             params = validate(wl.Params, gate.params, index, prefix=at + ("params",))
         except ConfigError as exc:
@@ -121,21 +112,46 @@ def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None
         if trials_rule and unit is not None and not gate.informational:
             issues.extend(_trials_issues(wl, params, gate.metric, index, at))
         if inventory is not None:
-            nodes = []
-            for j, n in enumerate(gate.nodes or []):
-                node = inventory.node(n)
-                if node is None:
-                    issues.append(index.issue(at + ("nodes", j), f"node {n!r} is not in the inventory "
-                                              f"(expected one of {', '.join(x.name for x in inventory.nodes)})"))
-                else:
-                    nodes.append(node)
-            if not gate.nodes:
-                nodes = list(inventory.nodes)
-            if getattr(params, "launcher", None) == "slurm" and inventory.slurm is None:
-                issues.append(index.issue(at + ("params", "launcher"), "launcher slurm needs a `slurm:` block "
-                                          "in the inventory (partition, job_dir, ...; docs/launchers.md)"))
-            for path, msg in wl().validate_against(params, {n.name: n for n in nodes}):
-                issues.append(index.issue(at + ("params",) + tuple(path), msg))
+            issues.extend(_inventory_issues(gate, wl, params, inventory, index, at))
+    return issues
+
+
+def _dimension_issues(gate: Gate, unit: str, index: LineIndex, at: tuple) -> list[ConfigIssue]:
+    """The gate's thresholds (pass, stop_loss) and reference that are not quantities of its metric's dimension."""
+    issues: list[ConfigIssue] = []
+    dim, _ = unit_info(unit)
+    for key, thr in (("pass", gate.pass_), ("stop_loss", gate.stop_loss)):
+        if thr is not None and thr.dimension != dim:
+            issues.append(index.issue(at + (key,), f"{thr} is a {thr.dimension} but metric {gate.metric} "
+                                      f"is a {dim} (expected a threshold in e.g. {unit})"))
+    if gate.reference is not None:
+        ref = parse_quantity(gate.reference.value)
+        if ref.dimension != dim:
+            issues.append(index.issue(at + ("reference", "value"), f"reference {ref} is a {ref.dimension} but "
+                                      f"metric {gate.metric} is a {dim} (expected e.g. {unit})"))
+    return issues
+
+
+def _inventory_issues(gate: Gate, wl: Any, params: Any, inventory: Inventory, index: LineIndex,
+                      at: tuple) -> list[ConfigIssue]:
+    """The gate against the inventory: nodes it names that are not there, a slurm launcher without a ``slurm:``
+    block, and what the workload's ``validate_against`` finds wrong with its params on its nodes."""
+    issues: list[ConfigIssue] = []
+    nodes = []
+    for j, n in enumerate(gate.nodes or []):
+        node = inventory.node(n)
+        if node is None:
+            issues.append(index.issue(at + ("nodes", j), f"node {n!r} is not in the inventory "
+                                      f"(expected one of {', '.join(x.name for x in inventory.nodes)})"))
+        else:
+            nodes.append(node)
+    if not gate.nodes:
+        nodes = list(inventory.nodes)
+    if getattr(params, "launcher", None) == "slurm" and inventory.slurm is None:
+        issues.append(index.issue(at + ("params", "launcher"), "launcher slurm needs a `slurm:` block "
+                                  "in the inventory (partition, job_dir, ...; docs/launchers.md)"))
+    for path, msg in wl().validate_against(params, {n.name: n for n in nodes}):
+        issues.append(index.issue(at + ("params",) + tuple(path), msg))
     return issues
 
 

@@ -116,6 +116,42 @@ def _as_float(inputs: Mapping[str, Any], name: str) -> np.ndarray:
     return np.asarray(value, dtype=np.float64)
 
 
+def _session_s(x: Mapping[str, np.ndarray], timing: str, kv_session: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(recompute_s, readback_s) of one session: the measured TTFTs, or from prefill rate and read bandwidth."""
+    if timing == "measured":
+        return x["recompute_ttft_s"] * np.ones_like(kv_session), x["readback_ttft_s"] * np.ones_like(kv_session)
+    gpus = x["gpus_per_instance"]
+    recompute_s = x["context_tokens"] / (x["prefill_tokens_per_s_per_gpu"] * gpus)
+    readback_s = kv_session / (x["per_gpu_read_gb_s"] * GB * gpus) + x["readback_fixed_s"]
+    return recompute_s, readback_s
+
+
+def _wear(x: Mapping[str, np.ndarray], kv_session: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Drive wear: (device bytes written per month, their price per month, the price per million tokens stored)."""
+    wa, usd_per_tb_written = x["device_write_amplification"], x["drive_usd_per_tb_written"]
+    written_bytes = x["sessions_per_day"] * DAYS_PER_MONTH * kv_session * wa
+    wear_usd = written_bytes / TB * usd_per_tb_written
+    wear_per_mtok = x["kv_bytes_per_token"] * 1e6 * wa / TB * usd_per_tb_written
+    return written_bytes, wear_usd, wear_per_mtok
+
+
+def _break_even_hit_rate(revisits: np.ndarray, saved_usd: np.ndarray, tier_usd: np.ndarray) -> np.ndarray:
+    """The hit rate at which the hits' savings pay the tier's monthly cost (``inf`` where a hit saves nothing)."""
+    denom = revisits * saved_usd
+    return np.where(denom > 0, tier_usd / np.where(denom > 0, denom, 1.0), np.inf)
+
+
+def _throughput_gain(x: Mapping[str, np.ndarray], recompute_gpu_s: np.ndarray,
+                     readback_gpu_s: np.ndarray) -> np.ndarray:
+    """The instance's throughput gain: GPU work per session without the tier over the work with it, less one."""
+    decode_gpu_s = x["decode_tokens_per_session"] / x["decode_tokens_per_s_per_gpu"]
+    visit_without = recompute_gpu_s + decode_gpu_s
+    r, h = x["revisit_rate"], x["hit_rate"]
+    work_without = (1.0 + r) * visit_without
+    work_with = visit_without + r * (h * readback_gpu_s + (1.0 - h) * recompute_gpu_s + decode_gpu_s)
+    return work_without / work_with - 1.0
+
+
 def evaluate(inputs: Mapping[str, Any], timing: str = "model") -> dict[str, np.ndarray]:
     """Evaluate the costing model on scalars or broadcastable arrays; returns every name in :data:`OUTPUTS`.
 
@@ -130,12 +166,7 @@ def evaluate(inputs: Mapping[str, Any], timing: str = "model") -> dict[str, np.n
         gpus = x["gpus_per_instance"]
         usd_per_gpu_s = x["gpu_usd_per_hour"] / 3600.0
         kv_session = x["kv_bytes_per_token"] * x["context_tokens"]
-        if timing == "measured":
-            recompute_s = x["recompute_ttft_s"] * np.ones_like(kv_session)
-            readback_s = x["readback_ttft_s"] * np.ones_like(kv_session)
-        else:
-            recompute_s = x["context_tokens"] / (x["prefill_tokens_per_s_per_gpu"] * gpus)
-            readback_s = kv_session / (x["per_gpu_read_gb_s"] * GB * gpus) + x["readback_fixed_s"]
+        recompute_s, readback_s = _session_s(x, timing, kv_session)
         recompute_gpu_s = recompute_s * gpus
         readback_gpu_s = readback_s * gpus
         saved_gpu_s = recompute_gpu_s - readback_gpu_s
@@ -145,25 +176,14 @@ def evaluate(inputs: Mapping[str, Any], timing: str = "model") -> dict[str, np.n
             x["sessions_per_day"] * x["retention_days"] * kv_session * (1.0 + x["capacity_overhead_ratio"])
         )
         storage_usd = capacity_bytes / TB * x["storage_usd_per_tb_month"]
-        wa, usd_per_tb_written = x["device_write_amplification"], x["drive_usd_per_tb_written"]
-        written_bytes = x["sessions_per_day"] * DAYS_PER_MONTH * kv_session * wa
-        wear_usd = written_bytes / TB * usd_per_tb_written
-        wear_per_mtok = x["kv_bytes_per_token"] * 1e6 * wa / TB * usd_per_tb_written
+        written_bytes, wear_usd, wear_per_mtok = _wear(x, kv_session)
         revisits = x["sessions_per_day"] * DAYS_PER_MONTH * x["revisit_rate"]
         hits = revisits * x["hit_rate"]
         gpu_h_saved = hits * saved_gpu_s / 3600.0
         gpu_usd_saved = gpu_h_saved * x["gpu_usd_per_hour"]
         net = gpu_usd_saved - storage_usd - wear_usd
-        denom = revisits * saved_usd
-        tier_usd = storage_usd + wear_usd
-        break_even = np.where(denom > 0, tier_usd / np.where(denom > 0, denom, 1.0), np.inf)
-
-        decode_gpu_s = x["decode_tokens_per_session"] / x["decode_tokens_per_s_per_gpu"]
-        visit_without = recompute_gpu_s + decode_gpu_s
-        r, h = x["revisit_rate"], x["hit_rate"]
-        work_without = (1.0 + r) * visit_without
-        work_with = visit_without + r * (h * readback_gpu_s + (1.0 - h) * recompute_gpu_s + decode_gpu_s)
-        gain = work_without / work_with - 1.0
+        break_even = _break_even_hit_rate(revisits, saved_usd, storage_usd + wear_usd)
+        gain = _throughput_gain(x, recompute_gpu_s, readback_gpu_s)
 
     out = {
         "kv_bytes_per_session": kv_session,

@@ -395,6 +395,37 @@ def _sensitivity_ranges(sens: Any, used: list[str], base: dict[str, float]) -> d
     return ranges
 
 
+def _measured_by_name(measured: Sequence[MeasuredInput], fname: str
+                      ) -> tuple[dict[str, MeasuredInput], list[ConfigIssue]]:
+    """(each measured input by name, the first bundle's; an issue for each input that two bundles measure)."""
+    by_name: dict[str, MeasuredInput] = {}
+    issues: list[ConfigIssue] = []
+    for m in measured:
+        if m.name in by_name and by_name[m.name].report_id != m.report_id:
+            other = by_name[m.name]
+            issues.append(ConfigIssue(fname, 1, m.name, (
+                f"measured by two bundles ({other.report_id} {other.gate_id}, {m.report_id} {m.gate_id}); "
+                "pass only one")))
+        by_name.setdefault(m.name, m)
+    return by_name, issues
+
+
+def _missing_input_issues(params: CostParams, inputs: dict[str, InputValue], lines: Any,
+                          fname: str) -> list[ConfigIssue]:
+    """The issues of inputs that neither the file nor a bundle gives: the hit rate, and the TTFTs that
+    ``timing: measured`` needs."""
+    issues: list[ConfigIssue] = []
+    if "hit_rate" not in inputs:
+        issues.append(ConfigIssue(fname, _line(lines, ("fleet",)), "fleet.hit_rate", (
+            "required field is missing (or pass a g2-gain bundle, whose tier_hit_rate is measured)")))
+    if params.timing == "measured":
+        missing = [n for n in cost.MEASURED_ONLY if n not in inputs]
+        if missing:
+            issues.append(ConfigIssue(fname, _line(lines, ("timing",)), "timing", (
+                f"'measured' needs {' and '.join(missing)}: give a G2 bundle or set measured.* in the file")))
+    return issues
+
+
 def resolve(
     params_path: str | Path, measured: Sequence[MeasuredInput] = ()
 ) -> Resolved:
@@ -408,26 +439,10 @@ def resolve(
     data, lines = load_yaml(params_path)
     params: CostParams = validate(CostParams, data, lines)
     fname = str(params_path)
-    issues: list[ConfigIssue] = []
 
-    by_name: dict[str, MeasuredInput] = {}
-    for m in measured:
-        if m.name in by_name and by_name[m.name].report_id != m.report_id:
-            other = by_name[m.name]
-            issues.append(ConfigIssue(fname, 1, m.name, (
-                f"measured by two bundles ({other.report_id} {other.gate_id}, {m.report_id} {m.gate_id}); "
-                "pass only one")))
-        by_name.setdefault(m.name, m)
+    by_name, issues = _measured_by_name(measured, fname)
     inputs = _inputs(params, lines, fname, by_name, issues)
-
-    if "hit_rate" not in inputs:
-        issues.append(ConfigIssue(fname, _line(lines, ("fleet",)), "fleet.hit_rate", (
-            "required field is missing (or pass a g2-gain bundle, whose tier_hit_rate is measured)")))
-    if params.timing == "measured":
-        missing = [n for n in cost.MEASURED_ONLY if n not in inputs]
-        if missing:
-            issues.append(ConfigIssue(fname, _line(lines, ("timing",)), "timing", (
-                f"'measured' needs {' and '.join(missing)}: give a G2 bundle or set measured.* in the file")))
+    issues.extend(_missing_input_issues(params, inputs, lines, fname))
 
     config_path = (params_path.parent / params.model.config)
     arch: ModelArch | None = None

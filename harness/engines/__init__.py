@@ -1,6 +1,6 @@
 """Engines: profiles (how to launch an engine), LMCache YAML, KV bytes per token, prompts, the streaming TTFT
 client, and kvgate's own CPU reference engine (``cpu_reference.py``, a program kvgate puts on nodes and runs
-there). Pure except the client's HTTP; the engine process itself is run by harness.workloads.engine."""
+there). Pure except the client's HTTP; the engine process itself is run by harness.workloads.kit.engine."""
 
 from __future__ import annotations
 

@@ -140,43 +140,83 @@ class RequestRecord:
         return d
 
 
+@dataclass
+class _StreamTally:
+    """One request's progress: what its stream delivered so far and when, from which its record is built."""
+
+    request: CompletionRequest
+    queue_s: float
+    started_unix: float
+    t_send: float
+    status: int | None = None
+    ttft: float | None = None
+    first_event: float | None = None
+    last: float | None = None
+    chunks: int = 0
+    itl: list[float] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[tuple[str, float | None, dict[str, float]]] = field(default_factory=list)
+
+    def take(self, event: Any, now: float) -> None:
+        """Count an event with choices that arrived at ``now``: its logprobs, and its text when it is a token."""
+        if self.first_event is None:
+            self.first_event = now - self.t_send
+        self.logprobs += chunk_logprobs(event)
+        if not is_token_chunk(event):
+            return
+        piece = chunk_text(event)
+        if self.ttft is None:
+            self.ttft = now - self.t_send
+        else:
+            self.itl.append(now - self.last)
+        self.last = now
+        self.chunks += 1
+        self.text.append(piece)
+
+    def record(self, error: str | None, end: float | None, error_body: str | None = None) -> RequestRecord:
+        """The request's record as the stream stands, ended at ``end`` (None: never sent) with ``error``."""
+        latency = None if self.last is None else self.last - self.t_send
+        return RequestRecord(
+            request_id=self.request.request_id, prompt_tokens=self.request.prompt_tokens, queue_s=self.queue_s,
+            ttft_s=self.ttft, itl_s=tuple(self.itl), latency_s=latency,
+            e2e_s=None if end is None else end - self.t_send, output_chunks=self.chunks,
+            output_text="".join(self.text), http_status=self.status, error=error, started_unix_s=self.started_unix,
+            usage_prompt_tokens=_count(self.usage.get("prompt_tokens")),
+            usage_completion_tokens=_count(self.usage.get("completion_tokens")), first_event_s=self.first_event,
+            tokens=tuple(t for t, _, _ in self.logprobs), token_logprobs=tuple(v for _, v, _ in self.logprobs),
+            top_logprobs=tuple(top for _, _, top in self.logprobs), error_body=error_body)
+
+
+def _parse_event(data: str) -> tuple[Any, str | None]:
+    """A stream event's JSON and, when it is malformed or the server's error, the record's error for it."""
+    try:
+        event = json.loads(data)
+    except json.JSONDecodeError:
+        return None, f"malformed stream event: {data[:200]!r}"
+    if isinstance(event, dict) and event.get("error"):
+        return event, f"server error in stream: {json.dumps(event['error'])[:500]}"
+    return event, None
+
+
 async def stream_completion(client: httpx.AsyncClient, url: str, request: CompletionRequest, model: str,
                             clock: Clock = time.perf_counter, queue_s: float = 0.0,
                             timeout_s: float | None = 600.0, api: ApiShape | None = None) -> RequestRecord:
     """Send one streaming completion and time it. Never raises for a failed request."""
-    ttft = first_event = None
-    itl: list[float] = []
-    text: list[str] = []
-    status = None
-    last = None
-    chunks = 0
-    usage: dict[str, Any] = {}
-    logprobs: list[tuple[str, float | None, dict[str, float]]] = []
     started_unix = time.time()
     t_send = clock()
-
-    def rec(error: str | None, end: float | None, error_body: str | None = None) -> RequestRecord:
-        latency = None if last is None else last - t_send
-        return RequestRecord(
-            request_id=request.request_id, prompt_tokens=request.prompt_tokens, queue_s=queue_s, ttft_s=ttft,
-            itl_s=tuple(itl), latency_s=latency, e2e_s=None if end is None else end - t_send,
-            output_chunks=chunks, output_text="".join(text), http_status=status, error=error,
-            started_unix_s=started_unix, usage_prompt_tokens=_count(usage.get("prompt_tokens")),
-            usage_completion_tokens=_count(usage.get("completion_tokens")), first_event_s=first_event,
-            tokens=tuple(t for t, _, _ in logprobs), token_logprobs=tuple(v for _, v, _ in logprobs),
-            top_logprobs=tuple(top for _, _, top in logprobs), error_body=error_body)
-
+    tally = _StreamTally(request, queue_s, started_unix, t_send)
     api = api or ApiShape()
     try:
         body = request.payload(model, api)
     except ValueError as exc:
-        return rec(str(exc), None)
+        return tally.record(str(exc), None)
     try:
         async with client.stream("POST", url, json=body, timeout=timeout_s) as resp:
-            status = resp.status_code
+            tally.status = resp.status_code
             if resp.status_code != 200:
-                read, kept = await _error_body(resp)  # not `text`: rec() joins the streamed text
-                return rec(error_line(resp.status_code, read), clock(), kept)
+                read, kept = await _error_body(resp)
+                return tally.record(error_line(resp.status_code, read), clock(), kept)
             done = False
             end = None
             async for line in resp.aiter_lines():
@@ -191,41 +231,26 @@ async def stream_completion(client: httpx.AsyncClient, url: str, request: Comple
                     done = True
                     end = clock()
                     continue
-                try:
-                    event = json.loads(data)
-                except json.JSONDecodeError:
-                    return rec(f"malformed stream event: {data[:200]!r}", clock())
-                if isinstance(event, dict) and event.get("error"):
-                    return rec(f"server error in stream: {json.dumps(event['error'])[:500]}", clock())
+                event, problem = _parse_event(data)
+                if problem is not None:
+                    return tally.record(problem, clock())
                 if isinstance(event, dict) and isinstance(event.get("usage"), dict):
-                    usage = event["usage"]
+                    tally.usage = event["usage"]
                 # one clock read per event with choices: the first such event and the first token share it
                 now = clock() if isinstance(event, dict) and event.get("choices") else None
-                if first_event is None and now is not None:
-                    first_event = now - t_send
                 if now is not None:
-                    logprobs += chunk_logprobs(event)
-                if now is None or not is_token_chunk(event):
-                    continue
-                piece = chunk_text(event)
-                if ttft is None:
-                    ttft = now - t_send
-                else:
-                    itl.append(now - last)
-                last = now
-                chunks += 1
-                text.append(piece)
+                    tally.take(event, now)
             if end is None:
                 end = clock()
-            if ttft is None:
-                return rec("stream ended without a token chunk", end)
+            if tally.ttft is None:
+                return tally.record("stream ended without a token chunk", end)
             if not done and api.require_done:
-                return rec("stream ended without [DONE]", end)
-            return rec(None, end)
+                return tally.record("stream ended without [DONE]", end)
+            return tally.record(None, end)
     except httpx.TimeoutException as exc:
-        return rec(f"timeout: {type(exc).__name__}: {exc}", clock())
+        return tally.record(f"timeout: {type(exc).__name__}: {exc}", clock())
     except httpx.HTTPError as exc:
-        return rec(f"{type(exc).__name__}: {exc}", clock())
+        return tally.record(f"{type(exc).__name__}: {exc}", clock())
 
 
 async def _error_body(resp: httpx.Response) -> tuple[str, str]:

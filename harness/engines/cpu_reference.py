@@ -356,6 +356,56 @@ def prompt_ids(prompt: Any, vocab_size: int) -> list[int]:
     return ids
 
 
+def _completion_params(raw: bytes, vocab_size: int) -> tuple[dict, list[int], int, int]:
+    """A completion request's body, prompt ids, max_tokens and logprobs; ValueError (or TypeError) if invalid."""
+    body = json.loads(raw or b"{}")
+    ids = prompt_ids(body.get("prompt"), vocab_size)
+    max_tokens = int(body.get("max_tokens", 16))
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be >= 1")
+    logprobs = int(body.get("logprobs") or 0)
+    if not 0 <= logprobs <= 20:
+        raise ValueError("logprobs must be 0 to 20")
+    return body, ids, max_tokens, logprobs
+
+
+def _respond_whole(handler, gen, ids: list[int], event) -> None:
+    """Answer a non-streaming completion: every token in one JSON response with its usage, or a 500."""
+    try:
+        out = [f" t{tok}" for tok, _ in gen]
+    except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
+        _log("request failed: " + traceback.format_exc())
+        return handler._error(500, f"{type(exc).__name__}: {exc}")
+    resp = event("".join(out), "length")
+    resp["usage"] = {"prompt_tokens": len(ids), "completion_tokens": len(out),
+                     "total_tokens": len(ids) + len(out)}
+    return handler._send(200, json.dumps(resp).encode())
+
+
+def _respond_stream(handler, gen, max_tokens: int, event) -> None:
+    """Answer a streaming completion: one server-sent event per token (chunked), an error event, then [DONE]."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    try:
+        offset = 0
+        for i, (tok, info) in enumerate(gen):
+            finish = "length" if i + 1 == max_tokens else None
+            text = f" t{tok}"
+            lp = logprobs_object(tok, info, offset)
+            offset += len(text)
+            handler._chunk(b"data: " + json.dumps(event(text, finish, lp)).encode() + b"\n\n")
+    except (BrokenPipeError, ConnectionResetError):
+        return
+    except Exception as exc:  # noqa: BLE001 - the stream carries the error to the client
+        _log("request failed: " + traceback.format_exc())
+        handler._chunk(b"data: " + json.dumps({"error": {"message": f"{type(exc).__name__}: {exc}",
+                                                         "code": 500}}).encode() + b"\n\n")
+    handler._chunk(b"data: [DONE]\n\n")
+    handler._chunk(b"")
+
+
 def make_handler(engine: Engine):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -393,14 +443,8 @@ def make_handler(engine: Engine):
             if self.path != "/v1/completions":
                 return self._error(404, f"no route {self.path}")
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
-                ids = prompt_ids(body.get("prompt"), engine.config.vocab_size)
-                max_tokens = int(body.get("max_tokens", 16))
-                if max_tokens < 1:
-                    raise ValueError("max_tokens must be >= 1")
-                logprobs = int(body.get("logprobs") or 0)
-                if not 0 <= logprobs <= 20:
-                    raise ValueError("logprobs must be 0 to 20")
+                raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                body, ids, max_tokens, logprobs = _completion_params(raw, engine.config.vocab_size)
             except (ValueError, TypeError, json.JSONDecodeError) as exc:
                 return self._error(400, str(exc))
             cid = f"cmpl-{uuid.uuid4().hex[:16]}"
@@ -413,35 +457,8 @@ def make_handler(engine: Engine):
 
             gen = engine.complete(ids, max_tokens, logprobs)
             if not body.get("stream"):
-                try:
-                    out = [f" t{tok}" for tok, _ in gen]
-                except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
-                    _log("request failed: " + traceback.format_exc())
-                    return self._error(500, f"{type(exc).__name__}: {exc}")
-                resp = event("".join(out), "length")
-                resp["usage"] = {"prompt_tokens": len(ids), "completion_tokens": len(out),
-                                 "total_tokens": len(ids) + len(out)}
-                return self._send(200, json.dumps(resp).encode())
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            try:
-                offset = 0
-                for i, (tok, info) in enumerate(gen):
-                    finish = "length" if i + 1 == max_tokens else None
-                    text = f" t{tok}"
-                    lp = logprobs_object(tok, info, offset)
-                    offset += len(text)
-                    self._chunk(b"data: " + json.dumps(event(text, finish, lp)).encode() + b"\n\n")
-            except (BrokenPipeError, ConnectionResetError):
-                return
-            except Exception as exc:  # noqa: BLE001 - the stream carries the error to the client
-                _log("request failed: " + traceback.format_exc())
-                self._chunk(b"data: " + json.dumps({"error": {"message": f"{type(exc).__name__}: {exc}",
-                                                              "code": 500}}).encode() + b"\n\n")
-            self._chunk(b"data: [DONE]\n\n")
-            self._chunk(b"")
+                return _respond_whole(self, gen, ids, event)
+            _respond_stream(self, gen, max_tokens, event)
 
     return Handler
 

@@ -282,6 +282,21 @@ def _loop_process(conn, base_url: str, requests: list[CompletionRequest], offset
         conn.close()
 
 
+def _wait_ready(conns: list, procs: list) -> None:
+    """Wait for each client process's "ready" in turn; RuntimeError for one that died or sent anything else."""
+    for c, p in zip(conns, procs):
+        while not c.poll(STOP_POLL_S):
+            if not p.is_alive():
+                raise RuntimeError(f"client process {p.pid} exited ({p.exitcode}) before it was ready")
+        try:
+            msg = c.recv()
+        except EOFError:
+            msg = "exited before it was ready (a program that starts client processes needs the " \
+                  "`if __name__ == '__main__':` guard: they are spawned and import its main module)"
+        if msg != "ready":
+            raise RuntimeError(f"client process {p.pid}: {msg[1] if isinstance(msg, tuple) else msg}")
+
+
 def open_loop_processes(base_url: str, requests: Sequence[CompletionRequest], offsets_s: Sequence[float],
                         model: str, loops: int, stop: StopFlag | None = None, lead_s: float = 0.2,
                         **kw: Any) -> list[LoadRecord]:
@@ -311,17 +326,7 @@ def open_loop_processes(base_url: str, requests: Sequence[CompletionRequest], of
             child.close()
             procs.append(p)
             conns.append(parent)
-        for c, p in zip(conns, procs):
-            while not c.poll(STOP_POLL_S):
-                if not p.is_alive():
-                    raise RuntimeError(f"client process {p.pid} exited ({p.exitcode}) before it was ready")
-            try:
-                msg = c.recv()
-            except EOFError:
-                msg = "exited before it was ready (a program that starts client processes needs the " \
-                      "`if __name__ == '__main__':` guard: they are spawned and import its main module)"
-            if msg != "ready":
-                raise RuntimeError(f"client process {p.pid}: {msg[1] if isinstance(msg, tuple) else msg}")
+        _wait_ready(conns, procs)
         start_at = time.monotonic() + lead_s
         for c in conns:
             c.send(start_at)

@@ -238,6 +238,36 @@ def _path_text(p: P.NvmePath) -> str:
 _PATH_DEV = re.compile(r"^nvme(\d+)c(\d+)n(\d+)$")
 
 
+def _declared(spec: NvmeofSpec, p: P.NvmePath) -> bool:
+    """Pure: whether a controller path is the one the inventory declares (its transport and address)."""
+    return (p.transport == spec.transport and p.address.get("traddr") == spec.traddr
+            and p.address.get("trsvcid") == spec.trsvcid)
+
+
+def _path_records(spec: NvmeofSpec, st: HostState, sub_paths: list, cands: list) -> tuple[PathRecord, ...]:
+    """Pure: the subsystem's controller paths as recorded, by controller, with their block devices and ANA states."""
+    ana_by_ctrl = _ana_by_controller(st, cands)
+    return tuple(PathRecord(
+        controller=p.controller, transport=p.transport, address=_addr_text(p.address), state=p.state,
+        ana_state=p.ana_state or ana_by_ctrl.get(p.controller, (None, None))[1],
+        queue_count=st.sysfs.queue_count(p.controller), declared=_declared(spec, p),
+        device=ana_by_ctrl.get(p.controller, (None, None))[0]) for p in sorted(sub_paths, key=lambda p: p.controller))
+
+
+def _pick_namespace(spec: NvmeofSpec, chosen: list, live: list, want: int | None
+                    ) -> tuple[Any, str | None, str | None]:
+    """Pure: (namespace, multipath mode, None): the native head, else the first device on a live path; or the error."""
+    heads = [ns for ns in chosen if ns.controller is None]
+    if heads:
+        return heads[0], "native", None
+    live_ctrls = {p.controller for p in live}
+    per_path = sorted((ns for ns in chosen if ns.controller in live_ctrls), key=lambda n: n.device)
+    if not per_path:
+        return None, None, (f"{spec.nqn}: namespace {want} has no device on the live controller(s) "
+                            f"{', '.join(sorted(live_ctrls))} at {spec.address}")
+    return per_path[0], "per-path", None
+
+
 def resolve(spec: NvmeofSpec, st: HostState) -> Resolution:
     """Pure: the namespace device of ``spec`` in ``st``, checked against the inventory, or the reason why not."""
     seen = tuple(sorted({s.nqn for s in st.subsystems}))
@@ -254,19 +284,9 @@ def resolve(spec: NvmeofSpec, st: HostState) -> Resolution:
     host_nqns = sorted({s.host_nqn for s in subs if s.host_nqn})
     host_nqn = host_nqns[0] if len(host_nqns) == 1 else None
 
-    def declared(p: P.NvmePath) -> bool:
-        return (p.transport == spec.transport and p.address.get("traddr") == spec.traddr
-                and p.address.get("trsvcid") == spec.trsvcid)
-
     # the namespace's per-path block devices and ANA states (for the record, before any check can fail)
     cands = [ns for ns in st.namespaces if ns.nqn == spec.nqn]
-    ana_by_ctrl = _ana_by_controller(st, cands)
-    paths = tuple(PathRecord(
-        controller=p.controller, transport=p.transport, address=_addr_text(p.address), state=p.state,
-        ana_state=p.ana_state or ana_by_ctrl.get(p.controller, (None, None))[1],
-        queue_count=st.sysfs.queue_count(p.controller), declared=declared(p),
-        device=ana_by_ctrl.get(p.controller, (None, None))[0]) for p in sorted(sub_paths, key=lambda p: p.controller))
-    base.update(paths=paths, host_nqn=host_nqn)
+    base.update(paths=_path_records(spec, st, sub_paths, cands), host_nqn=host_nqn)
 
     if spec.host_nqn and host_nqns and spec.host_nqn not in host_nqns:
         return fail(f"{spec.nqn} is connected with host NQN {', '.join(host_nqns)}, expected {spec.host_nqn}")
@@ -274,7 +294,7 @@ def resolve(spec: NvmeofSpec, st: HostState) -> Resolution:
     if other_transport:
         return fail(f"{spec.nqn}: expected {spec.address}; found " + "; ".join(_path_text(p) for p in sub_paths)
                     + f" (a {other_transport[0].transport} path means I/O would not go over {spec.transport} only)")
-    mine = [p for p in sub_paths if declared(p)]
+    mine = [p for p in sub_paths if _declared(spec, p)]
     if not mine:
         return fail(f"{spec.nqn}: no controller at {spec.address}; found "
                     + "; ".join(_path_text(p) for p in sub_paths))
@@ -291,16 +311,9 @@ def resolve(spec: NvmeofSpec, st: HostState) -> Resolution:
         return fail(f"{spec.nqn}: no namespace device" + (f" for nsid {want}" if want is not None else "")
                     + " (namespaces seen: " + (", ".join(f"{ns.device} nsid {ns.nsid}" for ns in cands) or "none")
                     + ")")
-    heads = [ns for ns in chosen if ns.controller is None]
-    if heads:
-        ns, mode = heads[0], "native"
-    else:
-        live_ctrls = {p.controller for p in live}
-        per_path = sorted((ns for ns in chosen if ns.controller in live_ctrls), key=lambda n: n.device)
-        if not per_path:
-            return fail(f"{spec.nqn}: namespace {want} has no device on the live controller(s) "
-                        f"{', '.join(sorted(live_ctrls))} at {spec.address}")
-        ns, mode = per_path[0], "per-path"
+    ns, mode, err = _pick_namespace(spec, chosen, live, want)
+    if err:
+        return fail(err)
     rdma = _rdma_paths(st, live) if spec.transport == "rdma" else []
     return Resolution(ok=True, device=f"/dev/{ns.device}", multipath=mode, nsid=ns.nsid,
                       ns_uuid=st.sysfs.blocks.get(ns.device, {}).get("uuid"), serial=ns.serial,

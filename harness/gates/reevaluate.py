@@ -32,17 +32,17 @@ from ..parsers.fio import parse_fio_json
 from ..parsers.pooldev import PoolDeviceStat, parse_pool_blockstat, read_bytes_between, write_bytes_between
 from ..safeio import MAX_JSON_BYTES, InputFileError, check_keys, json_type, key_line, parse_json, read_text
 from ..workloads import WORKLOADS
-from ..workloads.base import RecordedEvidence, WorkloadResult
-from ..workloads.engine import fallback_reason
-from ..workloads.phases import missing_in_text, not_in_force
+from ..workloads.kit.base import RecordedEvidence, WorkloadResult
+from ..workloads.kit.engine import fallback_reason
+from ..workloads.kit.phases import missing_in_text, not_in_force
 from ..workloads.fio_faults import RAW_FILES as FAULT_RAW_FILES, reevaluate_faults
 from ..workloads.fio_read import reevaluate_fio_read
 from ..workloads.g2_faults import reevaluate_g2_faults
 from ..workloads.g2_gain import G2Gain, GainEvidence, reevaluate_gain
-from ..workloads.g2_load import G2LoadEvidence, accounting_counters, reevaluate_load
+from ..workloads.kit.load import G2LoadEvidence, accounting_counters, reevaluate_load
 from ..workloads.g2_answer import reevaluate_answer
 from ..workloads.g2_tenancy import DEVICE_PHASES, engine_log, engine_logs, reevaluate_tenancy
-from ..workloads.g2_ttft import records_from_text, reevaluate_g2
+from ..workloads.kit.g2 import records_from_text, reevaluate_g2
 from ..workloads.g3_shared_read import WITH_WRITER, G3SharedRead, reevaluate_g3
 from ..parsers.g3series import cross_check_port_rate, port_rate
 from ..workloads.kv_read import reevaluate_kv_read
@@ -399,7 +399,7 @@ def _g2_load(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str,
     """g2-load from every point's raw requests file (its figures, the knee) and the engine counters the run read
     around it (its accounting), with the gate's bounds from config/gates.yaml, the pool device's bytes re-parsed
     from the run's probe steps and a launched engine's log (``engine-load.log``) re-scanned for fall-backs, through
-    the workload's own pure functions (harness.workloads.g2_load.reevaluate_load). An attached engine's fall-back
+    the workload's own pure functions (harness.workloads.kit.load.reevaluate_load). An attached engine's fall-back
     is taken as the run judged it (its log is the operator's, read through steps)."""
     ev_dict = result.get("evidence") or {}
     ev = G2LoadEvidence.model_validate(ev_dict)
@@ -419,7 +419,7 @@ def _g2_ttft(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str,
     """g2-ttft from both phases' raw request records (``requests-recompute.jsonl``, ``requests-readback.jsonl``), the
     read-back's pool-device bytes re-parsed from the run's two probe steps, a launched engine's logs
     (``engine-recompute.log``, ``engine-readback.log``) re-scanned for fall-backs, with the bounds of
-    config/gates.yaml, through the workload's own pure functions (harness.workloads.g2_ttft.reevaluate_g2)."""
+    config/gates.yaml, through the workload's own pure functions (harness.workloads.kit.g2.reevaluate_g2)."""
     return reevaluate_g2(*_g2_phases(gate_dir, result, params, ctx), params, load_profile(params.engine))
 
 

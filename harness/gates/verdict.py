@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from ..stats import CONFIDENCE, Interval, min_trials_for_interval
 from ..units import Threshold, unit_info
-from ..workloads.base import WorkloadResult
+from ..workloads.kit.base import WorkloadResult
 
 
 class Outcome(str, enum.Enum):

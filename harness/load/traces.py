@@ -115,6 +115,26 @@ def _json_rows(text: str, source: str) -> list[tuple[int, dict]]:
     return rows
 
 
+def _timestamp_ms(obj: dict, fmt: Format) -> float:
+    """Pure: a row's timestamp in ms (Mooncake gives ms, Bailian seconds); ValueError unless a number >= 0."""
+    v = obj.get("timestamp")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"expected a number >= 0 ({'ms' if fmt == 'mooncake' else 's'}), got "
+                         f"{json.dumps(v)[:40]}")
+    return float(v) * (1.0 if fmt == "mooncake" else 1000.0)
+
+
+def _hash_ids(obj: dict, inp: int | None, bt: int) -> tuple[int, ...]:
+    """Pure: a row's block hash ids; ValueError unless integers, one per ``bt``-token block of its input."""
+    v = obj.get("hash_ids")
+    if not isinstance(v, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in v):
+        raise ValueError("expected a list of integers")
+    if inp is not None and len(v) != math.ceil(inp / bt):
+        raise ValueError(f"{len(v)} hash ids for {inp} input tokens; blocks of {bt} tokens need "
+                         f"{math.ceil(inp / bt)}")
+    return tuple(v)
+
+
 def parse_trace(text: str, source: str = "<trace>", fmt: Format | Literal["auto"] = "auto",
                 block_tokens: int | None = None) -> Trace:
     """Pure: a trace from its JSONL text. Raises ConfigError listing every bad line (file:line: field: why)."""
@@ -134,28 +154,10 @@ def parse_trace(text: str, source: str = "<trace>", fmt: Format | Literal["auto"
         if extra:
             issues.append(ConfigIssue(source, n, extra[0], f"not a field of the {fmt} format"))
             continue
-
-        def ts(obj=obj):
-            v = obj.get("timestamp")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"expected a number >= 0 ({'ms' if fmt == 'mooncake' else 's'}), got "
-                                 f"{json.dumps(v)[:40]}")
-            return float(v) * (1.0 if fmt == "mooncake" else 1000.0)
-
-        t_ms = _field(issues, source, n, "timestamp", ts)
+        t_ms = _field(issues, source, n, "timestamp", lambda obj=obj: _timestamp_ms(obj, fmt))
         inp = _field(issues, source, n, "input_length", lambda obj=obj: _int(obj, "input_length", 1))
         out = _field(issues, source, n, "output_length", lambda obj=obj: _int(obj, "output_length", 0))
-
-        def hashes(obj=obj, inp=inp):
-            v = obj.get("hash_ids")
-            if not isinstance(v, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in v):
-                raise ValueError("expected a list of integers")
-            if inp is not None and len(v) != math.ceil(inp / bt):
-                raise ValueError(f"{len(v)} hash ids for {inp} input tokens; blocks of {bt} tokens need "
-                                 f"{math.ceil(inp / bt)}")
-            return tuple(v)
-
-        hids = _field(issues, source, n, "hash_ids", hashes)
+        hids = _field(issues, source, n, "hash_ids", lambda obj=obj, inp=inp: _hash_ids(obj, inp, bt))
         session = turn = parent = None
         if fmt == "bailian":
             cid = _field(issues, source, n, "chat_id", lambda obj=obj: _int(obj, "chat_id", 0))

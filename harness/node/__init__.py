@@ -6,7 +6,7 @@ through LMCache for kv-read (it needs torch and lmcache there), ``r3_client.py``
 on the node's loopback and reads its counters around them, ``slurm_task.py`` is the one task of a Slurm job
 step on each node that starts that node's program (harness/execute/slurm.py), ``k8s_task.py`` the same for
 each pod of a rendered Kubernetes Indexed Job, with the start barrier (harness/execute/k8s.py), ``pool_evict.py``
-keeps a page-cache connector's pool cold beside its engine (harness/workloads/pool.py).
+keeps a page-cache connector's pool cold beside its engine (harness/workloads/kit/pool.py).
 ``kv_flip.py`` flips one byte of a stored KV tensor for g2-answer's corruption run. The CPU reference engine is shipped the same
 way but lives with the engines (harness/engines/cpu_reference.py)."""
 

@@ -290,8 +290,8 @@ class WriteWorker(threading.Thread):
                 return
 
 
-def write(argv):
-    """G3's isolation writer: armed, released at the common start, writes until the stop file appears."""
+def _write_args(argv):
+    """The ``write`` subcommand's parsed arguments."""
     ap = argparse.ArgumentParser(prog="g3_reader.py write")
     ap.add_argument("--dir", required=True, help="directory on the shared store to write into (created)")
     ap.add_argument("--node", default=socket.gethostname())
@@ -306,7 +306,29 @@ def write(argv):
     ap.add_argument("--stop-file", required=True)
     ap.add_argument("--out", default=None)
     ap.add_argument("--deadline-s", type=float, default=600.0)
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _write_flags(directory, probe_path, direct):
+    """Create the write directory; (flags, direct_used, direct_error): O_DIRECT where asked and a probe takes it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    direct_used, direct_error = False, None
+    os.makedirs(directory, exist_ok=True)
+    if direct in ("auto", "on") and hasattr(os, "O_DIRECT"):
+        try:
+            os.close(os.open(probe_path, flags | os.O_DIRECT, 0o644))
+            flags |= os.O_DIRECT
+            direct_used = True
+        except OSError as exc:
+            direct_error = f"O_DIRECT open failed: {exc}"
+            if direct == "on":
+                raise
+    return flags, direct_used, direct_error
+
+
+def write(argv):
+    """G3's isolation writer: armed, released at the common start, writes until the stop file appears."""
+    a = _write_args(argv)
     t_begin = time.time()
     deadline = t_begin + a.deadline_s
     em = Emitter(a.out)
@@ -318,19 +340,8 @@ def write(argv):
     except FileNotFoundError:
         pass
     paths = [os.path.join(a.dir, f"kvgate-g3-write-{i}.data") for i in range(max(1, a.files))]
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    direct_used, direct_error = False, None
     try:
-        os.makedirs(a.dir, exist_ok=True)
-        if a.direct in ("auto", "on") and hasattr(os, "O_DIRECT"):
-            try:
-                os.close(os.open(paths[0], flags | os.O_DIRECT, 0o644))
-                flags |= os.O_DIRECT
-                direct_used = True
-            except OSError as exc:
-                direct_error = f"O_DIRECT open failed: {exc}"
-                if a.direct == "on":
-                    raise
+        flags, direct_used, direct_error = _write_flags(a.dir, paths[0], a.direct)
     except OSError as exc:
         em.emit(type="error", message=f"arming failed: {exc}")
         em.emit(type="end", t_s=time.time(), bytes=0, completed=False, files_done=0)

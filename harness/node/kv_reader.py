@@ -278,6 +278,42 @@ def write_manifest(pool_dir: str, m: dict) -> None:
     os.replace(tmp, os.path.join(pool_dir, MANIFEST))
 
 
+def _store_prompt(spec: dict, engine, backend, p: int, timeout_s: float) -> list:
+    """Store one prompt's KV through LMCache, wait until the backend holds it, return its chunks' manifest entries."""
+    pool = spec["pool_dir"]
+    tokens = prompt_tokens(spec, p)
+    keys = chunk_keys(engine, tokens)
+    kv = prompt_kv(spec, p)
+    if len(keys) != kv.shape[0]:
+        raise RuntimeError(f"prompt {p}: LMCache made {len(keys)} chunks, expected {kv.shape[0]}")
+    before = set(os.listdir(pool))
+    engine.store(tokens, kvcaches=kv)
+    deadline = time.monotonic() + timeout_s
+    while not all(backend.contains(k) for k in keys):
+        if time.monotonic() > deadline:
+            missing = [k.to_string() for k in keys if not backend.contains(k)]
+            raise RuntimeError(f"prompt {p}: LMCache did not store {len(missing)} chunk(s) within "
+                               f"{timeout_s:g} s, first {missing[0]}")
+        time.sleep(0.01)
+    new = {hash_field(n): n for n in set(os.listdir(pool)) - before
+           if n.endswith((".data", ".pt"))}
+    entries = []
+    for i, (key, row) in enumerate(zip(keys, kv)):
+        ks = key.to_string()
+        name = new.get(hash_field(ks))
+        if name is None:
+            raise RuntimeError(f"prompt {p}: no chunk file for key {ks} appeared in {pool}")
+        entry = {"prompt": p, "index": i, "key": ks, "file": name,
+                 "file_bytes": os.path.getsize(os.path.join(pool, name)), "sha256": sha256_row(row)}
+        meta = getattr(backend, "dict", {}).get(key) if spec["backend"] == "local_disk" else None
+        if meta is not None:  # what a fresh reader re-registers with LocalDiskBackend.insert_key
+            entry["disk"] = {"size": int(meta.size), "shape": [int(x) for x in meta.shape],
+                             "dtype": str(meta.dtype).replace("torch.", ""),
+                             "fmt": getattr(meta.fmt, "name", None)}
+        entries.append(entry)
+    return entries
+
+
 def layout(spec: dict) -> dict:
     pool = spec["pool_dir"]
     os.makedirs(pool, exist_ok=True)
@@ -305,35 +341,7 @@ def layout(spec: dict) -> dict:
         backend = pool_backend(engine, spec["backend"])
         timeout_s = float(spec.get("store_timeout_s", 600))
         for p in range(int(spec["prompts"])):
-            tokens = prompt_tokens(spec, p)
-            keys = chunk_keys(engine, tokens)
-            kv = prompt_kv(spec, p)
-            if len(keys) != kv.shape[0]:
-                raise RuntimeError(f"prompt {p}: LMCache made {len(keys)} chunks, expected {kv.shape[0]}")
-            before = set(os.listdir(pool))
-            engine.store(tokens, kvcaches=kv)
-            deadline = time.monotonic() + timeout_s
-            while not all(backend.contains(k) for k in keys):
-                if time.monotonic() > deadline:
-                    missing = [k.to_string() for k in keys if not backend.contains(k)]
-                    raise RuntimeError(f"prompt {p}: LMCache did not store {len(missing)} chunk(s) within "
-                                       f"{timeout_s:g} s, first {missing[0]}")
-                time.sleep(0.01)
-            new = {hash_field(n): n for n in set(os.listdir(pool)) - before
-                   if n.endswith((".data", ".pt"))}
-            for i, (key, row) in enumerate(zip(keys, kv)):
-                ks = key.to_string()
-                name = new.get(hash_field(ks))
-                if name is None:
-                    raise RuntimeError(f"prompt {p}: no chunk file for key {ks} appeared in {pool}")
-                entry = {"prompt": p, "index": i, "key": ks, "file": name,
-                         "file_bytes": os.path.getsize(os.path.join(pool, name)), "sha256": sha256_row(row)}
-                meta = getattr(backend, "dict", {}).get(key) if spec["backend"] == "local_disk" else None
-                if meta is not None:  # what a fresh reader re-registers with LocalDiskBackend.insert_key
-                    entry["disk"] = {"size": int(meta.size), "shape": [int(x) for x in meta.shape],
-                                     "dtype": str(meta.dtype).replace("torch.", ""),
-                                     "fmt": getattr(meta.fmt, "name", None)}
-                manifest["chunks"].append(entry)
+            manifest["chunks"].extend(_store_prompt(spec, engine, backend, p, timeout_s))
         store_s = time.perf_counter() - t_init - init_s
         os.sync()  # the chunk files are clean in the page cache, so dropping it (or fadvise) evicts them
         manifest["complete"] = True
@@ -350,6 +358,71 @@ def layout(spec: dict) -> dict:
 # --------------------------------------------------------------------------------------------------- read
 
 
+def _reader_device(spec: dict, stream: dict):
+    """The reader's destination device and the sync after each retrieve (a CUDA sync on a GPU, none on CPU)."""
+    import torch
+    device, sync = torch.device("cpu"), None
+    if spec.get("destination") == "gpu":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"destination gpu, but torch {torch.__version__} sees no CUDA device")
+        device = torch.device("cuda", int(stream["gpu"]))
+        torch.cuda.set_device(device)
+        sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    return device, sync
+
+
+def _keyed_chunks(engine, prompts: list, tokens: dict, by_key: dict) -> list:
+    """(key, manifest entry) pairs for the reader's prompts, checking this reader derives the layout's keys."""
+    keyed = []
+    for p in prompts:
+        for j, key in enumerate(chunk_keys(engine, tokens[p])):
+            c = by_key.get((p, j))
+            if c is None or key.to_string() != c["key"]:
+                raise RuntimeError(f"prompt {p} chunk {j}: this reader derives key {key.to_string()}, the "
+                                   f"layout stored {c and c['key']} (is PYTHONHASHSEED the same?)")
+            keyed.append((key, c))
+    return keyed
+
+
+def _destination(spec: dict, device, rows: int):
+    """The destination rows, zeroed so every page is faulted in before the clock, and whether they are pinned."""
+    import torch
+    pinned = device.type == "cpu" and torch.cuda.is_available()
+    dst = torch.empty((rows, int(spec["chunk_bytes"])), dtype=torch.uint8, device=device, pin_memory=pinned)
+    dst.zero_()  # fault every page in before the clock starts
+    return dst, pinned
+
+
+def _verify_reads(spec: dict, prompts: list, masks: dict, dst, by_key: dict) -> dict:
+    """The stream's verification fields: chunks retrieved, their bytes, hash mismatches and missing keys."""
+    per, chunk = int(spec["chunks_per_retrieve"]), int(spec["chunk_tokens"])
+    retrieved, mismatches, missing = 0, [], []
+    for i, p in enumerate(prompts):
+        for j in range(per):
+            c = by_key.get((p, j))
+            if c is None:
+                continue
+            if not bool(masks[p][j * chunk:(j + 1) * chunk].all()):
+                missing.append(c["key"])
+                continue
+            retrieved += 1
+            got = sha256_row(dst[i * per + j])
+            if got != c["sha256"]:
+                mismatches.append({"key": c["key"], "file": c["file"], "expected_sha256": c["sha256"],
+                                   "actual_sha256": got})
+    return {"chunks_retrieved": retrieved, "kv_bytes": retrieved * int(spec["chunk_bytes"]),
+            "mismatches": mismatches, "missing": missing}
+
+
+def _abort_barriers(*barriers) -> None:
+    """Break the barriers so the parent and the other readers stop waiting for a reader that failed."""
+    for b in barriers:
+        try:
+            b.abort()
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def _child(spec: dict, stream: dict, chunks: list, ready, go, results) -> None:
     """One reader process: everything before the common start is preparation; the timed phase is the
     retrieves; verification follows it."""
@@ -363,34 +436,17 @@ def _child(spec: dict, stream: dict, chunks: list, ready, go, results) -> None:
         if stream.get("cpus"):
             os.sched_setaffinity(0, parse_cpulist(stream["cpus"]))
         out["cpus_used"] = format_cpulist(sorted(os.sched_getaffinity(0)))
-        import torch
-        device, sync = torch.device("cpu"), None
-        if spec.get("destination") == "gpu":
-            if not torch.cuda.is_available():
-                raise RuntimeError(f"destination gpu, but torch {torch.__version__} sees no CUDA device")
-            device = torch.device("cuda", int(stream["gpu"]))
-            torch.cuda.set_device(device)
-            sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+        device, sync = _reader_device(spec, stream)
         built = True
         engine = build_engine(spec, instance, make_connector(spec, sync))
         prompts = sorted({c["prompt"] for c in chunks})
         per = int(spec["chunks_per_retrieve"])
         tokens = {p: prompt_tokens(spec, p) for p in prompts}
         by_key = {(c["prompt"], c["index"]): c for c in chunks}
-        keyed = []
-        for p in prompts:
-            for j, key in enumerate(chunk_keys(engine, tokens[p])):
-                c = by_key.get((p, j))
-                if c is None or key.to_string() != c["key"]:
-                    raise RuntimeError(f"prompt {p} chunk {j}: this reader derives key {key.to_string()}, the "
-                                       f"layout stored {c and c['key']} (is PYTHONHASHSEED the same?)")
-                keyed.append((key, c))
+        keyed = _keyed_chunks(engine, prompts, tokens, by_key)
         if spec["backend"] == "local_disk":
             register_local_disk(engine, keyed)
-        rows = len(prompts) * per
-        pinned = device.type == "cpu" and torch.cuda.is_available()
-        dst = torch.empty((rows, int(spec["chunk_bytes"])), dtype=torch.uint8, device=device, pin_memory=pinned)
-        dst.zero_()  # fault every page in before the clock starts
+        dst, pinned = _destination(spec, device, len(prompts) * per)
         out["destination"] = f"{device}" + (" (pinned)" if pinned else "")
         if spec.get("fadvise_dontneed", True):
             out["fadvise_dontneed"] = evict_files(spec["pool_dir"], chunks)
@@ -413,31 +469,11 @@ def _child(spec: dict, stream: dict, chunks: list, ready, go, results) -> None:
         out["end_unix_s"] = time.time()
         out["read_s"] = t_last - t_first
         out["retrieve_s"] = calls
-        chunk = int(spec["chunk_tokens"])
-        retrieved, mismatches, missing = 0, [], []
-        for i, p in enumerate(prompts):
-            for j in range(per):
-                c = by_key.get((p, j))
-                if c is None:
-                    continue
-                if not bool(masks[p][j * chunk:(j + 1) * chunk].all()):
-                    missing.append(c["key"])
-                    continue
-                retrieved += 1
-                got = sha256_row(dst[i * per + j])
-                if got != c["sha256"]:
-                    mismatches.append({"key": c["key"], "file": c["file"], "expected_sha256": c["sha256"],
-                                       "actual_sha256": got})
-        out.update(chunks_retrieved=retrieved, kv_bytes=retrieved * int(spec["chunk_bytes"]),
-                   mismatches=mismatches, missing=missing)
+        out.update(_verify_reads(spec, prompts, masks, dst, by_key))
     except Exception as exc:  # noqa: BLE001 - a stream's failure is data in the document
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()[-4000:]
-        for b in (ready, go):
-            try:
-                b.abort()
-            except Exception:  # noqa: BLE001
-                pass
+        _abort_barriers(ready, go)
     finally:
         results.put(out)
         results.close()

@@ -352,6 +352,32 @@ def _sign_into(tmp: Path, private_key: Ed25519PrivateKey, digests: dict[str, str
     write_signing_record(tmp, private_key, payload, pred["report_id"], pred["created_utc"])
 
 
+def _render_reports(tmp: Path, evidence: dict[str, str], pred: dict[str, Any],
+                    render: Callable[[str, Path], list[str]] | None) -> tuple[dict[str, str], dict[str, Any]]:
+    """(every file's sha256 as signed, ``pred`` with ``rendered_files`` and the derived ``report_id``): the
+    reports ``render`` writes into ``tmp``, first with ID_PLACEHOLDER, then with the ID that the evidence and
+    those files derive, checked to derive that same ID back (see :func:`write_bundle`)."""
+    rendered = sorted(render(ID_PLACEHOLDER, tmp)) if render else []
+    for rel in rendered:
+        if rel in evidence:
+            raise BundleError(f"rendered file {rel} would replace an evidence file")
+    pred = dict(pred, rendered_files=rendered)
+    # The rendered files as written with the placeholder are what the verifier gets back from the final
+    # ones by replacing the ID with the placeholder; evidence files hold neither (the placeholder is
+    # refused when the evidence is hashed, and the ID is a digest of them).
+    report_id = derive_report_id(list(evidence.items()) + [(rel, sha256_file(tmp / rel)) for rel in rendered],
+                                 pred)
+    if render and sorted(render(report_id, tmp)) != rendered:
+        raise BundleError("the renderer wrote other files for the report ID than for its placeholder")
+    digests, normalized = dict(evidence), dict(evidence)
+    for rel in rendered:
+        digests[rel], normalized[rel] = scan_file(tmp / rel, report_id, rel)
+    if derive_report_id(list(normalized.items()), pred) != report_id:
+        raise BundleError("the rendered reports print the report ID other than verbatim: the ID would not "
+                          "follow from the files")
+    return digests, dict(pred, report_id=report_id)
+
+
 def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519PrivateKey,
                  predicate: dict[str, Any], make_tar: bool = True,
                  render: Callable[[str, Path], list[str]] | None = None, move: bool = False,
@@ -389,27 +415,10 @@ def write_bundle(run_dir: str | Path, out_dir: str | Path, private_key: Ed25519P
         if moved:  # the same tree, walked above: its empty directories are left out of the bundle
             for d in empty:
                 shutil.rmtree(tmp / d)
-        digests = _evidence_digests(run_dir, tmp, files, moved, scrub)
+        evidence = _evidence_digests(run_dir, tmp, files, moved, scrub)
         pred = dict(predicate, created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", created), rendered_files=[])
-        rendered = sorted(render(ID_PLACEHOLDER, tmp)) if render else []
-        for rel in rendered:
-            if rel in digests:
-                raise BundleError(f"rendered file {rel} would replace an evidence file")
-        pred["rendered_files"] = rendered
-        # The rendered files as written with the placeholder are what the verifier gets back from the final
-        # ones by replacing the ID with the placeholder; evidence files hold neither (the placeholder is
-        # refused above, and the ID is a digest of them).
-        report_id = derive_report_id(list(digests.items()) + [(rel, sha256_file(tmp / rel)) for rel in rendered],
-                                     pred)
-        if render and sorted(render(report_id, tmp)) != rendered:
-            raise BundleError("the renderer wrote other files for the report ID than for its placeholder")
-        normalized = dict(digests)
-        for rel in rendered:
-            digests[rel], normalized[rel] = scan_file(tmp / rel, report_id, rel)
-        if derive_report_id(list(normalized.items()), pred) != report_id:
-            raise BundleError("the rendered reports print the report ID other than verbatim: the ID would not "
-                              "follow from the files")
-        pred["report_id"] = report_id
+        digests, pred = _render_reports(tmp, evidence, pred, render)
+        report_id = pred["report_id"]
         _sign_into(tmp, private_key, digests, pred)
         final = out_dir / report_id
         if final.exists():
@@ -574,6 +583,52 @@ def verify_content(path: str | Path) -> VerifyResult:
     return _verify(Path(path), None)
 
 
+def _any_signature_verifies(public_key: Ed25519PublicKey, sigs: list[dict[str, str]], ptype: str,
+                            payload: bytes) -> bool:
+    """Whether any of the envelope's signatures ``sigs`` verifies over the payload with ``public_key`` (one that
+    does not, or is not base64, is skipped)."""
+    for s in sigs:
+        try:
+            public_key.verify(base64.b64decode(s["sig"], validate=True), pae(ptype, payload))
+            return True
+        except (InvalidSignature, ValueError):
+            continue
+    return False
+
+
+def _check_files(path: Path, subjects: list[dict[str, Any]], claimed: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """The bundle's tree against the signed ``subjects``: (the first refusal, or None and each subject's
+    (name, normalized sha256)): regular files only, each digest as signed, no extra file, no empty directory."""
+    try:
+        present, empty = tree_entries(path)
+    except BundleError as exc:  # a link, a FIFO, a device, an odd name
+        return str(exc), []
+    present = [f for f in present if f != ENVELOPE and not is_record_path(f)]
+    expected = {s["name"]: s["digest"]["sha256"] for s in subjects}
+    have = set(present)
+    normalized = []
+    for rel in sorted(expected):
+        if rel not in have:
+            if (path / rel).is_dir():
+                return f"{rel}: a directory, not a regular file (a signed subject is a file)", []
+            return f"{rel}: missing from bundle", []
+        try:
+            digest, norm = scan_file(path / rel, claimed, rel)
+        except PlaceholderFound as exc:
+            return str(exc), []
+        except OSError as exc:
+            return f"{rel}: cannot read: {exc.strerror or exc}", []
+        if digest != expected[rel]:
+            return f"{rel}: sha256 does not match the signed statement", []
+        normalized.append((rel, norm))
+    extra = sorted(have - set(expected))
+    if extra:
+        return f"{extra[0]}: file not in the signed statement", []
+    if empty:
+        return empty_dir_refusal(empty[0]), []
+    return None, normalized
+
+
 def _verify(path: Path, public_key: Ed25519PublicKey | None) -> VerifyResult:
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         try:
@@ -591,15 +646,7 @@ def _verify(path: Path, public_key: Ed25519PublicKey | None) -> VerifyResult:
     if ptype != PAYLOAD_TYPE:
         return _fail(f"{ENVELOPE}: unexpected payloadType {ptype!r}")
     fp = key_fingerprint(public_key) if public_key is not None else None
-    good = False
-    for s in sigs if public_key is not None else []:
-        try:
-            public_key.verify(base64.b64decode(s["sig"], validate=True), pae(ptype, payload))
-            good = True
-            break
-        except (InvalidSignature, ValueError):
-            continue
-    if public_key is not None and not good:
+    if public_key is not None and not _any_signature_verifies(public_key, sigs, ptype, payload):
         return _fail(f"{ENVELOPE}: signature does not verify with key {fp}")
     name = f"{ENVELOPE} payload"
     try:
@@ -618,33 +665,9 @@ def _verify(path: Path, public_key: Ed25519PublicKey | None) -> VerifyResult:
         # the ID hashes the predicate as canonical JSON: what was signed must be exactly those bytes
         return _fail(f"{ENVELOPE}: the statement is not canonical JSON (sorted keys, no whitespace, ASCII)",
                      claimed, statement)
-    try:
-        present, empty = tree_entries(path)
-    except BundleError as exc:  # a link, a FIFO, a device, an odd name
-        return _fail(str(exc), claimed, statement)
-    present = [f for f in present if f != ENVELOPE and not is_record_path(f)]
-    expected = {s["name"]: s["digest"]["sha256"] for s in subjects}
-    have = set(present)
-    normalized = []
-    for rel in sorted(expected):
-        if rel not in have:
-            if (path / rel).is_dir():
-                return _fail(f"{rel}: a directory, not a regular file (a signed subject is a file)", claimed, statement)
-            return _fail(f"{rel}: missing from bundle", claimed, statement)
-        try:
-            digest, norm = scan_file(path / rel, claimed, rel)
-        except PlaceholderFound as exc:
-            return _fail(str(exc), claimed, statement)
-        except OSError as exc:
-            return _fail(f"{rel}: cannot read: {exc.strerror or exc}", claimed, statement)
-        if digest != expected[rel]:
-            return _fail(f"{rel}: sha256 does not match the signed statement", claimed, statement)
-        normalized.append((rel, norm))
-    extra = sorted(have - set(expected))
-    if extra:
-        return _fail(f"{extra[0]}: file not in the signed statement", claimed, statement)
-    if empty:
-        return _fail(empty_dir_refusal(empty[0]), claimed, statement)
+    files_error, normalized = _check_files(path, subjects, claimed)
+    if files_error is not None:
+        return _fail(files_error, claimed, statement)
     report_id = derive_report_id(normalized, pred)
     if claimed != report_id:
         return _fail(f"{ENVELOPE}: report ID {claimed} does not match its content (the files and the predicate "

@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..workloads.g2_gain import ARMS, GainEvidence
-from ..workloads.g2_load import hits_by_level
-from ..workloads.g2_capacity import LEVEL_NAMES, LEVELS, CapacityEvidence
+from ..workloads.kit.load import hits_by_level
+from ..workloads.kit.capacity import LEVEL_NAMES, LEVELS, CapacityEvidence
 from . import load_charts as lc
 from .charts import RC, STOP_COLOR, _plt, svg_text
 from .load_section import _finite, load_evidence, read_requests
@@ -134,7 +134,7 @@ def capacity_svg(cap: CapacityEvidence, *, title: str = "capacity curve") -> str
 
 
 def hits_line(verdict: dict[str, Any]) -> str | None:
-    """Where a serving gate's tier hits came from (harness.workloads.g2_load.hits_by_level): a load gate's points,
+    """Where a serving gate's tier hits came from (harness.workloads.kit.load.hits_by_level): a load gate's points,
     or a gain gate's tier arm; None for any other gate."""
     gain = gain_evidence(verdict)
     if gain is not None:

@@ -46,7 +46,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jinja2
 
@@ -132,6 +132,29 @@ def _is_site(d: Path) -> bool:
     return (d / LIBRARY_JSON).is_file() and (d / BUNDLES).is_dir()
 
 
+def _bundles_below(top: Path, skip_r: set[Path]) -> Iterator[tuple[str, Path]]:
+    """The bundles under the directory ``top``, found lazily in walk order: ("dir", a directory holding the
+    envelope) or ("archive", a ``KVG-….tar.gz``); hidden entries, ``skip_r`` (resolved), library sites and
+    symbolic links are not entered, and a directory named like a bundle without an envelope is refused."""
+    for dirpath, dirnames, filenames in os.walk(top):
+        here = Path(dirpath)
+        keep = []
+        for dn in sorted(dirnames):
+            sub = here / dn
+            if dn.startswith(".") or sub.resolve() in skip_r or _is_site(sub) or sub.is_symlink():
+                continue
+            if (sub / ENVELOPE).is_file():
+                yield "dir", sub
+            elif _named_like_a_bundle(dn):
+                raise BundleError(f"{sub}: not a bundle: no {ENVELOPE}")
+            else:
+                keep.append(dn)
+        dirnames[:] = keep
+        for fn in sorted(filenames):
+            if fn.endswith(TAR_SUFFIX) and _named_like_a_bundle(fn[: -len(TAR_SUFFIX)]) and not fn.startswith("."):
+                yield "archive", here / fn
+
+
 def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Copy]:
     """Every bundle under ``paths`` (directories holding attestation.dsse.json, ``KVG-….tar.gz`` archives,
     extracted into ``work``). Library sites (a library.json beside bundles/) and hidden entries are skipped."""
@@ -172,23 +195,8 @@ def find_copies(paths: list[Path], work: Path, skip: list[Path] = ()) -> list[Co
         elif _named_like_a_bundle(top.name):
             raise BundleError(f"{top}: not a bundle: no {ENVELOPE}")
         else:
-            for dirpath, dirnames, filenames in os.walk(top):
-                here = Path(dirpath)
-                keep = []
-                for dn in sorted(dirnames):
-                    sub = here / dn
-                    if dn.startswith(".") or sub.resolve() in skip_r or _is_site(sub) or sub.is_symlink():
-                        continue
-                    if (sub / ENVELOPE).is_file():
-                        add_dir(sub)
-                    elif _named_like_a_bundle(dn):
-                        raise BundleError(f"{sub}: not a bundle: no {ENVELOPE}")
-                    else:
-                        keep.append(dn)
-                dirnames[:] = keep
-                for fn in sorted(filenames):
-                    if fn.endswith(TAR_SUFFIX) and _named_like_a_bundle(fn[: -len(TAR_SUFFIX)]) and not fn.startswith("."):
-                        add_archive(here / fn)
+            for kind, found in _bundles_below(top, skip_r):
+                (add_archive if kind == "archive" else add_dir)(found)
         if len(copies) == before:
             raise BundleError(f"{top}: no bundle found (expected KVG-… directories or KVG-….tar.gz archives)")
     for c in copies:
@@ -541,12 +549,8 @@ class CheckResult:
     n_failed_as_recorded: int
 
 
-def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> CheckResult:
-    """Re-verify a published site: every bundle against the keys (default: the site's keyring.yaml), every
-    row of library.json re-derived, every published report re-rendered from its verified archive and
-    compared byte for byte, index.html re-rendered byte for byte, no stray or missing bundle or report,
-    every link resolving and nothing remote."""
-    site = Path(site)
+def _read_library(site: Path) -> tuple[list[dict[str, Any]], str]:
+    """(the recorded rows, built_utc) of the site's library.json; BundleError when it is not a kvgate library's."""
     try:
         lib = load_json(site / LIBRARY_JSON, what="library index", display_name=str(site / LIBRARY_JSON))
     except InputFileError as exc:
@@ -557,18 +561,44 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
             or not all(isinstance(e, dict) for e in recorded) or not isinstance(built_utc, str)):
         raise BundleError(f"{site}: not a kvgate library ({LIBRARY_JSON}: expected format {FORMAT!r} with "
                           "built_utc and a list of bundles)")
+    return recorded, built_utc
+
+
+def _archive_problems(site: Path, rids: list[str]) -> list[str]:
+    """The site's stray and missing bundle archives, against the report IDs ``rids`` its library.json lists."""
+    expected = {f"{r}{TAR_SUFFIX}" for r in rids}
+    present = {p.name for p in (site / BUNDLES).iterdir()} if (site / BUNDLES).is_dir() else set()
+    return ([f"{BUNDLES}/{name}: not in {LIBRARY_JSON}" for name in sorted(present - expected)]
+            + [f"{BUNDLES}/{name}: missing" for name in sorted(expected - present)])
+
+
+def _index_problems(site: Path, entries: list[dict[str, Any]], trusted: list[KeyEntry], built_utc: str) -> list[str]:
+    """The site's index.html against the page re-rendered from the re-derived ``entries``, and its links."""
+    problems = []
+    try:
+        page = read_text(site / INDEX, max_bytes=MAX_JSON_BYTES, what="page", follow_symlinks=False,
+                         display_name=INDEX)
+    except InputFileError as exc:
+        problems.append(str(exc))
+        page = ""
+    if page and page != render_index(order_entries(entries), trusted, built_utc):
+        problems.append(f"{INDEX}: differs from the page re-rendered from the re-verified bundles")
+    return problems + link_problems(site, page)
+
+
+def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> CheckResult:
+    """Re-verify a published site: every bundle against the keys (default: the site's keyring.yaml), every
+    row of library.json re-derived, every published report re-rendered from its verified archive and
+    compared byte for byte, index.html re-rendered byte for byte, no stray or missing bundle or report,
+    every link resolving and nothing remote."""
+    site = Path(site)
+    recorded, built_utc = _read_library(site)
     if trusted is None:
         trusted = list(load_keyring(site / KEYRING).entries)
-    problems: list[str] = []
     rids = [e.get("report_id") for e in recorded]
     if any(not isinstance(r, str) or not _named_like_a_bundle(r) for r in rids) or len(set(rids)) != len(rids):
         raise BundleError(f"{site}: {LIBRARY_JSON}: bad or duplicate report IDs")
-    expected = {f"{r}{TAR_SUFFIX}" for r in rids}
-    present = {p.name for p in (site / BUNDLES).iterdir()} if (site / BUNDLES).is_dir() else set()
-    for name in sorted(present - expected):
-        problems.append(f"{BUNDLES}/{name}: not in {LIBRARY_JSON}")
-    for name in sorted(expected - present):
-        problems.append(f"{BUNDLES}/{name}: missing")
+    problems = _archive_problems(site, rids)
     rendered = {p.name for p in (site / REPORTS).iterdir()} if (site / REPORTS).is_dir() else set()
     entries = []
     with tempfile.TemporaryDirectory(prefix="kvgate-library-check-") as td:
@@ -605,14 +635,6 @@ def check_library(site: str | Path, trusted: list[KeyEntry] | None = None) -> Ch
     for rec, now in zip(recorded, entries):
         if (what := _difference(rec, now)) is not None:
             problems.append(f"{rec['report_id']}: {what}")
-    try:
-        page = read_text(site / INDEX, max_bytes=MAX_JSON_BYTES, what="page", follow_symlinks=False,
-                         display_name=INDEX)
-    except InputFileError as exc:
-        problems.append(str(exc))
-        page = ""
-    if page and page != render_index(order_entries(entries), trusted, built_utc):
-        problems.append(f"{INDEX}: differs from the page re-rendered from the re-verified bundles")
-    problems += link_problems(site, page)
+    problems += _index_problems(site, entries, trusted, built_utc)
     failed = sum(1 for e in entries if e["status"] == "failed")
     return CheckResult(not problems, problems, len(entries), failed)

@@ -80,6 +80,34 @@ def _cfg_id(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def _load_standardized(load: LoadInfo, inputs: list[int], outputs: list[int]) -> dict[str, Any]:
+    """The scenario's standardized load: kvgate as the tool, the rate or concurrency, the sequence lengths."""
+    load_std: dict[str, Any] = {"tool": "kvgate", "tool_version": __version__, "source": "random",
+                                "stage": load.stage, "input_seq_len": _seq_len(inputs)}
+    if outputs:
+        load_std["output_seq_len"] = _seq_len(outputs)
+    if load.rate_rps is not None:
+        load_std["rate_qps"] = load.rate_rps
+    if load.concurrency is not None:
+        load_std["concurrency"] = load.concurrency
+    if load.multi_turn:
+        load_std["multi_turn"] = {"enabled": True}
+    return load_std
+
+
+def _engine_component(engine: EngineInfo) -> dict[str, Any]:
+    """The stack's one component: the engine, as an inference_engine replica with its args."""
+    return {
+        "metadata": {"label": engine.label, "cfg_id": _cfg_id([engine.tool, engine.tool_version, engine.args])},
+        "standardized": {"kind": "inference_engine", "tool": engine.tool, "tool_version": engine.tool_version,
+                         "role": "replica", "replicas": 1, "model": {"name": engine.model},
+                         "accelerator": {"model": engine.accelerator, "count": engine.accelerator_count,
+                                         "parallelism": {"tp": 1, "dp": 1, "dp_local": 1, "workers": 1, "ep": 1,
+                                                         "pp": 1}}},
+        "native": {"args": dict(engine.args)},
+    }
+
+
 def benchmark_report(uid: str, records: Sequence[LoadRecord], started_unix_s: float, engine: EngineInfo,
                      load: LoadInfo, description: str | None = None) -> dict[str, Any]:
     """Pure: one load point as a Benchmark Report v0.2.1 (a dict ready for JSON)."""
@@ -106,25 +134,8 @@ def benchmark_report(uid: str, records: Sequence[LoadRecord], started_unix_s: fl
         requests["input_length"] = statistics(inputs, "count")
     if outputs:
         requests["output_length"] = statistics(outputs, "count")
-    load_std: dict[str, Any] = {"tool": "kvgate", "tool_version": __version__, "source": "random",
-                                "stage": load.stage, "input_seq_len": _seq_len(inputs)}
-    if outputs:
-        load_std["output_seq_len"] = _seq_len(outputs)
-    if load.rate_rps is not None:
-        load_std["rate_qps"] = load.rate_rps
-    if load.concurrency is not None:
-        load_std["concurrency"] = load.concurrency
-    if load.multi_turn:
-        load_std["multi_turn"] = {"enabled": True}
-    component = {
-        "metadata": {"label": engine.label, "cfg_id": _cfg_id([engine.tool, engine.tool_version, engine.args])},
-        "standardized": {"kind": "inference_engine", "tool": engine.tool, "tool_version": engine.tool_version,
-                         "role": "replica", "replicas": 1, "model": {"name": engine.model},
-                         "accelerator": {"model": engine.accelerator, "count": engine.accelerator_count,
-                                         "parallelism": {"tp": 1, "dp": 1, "dp_local": 1, "workers": 1, "ep": 1,
-                                                         "pp": 1}}},
-        "native": {"args": dict(engine.args)},
-    }
+    load_std = _load_standardized(load, inputs, outputs)
+    component = _engine_component(engine)
     run: dict[str, Any] = {"uid": uid, "time": {"start": _iso(started_unix_s + start_s),
                                                 "end": _iso(started_unix_s + end_s), "duration": f"PT{duration:.6f}S"}}
     if description:

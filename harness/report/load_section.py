@@ -1,7 +1,7 @@
 """The load section of a report, for a serving-load gate (``g2-load``): its charts, the token accounting table,
 every request of every point in one CSV, and each point × trial as an llm-d Benchmark Report.
 
-Read from the gate's evidence through the workload's own model (harness.workloads.g2_load.G2LoadEvidence: the
+Read from the gate's evidence through the workload's own model (harness.workloads.kit.load.G2LoadEvidence: the
 points × trials with their figures and accounting, the points over trials with median and confidence interval,
 the knee) and from its raw ``requests-<point>-t<trial>.jsonl`` files, so ``kvgate report`` draws the same from
 a verified bundle. Evidence of another shape is no load gate: :func:`load_section` returns None.
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..engines.client import RequestRecord
 from ..engines.load import LoadRecord
 from ..safeio import InputFileError
-from ..workloads.g2_load import G2LoadEvidence, MetricInterval, PointTrial, hits_by_level, multi_turn_text
+from ..workloads.kit.load import G2LoadEvidence, MetricInterval, PointTrial, hits_by_level, multi_turn_text
 from . import load_charts as lc
 from .jsonl import jsonl_objects
 from .llmd import EngineInfo, LoadInfo, benchmark_report

@@ -68,6 +68,30 @@ class _Check:
             self.kind(obj, k, f"{where}.{k}" if where else k, _STR, "a string or null")
 
 
+def _check_verdict_fields(c: _Check, v: dict, where: str) -> None:
+    """One verdict's fields after its gate ID (metric, outcome, texts, numbers, objects), checked in order."""
+    c.kind(v, "metric", f"{where}.metric", (str,), "a metric name string", required=True)
+    outcome = c.kind(v, "outcome", f"{where}.outcome", (str,), "an outcome string", required=True)
+    if outcome not in OUTCOMES:
+        raise c.fail(f"{where}.outcome", f"{outcome[:40]!r} is not an outcome ({', '.join(OUTCOMES)})")
+    c.str_fields(v, VERDICT_STR_FIELDS, where)
+    if v.get("actual") is not None and not _number(v["actual"]):
+        raise c.fail(f"{where}.actual", f"expected a number or null, got {json_type(v['actual'])}"
+                     + (" too large for a float" if isinstance(v["actual"], int) else ""))
+    metrics = c.kind(v, "metrics", f"{where}.metrics", (dict, type(None)), "an object or null")
+    for k, x in (metrics or {}).items():
+        if not _number(x):
+            raise c.fail(f"{where}.metrics.{k}", f"expected a number, got {json_type(x)}")
+    units = c.kind(v, "metric_units", f"{where}.metric_units", (dict, type(None)), "an object or null")
+    for k, x in (units or {}).items():
+        if not isinstance(x, str):
+            raise c.fail(f"{where}.metric_units.{k}", f"expected a unit string, got {json_type(x)}")
+    c.kind(v, "evidence", f"{where}.evidence", (dict, type(None)), "an object or null")
+    ref = c.kind(v, "reference", f"{where}.reference", (dict, type(None)), "an object or null")
+    if ref is not None:
+        c.str_fields(ref, ("value", "source", "note"), f"{where}.reference")
+
+
 def check_predicate(pred: Any, name: str) -> None:
     """Check the fields of a signed predicate that kvgate's readers take (acceptance or cost predicate);
     ``InputFileError`` naming ``name`` and the first misfit otherwise. Fields a re-render drops
@@ -113,26 +137,7 @@ def check_predicate(pred: Any, name: str) -> None:
         if gid in seen:
             raise c.fail(f"{where}.gate_id", f"{gid} has two verdicts")
         seen.add(gid)
-        c.kind(v, "metric", f"{where}.metric", (str,), "a metric name string", required=True)
-        outcome = c.kind(v, "outcome", f"{where}.outcome", (str,), "an outcome string", required=True)
-        if outcome not in OUTCOMES:
-            raise c.fail(f"{where}.outcome", f"{outcome[:40]!r} is not an outcome ({', '.join(OUTCOMES)})")
-        c.str_fields(v, VERDICT_STR_FIELDS, where)
-        if v.get("actual") is not None and not _number(v["actual"]):
-            raise c.fail(f"{where}.actual", f"expected a number or null, got {json_type(v['actual'])}"
-                         + (" too large for a float" if isinstance(v["actual"], int) else ""))
-        metrics = c.kind(v, "metrics", f"{where}.metrics", (dict, type(None)), "an object or null")
-        for k, x in (metrics or {}).items():
-            if not _number(x):
-                raise c.fail(f"{where}.metrics.{k}", f"expected a number, got {json_type(x)}")
-        units = c.kind(v, "metric_units", f"{where}.metric_units", (dict, type(None)), "an object or null")
-        for k, x in (units or {}).items():
-            if not isinstance(x, str):
-                raise c.fail(f"{where}.metric_units.{k}", f"expected a unit string, got {json_type(x)}")
-        c.kind(v, "evidence", f"{where}.evidence", (dict, type(None)), "an object or null")
-        ref = c.kind(v, "reference", f"{where}.reference", (dict, type(None)), "an object or null")
-        if ref is not None:
-            c.str_fields(ref, ("value", "source", "note"), f"{where}.reference")
+        _check_verdict_fields(c, v, where)
 
 
 def finite(v: Any) -> bool:

@@ -25,7 +25,7 @@ Evidence keys the charts and tables read (a workload that records them gets them
   series: {node: [[t_s, read_gb_s], ...]}, nic_line_rate_gb_s      -> <gate>-series.svg/.csv
   any other list of flat records (e.g. requests: [{...}])          -> <gate>-<key>.csv
   validity: [{name, ok, claim, how, figure, value, unit}]          -> evidence-validity column and list
-    (harness.workloads.base.ValidityCheck, filled by each workload's evaluator; nothing else is read for it)
+    (harness.workloads.kit.base.ValidityCheck, filled by each workload's evaluator; nothing else is read for it)
 Raw fio JSON under gates/<gate>/<node>/fio.json becomes <gate>-jobs.csv (one row per fio job).
 """
 
@@ -49,7 +49,7 @@ from ..parsers.rdma import rdma_devices
 from ..paths import data_path
 from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_bytes
 from ..units import UnitError, format_quantity, parse_quantity, parse_threshold
-from ..workloads.base import ChartInputs, ValidityCheck
+from ..workloads.kit.base import ChartInputs, ValidityCheck
 from . import charts as rc
 from .jsonl import jsonl_objects
 from .junit import verdicts_to_junit
@@ -138,7 +138,7 @@ def quantity_in(text: str | None, unit: str) -> float | None:
 
 def validity(verdict: dict[str, Any]) -> list[dict[str, Any]]:
     """What makes a gate's measurement valid, as its evaluator said: the evidence's ``validity`` list
-    (harness.workloads.base.ValidityCheck), each as {name, proven: bool|None|"not checked", detail} for the
+    (harness.workloads.kit.base.ValidityCheck), each as {name, proven: bool|None|"not checked", detail} for the
     templates (``"not checked"``: a proof the gate turned off, shown NOT CHECKED).
 
     Nothing else is read: evidence without the list (a bundle of an older kvgate) gives [] ("not recorded").
@@ -223,7 +223,7 @@ def request_records(gate_dir: Path | None) -> dict[str, list[dict[str, Any]]]:
 
 def chart_inputs(verdict: dict[str, Any]) -> ChartInputs:
     """The fields of a gate's evidence the report draws, read through the model the workloads write them with
-    (harness.workloads.base.ChartInputs). Evidence of another shape (a bundle of another kvgate) draws nothing."""
+    (harness.workloads.kit.base.ChartInputs). Evidence of another shape (a bundle of another kvgate) draws nothing."""
     ev = verdict.get("evidence")
     try:
         ci = ChartInputs.model_validate(ev if isinstance(ev, dict) else {})

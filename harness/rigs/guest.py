@@ -369,6 +369,34 @@ def _copy_into(stage: Path, src: str, dest: str | None = None) -> None:
     shutil.copy2(os.path.realpath(src), target)
 
 
+def _unpack_kernel(tmp: Path, kernel_pkg: str, kernel_version: str) -> tuple[Path, Path, str]:
+    """Download the kernel package into ``tmp``, unpack it and run depmod: (its root, its vmlinuz, its release)."""
+    _run(["apt-get", "download", f"{kernel_pkg}={kernel_version}"], cwd=tmp, timeout_s=900)
+    debs = sorted(tmp.glob(f"{kernel_pkg}_*.deb"))
+    if not debs:
+        raise GuestError(f"apt-get download {kernel_pkg} produced no .deb in {tmp}")
+    kroot = tmp / "kernel"
+    _run(["dpkg-deb", "-x", str(debs[0]), str(kroot)])
+    vmlinuz = sorted((kroot / "boot").glob("vmlinuz-*"))
+    if not vmlinuz:
+        raise GuestError(f"{debs[0].name} holds no boot/vmlinuz-*")
+    release = vmlinuz[0].name[len("vmlinuz-"):]
+    _run(["depmod", "-b", str(kroot), release])
+    return kroot, vmlinuz[0], release
+
+
+def _module_files(kroot: Path, release: str) -> list[str]:
+    """The .ko files GUEST_MODULES need in the unpacked kernel, dependencies first (modprobe --show-depends)."""
+    modules: list[str] = []
+    for mod in GUEST_MODULES:
+        proc = _run(["modprobe", "-d", str(kroot), "-S", release, "--show-depends", mod])
+        for line in proc.stdout.decode().splitlines():
+            parts = line.split()
+            if parts and parts[0] == "insmod" and parts[1] not in modules:
+                modules.append(parts[1])
+    return modules
+
+
 def build_guest(cache_root: Path | None = None, progress=lambda msg: None) -> GuestImage:
     """Build (or reuse from cache) the guest kernel + initramfs. Returns the image."""
     root = Path(cache_root or default_cache_root())
@@ -389,29 +417,13 @@ def build_guest(cache_root: Path | None = None, progress=lambda msg: None) -> Gu
     with tempfile.TemporaryDirectory(prefix="build-", dir=root) as tmp_s:
         tmp = Path(tmp_s)
         progress(f"downloading {kernel_pkg} {kernel_version}")
-        _run(["apt-get", "download", f"{kernel_pkg}={kernel_version}"], cwd=tmp, timeout_s=900)
-        debs = sorted(tmp.glob(f"{kernel_pkg}_*.deb"))
-        if not debs:
-            raise GuestError(f"apt-get download {kernel_pkg} produced no .deb in {tmp}")
-        kroot = tmp / "kernel"
-        _run(["dpkg-deb", "-x", str(debs[0]), str(kroot)])
-        vmlinuz = sorted((kroot / "boot").glob("vmlinuz-*"))
-        if not vmlinuz:
-            raise GuestError(f"{debs[0].name} holds no boot/vmlinuz-*")
-        release = vmlinuz[0].name[len("vmlinuz-"):]
+        kroot, vmlinuz, release = _unpack_kernel(tmp, kernel_pkg, kernel_version)
         moddir = kroot / "lib" / "modules" / release
-        _run(["depmod", "-b", str(kroot), release])
 
         stage = tmp / "stage"
         stage.mkdir()
         progress(f"resolving modules for {release}")
-        modules: list[str] = []
-        for mod in GUEST_MODULES:
-            proc = _run(["modprobe", "-d", str(kroot), "-S", release, "--show-depends", mod])
-            for line in proc.stdout.decode().splitlines():
-                parts = line.split()
-                if parts and parts[0] == "insmod" and parts[1] not in modules:
-                    modules.append(parts[1])
+        modules = _module_files(kroot, release)
         for mod_path in modules:
             rel = os.path.relpath(mod_path, kroot)
             _copy_into(stage, mod_path, "/" + rel)
@@ -427,7 +439,7 @@ def build_guest(cache_root: Path | None = None, progress=lambda msg: None) -> Gu
         out_tmp = root / f".{key}.tmp"
         shutil.rmtree(out_tmp, ignore_errors=True)
         out_tmp.mkdir()
-        shutil.copy2(vmlinuz[0], out_tmp / "vmlinuz")
+        shutil.copy2(vmlinuz, out_tmp / "vmlinuz")
         shutil.move(str(initrd_tmp), out_tmp / "initrd.cpio")
         meta = {"key": key, "kernel_package": kernel_pkg, "kernel_version": kernel_version,
                 "kernel_release": release, "versions": versions, "modules": [os.path.basename(m) for m in modules],

@@ -640,6 +640,77 @@ def plan_link(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
                    f"kvgate's own link (to {st.link_target}) re-pointed", creates=rid, detail=dev)]
 
 
+def _plan_down_ports(spec: LoopbackSpec, st: LoopbackState, ours: bool) -> list[Action]:
+    """Pure: plan_down's port steps: the subsystem unlinked from every port, then kvgate's own ports removed."""
+    acts: list[Action] = []
+    nv = st.nvmet
+    for pid, port in sorted(nv.ports.items()):
+        link_id = f"nvmet-port-link:{pid}:{spec.nqn}"
+        if spec.nqn in port.subsystems and (ours or _made(st, link_id)):
+            acts.append(Action(f"port{pid}-unlink", ("rm", f"{P.NVMET_ROOT}/ports/{pid}/subsystems/{spec.nqn}"),
+                               removes=(link_id,)))
+    for i, (pid, traddr, _) in enumerate(spec.ports):
+        port = nv.ports.get(pid)
+        port_id = f"nvmet-port:{pid}"
+        if port is not None and _made(st, port_id) and not (port.subsystems - {spec.nqn}) and \
+                port.traddr in (traddr, None):
+            acts.append(Action("port-rmdir" if i == 0 else f"port{pid}-rmdir", ("rmdir", spec.port_dir_of(pid)),
+                               removes=(port_id,)))
+    return acts
+
+
+def _plan_down_subsystem(spec: LoopbackSpec, st: LoopbackState, ours: bool) -> list[Action]:
+    """Pure: plan_down's subsystem steps: its namespaces (disabled, removed), its allowed hosts, then itself."""
+    acts: list[Action] = []
+    sub = st.nvmet.subsystems.get(spec.nqn)
+    if sub is None:
+        return acts
+    for nsid, ns in sorted(sub.namespaces.items()):
+        ns_id = f"nvmet-namespace:{spec.nqn}:{nsid}"
+        if not (ours or _made(st, ns_id)):
+            continue
+        d = f"{spec.subsys_dir}/namespaces/{nsid}"
+        if ns.enabled is not False:
+            acts.append(write_attr(f"ns{nsid}-disable", f"{d}/enable", "0"))
+        acts.append(Action(f"ns{nsid}-rmdir", ("rmdir", d), removes=(ns_id,)))
+    for host in sorted(sub.allowed_hosts):
+        ah_id = f"nvmet-allowed-host:{spec.nqn}:{host}"
+        if ours or _made(st, ah_id):
+            acts.append(Action("subsys-disallow-host", ("rm", f"{spec.subsys_dir}/allowed_hosts/{host}"),
+                               removes=(ah_id,)))
+    if ours:
+        acts.append(Action("subsys-rmdir", ("rmdir", spec.subsys_dir), removes=(f"nvmet-subsystem:{spec.nqn}",)))
+    return acts
+
+
+def _plan_down_backing(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
+    """Pure: plan_down's last steps: the backing store kvgate made (null_blk, file, brd), then its soft-RoCE device."""
+    acts: list[Action] = []
+    nb_id = f"nullb:{spec.nullb_name}"
+    if spec.backing == "null_blk" and spec.nullb_name in st.nullb and _made(st, nb_id):
+        d = f"{P.NULLB_ROOT}/{spec.nullb_name}"
+        if st.nullb[spec.nullb_name].powered:
+            acts.append(write_attr("nullb-power-off", f"{d}/power", "0"))
+        acts.append(Action("nullb-rmdir", ("rmdir", d), removes=(nb_id,)))
+    file_id = f"file:{spec.backing_path}"
+    if spec.backing == "file" and st.file_created_by_kvgate and _made(st, file_id):
+        acts.append(Action("file-remove", ("rm", "-f", spec.backing_path, spec.backing_path + CREATED_SUFFIX),
+                           removes=(file_id,)))
+    if spec.backing == "brd" and "ram0" in st.block_devices and _made(st, "brd"):
+        acts.append(Action("rmmod-brd", ("rmmod", "brd"), "the RAM disk kvgate loaded, and its memory",
+                           removes=("brd",)))
+    link = rdma_link(spec, st) if spec.transport == "rdma" else None
+    # the RDMA device goes with the last RDMA port: none other, and this one removed above (no other subsystem)
+    mine = {pid for pid, _, _ in spec.ports}
+    other_rdma_ports = [pid for pid, p in st.nvmet.ports.items() if p.trtype == "rdma" and
+                        (pid not in mine or p.subsystems - {spec.nqn})]
+    rdma_id = f"rdma-link:{spec.rdma_link_name}"
+    if link is not None and link.device == spec.rdma_link_name and _made(st, rdma_id) and not other_rdma_ports:
+        acts.append(Action("rdma-link-delete", ("rdma", "link", "delete", link.device),
+                           "the soft-RoCE device kvgate added (no other RDMA port needs it)", removes=(rdma_id,)))
+    return acts
+
+
 def plan_down(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
     """Reverse order of up, only for what kvgate made (its record, LoopbackRecord) and what exists: unmount,
     link, disconnect, port, namespace, subsystem, host, backing. What was there before ``up`` (a brd RAM disk,
@@ -658,62 +729,14 @@ def plan_down(spec: LoopbackSpec, st: LoopbackState) -> list[Action]:
     ours = made(f"nvmet-subsystem:{spec.nqn}")
     if P.find_subsystem(st.subsystems, spec.nqn) is not None and (ours or made(f"connect:{spec.nqn}")):
         acts.append(Action("nvme-disconnect", ("nvme", "disconnect", "-n", spec.nqn), removes=(f"connect:{spec.nqn}",)))
+    acts += _plan_down_ports(spec, st, ours)
+    acts += _plan_down_subsystem(spec, st, ours)
     nv = st.nvmet
-    for pid, port in sorted(nv.ports.items()):
-        link_id = f"nvmet-port-link:{pid}:{spec.nqn}"
-        if spec.nqn in port.subsystems and (ours or made(link_id)):
-            acts.append(Action(f"port{pid}-unlink", ("rm", f"{P.NVMET_ROOT}/ports/{pid}/subsystems/{spec.nqn}"),
-                               removes=(link_id,)))
-    for i, (pid, traddr, _) in enumerate(spec.ports):
-        port = nv.ports.get(pid)
-        port_id = f"nvmet-port:{pid}"
-        if port is not None and made(port_id) and not (port.subsystems - {spec.nqn}) and \
-                port.traddr in (traddr, None):
-            acts.append(Action("port-rmdir" if i == 0 else f"port{pid}-rmdir", ("rmdir", spec.port_dir_of(pid)),
-                               removes=(port_id,)))
-    sub = nv.subsystems.get(spec.nqn)
-    if sub is not None:
-        for nsid, ns in sorted(sub.namespaces.items()):
-            ns_id = f"nvmet-namespace:{spec.nqn}:{nsid}"
-            if not (ours or made(ns_id)):
-                continue
-            d = f"{spec.subsys_dir}/namespaces/{nsid}"
-            if ns.enabled is not False:
-                acts.append(write_attr(f"ns{nsid}-disable", f"{d}/enable", "0"))
-            acts.append(Action(f"ns{nsid}-rmdir", ("rmdir", d), removes=(ns_id,)))
-        for host in sorted(sub.allowed_hosts):
-            ah_id = f"nvmet-allowed-host:{spec.nqn}:{host}"
-            if ours or made(ah_id):
-                acts.append(Action("subsys-disallow-host", ("rm", f"{spec.subsys_dir}/allowed_hosts/{host}"),
-                                   removes=(ah_id,)))
-        if ours:
-            acts.append(Action("subsys-rmdir", ("rmdir", spec.subsys_dir), removes=(f"nvmet-subsystem:{spec.nqn}",)))
     others = [s for n, s in nv.subsystems.items() if n != spec.nqn and spec.host_nqn in s.allowed_hosts]
     host_id = f"nvmet-host:{spec.host_nqn}"
     if spec.host_nqn in nv.hosts and made(host_id) and not others:
         acts.append(Action("host-rmdir", ("rmdir", spec.host_dir), removes=(host_id,)))
-    nb_id = f"nullb:{spec.nullb_name}"
-    if spec.backing == "null_blk" and spec.nullb_name in st.nullb and made(nb_id):
-        d = f"{P.NULLB_ROOT}/{spec.nullb_name}"
-        if st.nullb[spec.nullb_name].powered:
-            acts.append(write_attr("nullb-power-off", f"{d}/power", "0"))
-        acts.append(Action("nullb-rmdir", ("rmdir", d), removes=(nb_id,)))
-    file_id = f"file:{spec.backing_path}"
-    if spec.backing == "file" and st.file_created_by_kvgate and made(file_id):
-        acts.append(Action("file-remove", ("rm", "-f", spec.backing_path, spec.backing_path + CREATED_SUFFIX),
-                           removes=(file_id,)))
-    if spec.backing == "brd" and "ram0" in st.block_devices and made("brd"):
-        acts.append(Action("rmmod-brd", ("rmmod", "brd"), "the RAM disk kvgate loaded, and its memory",
-                           removes=("brd",)))
-    link = rdma_link(spec, st) if spec.transport == "rdma" else None
-    # the RDMA device goes with the last RDMA port: none other, and this one removed above (no other subsystem)
-    mine = {pid for pid, _, _ in spec.ports}
-    other_rdma_ports = [pid for pid, p in nv.ports.items() if p.trtype == "rdma" and
-                        (pid not in mine or p.subsystems - {spec.nqn})]
-    rdma_id = f"rdma-link:{spec.rdma_link_name}"
-    if link is not None and link.device == spec.rdma_link_name and made(rdma_id) and not other_rdma_ports:
-        acts.append(Action("rdma-link-delete", ("rdma", "link", "delete", link.device),
-                           "the soft-RoCE device kvgate added (no other RDMA port needs it)", removes=(rdma_id,)))
+    acts += _plan_down_backing(spec, st)
     return acts
 
 
@@ -767,6 +790,13 @@ def _failed(records: list[ActionRecord]) -> ActionRecord:
 # and rdma JSON, the state probe's boot id): an empty answer with exit 0 is output lost on the way, not "absent".
 _MAY_BE_EMPTY = frozenset({"block-devices"})
 PROBE_ATTEMPTS = 3
+
+
+def _integrity_error(integrity: Any) -> str:
+    """Pure: the error of a failed data-integrity check: each direction's error, else how many bytes differ."""
+    errs = [f"{c.direction}: {c.error}" for c in integrity.checks if c.error]
+    return "data integrity check failed: " + (
+        "; ".join(errs) if errs else f"{integrity.mismatched_bytes} bytes differ")
 
 
 class Loopback:
@@ -851,7 +881,7 @@ class Loopback:
     def up(self, verify: Callable[["Loopback", LoopbackState], Any] | None = None,
            wait_s: float = 30.0) -> LoopbackResult:
         """Provision (idempotent), wait for the namespace device, and, given ``verify`` (the data-integrity check,
-        ``harness.workloads.integrity.loopback_integrity``), check the data on a blank namespace."""
+        ``harness.workloads.kit.integrity.loopback_integrity``), check the data on a blank namespace."""
         records: list[ActionRecord] = []
         st = self.probe()
         refusal = link_refusal(self.spec, st)
@@ -890,13 +920,7 @@ class Loopback:
                 return LoopbackResult(summarize(self.spec, st), records, error=str(exc), refused=True)
         # Every layer must be there before `up` says so: on a loaded node the controller can still be
         # connecting (or resetting) when the device node appears.
-        deadline = self.clock() + wait_s
-        st = self.probe()
-        summary = summarize(self.spec, st)
-        while summary["state"] != "up" and self.clock() < deadline:
-            self.sleep(0.5)
-            st = self.probe()
-            summary = summarize(self.spec, st)
+        st, summary = self._await_up(wait_s)
         result = LoopbackResult(summary, records)
         if summary["state"] != "up":
             missing = [k for k in summary["owned_layers"] if not summary["layers"][k]]
@@ -908,10 +932,19 @@ class Loopback:
         elif verify and self.spec.connect_host:  # target side only: the nvmeof target's gates check the data
             result.integrity = verify(self, st)
             if not result.integrity.ok:
-                errs = [f"{c.direction}: {c.error}" for c in result.integrity.checks if c.error]
-                result.error = "data integrity check failed: " + (
-                    "; ".join(errs) if errs else f"{result.integrity.mismatched_bytes} bytes differ")
+                result.error = _integrity_error(result.integrity)
         return result
+
+    def _await_up(self, wait_s: float) -> tuple[LoopbackState, dict[str, Any]]:
+        """Probe every 0.5 s until every layer is up or ``wait_s`` has passed: the last state and its summary."""
+        deadline = self.clock() + wait_s
+        st = self.probe()
+        summary = summarize(self.spec, st)
+        while summary["state"] != "up" and self.clock() < deadline:
+            self.sleep(0.5)
+            st = self.probe()
+            summary = summarize(self.spec, st)
+        return st, summary
 
     def _filesystem(self, st: LoopbackState, records: list[ActionRecord],
                     verify: Callable[["Loopback", LoopbackState], Any] | None

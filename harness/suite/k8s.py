@@ -45,7 +45,7 @@ from ..redact import redact_obj, redact_text
 from ..report.bundle import BundleInfo, key_fingerprint, write_bundle
 from ..report.render import bundle_renderer
 from ..workloads import WORKLOADS
-from ..workloads.base import CacheDrop, WorkloadResult, target_path, write_summary
+from ..workloads.kit.base import CacheDrop, WorkloadResult, target_path, write_summary
 from ..workloads.g3_shared_read import (MANIFEST, G3Bounds, G3Evidence, G3Launch, G3NodeRecord, G3Params,
                                         G3SharedRead, _pool_dir, _reader_spec, evaluate_g3, manifest_for,
                                         parse_stream)
@@ -237,6 +237,56 @@ def check_render_record(record_path: str | Path | None, src: Path, cfg: Config) 
     return record
 
 
+def _copy_go(src: Path, raw_dir: Path) -> tuple[dict | None, float | None]:
+    """(the go record, its common start time) from ``src/go.json``, copied raw into ``raw_dir``; (None, None)
+    when there is none, or it holds no start time."""
+    go = _json(src / "go.json")
+    if go is not None:
+        shutil.copyfile(src / "go.json", raw_dir / "go.json")
+    go_s = go.get("go_s") if go is not None else None
+    if isinstance(go_s, bool) or not isinstance(go_s, (int, float)):
+        go, go_s = None, None  # a go.json without a start time records no common start
+    return go, go_s
+
+
+def _copy_rank_files(src: Path, raw_dir: Path, name: str) -> tuple[dict | None, str | None]:
+    """(task record, output) of the reader pod ``name``: its files in ``src`` that exist, copied raw into
+    ``raw_dir`` first; None for one that is missing or unreadable."""
+    for ext in ("task.json", "out", "err", "rc"):
+        if (src / f"{name}.{ext}").is_file():
+            shutil.copyfile(src / f"{name}.{ext}", raw_dir / f"{name}.{ext}")
+    return _json(src / f"{name}.task.json"), _read(src / f"{name}.out")
+
+
+def _keep_rank_output(src: Path, gate_dir: Path, name: str, task: dict | None, out: str | None,
+                      go_s: float | None) -> tuple[NodeSeries | None, dict[str, Any]]:
+    """The reader pod ``name``'s output kept as a run keeps it (``nodes/NAME/reader.jsonl`` and ``.stderr``) and
+    parsed: (its series, its node record's fields, with the error its exit status or its output shows)."""
+    rc_text = (_read(src / f"{name}.rc") or "").strip()
+    rc = int(rc_text) if rc_text.lstrip("-").isdigit() else None
+    ndir = gate_dir / "nodes" / name
+    ndir.mkdir(parents=True, exist_ok=True)
+    (ndir / "reader.jsonl").write_text(out or "")
+    (ndir / "reader.stderr").write_text(_read(src / f"{name}.err") or "")
+    info: dict[str, Any] = {"node": name, "rc": rc, "pid": (task or {}).get("child_pid"), "go_node_s": go_s}
+    if rc is None:
+        info["error"] = "k8s: the task left no exit status"
+    elif rc != 0:
+        info["error"] = f"reader exited {rc}"
+    return parse_stream(name, out or "", 0.0, info, f"nodes/{name}/reader.jsonl")
+
+
+def _unproven(missing: list[str], readers: list[str], go: dict | None) -> list[str]:
+    """What the collected files leave unproven (reader pods without output, no common start): each makes the
+    gate's result an error."""
+    unproven = []
+    if missing:
+        unproven.append(f"no output from {len(missing)} of {len(readers)} reader pod(s): {', '.join(missing)}")
+    if go is None:
+        unproven.append("no go.json with a start time: the common start is not recorded")
+    return unproven
+
+
 def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict,
                collected_s: float | None = None) -> WorkloadResult:
     """G3 from its pods' files in ``src`` (``NODE.task.json/.out/.err/.rc``, ``go.json``): each rank's output
@@ -263,23 +313,14 @@ def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict,
                          "max_duration_s": float(deadline_s), "slack_s": p.clock_slack_s}
     raw_dir = gate_dir / "k8s"
     raw_dir.mkdir(parents=True, exist_ok=True)
-    go = _json(src / "go.json")
-    if go is not None:
-        shutil.copyfile(src / "go.json", raw_dir / "go.json")
-    go_s = go.get("go_s") if go is not None else None
-    if isinstance(go_s, bool) or not isinstance(go_s, (int, float)):
-        go, go_s = None, None  # a go.json without a start time records no common start
+    go, go_s = _copy_go(src, raw_dir)
     series: dict[str, NodeSeries] = {}
     records: dict[str, G3NodeRecord] = {}
     failed: dict[str, str] = {}
     missing: list[str] = []
     tasks: dict[str, dict] = {}
     for name in readers:
-        for ext in ("task.json", "out", "err", "rc"):
-            if (src / f"{name}.{ext}").is_file():
-                shutil.copyfile(src / f"{name}.{ext}", raw_dir / f"{name}.{ext}")
-        task = _json(src / f"{name}.task.json")
-        out = _read(src / f"{name}.out")
+        task, out = _copy_rank_files(src, raw_dir, name)
         if task is None and out is None:
             missing.append(name)
             failed[name] = "k8s: no files from this node's pod (it never ran, or its output was lost)"
@@ -289,18 +330,7 @@ def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict,
         ev.clock_offsets[name] = {"applied_s": 0.0, "how": "k8s: cluster clocks taken as synchronized"}
         if p.drop_caches and isinstance((task or {}).get("cache_drop"), dict):
             ev.page_cache_dropped[name] = CacheDrop.model_validate(task["cache_drop"])
-        rc_text = (_read(src / f"{name}.rc") or "").strip()
-        rc = int(rc_text) if rc_text.lstrip("-").isdigit() else None
-        ndir = gate_dir / "nodes" / name
-        ndir.mkdir(parents=True, exist_ok=True)
-        (ndir / "reader.jsonl").write_text(out or "")
-        (ndir / "reader.stderr").write_text(_read(src / f"{name}.err") or "")
-        info: dict[str, Any] = {"node": name, "rc": rc, "pid": (task or {}).get("child_pid"), "go_node_s": go_s}
-        if rc is None:
-            info["error"] = "k8s: the task left no exit status"
-        elif rc != 0:
-            info["error"] = f"reader exited {rc}"
-        parsed, info = parse_stream(name, out or "", 0.0, info, f"nodes/{name}/reader.jsonl")
+        parsed, info = _keep_rank_output(src, gate_dir, name, task, out, go_s)
         if parsed is not None:
             series[name] = parsed
         if info["error"]:
@@ -311,15 +341,38 @@ def collect_g3(cfg: Config, gate: Any, src: Path, gate_dir: Path, render: dict,
     ev.k8s_job = {**(render.get("gates") or {}).get(gate.id, {}), "run_id": render.get("run_id"),
                   "go": go, "missing_ranks": missing, "tasks": tasks}
     result = evaluate_g3(ev, series, port, policy, p.min_window_s, 0.0, go_s, bounds=G3Bounds.of(p))
-    unproven = []
-    if missing:
-        unproven.append(f"no output from {len(missing)} of {len(readers)} reader pod(s): {', '.join(missing)}")
-    if go is None:
-        unproven.append("no go.json with a start time: the common start is not recorded")
+    unproven = _unproven(missing, readers, go)
     if unproven:
         result = dataclasses.replace(result, error="k8s: " + "; ".join(unproven))
     write_summary(gate_dir, "g3.json", result)
     return result
+
+
+def _new_collect_dir(out_dir: Path, cfg_src: Path, render: dict) -> Path:
+    """A new run directory under ``out_dir`` holding the suite (``cfg_src``'s inventory and gates) and the
+    operator's checked render record, as a run's ``config/`` holds them."""
+    run_dir = new_run_dir(out_dir)
+    (run_dir / "config").mkdir()
+    for name in ("inventory.yaml", "gates.yaml"):
+        shutil.copyfile(cfg_src / name, run_dir / "config" / name)
+    (run_dir / "config" / RENDER_FILE).write_text(json.dumps(render, indent=1) + "\n")  # the operator's record
+    return run_dir
+
+
+def _pods_started_s(result: WorkloadResult, lo_s: float, collected_s: float) -> float:
+    """The gate's start: the earliest of its pods' own start times that is possible (not before ``lo_s``, the
+    render's time less the clock slack, nor after this collect at ``collected_s``); ``collected_s`` when none is."""
+    times = [t.get("started_at_s") for t in (result.evidence.k8s_job or {}).get("tasks", {}).values()]
+    times = [t for t in times if isinstance(t, (int, float)) and not isinstance(t, bool) and lo_s <= t <= collected_s]
+    return min(times) if times else collected_s
+
+
+def _collected_run(started: float, finished: float, src: Path, render: dict) -> dict[str, Any]:
+    """The ``run`` record of a collected run: its times, where it was collected from, and the render it is of."""
+    return {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
+            "duration_s": round(finished - started, 3), "launcher": "k8s", "collected_from": str(src),
+            "provenance": K8S_PROVENANCE, "render_sha256": render["sha256"]}
 
 
 def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, render_record: str | Path | None,
@@ -337,11 +390,7 @@ def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, rend
                                       "not a render record of kvgate render k8s (its rank 0 pod copies it there)"))
     cfg = load_config(cfg_src / "inventory.yaml", cfg_src / "gates.yaml", WORKLOADS)
     render = check_render_record(render_record, src, cfg)
-    run_dir = new_run_dir(Path(out_dir))
-    (run_dir / "config").mkdir()
-    for name in ("inventory.yaml", "gates.yaml"):
-        shutil.copyfile(cfg_src / name, run_dir / "config" / name)
-    (run_dir / "config" / RENDER_FILE).write_text(json.dumps(render, indent=1) + "\n")  # the operator's record
+    run_dir = _new_collect_dir(Path(out_dir), cfg_src, render)
     started = finished = None
     verdicts: list[Verdict] = []
     stop_at = None
@@ -357,11 +406,8 @@ def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, rend
         gate_dir = run_dir / "gates" / gate.id
         gate_dir.mkdir(parents=True, exist_ok=True)
         result = collect_g3(cfg, gate, src / gate.id, gate_dir, render, collected_s)
-        # the pods' own start times, where they are possible (after the render, not after this collect)
         lo = float(render.get("rendered_unix_s") or 0.0) - cfg.params[gate.id].clock_slack_s
-        times = [t.get("started_at_s") for t in (result.evidence.k8s_job or {}).get("tasks", {}).values()]
-        times = [t for t in times if isinstance(t, (int, float)) and not isinstance(t, bool) and lo <= t <= collected_s]
-        t0 = min(times) if times else collected_s
+        t0 = _pods_started_s(result, lo, collected_s)
         started = t0 if started is None else min(started, t0)
         verdict = evaluate(gate, result, unit, wl.METRICS)
         verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason), evidence=redact_obj(verdict.evidence))
@@ -374,10 +420,7 @@ def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, rend
     started = started or time.time()
     finished = finished or time.time()
     overall = overall_outcome(verdicts)
-    run = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-           "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
-           "duration_s": round(finished - started, 3), "launcher": "k8s", "collected_from": str(src),
-           "provenance": K8S_PROVENANCE, "render_sha256": render["sha256"]}
+    run = _collected_run(started, finished, src, render)
     _write_json(run_dir / "verdicts.json", {"suite": cfg.suite.suite.model_dump(), "overall": overall.value,
                                             "verdicts": [v.to_dict() for v in verdicts], "run": run})
     predicate = {"kvgate": {"version": __version__, "commit": git_commit()}, "suite": cfg.suite.suite.model_dump(),

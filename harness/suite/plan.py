@@ -14,7 +14,7 @@ from pathlib import Path
 from ..config import Config
 from ..execute.facts import facts_argv, node_facts
 from ..execute.nvmeof import managed_plan
-from ..workloads.base import GateContext, PlannedStep
+from ..workloads.kit.base import GateContext, PlannedStep
 
 
 def facts_plan(nodes: list) -> list[PlannedStep]:

@@ -35,7 +35,7 @@ from ..report.render import bundle_renderer
 from ..safeio import dumps_indented
 from ..transport import ScopedTransport, Transport, open_transport
 from ..transport.steps import StepLog
-from ..workloads.base import Evidence, GateContext, WorkloadResult
+from ..workloads.kit.base import Evidence, GateContext, WorkloadResult
 
 
 # After a gate's commands were stopped (timeout, Ctrl-C), how long its workload gets to return before the
@@ -188,10 +188,16 @@ def run_gate_workload(workload, ctx: GateContext, scoped: dict[str, ScopedTransp
     progress(f"{gate.id}: {reason}; stopping its requests and its commands on {', '.join(scoped)}")
     stopped = _stop_gate(scoped, f"gate {gate.id} {reason}")
     returned = join(STOP_GRACE_S)
-    evidence = GateTimeoutEvidence(timeout_s=gate.timeout_s, stopped_process_groups=stopped,
-                                   workload_returned_after_stop=returned,
-                                   refused_writes=list(ctx.cancel.refused_writes))
-    late = box.get("result")
+    return _timeout_result(gate.timeout_s, reason, stopped, returned, list(ctx.cancel.refused_writes),
+                           box.get("result"))
+
+
+def _timeout_result(timeout_s: float, reason: str, stopped: dict[str, Any], returned: bool,
+                    refused_writes: list[dict[str, Any]], late: WorkloadResult | None) -> WorkloadResult:
+    """A timed-out gate's ERROR result: what was stopped on each node, whether the workload returned after that,
+    what it saw then (``late``) and the writes refused after the gate's end."""
+    evidence = GateTimeoutEvidence(timeout_s=timeout_s, stopped_process_groups=stopped,
+                                   workload_returned_after_stop=returned, refused_writes=refused_writes)
     if late is not None:  # what the workload saw once its commands were killed; its metrics do not count
         evidence.after_stop = {"error": late.error, "evidence": late.evidence_dict()}
     detail = ", ".join(f"{n}: {k}" for n, k in sorted(stopped.items()))
@@ -374,6 +380,21 @@ def _unsigned(run: _SuiteRun, outcome: RunOutcome) -> bool:
     return False
 
 
+def _run_predicate(config: Config, overall: Outcome, verdict_dicts: list[dict[str, Any]], started: float,
+                   finished: float, key_kind: str, pub: Any) -> dict[str, Any]:
+    """The statement's predicate of a run: this kvgate, the suite, the verdicts, the run's times, the signing key."""
+    return {
+        "kvgate": {"version": __version__, "commit": git_commit()},
+        "suite": config.suite.suite.model_dump(),
+        "overall": overall.value,
+        "verdicts": verdict_dicts,
+        "run": {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
+                "duration_s": round(finished - started, 3)},
+        "signing_key": {"kind": key_kind, "fingerprint": key_fingerprint(pub)},
+    }
+
+
 def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "operator",
               trust_new_hosts: bool = False, known_hosts_path: str | None = None,
               progress: Callable[[str], None] | None = None,
@@ -414,17 +435,8 @@ def run_suite(config: Config, out_dir: Path, private_key, *, key_kind: str = "op
         outcome = RunOutcome(run_dir, run.verdicts, overall, interrupted=run.interrupted, interrupt=run.interrupt)
         if _unsigned(run, outcome):
             return outcome
-        pub = private_key.public_key()
-        predicate = {
-            "kvgate": {"version": __version__, "commit": git_commit()},
-            "suite": config.suite.suite.model_dump(),
-            "overall": overall.value,
-            "verdicts": verdict_dicts,
-            "run": {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                    "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished)),
-                    "duration_s": round(finished - started, 3)},
-            "signing_key": {"kind": key_kind, "fingerprint": key_fingerprint(pub)},
-        }
+        predicate = _run_predicate(config, overall, verdict_dicts, started, finished, key_kind,
+                                   private_key.public_key())
         progress("signing the bundle")
         # The run directory becomes the bundle (renamed, not copied); if signing fails it is renamed back.
         try:

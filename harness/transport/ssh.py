@@ -109,6 +109,28 @@ class _SSHProcess(Process):
         except Exception:  # noqa: BLE001
             pass
 
+    def _take_ready(self, ch, header: bytearray) -> bool:
+        """Take what the channel holds now: stdout, then stderr (``header`` until the pid line); True if any came."""
+        got = False
+        if ch.recv_ready():
+            data = ch.recv(65536)
+            if data:
+                with self._out_cond:
+                    self._out.append(data)
+                    self._out_bytes += len(data)
+                    self._out_cond.notify_all()
+                got = True
+        if ch.recv_stderr_ready():
+            data = ch.recv_stderr(65536)
+            if data:
+                got = True
+                if self._pid_seen.is_set():
+                    self._err_chunks.append(data)
+                else:
+                    header += data
+                    self._scan_header(header)
+        return got
+
     def _pump(self):
         ch = self.ch
         header = bytearray()
@@ -118,25 +140,7 @@ class _SSHProcess(Process):
         except Exception:  # noqa: BLE001 - no pipe: poll as before
             wake_fd = None
         while True:
-            got = False
-            if ch.recv_ready():
-                data = ch.recv(65536)
-                if data:
-                    with self._out_cond:
-                        self._out.append(data)
-                        self._out_bytes += len(data)
-                        self._out_cond.notify_all()
-                    got = True
-            if ch.recv_stderr_ready():
-                data = ch.recv_stderr(65536)
-                if data:
-                    got = True
-                    if self._pid_seen.is_set():
-                        self._err_chunks.append(data)
-                    else:
-                        header += data
-                        self._scan_header(header)
-            if got:
+            if self._take_ready(ch, header):
                 continue
             if not ch.recv_ready() and not ch.recv_stderr_ready():
                 if ch.exit_status_ready():
@@ -280,22 +284,7 @@ class SSHTransport(Transport):
         self._jump: SSHTransport | None = None
         sock = None
         if proxy_jump:
-            if _depth > 8:
-                raise TransportError(f"{host}: ProxyJump chain too long")
-            hops = proxy_jump.split(",")
-            first, rest = hops[0], ",".join(hops[1:]) or None
-            juser, _, jhostport = first.rpartition("@")
-            jhost, _, jport = jhostport.partition(":")
-            self._jump = SSHTransport(jhost, int(jport) if jport else None, juser or None,
-                                      proxy_jump=rest, trust_new_hosts=trust_new_hosts,
-                                      known_hosts_path=known_hosts_path, connect_timeout_s=connect_timeout_s,
-                                      ssh_config_path=ssh_config_path, _depth=_depth + 1)
-            try:
-                sock = self._jump.client.get_transport().open_channel(
-                    "direct-tcpip", (self.host, self.port), ("127.0.0.1", 0), timeout=connect_timeout_s)
-            except Exception as exc:  # noqa: BLE001
-                self._jump.close()
-                raise TransportError(f"{self.name}: ProxyJump via {first} to {self.host}:{self.port} failed: {exc}") from None
+            sock = self._open_jump(host, proxy_jump, known_hosts_path, ssh_config_path, _depth)
 
         client = paramiko.SSHClient()
         if os.path.exists(self.known_hosts_path):
@@ -304,10 +293,40 @@ class SSHTransport(Transport):
             except Exception as exc:  # noqa: BLE001
                 raise TransportError(f"cannot read known_hosts {self.known_hosts_path}: {exc}") from None
         client.set_missing_host_key_policy(_HostKeyPolicy(self))
+        self._connect(client, keys, sock)
+        client.get_transport().set_keepalive(keepalive_s)
+        self.client = client
+        self._sftp = None
+        self._forwards: list[socket.socket] = []
+
+    def _open_jump(self, host: str, proxy_jump: str, known_hosts_path: str | None, ssh_config_path: str | None,
+                   depth: int):
+        """Connect the ProxyJump chain's first hop (the rest behind it) and open its tunnel to this host."""
+        if depth > 8:
+            raise TransportError(f"{host}: ProxyJump chain too long")
+        hops = proxy_jump.split(",")
+        first, rest = hops[0], ",".join(hops[1:]) or None
+        juser, _, jhostport = first.rpartition("@")
+        jhost, _, jport = jhostport.partition(":")
+        self._jump = SSHTransport(jhost, int(jport) if jport else None, juser or None,
+                                  proxy_jump=rest, trust_new_hosts=self.trust_new_hosts,
+                                  known_hosts_path=known_hosts_path, connect_timeout_s=self.connect_timeout_s,
+                                  ssh_config_path=ssh_config_path, _depth=depth + 1)
+        try:
+            return self._jump.client.get_transport().open_channel(
+                "direct-tcpip", (self.host, self.port), ("127.0.0.1", 0), timeout=self.connect_timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            self._jump.close()
+            raise TransportError(f"{self.name}: ProxyJump via {first} to {self.host}:{self.port} failed: {exc}") from None
+
+    def _connect(self, client, keys: list[str], sock) -> None:
+        """Connect and authenticate ``client``; on a failure, close the jump host and raise kvgate's error for it."""
+        import paramiko
+
         try:
             client.connect(self.host, port=self.port, username=self.user,
-                           key_filename=keys or None, timeout=connect_timeout_s,
-                           banner_timeout=connect_timeout_s, auth_timeout=connect_timeout_s,
+                           key_filename=keys or None, timeout=self.connect_timeout_s,
+                           banner_timeout=self.connect_timeout_s, auth_timeout=self.connect_timeout_s,
                            sock=sock, allow_agent=True, look_for_keys=not keys)
         except HostKeyError:
             self._close_jump()
@@ -325,10 +344,6 @@ class SSHTransport(Transport):
         except (OSError, socket.timeout, paramiko.SSHException) as exc:
             self._close_jump()
             raise TransportError(f"{self.name}: cannot connect to {self.host}:{self.port}: {exc}") from None
-        client.get_transport().set_keepalive(keepalive_s)
-        self.client = client
-        self._sftp = None
-        self._forwards: list[socket.socket] = []
 
     def _known_name(self) -> str:
         return self.host if self.port == 22 else f"[{self.host}]:{self.port}"

@@ -3,7 +3,7 @@ they share (``base``: the contract, typed evidence, targets, cache drops, summar
 process's lifecycle and the engine handle; ``attach``: an engine someone else runs; ``phases``: the one phase
 runner engine workloads share). Importing this package registers every built-in workload in :data:`WORKLOADS`."""
 
-from .base import (WORKLOADS, Evidence, GateContext, PlannedStep, Workload, WorkloadResult,  # noqa: F401
+from .kit.base import (WORKLOADS, Evidence, GateContext, PlannedStep, Workload, WorkloadResult,  # noqa: F401
                    register_workload)
 from . import fio_read  # noqa: F401,E402
 from . import nvme_integrity  # noqa: F401,E402

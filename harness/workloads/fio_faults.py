@@ -38,7 +38,8 @@ from ..parsers.faultio import (Completion, parse_clat_log, parse_path_samples, p
 from ..rigs import faults as F
 from ..units import parse_size_bytes
 from ..writeguard import block_probe_plan, check_write
-from .base import (Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel, ValidityCheck, Workload,
+from .kit.faults import check_operator_fields, one_at_a_time
+from .kit.base import (Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel, ValidityCheck, Workload,
                    WorkloadResult, nvmeof_device, register_workload, write_gate_file)
 
 FaultKind = Literal["path-down", "ana", "target-restart", "slow-path", "operator"]
@@ -46,32 +47,6 @@ LOST_IO_GAP_S = 0.5  # an operator's fault: its time is the first completion gap
 STEP_TIMEOUT_S = 60.0
 RATE_WINDOW_S = 1.0  # recovery: the first window this long at the recovered rate
 PRE_WINDOW_S = 2.0  # the rate before a fault: over at most this long before it
-
-
-def check_operator_fields(f: Any) -> bool:
-    """A fault's operator fields checked (ValueError): an operator fault has a description and its command and undo
-    together; any other kind has none of them. True for an operator fault (nothing else to check)."""
-    if f.kind == "operator":
-        if not f.description:
-            raise ValueError("an operator fault needs description: what the operator does (shown, recorded)")
-        if bool(f.command) != bool(f.undo):
-            raise ValueError("an operator fault's command and undo go together (none: done by hand)")
-        return True
-    if f.command or f.undo or f.description:
-        raise ValueError(f"command, undo, description: only for kind operator, not {f.kind}")
-    return False
-
-
-def one_at_a_time(faults: list[Any]) -> float:
-    """The time (s) the last of ``faults`` (``at_s``, ``duration_s``) is undone; ValueError when one starts before
-    the one before it is undone."""
-    end = 0.0
-    for i, f in enumerate(sorted(faults, key=lambda f: f.at_s)):
-        if f.at_s < end:
-            raise ValueError(f"faults[{i}] starts at {f.at_s:g} s, before the one before it is undone "
-                             f"({end:g} s): faults run one at a time")
-        end = f.at_s + f.duration_s
-    return end
 
 
 class FaultSpec(StrictModel):

@@ -27,11 +27,11 @@ from ..parsers.fio import FioRun, StreamSpec, job_file, split_regions
 from ..units import parse_size_bytes
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..writeguard import CREATED_SUFFIX, check_write, path_probe_argv, probe_path
-from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
+from .kit.base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
                    ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path,
                    write_gate_file)
-from .targets import target_device
-from .probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
+from .kit.targets import target_device
+from .kit.probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
 
 
 

@@ -39,10 +39,10 @@ from ..engines import EngineProfile, load_profile
 from ..engines.client import RequestRecord
 from ..node import program_path
 from ..parsers.pooldev import read_bytes_between
-from .base import PlannedStep, StrictModel, ValidityCheck, WorkloadResult, register_workload, write_gate_file, \
+from .kit.base import PlannedStep, StrictModel, ValidityCheck, WorkloadResult, register_workload, write_gate_file, \
     write_summary
-from .engine import engine_python
-from .g2_ttft import G2Evidence, G2Params, G2Setup, G2Ttft, evaluate_g2, reevaluate_g2
+from .kit.engine import engine_python
+from .kit.g2 import G2Evidence, G2Params, G2Setup, G2Procedure, evaluate_g2, reevaluate_g2
 
 FLIP_PROGRAM = "kv_flip.py"
 
@@ -308,7 +308,7 @@ def flip_argv(python: str, run_dir: str, pool_dir: str, pattern: str, spec: Corr
 
 
 @register_workload("g2-answer")
-class G2Answer(G2Ttft):
+class G2Answer(G2Procedure):
     """g2-ttft's procedure with the answers compared (and, with ``corrupt:``, a byte flipped between the phases)."""
 
     Params = G2AnswerParams
@@ -318,7 +318,7 @@ class G2Answer(G2Ttft):
                "answer_max_abs_logprob_diff": "", "hit_rate": "ratio", "readback_device_read_bytes": "B",
                "readback_read_fraction": "ratio", "log_hit_rate": "ratio"}
     # the corruption is made on a pool kvgate owns: never on an attached engine's
-    LAUNCH_ONLY = G2Ttft.LAUNCH_ONLY + ("corrupt",)
+    LAUNCH_ONLY = G2Procedure.LAUNCH_ONLY + ("corrupt",)
 
     def _prompts(self, p: G2AnswerParams, prof, tok_spec, vocab, seed, ev):
         prompts, warm = super()._prompts(p, prof, tok_spec, vocab, seed, ev)

@@ -46,12 +46,12 @@ from ..execute.undo import UndoLog
 from ..parsers.prometheus import counter_delta
 from ..rigs import faults as F
 from ..stats import percentile
-from .base import GateContext, PlannedStep, StrictModel, ValidityCheck, WorkloadResult, register_workload, \
+from .kit.base import GateContext, PlannedStep, StrictModel, ValidityCheck, WorkloadResult, register_workload, \
     target_path, write_gate_file, write_summary
-from .engine import fallbacks_between, pool_contents, pool_files_argv, stored_kv_tokens
-from .fio_faults import check_operator_fields, one_at_a_time
-from .g2_ttft import G2Evidence, G2Params, G2Setup, G2Ttft
-from .phases import PhaseRunner
+from .kit.engine import fallbacks_between, pool_contents, pool_files_argv, stored_kv_tokens
+from .kit.faults import check_operator_fields, one_at_a_time
+from .kit.g2 import G2Evidence, G2Params, G2Setup, G2Procedure
+from .kit.phases import PhaseRunner
 
 STEP_TIMEOUT_S = 60.0
 # LMCache 0.5.6's lines when its remote (fs://) backend could not answer: the tier failed for that lookup or read,
@@ -529,7 +529,7 @@ def held_path(work_dir: str, gate_id: str) -> str:
 
 
 @register_workload("g2-faults")
-class G2Faults(G2Ttft):
+class G2Faults(G2Procedure):
     """G2 while the engine's path to its tier is lost and comes back (docs/faults.md, "Engine gates")."""
 
     Params = G2FaultsParams

@@ -37,7 +37,7 @@ what the engine's memory did not hold.
 With ``capacity:`` instead of ``load:`` the gate is the capacity curve: a working-set sweep on the tier arm alone
 (one engine, its memory bounded by ``engine_cache_tokens``), each point a session-recovery trace replayed by
 g2-load's point runner with the per-level counters read around it; the curve, its knee, where the tier ran out and
-the requirement are harness/workloads/g2_capacity.py's, judged here by :func:`evaluate_sweep`.
+the requirement are harness/workloads/kit/capacity.py's, judged here by :func:`evaluate_sweep`.
 """
 
 from __future__ import annotations
@@ -59,17 +59,17 @@ from ..load.reuse import reuse_stats
 from ..load.traces import Trace
 from ..safeio import InputFileError
 from ..stats import median_interval
-from .base import GateContext, PlannedStep, ValidityCheck, Workload, WorkloadResult, register_workload, \
+from .kit.base import GateContext, PlannedStep, ValidityCheck, Workload, WorkloadResult, register_workload, \
     pool_drive_of, write_summary
-from .g2_capacity import (CAPACITY_FIGURES, CAPACITY_METRICS, CapacityEvidence, CapacityPoint, CapacitySpec,
-                          evaluate_capacity, point_levels, reusable_tokens, sweep_issues, sweep_points, sweep_trace)
-from .g2_load import (Counters, G2Load, G2LoadEvidence, G2LoadParams, LoadAttachParams, LoadPrompts, LoadSpec,
-                      MetricInterval, MetricTable, load_prompts,
-                      PointTrial, accounting_counters, emit, evaluate_load, g2_view, load_fields, point_invalid,
-                      read_load_trace, reevaluate_load, token_accounting, trace_error)
-from .g2_ttft import G2Ttft, launch_values
-from .engine import pool_record
-from .phases import PhaseRunner, first_fallback
+from .kit.capacity import (CAPACITY_FIGURES, CAPACITY_METRICS, CapacityEvidence, CapacityPoint, CapacitySpec,
+                               evaluate_capacity, point_levels, reusable_tokens, sweep_issues, sweep_points, sweep_trace)
+from .kit.load import (Counters, G2LoadEvidence, G2LoadParams, LoadAttachParams, LoadPrompts, LoadSpec,
+                       LoadPoints, MetricInterval, MetricTable, PointTrial, accounting_counters, emit, evaluate_load,
+                       g2_view, load_control_files, load_fields, load_issues, load_prompts, point_invalid,
+                       read_load_trace, reevaluate_load, token_accounting, trace_error)
+from .kit.g2 import G2Procedure, launch_values
+from .kit.engine import pool_record
+from .kit.phases import PhaseRunner, first_fallback
 
 ARMS = ("tier", "no_tier")
 REFERENCE_GAIN = "+29-40 % (R2, single-instance basis)"
@@ -82,7 +82,7 @@ class GainParams(G2LoadParams):
     """g2-gain's ``params:``: g2-load's (the engine, the load, the SLOs, the bounds of a valid point), the arm
     without the tier, the engine memory both arms get, and what proves the tier arm's reuse was the tier's; or,
     instead of ``load:``, ``capacity:`` (the capacity curve: a working-set sweep on the arm with the tier,
-    harness/workloads/g2_capacity.py)."""
+    harness/workloads/kit/capacity.py)."""
 
     load: LoadSpec | None = None  # type: ignore[assignment]
     capacity: CapacitySpec | None = None
@@ -408,7 +408,7 @@ def evaluate_gain(arms: dict[str, WorkloadResult], min_tier_reuse_share: float,
                   fallbacks: dict[str, str | None] | None = None,
                   evidence: GainEvidence | None = None, reusable: float | None = None) -> WorkloadResult:
     """Pure: the gain over trials and its validity from both arms' g2-load results (each from
-    :func:`~harness.workloads.g2_load.evaluate_load` over its points); ``reusable``: the share of the prompt tokens
+    :func:`~harness.workloads.kit.load.evaluate_load` over its points); ``reusable``: the share of the prompt tokens
     a cache could serve (:func:`reusable_share`), for ``tier_hit_rate`` and the proof that the tier served the
     reuse. Each figure over the trials that gave one, against the trials asked for (``evidence.trials``). INVALID
     when a proof fails (the first one named); ERROR when either arm served nothing."""
@@ -481,7 +481,7 @@ def evaluate_sweep(points: list[PointTrial], shapes: list[CapacityPoint], ev: Ga
     """Pure: a capacity sweep's result from the tier arm's points (g2-load's, with the RAM-level and tier-eviction
     counters' deltas in ``extra_counters``, named in ``ev.capacity``) and each point's shape (``shapes``, by label
     and trial): every point judged (:func:`sweep_point`), the arm as g2-load evaluates it, then the curve, its
-    knee, the tier's end and the requirement (harness.workloads.g2_capacity.evaluate_capacity). INVALID when a
+    knee, the tier's end and the requirement (harness.workloads.kit.capacity.evaluate_capacity). INVALID when a
     proof fails."""
     ev = ev.model_copy(deep=True)
     assert ev.capacity is not None
@@ -746,12 +746,12 @@ class G2Gain(Workload):
         return None
 
     def control_files(self, params):
-        return G2Load().control_files(params)
+        return load_control_files(params)
 
     def validate_against(self, params, nodes):
         if params.capacity is not None:
             return self._validate_sweep(params, nodes)
-        issues = G2Load().validate_against(params, nodes)
+        issues = load_issues(params, nodes)
         issues = [(path, msg.replace("g2-load", "g2-gain")) for path, msg in issues]
         if params.attach is not None:
             return issues + self._validate_attached(params, nodes)
@@ -791,7 +791,7 @@ class G2Gain(Workload):
         per-level counters it splits the reuse by, and a sweep that runs as written."""
         view = sweep_params(params)
         issues = [(path, msg.replace("g2-load", "g2-gain"))
-                  for path, msg in G2Load().validate_against(view, nodes) if path[:1] != ("load",)]
+                  for path, msg in load_issues(view, nodes) if path[:1] != ("load",)]
         if params.attach is not None:
             return issues + [(("attach",), "a capacity sweep launches its engine itself (its engine memory bounded "
                               "by engine_cache_tokens); an attached engine is not supported yet")]
@@ -843,7 +843,7 @@ class G2Gain(Workload):
         g2v = self._arm_view(view, "tier", spec.context_tokens)
         v = launch_values(g2v, prof, node.work_dir, ctx.gate.id, g2v.port or 8000, "<run>", node.transport,
                           node.engine_python)
-        steps = G2Ttft()._plan_launch_setup(g2v, prof, node, v)
+        steps = G2Procedure()._plan_launch_setup(g2v, prof, node, v)
         argv = prof.render_argv(v)
         steps.append(PlannedStep(node.name, f"start {prof.name} with the tier, engine memory {p.engine_cache_tokens} "
                                  f"tokens, once for the whole sweep, in its own process group: "
@@ -871,7 +871,7 @@ class G2Gain(Workload):
         around each of its points, the tier arm's pool device probed around each of its points."""
         p: GainParams = ctx.params
         profs = self._profiles(p)
-        load = G2Load()
+        load = LoadPoints()
         attach = {"tier": p.attach, "no_tier": p.no_tier_attach}
         pool_node, pool_dir = p.pool_node or next(iter(ctx.nodes)), p.pool_path
         steps: list[PlannedStep] = []
@@ -888,7 +888,7 @@ class G2Gain(Workload):
             steps += log(arm, "before the run")
         if p.warmup:
             steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt per arm (not in the statistics)"))
-        for t, label, lv in load._schedule(p):
+        for t, label, lv in load.schedule(p):
             first = first_arm(t)
             for arm in (first, "no_tier" if first == "tier" else "tier"):
                 what = f"trial {t}/{p.trials}, {label}, {arm} arm"
@@ -896,7 +896,7 @@ class G2Gain(Workload):
                     steps.append(PlannedStep(pool_node, f"{what}: the pool device's counters before",
                                              pool_blockstat_argv(pool_dir)))
                 steps += log(arm, f"({what}, before)")
-                steps.append(PlannedStep("(control host)", f"{what}: " + load._point_text(p, label, lv, t)))
+                steps.append(PlannedStep("(control host)", f"{what}: " + load.point_text(p, label, lv, t)))
                 if arm == "tier" and pool_dir:
                     steps.append(PlannedStep(pool_node, f"{what}: the pool device's counters after",
                                              pool_blockstat_argv(pool_dir)))
@@ -912,8 +912,8 @@ class G2Gain(Workload):
         if p.attach is not None:
             return self._plan_attached(ctx)
         profs = self._profiles(p)
-        load = G2Load()
-        longest = load._longest_prompt(p)
+        load = LoadPoints()
+        longest = load.longest_prompt(p)
         node = next(iter(ctx.nodes.values()))
         steps: list[PlannedStep] = []
         values = {}
@@ -922,7 +922,7 @@ class G2Gain(Workload):
             v = launch_values(view, profs[arm], node.work_dir, ctx.gate.id, view.port or 8000, "<run>",
                               node.transport, node.engine_python)
             values[arm] = v
-            steps += G2Ttft()._plan_launch_setup(view, profs[arm], node, v)
+            steps += G2Procedure()._plan_launch_setup(view, profs[arm], node, v)
         for arm in ARMS:
             argv = profs[arm].render_argv(values[arm])
             what = (f"start the {arm.replace('_', ' ')} arm's {profs[arm].name} once for the whole run (both at once), "
@@ -935,14 +935,14 @@ class G2Gain(Workload):
                                  "other arm's)", tuple(profs[ARMS[0]].render_argv(values[ARMS[0]])), optional=True))
         if p.warmup:
             steps.append(PlannedStep("(control host)", "one unrelated warm-up prompt per arm (not in the statistics)"))
-        for t, label, lv in load._schedule(p):
+        for t, label, lv in load.schedule(p):
             first = first_arm(t)
             for arm in (first, "no_tier" if first == "tier" else "tier"):
                 pool = values[arm]["pool_dir"]
                 steps.append(PlannedStep(node.name, f"trial {t}/{p.trials}, {label}, {arm} arm: the pool device's "
                                          "counters before", pool_blockstat_argv(pool)))
                 steps.append(PlannedStep("(control host)", f"trial {t}/{p.trials}, {label}, {arm} arm: "
-                                         + load._point_text(p, label, lv, t)))
+                                         + load.point_text(p, label, lv, t)))
                 steps.append(PlannedStep(node.name, f"trial {t}/{p.trials}, {label}, {arm} arm: the pool device's "
                                          "counters after", pool_blockstat_argv(pool)))
         steps.append(PlannedStep(node.name, "stop both engines (their process groups); their logs are checked for "
@@ -959,7 +959,7 @@ class G2Gain(Workload):
         assert spec is not None and p.engine_cache_tokens is not None
         view = sweep_params(p)
         prof = with_cache(p, load_profile(p.engine))
-        load, g2 = G2Load(), G2Ttft()
+        load, g2 = LoadPoints(), G2Procedure()
         counters = sweep_counters(prof)
         ev = GainEvidence(engine_cache_tokens=p.engine_cache_tokens, min_tier_reuse_share=p.min_tier_reuse_share,
                           **load_fields(view))
@@ -973,11 +973,11 @@ class G2Gain(Workload):
         g2v = self._arm_view(view, "tier", spec.context_tokens)
         setup = g2._setup_launched(ctx, g2v, prof, labels=("tier",))
         if isinstance(setup, WorkloadResult):
-            load._engine_evidence(arm_ev, setup.evidence)
+            load.engine_evidence(arm_ev, setup.evidence)
             ev.arms = {"tier": arm_ev}
             return WorkloadResult(evidence=ev, error=f"tier arm: {setup.error or setup.invalid_reason}")
-        load._engine_evidence(arm_ev, setup.ev)
-        load._engine_evidence(ev, setup.ev)
+        load.engine_evidence(arm_ev, setup.ev)
+        load.engine_evidence(ev, setup.ev)
         (ctx.gate_dir / "tier").mkdir(parents=True, exist_ok=True)
         actx = dataclasses.replace(ctx, gate_dir=ctx.gate_dir / "tier")
         _, _, vocab = g2._kv_shape(g2v, prof)
@@ -1002,7 +1002,7 @@ class G2Gain(Workload):
                 g2._warm_up(actx, g2v, prof, eng.base_url, "tier", s.warm[0], s.ev)
                 arm_ev.warmup = dict(s.ev.warmup)
                 ok = s.ev.warmup.get("error") is None
-                load._settled_metrics(ctx, eng, counters, mw, (s.warm[0].prompt_tokens or 0) if ok else 0)
+                load.settled_metrics(ctx, eng, counters, mw, (s.warm[0].prompt_tokens or 0) if ok else 0)
             for t in range(1, p.trials + 1):
                 for label, x, n in sweep_points(spec, p.engine_cache_tokens):
                     ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, working set {label} ({n} sessions)")
@@ -1010,7 +1010,7 @@ class G2Gain(Workload):
                     shapes.append(CapacityPoint(label=label, trial=t, working_set_x=x, sessions=n,
                                                 working_set_tokens=n * spec.context_tokens, requests=len(trace.requests),
                                                 reusable_tokens=float(reusable_tokens(trace))))
-                    points.append(load._attempts(actx, view, prof, runner, setup, counters, t, label, 0.0, trace,
+                    points.append(load.attempts(actx, view, prof, runner, setup, counters, t, label, 0.0, trace,
                                                  p.seed, prompts, arm_ev))
             logs = runner.close(logs=True)
             closed = True
@@ -1033,7 +1033,7 @@ class G2Gain(Workload):
                     longest: int) -> tuple[dict, dict[str, G2LoadEvidence], dict[str, GateContext]] | WorkloadResult:
         """Each arm's engine prepared (launched or attached), its evidence begun, its files in its own folder of the
         gate's directory: (setups, evidence, contexts) by arm, or the first arm's failure as the gate's error."""
-        load, g2, attached = G2Load(), G2Ttft(), p.attach is not None
+        load, g2, attached = LoadPoints(), G2Procedure(), p.attach is not None
         setups, arm_ev, ctxs = {}, {}, {}
         for arm in ARMS:
             view = self._arm_view(p, arm, longest)
@@ -1042,14 +1042,14 @@ class G2Gain(Workload):
             arm_ev[arm] = G2LoadEvidence(**load_fields(p), trace=ev.trace, device_reads=profs[arm].device_reads,
                                          pool_drive=pool_drive_of(ctx, p.pool_node if attached else None))
             if isinstance(setup, WorkloadResult):
-                load._engine_evidence(arm_ev[arm], setup.evidence)
+                load.engine_evidence(arm_ev[arm], setup.evidence)
                 ev.arms = arm_ev
                 return WorkloadResult(evidence=ev, error=f"{arm} arm: {setup.error or setup.invalid_reason}")
-            load._engine_evidence(arm_ev[arm], setup.ev)
+            load.engine_evidence(arm_ev[arm], setup.ev)
             setups[arm] = setup
             (ctx.gate_dir / arm).mkdir(parents=True, exist_ok=True)
             ctxs[arm] = dataclasses.replace(ctx, gate_dir=ctx.gate_dir / arm)
-        load._engine_evidence(ev, setups["tier"].ev)
+        load.engine_evidence(ev, setups["tier"].ev)
         return setups, arm_ev, ctxs
 
     def run(self, ctx: GateContext) -> WorkloadResult:
@@ -1057,7 +1057,7 @@ class G2Gain(Workload):
         if p.capacity is not None:
             return self._run_sweep(ctx)
         profs = self._profiles(p)
-        load = G2Load()
+        load = LoadPoints()
         ev = GainEvidence(no_tier_engine_profile=profs["no_tier"].name, engine_cache_tokens=p.engine_cache_tokens,
                           min_tier_reuse_share=p.min_tier_reuse_share, min_tier_served_share=p.min_tier_served_share,
                           arm_difference=None if p.attach is not None else arm_difference(profs["tier"], profs["no_tier"]),
@@ -1068,8 +1068,8 @@ class G2Gain(Workload):
                 trace, ev.trace = read_load_trace(p.load)
             except (ConfigError, InputFileError, ValueError) as exc:
                 return WorkloadResult(evidence=ev, error=trace_error(p.load, exc))
-        longest = load._longest_prompt(p)
-        g2 = G2Ttft()
+        longest = load.longest_prompt(p)
+        g2 = G2Procedure()
         runners: dict[str, PhaseRunner] = {}
         attached = p.attach is not None
         arms = self._setup_arms(ctx, p, profs, ev, longest)
@@ -1111,12 +1111,12 @@ class G2Gain(Workload):
                     g2._warm_up(ctxs[arm], g2_view(p, longest), profs[arm], eng.base_url, arm, s.warm[0], s.ev)
                     arm_ev[arm].warmup = dict(s.ev.warmup)
                     ok = s.ev.warmup.get("error") is None
-                    load._settled_metrics(ctx, eng, counters[arm], mw, (s.warm[0].prompt_tokens or 0) if ok else 0)
-            for t, label, lv in load._schedule(p):
+                    load.settled_metrics(ctx, eng, counters[arm], mw, (s.warm[0].prompt_tokens or 0) if ok else 0)
+            for t, label, lv in load.schedule(p):
                 first = first_arm(t)
                 for arm in (first, "no_tier" if first == "tier" else "tier"):
                     ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}, {arm} arm")
-                    points[arm].append(load._attempts(ctxs[arm], p, profs[arm], runners[arm], setups[arm],
+                    points[arm].append(load.attempts(ctxs[arm], p, profs[arm], runners[arm], setups[arm],
                                                       counters[arm], t, label, lv, trace, seed, prompts,
                                                       arm_ev[arm]))
             for arm in ARMS:

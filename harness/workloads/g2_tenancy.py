@@ -38,12 +38,12 @@ from ..parsers.pooldev import (PoolDeviceStat, pool_blockstat_argv, pool_device_
                                  write_bytes_between)
 from ..stats import percentile
 from ..units import format_quantity
-from .base import (DROP_CACHES_ARGV, GateContext, PlannedStep, ValidityCheck, WorkloadResult,
+from .kit.base import (DROP_CACHES_ARGV, GateContext, PlannedStep, ValidityCheck, WorkloadResult,
                    drop_caches, register_workload, write_summary)
-from .engine import pool_contents, pool_files_argv, pool_record, stored_kv_tokens
-from .g2_ttft import G2Evidence, G2Params, G2Setup, G2Ttft, cold_check, store_phase_endurance
-from .phases import PhaseRecord, PhaseRunner, first_fallback
-from .probes import run_probe
+from .kit.engine import pool_contents, pool_files_argv, pool_record, stored_kv_tokens
+from .kit.g2 import G2Evidence, G2Params, G2Setup, G2Procedure, cold_check, store_phase_endurance
+from .kit.phases import PhaseRecord, PhaseRunner, first_fallback
+from .kit.probes import run_probe
 
 # The phases in the order they run: (label, tenant)
 PHASES = (("store-a", "A"), ("cross-b", "B"), ("fresh-b", "B"), ("control-a", "A"))
@@ -272,7 +272,7 @@ def split_fresh(prompts: Sequence[CompletionRequest], lengths: int, per_length: 
 
 
 @register_workload("g2-tenancy")
-class G2Tenancy(G2Ttft):
+class G2Tenancy(G2Procedure):
     """Tenant isolation on the tier (docs/g2.md, "Tenant isolation"); the launched engine's set-up is G2's."""
 
     Params = TenancyParams

@@ -37,7 +37,7 @@ from ..parsers.g3series import (GB, NodeSeries, PortRate, TimeFrame, active_span
                                 cross_check_port_rate, longest_idle_s, nic_ceiling_ratio, nodes_completed,
                                 parse_reader_output, rate_series, self_report_problems, start_skew_s)
 from ..units import parse_size_bytes
-from .base import (DROP_CACHES_ARGV, CacheDrop, Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel,
+from .kit.base import (DROP_CACHES_ARGV, CacheDrop, Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel,
                    ValidityCheck, Workload, WorkloadResult, drop_caches, register_workload, target_path, write_summary,
                    write_gate_file)
 
@@ -422,8 +422,6 @@ def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer
                                    writer, w, max_idle_s)
     if wrote is not None and rec.window_write_gb_s is not None:  # measured in this window
         metrics["writer_write_gb_s"] = rec.window_write_gb_s
-    min_gb_s = min_write_share * ev.nic_line_rate_gb_s if ev.nic_line_rate_gb_s else None
-    slow = (wrote and min_gb_s is not None and (rec.window_write_gb_s or 0.0) < min_gb_s)
     series = dict(with_writer)
     if writer is not None:
         series[f"{iso.writer} (writer)"] = writer
@@ -436,27 +434,10 @@ def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer
     drops = iso.page_cache_dropped
     not_cold = [n for n in with_writer if n not in failed and not (iso.nodes.get(n) and iso.nodes[n].direct_used)
                 and not (n in drops and drops[n].dropped)]
-    if rec.error:
-        why = f"the writer {iso.writer} failed: {rec.error}"
-    elif wrote is None:
-        why = f"the writer {iso.writer} wrote nothing the readers' window can be checked against"
-    elif not wrote:
-        why = (f"the writer {iso.writer} did not write through the readers' window: {rec.window_bytes:.0f} bytes in "
-               f"its {w.window_s:.2f} s, longest idle stretch {rec.longest_idle_s:.2f} s (bound {max_idle_s:g} s)")
-    elif slow:
-        why = (f"the writer {iso.writer} wrote {rec.window_write_gb_s:.6f} GB/s in the readers' window, below its "
-               f"stated minimum {min_gb_s:.6f} GB/s (min_write_share {min_write_share:g} of the port's "
-               f"{ev.nic_line_rate_gb_s:.6g} GB/s): not a writer contending for the port, its loss is not judged")
-    else:
-        why = None
+    why, wrote_check = _writer_check(iso.writer, rec, wrote, w.window_s, max_idle_s, min_write_share,
+                                     ev.nic_line_rate_gb_s)
     checks = [
-        ValidityCheck(name="writer wrote", ok=why is None,
-                      claim=f"the writer {iso.writer} wrote through the same port for the whole with-writer window",
-                      how=why or (f"{rec.window_bytes / 1e6:.1f} MB written in the readers' {w.window_s:.2f} s window "
-                                  f"({rec.window_write_gb_s:.3f} GB/s"
-                                  + (f", at least {min_gb_s:.4f} GB/s stated" if min_gb_s is not None else "")
-                                  + f"), longest idle stretch {rec.longest_idle_s:.2f} s (bound {max_idle_s:g} s)"),
-                      figure="longest writer idle", value=rec.longest_idle_s, unit="s"),
+        wrote_check,
         ValidityCheck(name="comparison", ok=loss is not None,
                       claim="the same readers read alone and with the writer, each in a common window",
                       how=reason or (f"{', '.join(both)}: {a.aggregate_read_gb_s:.4f} GB/s alone over {a.window_s:.2f} s,"
@@ -466,15 +447,53 @@ def evaluate_isolation(ev: G3Evidence, alone: dict[str, NodeSeries], with_writer
                       claim="every reader's second read came from the shared copy, not its page cache",
                       how=("not cold on " + ", ".join(not_cold)) if not_cold else
                       "O_DIRECT or the page cache dropped again on every reader")]
+    reported_error, invalid = _isolation_verdict(error, why, loss, reason, not_cold)
+    return metrics, checks, reported_error, invalid
+
+
+def _writer_check(writer: str, rec: G3WriterRecord, wrote: bool | None, window_s: float, max_idle_s: float,
+                  min_write_share: float, nic_line_rate_gb_s: float | None) -> tuple[str | None, ValidityCheck]:
+    """Pure: why the writer does not make the isolation run a comparison (failed, wrote nothing checkable, not
+    through the readers' window, or below ``min_write_share`` of the port's line rate), None when it does, and
+    the validity check saying so."""
+    min_gb_s = min_write_share * nic_line_rate_gb_s if nic_line_rate_gb_s else None
+    slow = (wrote and min_gb_s is not None and (rec.window_write_gb_s or 0.0) < min_gb_s)
+    if rec.error:
+        why = f"the writer {writer} failed: {rec.error}"
+    elif wrote is None:
+        why = f"the writer {writer} wrote nothing the readers' window can be checked against"
+    elif not wrote:
+        why = (f"the writer {writer} did not write through the readers' window: {rec.window_bytes:.0f} bytes in "
+               f"its {window_s:.2f} s, longest idle stretch {rec.longest_idle_s:.2f} s (bound {max_idle_s:g} s)")
+    elif slow:
+        why = (f"the writer {writer} wrote {rec.window_write_gb_s:.6f} GB/s in the readers' window, below its "
+               f"stated minimum {min_gb_s:.6f} GB/s (min_write_share {min_write_share:g} of the port's "
+               f"{nic_line_rate_gb_s:.6g} GB/s): not a writer contending for the port, its loss is not judged")
+    else:
+        why = None
+    return why, ValidityCheck(
+        name="writer wrote", ok=why is None,
+        claim=f"the writer {writer} wrote through the same port for the whole with-writer window",
+        how=why or (f"{rec.window_bytes / 1e6:.1f} MB written in the readers' {window_s:.2f} s window "
+                    f"({rec.window_write_gb_s:.3f} GB/s"
+                    + (f", at least {min_gb_s:.4f} GB/s stated" if min_gb_s is not None else "")
+                    + f"), longest idle stretch {rec.longest_idle_s:.2f} s (bound {max_idle_s:g} s)"),
+        figure="longest writer idle", value=rec.longest_idle_s, unit="s")
+
+
+def _isolation_verdict(error: str | None, why: str | None, loss: float | None, reason: str | None,
+                       not_cold: list[str]) -> tuple[str | None, str | None]:
+    """Pure: the isolation run's (error, invalid reason), first that applies: the readers' failure beyond the
+    policy, the writer's reason, no loss to report, a reader not cold."""
     if error:
-        return metrics, checks, f"with the writer: {error}", None
+        return f"with the writer: {error}", None
     if why:
-        return metrics, checks, None, why
+        return None, why
     if loss is None:
-        return metrics, checks, None, f"no readers' loss: {reason}"
+        return None, f"no readers' loss: {reason}"
     if not_cold:
-        return metrics, checks, None, f"not cold with the writer: {', '.join(not_cold)}"
-    return metrics, checks, None, None
+        return None, f"not cold with the writer: {', '.join(not_cold)}"
+    return None, None
 
 
 def _evaluate_alone(ev: G3Evidence, series: dict[str, NodeSeries], port: PortRate, policy: FailurePolicy,
@@ -938,28 +957,7 @@ class G3SharedRead(Workload):
         readers = [n for n in readers if n not in bad]
         Path(job_dir).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(program_path("g3_reader.py"), posixpath.join(job_dir, "g3_reader.py"))
-        creator = p.create_on or readers[0]
-        node = ctx.nodes[creator]
-        r = ctx.steps.run(control, "pool-manifest", self._slurm_one(
-            cluster, creator, ("cat", posixpath.join(_pool_dir(node, p), MANIFEST)), 300), timeout_s=360, env=env)
-        have = None
-        if r.ok:
-            try:
-                have = json.loads(r.stdout)
-            except json.JSONDecodeError:
-                have = None
-        want = manifest_for(p)
-        if isinstance(have, dict) and all(have.get(k) == v for k, v in want.items()):
-            ev.pool = G3Pool(created=False, by=creator, dir=_pool_dir(node, p), manifest=have)
-        else:
-            create = self._create_argv(ctx, node, p)
-            create = create[:1] + (posixpath.join(job_dir, "g3_reader.py"),) + create[2:]
-            t = max(600.0, p.copy_bytes / 10e6)
-            r = ctx.steps.run(control, "pool-create", self._slurm_one(cluster, creator, create, t),
-                              timeout_s=t + 60, env=env)
-            if not r.ok:
-                raise WorkloadError(f"creating the KV copy on {creator} through srun failed: {r.summary()}")
-            ev.pool = G3Pool(created=True, by=creator, dir=_pool_dir(node, p), report=r.stdout.strip())
+        ev.pool = self._slurm_copy(ctx, p, cluster, job_dir, control, env, p.create_on or readers[0])
 
         applied = {n: 0.0 for n in readers}
         ev.clock_alignment = "assume_synced"
@@ -981,6 +979,31 @@ class G3SharedRead(Workload):
             ev.page_cache_dropped = {n: CacheDrop.model_validate(t["cache_drop"])
                                      for n, t in job.provenance().items() if t.get("cache_drop") is not None}
         return self._collect(ctx, p, ev.readers, launch, applied, bad, {}, 0.0, port, policy, ev)
+
+    def _slurm_copy(self, ctx: GateContext, p: G3Params, cluster: SlurmCluster, job_dir: str,
+                    control: LocalTransport, env: dict[str, str] | None, creator: str) -> G3Pool:
+        """The KV copy through srun on ``creator``: kept when its manifest matches the gate's, else laid out by a
+        one-task step running the reader script from the job directory."""
+        node = ctx.nodes[creator]
+        r = ctx.steps.run(control, "pool-manifest", self._slurm_one(
+            cluster, creator, ("cat", posixpath.join(_pool_dir(node, p), MANIFEST)), 300), timeout_s=360, env=env)
+        have = None
+        if r.ok:
+            try:
+                have = json.loads(r.stdout)
+            except json.JSONDecodeError:
+                have = None
+        want = manifest_for(p)
+        if isinstance(have, dict) and all(have.get(k) == v for k, v in want.items()):
+            return G3Pool(created=False, by=creator, dir=_pool_dir(node, p), manifest=have)
+        create = self._create_argv(ctx, node, p)
+        create = create[:1] + (posixpath.join(job_dir, "g3_reader.py"),) + create[2:]
+        t = max(600.0, p.copy_bytes / 10e6)
+        r = ctx.steps.run(control, "pool-create", self._slurm_one(cluster, creator, create, t),
+                          timeout_s=t + 60, env=env)
+        if not r.ok:
+            raise WorkloadError(f"creating the KV copy on {creator} through srun failed: {r.summary()}")
+        return G3Pool(created=True, by=creator, dir=_pool_dir(node, p), report=r.stdout.strip())
 
     # ---- run
     def run(self, ctx: GateContext) -> WorkloadResult:
@@ -1009,47 +1032,14 @@ class G3SharedRead(Workload):
         ev.port_rate = vars(port) | {"notes": list(port.notes)}
 
         # 2. Reader script on every node (a node failing here is a node failure like any other).
-        def prepare(name: str, t):
-            nd = _node_dir(ctx.nodes[name], ctx.gate.id)
-            r = ctx.steps.run(t, "mkdir", ("mkdir", "-p", nd), timeout_s=30)
-            if not r.ok:
-                raise WorkloadError(r.summary())
-            t.put(program_path("g3_reader.py"), posixpath.join(nd, "g3_reader.py"))
-            return nd
-
-        prep = fan_out(tr, prepare)
-        self._check_policy(prep, policy, "preparing nodes", ev)
-        if writer:  # no writer, no isolation to measure: its node failing is the gate's error
-            ev.isolation = G3Isolation(writer=writer)
-            wprep = fan_out({writer: ctx.transports[writer]}, prepare)
-            if wprep.failed:
-                raise WorkloadError(f"preparing the writer {writer}: {wprep.failed[writer]}")
+        prep = self._prepare_nodes(ctx, tr, writer, policy, ev)
 
         # 3. The KV copy, once.
         creator = p.create_on or next(r for r in readers if r in prep.succeeded)
         ev.pool = self._ensure_copy(ctx, creator, p)
 
-        live = {r: tr[r] for r in prep.succeeded}
         # 4. Clock offsets (the writer's too: it is released with the readers), cold caches.
-        t_phase = time.monotonic()
-        offs = measure_clock_offsets({**live, **({writer: ctx.transports[writer]} if writer else {})},
-                                     samples=p.clock_samples, timeout_s=p.clock_probe_timeout_s)
-        if writer and writer not in offs.succeeded:
-            raise WorkloadError(f"the writer {writer}'s clock offset: {offs.failed.get(writer)}")
-        ctx.progress(f"{ctx.gate.id}: clock offsets of {len(offs.succeeded)}/{len(offs)} nodes in "
-                     f"{time.monotonic() - t_phase:.1f} s")
-        applied = {n: applied_offset_s(o, p.clock_alignment) for n, o in offs.succeeded.items()}
-        ev.clock_offsets = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
-        ev.clock_alignment = p.clock_alignment
-        ev.clock_offset_errors = offs.failed
-        live = {r: live[r] for r in offs.succeeded if r in live}
-        if p.drop_caches:
-            t_phase = time.monotonic()
-            drops = fan_out(live, lambda _n, t: drop_caches(ctx, t, timeout_s=120))
-            ev.page_cache_dropped = {n: o.value if o.ok else CacheDrop(dropped=False, error=o.error)
-                                     for n, o in drops.items()}
-            ctx.progress(f"{ctx.gate.id}: page cache dropped on {len(drops.succeeded)}/{len(live)} nodes in "
-                         f"{time.monotonic() - t_phase:.1f} s")
+        offs, applied, live = self._offsets_and_cold(ctx, p, {r: tr[r] for r in prep.succeeded}, writer, ev)
 
         # 5. Arm, release together, wait.
         specs = {r: self._reader_argv(ctx, ctx.nodes[r], p)[0] for r in live}
@@ -1076,6 +1066,53 @@ class G3SharedRead(Workload):
                 ctx.progress(f"{ctx.gate.id}: what the writer wrote was not removed: {r.summary()}")
         return self._collect(ctx, p, readers, launch, applied, prep.failed, offs.failed, uncertainty, port, policy,
                              ev, launch2)
+
+    def _prepare_nodes(self, ctx: GateContext, tr: dict, writer: str | None, policy: FailurePolicy,
+                       ev: G3Evidence) -> GroupResult:
+        """The reader script put on every reader (judged by the policy) and on the writer (its failing is the
+        gate's error: no writer, no isolation to measure); returns the readers' outcomes."""
+        def prepare(name: str, t):
+            nd = _node_dir(ctx.nodes[name], ctx.gate.id)
+            r = ctx.steps.run(t, "mkdir", ("mkdir", "-p", nd), timeout_s=30)
+            if not r.ok:
+                raise WorkloadError(r.summary())
+            t.put(program_path("g3_reader.py"), posixpath.join(nd, "g3_reader.py"))
+            return nd
+
+        prep = fan_out(tr, prepare)
+        self._check_policy(prep, policy, "preparing nodes", ev)
+        if writer:
+            ev.isolation = G3Isolation(writer=writer)
+            wprep = fan_out({writer: ctx.transports[writer]}, prepare)
+            if wprep.failed:
+                raise WorkloadError(f"preparing the writer {writer}: {wprep.failed[writer]}")
+        return prep
+
+    def _offsets_and_cold(self, ctx: GateContext, p: G3Params, live: dict, writer: str | None, ev: G3Evidence
+                          ) -> tuple[GroupResult, dict[str, float], dict]:
+        """Every live node's clock offset (the writer's too: it is released with the readers; its failing is the
+        gate's error), then the page cache dropped on the readers whose offset is known. Returns the offsets'
+        outcomes, the offsets applied and the readers still live."""
+        t_phase = time.monotonic()
+        offs = measure_clock_offsets({**live, **({writer: ctx.transports[writer]} if writer else {})},
+                                     samples=p.clock_samples, timeout_s=p.clock_probe_timeout_s)
+        if writer and writer not in offs.succeeded:
+            raise WorkloadError(f"the writer {writer}'s clock offset: {offs.failed.get(writer)}")
+        ctx.progress(f"{ctx.gate.id}: clock offsets of {len(offs.succeeded)}/{len(offs)} nodes in "
+                     f"{time.monotonic() - t_phase:.1f} s")
+        applied = {n: applied_offset_s(o, p.clock_alignment) for n, o in offs.succeeded.items()}
+        ev.clock_offsets = {n: vars(o) | {"applied_s": applied[n]} for n, o in offs.succeeded.items()}
+        ev.clock_alignment = p.clock_alignment
+        ev.clock_offset_errors = offs.failed
+        live = {r: live[r] for r in offs.succeeded if r in live}
+        if p.drop_caches:
+            t_phase = time.monotonic()
+            drops = fan_out(live, lambda _n, t: drop_caches(ctx, t, timeout_s=120))
+            ev.page_cache_dropped = {n: o.value if o.ok else CacheDrop(dropped=False, error=o.error)
+                                     for n, o in drops.items()}
+            ctx.progress(f"{ctx.gate.id}: page cache dropped on {len(drops.succeeded)}/{len(live)} nodes in "
+                         f"{time.monotonic() - t_phase:.1f} s")
+        return offs, applied, live
 
     def _with_writer(self, ctx: GateContext, p: G3Params, readers: dict, writer: str, applied: dict[str, float],
                      policy: FailurePolicy, ev: G3Evidence) -> SynchronizedLaunch:

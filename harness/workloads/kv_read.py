@@ -50,17 +50,17 @@ from ..errors import ConfigError, WorkloadError
 from ..execute.fanout import fan_out
 from ..node import program_path
 from ..parsers.fio import FioRun, parse_fio_json
-from ..parsers.kvread import ReadRun, parse_drop_caches, parse_layout, parse_read, split_documents
+from ..parsers.kvread import ChunkFile, Layout, ReadRun, parse_drop_caches, parse_layout, parse_read, split_documents
 from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between, write_bytes_between
 from ..parsers.smart import SmartLog, parse_smart_log, smart_device, smart_log_argv, smart_writes
 from ..paths import data_path
 from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
 from ..units import format_quantity, parse_size_bytes
-from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
+from .kit.base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
                    ValidityCheck, Workload, WorkloadResult, drive_rating, drop_caches, pool_drive_of, register_workload,
                    target_path, write_summary, write_gate_file)
-from .engine import node_engine_python
-from .probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
+from .kit.engine import node_engine_python
+from .kit.probes import check_fio_groups, fio_json, fio_stream_rows, numa_cpulists, numa_step, pins_numa
 
 # The reader's environment: one hash seed for every process (LMCache's builtin chunk hash), no telemetry.
 READER_ENV = {"PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false", "LMCACHE_LOG_LEVEL": "WARNING"}
@@ -568,6 +568,52 @@ def _run_dir(node, gate_id: str) -> str:
     return posixpath.join(node.work_dir, f"kvgate-kvread-{gate_id}-{node.name}")
 
 
+def _target_issues(params: KvReadParams, nodes) -> list[tuple[tuple, str]]:
+    """Pure: what keeps each node's target (and destination) from holding kv-read's pool, for validate_against."""
+    issues: list[tuple[tuple, str]] = []
+    for name, node in nodes.items():
+        t = node.target(params.target)
+        if t is None:
+            issues.append((("target",), f"node {name!r} has no target {params.target!r} "
+                           f"(expected one of {', '.join(x.name for x in node.targets) or 'none declared'})"))
+            continue
+        if t.kind not in ("file", "directory"):
+            issues.append((("target",), f"target {params.target!r} on node {name!r} is a {t.kind}; kv-read needs "
+                           "a filesystem (a directory target, or a file target whose directory holds the pool): "
+                           "LMCache's pool is a directory"))
+            continue
+        if any(c in target_path(node, t) for c in ":;\n"):
+            issues.append((("target",), f"target {params.target!r} on node {name!r}: fio cannot take a path "
+                           f"containing ':' or ';' ({t.path!r})"))
+        if params.destination == "gpu" and not node.gpus:
+            issues.append((("destination",), f"destination gpu, but node {name!r} declares no GPUs"))
+    return issues
+
+
+def _sizing_issues(params: KvReadParams, arch: ModelArch, cfg: dict[str, Any], nodes) -> list[tuple[tuple, str]]:
+    """Pure: whether the reader's LMCache config (``cfg``) sizes a layout on every node and holds one retrieve in
+    its CPU buffer, for validate_against (nothing to say without a positive integer chunk size)."""
+    issues: list[tuple[tuple, str]] = []
+    chunk = cfg.get("chunk_size", 256)
+    if not isinstance(chunk, int) or chunk <= 0:
+        return issues
+    for name, node in nodes.items():
+        try:
+            sizing(arch.kv_bytes_per_token, chunk, params.chunks_per_retrieve, node.stream_count,
+                   params.kv_size_bytes)
+        except ValueError as exc:
+            issues.append((("kv_size",), f"node {name!r}: {exc}"))
+    cpu_gib = cfg.get("max_local_cpu_size", 5.0)
+    need = params.chunks_per_retrieve * chunk * arch.kv_bytes_per_token
+    if isinstance(cpu_gib, (int, float)) and need > cpu_gib * GIB:
+        where = ("lmcache", "max_local_cpu_size") if "max_local_cpu_size" in params.lmcache else \
+            ("chunks_per_retrieve",)
+        issues.append((where, f"one retrieve ({params.chunks_per_retrieve} chunks x "
+                       f"{chunk * arch.kv_bytes_per_token} bytes) does not fit LMCache's CPU buffer "
+                       f"(max_local_cpu_size {cpu_gib:g} GiB)"))
+    return issues
+
+
 @register_workload("kv-read")
 class KvRead(Workload):
     # what its endurance prices (docs/endurance.md), for `kvgate plan`
@@ -616,22 +662,7 @@ class KvRead(Workload):
             where = ("model_config_inline", exc.field) if params.model_config_inline is not None else ("model",)
             issues.append((where, exc.message if params.model_config_inline is not None else
                            f"model config {params.model!r}: {exc}"))
-        for name, node in nodes.items():
-            t = node.target(params.target)
-            if t is None:
-                issues.append((("target",), f"node {name!r} has no target {params.target!r} "
-                               f"(expected one of {', '.join(x.name for x in node.targets) or 'none declared'})"))
-                continue
-            if t.kind not in ("file", "directory"):
-                issues.append((("target",), f"target {params.target!r} on node {name!r} is a {t.kind}; kv-read needs "
-                               "a filesystem (a directory target, or a file target whose directory holds the pool): "
-                               "LMCache's pool is a directory"))
-                continue
-            if any(c in target_path(node, t) for c in ":;\n"):
-                issues.append((("target",), f"target {params.target!r} on node {name!r}: fio cannot take a path "
-                               f"containing ':' or ';' ({t.path!r})"))
-            if params.destination == "gpu" and not node.gpus:
-                issues.append((("destination",), f"destination gpu, but node {name!r} declares no GPUs"))
+        issues += _target_issues(params, nodes)
         if prof is None or arch is None:
             return issues
         cfg = reader_lmcache_config(prof, params.lmcache, params.backend, "/kvgate-sample/pool", params.kv_size_bytes)
@@ -642,24 +673,7 @@ class KvRead(Workload):
             else:
                 where = ".".join(map(str, path))
                 issues.append((("engine",), f"LMCache config of profile {prof.name!r}: {where}: {msg}"))
-        chunk = cfg.get("chunk_size", 256)
-        if not isinstance(chunk, int) or chunk <= 0:
-            return issues
-        for name, node in nodes.items():
-            try:
-                sizing(arch.kv_bytes_per_token, chunk, params.chunks_per_retrieve, node.stream_count,
-                       params.kv_size_bytes)
-            except ValueError as exc:
-                issues.append((("kv_size",), f"node {name!r}: {exc}"))
-        cpu_gib = cfg.get("max_local_cpu_size", 5.0)
-        need = params.chunks_per_retrieve * chunk * arch.kv_bytes_per_token
-        if isinstance(cpu_gib, (int, float)) and need > cpu_gib * GIB:
-            where = ("lmcache", "max_local_cpu_size") if "max_local_cpu_size" in params.lmcache else \
-                ("chunks_per_retrieve",)
-            issues.append((where, f"one retrieve ({params.chunks_per_retrieve} chunks x "
-                           f"{chunk * arch.kv_bytes_per_token} bytes) does not fit LMCache's CPU buffer "
-                           f"(max_local_cpu_size {cpu_gib:g} GiB)"))
-        return issues
+        return issues + _sizing_issues(params, arch, cfg, nodes)
 
     # ---- what a node runs (pure)
 
@@ -811,6 +825,32 @@ class KvRead(Workload):
         nd = ctx.gate_dir / node.name
         nd.mkdir(parents=True, exist_ok=True)
         sz: Sizing = s.sizing
+        dev, smart_dev, smart0, spec = self._prepare_node(ctx, node, s, rec, nd)
+
+        ctx.progress(f"{ctx.gate.id} {node.name}: laying out {sz.kv_bytes / 1e9:.3f} GB of KV through LMCache "
+                     f"{p.backend} in {s.pool}")
+        if p.import_once:
+            lay, run = self._layout_read_once(ctx, node, s, rec, nd)
+        else:
+            lay, run = self._layout_then_read(ctx, node, s, rec, nd)
+        record_checks(rec, run)
+        rec.reader_start = run.start_method
+        # what laying out the KV cost the pool's drive: its writes synced, the block counters and the drive's own
+        steps.run(tr, "kv-sync", SYNC_ARGV, timeout_s=300)
+        dev1 = _pool_stat(steps.run(tr, "kv-blockstat-after-layout", pool_blockstat_argv(s.pool), timeout_s=30))
+        smart1 = _smart(steps, tr, smart_dev, "kv-smart-after")
+        rec.layout_device_write_bytes = write_bytes_between(dev, dev1)
+        rec.endurance = layout_endurance(rec, sz.kv_bytes_per_token, smart_dev, smart0, smart1,
+                                         drive_rating(rec.pool_drive))
+        acc["rows"], acc["details"] = connector_rows(node.name, run, None)
+        self._fio_pass(ctx, node, s, rec, nd, _fio_job_streams(s.pool, lay.files, spec["streams"]), run, acc)
+
+    def _prepare_node(self, ctx: GateContext, node, s: "KvSetup", rec: KvNodeEvidence, nd: Path):
+        """Before the layout: the run directory and pool, the NUMA CPU lists, the pool's device and its SMART log,
+        the LMCache config checked, and the reader's program, spec and YAML put on the node. Returns the pool
+        device's reading, its NVMe namespace, the SMART log before and the spec."""
+        p: KvReadParams = ctx.params
+        tr, steps = ctx.transports[node.name], ctx.steps
         r = steps.run(tr, "kv-mkdir", ("mkdir", "-p", s.run_dir, s.pool), timeout_s=60)
         if not r.ok:
             raise WorkloadError(f"cannot create {s.run_dir} / {s.pool}: {r.summary()}")
@@ -834,56 +874,47 @@ class KvRead(Workload):
         tr.put(program_path("kv_reader.py"), s.program)
         tr.put(nd / "spec.json", s.spec)
         tr.put(nd / "lmcache.yaml", s.lmcache_yaml)
+        return dev, smart_dev, smart0, spec
 
-        ctx.progress(f"{ctx.gate.id} {node.name}: laying out {sz.kv_bytes / 1e9:.3f} GB of KV through LMCache "
-                     f"{p.backend} in {s.pool}")
-        if p.import_once:  # one step: layout, drop, read (each phase's document on its own stdout line)
-            r = steps.run(tr, "kv-layout-read", self._layout_read_argv(s, p),
+    def _layout_read_once(self, ctx: GateContext, node, s: "KvSetup", rec: KvNodeEvidence, nd: Path):
+        """With ``import_once``: one step lays out, drops the page cache and reads (each phase's document on its
+        own stdout line); returns the layout and the read as parsed."""
+        p: KvReadParams = ctx.params
+        r = ctx.steps.run(ctx.transports[node.name], "kv-layout-read", self._layout_read_argv(s, p),
                           timeout_s=p.layout_timeout_s + p.read_timeout_s + 600, env=READER_ENV)
-            parts = split_documents(r.stdout)
-            for name in ("layout", "drop-caches", "read"):
-                write_gate_file(nd / f"{name}.json", parts.get(name, ""))
-            write_gate_file(nd / "layout-read.stderr", r.stderr)
-            lay = _checked(r, parts.get("layout", ""), parse_layout, "layout failed", need_ok=False)
-        else:
-            lay = _reader_step(steps, tr, nd, "kv-layout", self._argv(s, "layout"), p.layout_timeout_s, "layout",
-                               parse_layout, "layout failed")
-        rec.layout = KvLayoutRecord(reused=lay.reused, chunks=lay.chunks, kv_bytes=lay.kv_bytes,
-                                    file_bytes=lay.file_bytes, elapsed_s=lay.elapsed_s,
-                                    engine_init_s=lay.engine_init_s, layout_id=s.layout_id)
-        rec.versions = lay.versions
-        if lay.chunks != sz.prompts * sz.chunks_per_retrieve:
-            raise WorkloadError(f"layout holds {lay.chunks} chunks, expected {sz.prompts * sz.chunks_per_retrieve}")
+        parts = split_documents(r.stdout)
+        for name in ("layout", "drop-caches", "read"):
+            write_gate_file(nd / f"{name}.json", parts.get(name, ""))
+        write_gate_file(nd / "layout-read.stderr", r.stderr)
+        lay = _checked(r, parts.get("layout", ""), parse_layout, "layout failed", need_ok=False)
+        _record_layout(rec, s, lay)
+        if p.drop_caches:
+            drop = parse_drop_caches(parts.get("drop-caches", ""))
+            rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
+        return lay, _checked(r, parts.get("read", ""), parse_read, "readers failed")
 
-        if p.import_once:
-            if p.drop_caches:
-                drop = parse_drop_caches(parts.get("drop-caches", ""))
-                rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
-            run = _checked(r, parts.get("read", ""), parse_read, "readers failed")
-        else:
-            if p.drop_caches:
-                drop = drop_caches(ctx, tr, "kv-drop-caches", timeout_s=300)
-                rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
-            ctx.progress(f"{ctx.gate.id} {node.name}: {node.stream_count} reader(s) retrieving through LMCache")
-            run = _reader_step(steps, tr, nd, "kv-read", self._argv(s, "read"), p.read_timeout_s + 600, "read",
-                               parse_read, "readers failed")
-        record_checks(rec, run)
-        rec.reader_start = run.start_method
-        # what laying out the KV cost the pool's drive: its writes synced, the block counters and the drive's own
-        steps.run(tr, "kv-sync", SYNC_ARGV, timeout_s=300)
-        dev1 = _pool_stat(steps.run(tr, "kv-blockstat-after-layout", pool_blockstat_argv(s.pool), timeout_s=30))
-        smart1 = _smart(steps, tr, smart_dev, "kv-smart-after")
-        rec.layout_device_write_bytes = write_bytes_between(dev, dev1)
-        rec.endurance = layout_endurance(rec, sz.kv_bytes_per_token, smart_dev, smart0, smart1,
-                                         drive_rating(rec.pool_drive))
-        acc["rows"], acc["details"] = connector_rows(node.name, run, None)
+    def _layout_then_read(self, ctx: GateContext, node, s: "KvSetup", rec: KvNodeEvidence, nd: Path):
+        """A fresh interpreter per phase: the layout step, the page cache dropped, then the readers' step; returns
+        the layout and the read as parsed."""
+        p: KvReadParams = ctx.params
+        tr, steps = ctx.transports[node.name], ctx.steps
+        lay = _reader_step(steps, tr, nd, "kv-layout", self._argv(s, "layout"), p.layout_timeout_s, "layout",
+                           parse_layout, "layout failed")
+        _record_layout(rec, s, lay)
+        if p.drop_caches:
+            drop = drop_caches(ctx, tr, "kv-drop-caches", timeout_s=300)
+            rec.page_cache_dropped, rec.drop_caches_error = drop.dropped, drop.error
+        ctx.progress(f"{ctx.gate.id} {node.name}: {node.stream_count} reader(s) retrieving through LMCache")
+        run = _reader_step(steps, tr, nd, "kv-read", self._argv(s, "read"), p.read_timeout_s + 600, "read",
+                           parse_read, "readers failed")
+        return lay, run
 
-        # fio over the same chunk files, stream by stream
-        by_prompt: dict[int, list[str]] = {}
-        for f in sorted(lay.files, key=lambda f: (f.prompt, f.index)):
-            by_prompt.setdefault(f.prompt, []).append(posixpath.join(s.pool, f.file))
-        job_streams = [(st["label"], [f for pr in st["prompts"] for f in by_prompt.get(pr, [])], st["cpus"])
-                       for st in spec["streams"]]
+    def _fio_pass(self, ctx: GateContext, node, s: "KvSetup", rec: KvNodeEvidence, nd: Path,
+                  job_streams: list[tuple[str, list[str], str | None]], run: ReadRun, acc: dict[str, list]):
+        """fio over the same chunk files, stream by stream, the page cache dropped first and the pool device's
+        reads counted around it; its rows (and the connector's beside them) into ``acc``."""
+        p: KvReadParams = ctx.params
+        tr, steps = ctx.transports[node.name], ctx.steps
         job = fio_job(job_streams, p.fio)
         write_gate_file(nd / "kv-fio.job", job)
         tr.put(nd / "kv-fio.job", s.fio_job)
@@ -893,7 +924,7 @@ class KvRead(Workload):
         b0 = steps.run(tr, "fio-blockstat-before", pool_blockstat_argv(s.pool), timeout_s=30)
         ctx.progress(f"{ctx.gate.id} {node.name}: fio over the same chunk files")
         r = steps.run(tr, "fio", ("fio", "--output-format=json", s.fio_job),
-                      timeout_s=max(600.0, sz.kv_bytes / 20e6))
+                      timeout_s=max(600.0, s.sizing.kv_bytes / 20e6))
         b1 = steps.run(tr, "fio-blockstat-after", pool_blockstat_argv(s.pool), timeout_s=30)
         write_gate_file(nd / "fio.json", r.stdout)
         write_gate_file(nd / "fio.stderr", r.stderr)
@@ -904,6 +935,28 @@ class KvRead(Workload):
         gpu_of = {label: gpu for label, gpu, _ in stream_labels(node) if gpu is not None}
         acc["rows"], acc["details"] = connector_rows(node.name, run, fio)
         acc["fio"] = fio_stream_rows(node.name, fio, gpu_of)
+
+
+def _record_layout(rec: KvNodeEvidence, s: "KvSetup", lay: Layout) -> None:
+    """The reader's layout report into the node's record; WorkloadError when it holds another chunk count than
+    the sizing's."""
+    sz: Sizing = s.sizing
+    rec.layout = KvLayoutRecord(reused=lay.reused, chunks=lay.chunks, kv_bytes=lay.kv_bytes,
+                                file_bytes=lay.file_bytes, elapsed_s=lay.elapsed_s,
+                                engine_init_s=lay.engine_init_s, layout_id=s.layout_id)
+    rec.versions = lay.versions
+    if lay.chunks != sz.prompts * sz.chunks_per_retrieve:
+        raise WorkloadError(f"layout holds {lay.chunks} chunks, expected {sz.prompts * sz.chunks_per_retrieve}")
+
+
+def _fio_job_streams(pool: str, files: tuple[ChunkFile, ...], streams: list[dict[str, Any]]
+                     ) -> list[tuple[str, list[str], str | None]]:
+    """Pure: fio's streams (label, absolute chunk files in prompt order, CPU list) from the layout's files and the
+    spec's streams, so fio reads each stream's own chunk files."""
+    by_prompt: dict[int, list[str]] = {}
+    for f in sorted(files, key=lambda f: (f.prompt, f.index)):
+        by_prompt.setdefault(f.prompt, []).append(posixpath.join(pool, f.file))
+    return [(st["label"], [f for pr in st["prompts"] for f in by_prompt.get(pr, [])], st["cpus"]) for st in streams]
 
 
 SYNC_ARGV = ("sync",)

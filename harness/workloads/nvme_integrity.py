@@ -28,9 +28,9 @@ from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..rigs.loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, LoopbackSpec, backing_device, nvme_device,
                              probe_commands)
 from ..writeguard import block_probe_plan, check_write
-from .base import (Evidence, GateContext, PlannedStep, StrictModel, ValidityCheck, Workload, WorkloadResult, nvmeof_device,
+from .kit.base import (Evidence, GateContext, PlannedStep, StrictModel, ValidityCheck, Workload, WorkloadResult, nvmeof_device,
                    register_workload, write_gate_file)
-from .integrity import (IntegrityResult, pattern_bytes, integrity_cleanup_argv, integrity_commands, loopback_integrity,
+from .kit.integrity import (IntegrityResult, pattern_bytes, integrity_cleanup_argv, integrity_commands, loopback_integrity,
                         roundtrip_commands, roundtrip_integrity)
 
 
@@ -120,7 +120,7 @@ def integrity_validity(ev: NvmeIntegrityEvidence, errors: list[str]) -> list[Val
 
 def pattern_sha256(direction: str, length_bytes: int, nqn: str | None, device: str, seed: str = "kvgate"
                    ) -> str | None:
-    """Pure: the digest of the pattern a check of ``direction`` wrote (the seeds of harness.workloads.integrity:
+    """Pure: the digest of the pattern a check of ``direction`` wrote (the seeds of harness.workloads.kit.integrity:
     a loopback's ``SEED:NQN:DIRECTION``, a round trip's ``SEED:DEVICE:roundtrip``); None for a read-only compare
     (its reference is the backing's own bytes) or an unknown NQN."""
     if direction == "nvme->nvme":

@@ -29,7 +29,7 @@ fall-back line in its log) makes the gate INVALID. Where the nodes mount the poo
 on them), ``pool_storage`` names the node that holds it: both roles' device counters (one device, attributed by phase:
 the producer's around its prefill, the consumer's around its hand-off), the sync and the page-cache drop run there.
 Both instances are handles of the one phase runner
-(``workloads/phases.py``); requests go through the streaming client (``engines/client.py``).
+(``workloads/kit/phases.py``); requests go through the streaming client (``engines/client.py``).
 """
 
 from __future__ import annotations
@@ -55,18 +55,18 @@ from ..parsers.prometheus import metric_total
 from ..redact import redact_url
 from ..stats import percentile
 from ..units import format_quantity
-from .base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, TtftEvidence,
+from .kit.base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, TtftEvidence,
                    ValidityCheck, Workload, WorkloadResult, drop_caches, drive_rating, pool_drive_of, register_workload,
                    target_path, write_gate_file, write_summary)
-from .g2_ttft import ttft_stats
-from .attach import AttachedEngine, NodeCommand, engine_url
-from .engine import (FREE_PORT_CODE, LaunchedEngine, build_random_model, build_random_model_argv, client_base_url,
+from .kit.g2 import ttft_stats
+from .kit.attach import AttachedEngine, NodeCommand, engine_url
+from .kit.engine import (FREE_PORT_CODE, LaunchedEngine, build_random_model, build_random_model_argv, client_base_url,
                      engine_port, engine_preflight, engine_values, model_config_issues, node_engine_python,
                      pool_contents, pool_files_argv, profile_issues, random_model_dir, stage_engine_files,
                      stored_kv_tokens)
-from .phases import PhaseRunner, first_fallback
-from .pool import PoolDeviceSpec, PoolHandle, plan_pool, prepare_pool
-from .probes import run_probe
+from .kit.phases import PhaseRunner, first_fallback
+from .kit.pool import PoolDeviceSpec, PoolHandle, plan_pool, prepare_pool
+from .kit.probes import run_probe
 
 ROLES = ("producer", "consumer")
 # Fresh (recompute) and warm-up prompts are drawn from seeds this far from the gate's: never among its prompts.

@@ -13,7 +13,7 @@ Requests are sent from each node to its engine on the node's loopback (the refer
 loopback only), by a stdlib Python client (``harness/node/r3_client.py``, put into the run directory) run
 through the node's transport, which also reads the engine's counters right before and after; kvgate waits for
 each engine through an SSH port forward to that loopback port. Both engines are handles of the one phase
-runner (``workloads/phases.py``): opened together, a phase each, their logs checked for fall-back lines.
+runner (``workloads/kit/phases.py``): opened together, a phase each, their logs checked for fall-back lines.
 
 The engine is one the profile declares able to build its model from the config kvgate stages and to count its
 hits (``capabilities.builds_model``, ``hit_metrics``); its program travels to the node as one file put into the
@@ -33,7 +33,7 @@ from pydantic import Field, model_validator
 
 from ..engines import DEFAULT_CPU_REF_MODEL, kv_bytes_per_token, lmcache_config, load_profile, shell_line
 from ..engines.preflight import preflight_argv
-from ..engines.profiles import HitMetrics
+from ..engines.profiles import EngineProfile, HitMetrics
 from ..engines.prompts import make_prompts
 from ..execute.fanout import fan_out
 from ..node import program_path
@@ -41,14 +41,14 @@ from ..endurance import endurance
 from ..parsers.pooldev import pool_blockstat_argv, pool_device_probe, write_bytes_between
 from ..parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from ..units import format_quantity
-from .base import (Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, ValidityCheck,
+from .kit.base import (Evidence, GateContext, PlannedStep, PoolSnapshot, StrictModel, ValidityCheck,
                    Workload, WorkloadResult, drive_rating, pool_drive_of, register_workload, target_path, write_summary,
                    write_gate_file)
-from .probes import run_probe
-from .engine import (FREE_PORT_CODE, LaunchedEngine, LogMark, client_base_url, engine_port, engine_preflight, engine_values,
+from .kit.probes import run_probe
+from .kit.engine import (FREE_PORT_CODE, LaunchedEngine, LogMark, client_base_url, engine_port, engine_preflight, engine_values,
                      model_config_issues, node_engine_python, pool_contents, pool_files_argv, profile_issues,
                      stage_engine_files)
-from .phases import EngineLog, PhaseRecord, PhaseRunner, first_fallback
+from .kit.phases import EngineLog, PhaseRecord, PhaseRunner, first_fallback
 
 CLIENT = "r3_client.py"  # harness/node/r3_client.py, put into each node's run directory
 
@@ -340,23 +340,8 @@ class R3CrossInstance(Workload):
 
         # 1. Per node: a free loopback port, directories, model config, LMCache YAML, the engine program, the
         # client, prompts.
-        def prepare(name: str, role: str) -> dict[str, Any]:
-            t, node = ctx.transports[name], ctx.nodes[name]
-            python = node_engine_python(p.python, node)
-            versions, err = engine_preflight(ctx, t, name, prof, python, f"r3-{role}-preflight")
-            if err:
-                raise RuntimeError(err)
-            v = self._layout(ctx, prof, node, engine_port(ctx, t, node, 0, python, f"r3-{role}-port"), tag)
-            err, cfg = stage_engine_files(ctx, t, prof, v, ctx.gate_dir / role, model_cfg, prof.lmcache,
-                                          f"r3-{role}-mkdir")
-            if err:
-                raise RuntimeError(err)
-            t.put(ctx.gate_dir / "prompts.json", posixpath.join(v["run_dir"], "prompts.json"))
-            t.put(program_path(CLIENT), posixpath.join(v["run_dir"], CLIENT))
-            return {**v, "lmcache": cfg, "versions": versions}
-
         roles = {writer: "writer", reader: "reader"}
-        prep = fan_out(roles, prepare)
+        prep = fan_out(roles, lambda name, role: self._prepare(ctx, prof, model_cfg, tag, name, role))
         if prep.failed:
             return WorkloadResult(evidence=ev, error="preparing nodes: " + prep.summary())
         lay = prep.succeeded
@@ -364,14 +349,8 @@ class R3CrossInstance(Workload):
         ev.versions = {n: lay[n]["versions"] for n in lay}
         ev.lmcache_config = lay[writer].get("lmcache")
 
-        handles = {}
-        for name, role in roles.items():
-            v = lay[name]
-            base_url, _ = client_base_url(ctx.transports[name], ctx.nodes[name], "127.0.0.1", v["port"])
-            handles[role] = LaunchedEngine(ctx, ctx.transports[name], prof, prof.render_argv(v), prof.render_env(v),
-                                           base_url, v["run_dir"], (role,), [])
         # the counters are read by the node client, where the requests are sent (the phase's output)
-        runner = PhaseRunner(ctx, handles)
+        runner = PhaseRunner(ctx, self._handles(ctx, prof, roles, lay))
         logs: dict[str, EngineLog] = {}
         try:
             # 2. Both engines, fresh, started together (their start-up dominates the gate's time).
@@ -381,15 +360,7 @@ class R3CrossInstance(Workload):
 
             # 3. Writer phase, its stores counted on the pool's device (what serving costs the drive).
             ctx.progress(f"{ctx.gate.id}: {writer} serves {len(prompts)} new prompts")
-            wt, wpool = ctx.transports[writer], lay[writer]["pool_dir"]
-            d0, _ = run_probe(ctx, wt, pool_device_probe(wpool), "r3-pool-blockstat-before")
-            w = runner.phase("writer", lambda: self._serve(ctx, writer, lay[writer], "writer", p, ev), on=["writer"])
-            pool = pool_contents(ctx, wt, wpool, expected, p.populate_timeout_s, "r3-pool-writer", prof.pool_files)
-            ev.pool_after_writer = pool
-            ctx.steps.run(wt, "r3-sync", ("sync",), timeout_s=300)
-            d1, _ = run_probe(ctx, wt, pool_device_probe(wpool), "r3-pool-blockstat-after")
-            ev.pool_device = (d0 or d1).source if (d0 or d1) else None
-            ev.writer_device_write_bytes = write_bytes_between(d0, d1)
+            w, pool = self._writer_phase(ctx, prof, runner, writer, lay[writer], expected, ev)
             ev.pool_seen_from_reader_before = pool_contents(ctx, ctx.transports[reader], lay[reader]["pool_dir"],
                                                             expected, 0, "r3-pool-reader-before", prof.pool_files)
 
@@ -407,6 +378,53 @@ class R3CrossInstance(Workload):
                           fallback_patterns=prof.fallback_patterns)
         write_summary(ctx.gate_dir, "r3-summary.json", res)
         return res
+
+    def _prepare(self, ctx: GateContext, prof: EngineProfile, model_cfg: dict[str, Any], tag: str, name: str,
+                 role: str) -> dict[str, Any]:
+        """One node ready to start its engine: pre-flight, a free loopback port, the run's directories, model config,
+        LMCache YAML and engine program staged, the prompts and the client put there; its layout, LMCache config
+        and versions. RuntimeError when a step failed."""
+        p: R3Params = ctx.params
+        t, node = ctx.transports[name], ctx.nodes[name]
+        python = node_engine_python(p.python, node)
+        versions, err = engine_preflight(ctx, t, name, prof, python, f"r3-{role}-preflight")
+        if err:
+            raise RuntimeError(err)
+        v = self._layout(ctx, prof, node, engine_port(ctx, t, node, 0, python, f"r3-{role}-port"), tag)
+        err, cfg = stage_engine_files(ctx, t, prof, v, ctx.gate_dir / role, model_cfg, prof.lmcache,
+                                      f"r3-{role}-mkdir")
+        if err:
+            raise RuntimeError(err)
+        t.put(ctx.gate_dir / "prompts.json", posixpath.join(v["run_dir"], "prompts.json"))
+        t.put(program_path(CLIENT), posixpath.join(v["run_dir"], CLIENT))
+        return {**v, "lmcache": cfg, "versions": versions}
+
+    def _handles(self, ctx: GateContext, prof: EngineProfile, roles: dict[str, str], lay: dict[str, dict[str, Any]]
+                 ) -> dict[str, LaunchedEngine]:
+        """role -> the engine the phase runner starts on that node, reached on the node's loopback."""
+        handles = {}
+        for name, role in roles.items():
+            v = lay[name]
+            base_url, _ = client_base_url(ctx.transports[name], ctx.nodes[name], "127.0.0.1", v["port"])
+            handles[role] = LaunchedEngine(ctx, ctx.transports[name], prof, prof.render_argv(v), prof.render_env(v),
+                                           base_url, v["run_dir"], (role,), [])
+        return handles
+
+    def _writer_phase(self, ctx: GateContext, prof: EngineProfile, runner: PhaseRunner, writer: str, v: dict[str, Any],
+                      expected: int, ev: R3Evidence) -> tuple[PhaseRecord, PoolSnapshot]:
+        """The writer's phase with the pool device's write counters around it: it serves the prompts, the pool
+        fills to the expected KV bytes, the stores are synced; returns the phase's record and the pool seen."""
+        p: R3Params = ctx.params
+        wt, wpool = ctx.transports[writer], v["pool_dir"]
+        d0, _ = run_probe(ctx, wt, pool_device_probe(wpool), "r3-pool-blockstat-before")
+        w = runner.phase("writer", lambda: self._serve(ctx, writer, v, "writer", p, ev), on=["writer"])
+        pool = pool_contents(ctx, wt, wpool, expected, p.populate_timeout_s, "r3-pool-writer", prof.pool_files)
+        ev.pool_after_writer = pool
+        ctx.steps.run(wt, "r3-sync", ("sync",), timeout_s=300)
+        d1, _ = run_probe(ctx, wt, pool_device_probe(wpool), "r3-pool-blockstat-after")
+        ev.pool_device = (d0 or d1).source if (d0 or d1) else None
+        ev.writer_device_write_bytes = write_bytes_between(d0, d1)
+        return w, pool
 
     # ---------------------------------------------------------------------------------- helpers
 

@@ -49,7 +49,7 @@ def test_synth_writes_the_shape_a_gate_declares_the_same_trace_byte_for_byte(tmp
     import hashlib
 
     from harness.load.synth import SessionRecoveryShape
-    from harness.workloads.g2_load import LoadSpec, read_load_trace
+    from harness.workloads.kit.load import LoadSpec, read_load_trace
 
     out = tmp_path / "recovery.jsonl"
     r = kvgate("trace", "synth", "--out", out, "--shape", "session-recovery", "--sessions", "3", "--resumes", "2")

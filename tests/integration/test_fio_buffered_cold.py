@@ -11,7 +11,7 @@ import yaml
 
 from harness.parsers.fio import StreamSpec, job_file, parse_fio_json
 from harness.workloads.fio_read import FioNodeEvidence, FioReadEvidence, evaluate_fio_read
-from harness.workloads.probes import fio_stream_rows
+from harness.workloads.kit.probes import fio_stream_rows
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from harness.engines import list_profiles, load_profile, vllm_serve_argv
-from harness.workloads.g2_ttft import G2Params, launch_values
+from harness.workloads.kit.g2 import G2Params, launch_values
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

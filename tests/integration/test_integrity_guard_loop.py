@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from harness.workloads.integrity import loopback_integrity
+from harness.workloads.kit.integrity import loopback_integrity
 from harness.rigs.loopback import Loopback
 from test_write_guard_loop import _spec, _stand_in_state, attach, ext4_image, node_runner  # noqa: F401
 

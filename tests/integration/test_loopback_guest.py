@@ -15,7 +15,7 @@ import pytest
 
 from harness.rigs import guest as G
 from harness.rigs.loopback import Loopback, LoopbackSpec
-from harness.workloads.integrity import loopback_integrity
+from harness.workloads.kit.integrity import loopback_integrity
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -32,7 +32,7 @@ from harness.report.bundle import generate_keypair, load_private_key, verify_bun
 from harness.suite.runner import run_suite
 from harness.transport.local import free_port
 from harness.workloads import WORKLOADS
-from harness.workloads.engine import engine_values
+from harness.workloads.kit.engine import engine_values
 from polling import wait_no_process, wait_until
 from kvgate_cli import readme_run
 from vllm_engines import ENGINE_PYTHON, SERVED_MODEL_NAME, engine_python, preseed_model

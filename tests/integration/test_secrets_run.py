@@ -23,7 +23,7 @@ from harness.report.bundle import generate_keypair, load_private_key, verify_bun
 from harness.suite.runner import run_suite
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
-from harness.workloads.base import DROP_CACHES_ARGV
+from harness.workloads.kit.base import DROP_CACHES_ARGV
 
 pytestmark = pytest.mark.integration
 

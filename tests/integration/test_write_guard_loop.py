@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.workloads.integrity import loopback_integrity
+from harness.workloads.kit.integrity import loopback_integrity
 from harness.rigs.loopback import Loopback, LoopbackSpec, LoopbackState
 from harness.parsers.nvme import NvmeNamespace, NvmePath, NvmeSubsystem
 from harness.transport.steps import StepLog

@@ -4,7 +4,7 @@
 - :func:`build_model`: the 4-layer random-weight Llama every vLLM gate of this suite serves (gates/g2-vllm-cpu.yaml's
   model config, seed 13, bfloat16), built by kvgate's own make_model.py;
 - :func:`preseed_model`: that model put where a launched gate with this ``work_dir`` looks for it
-  (``harness.workloads.engine.random_model_dir``), as a second run on a node finds it: the gate still runs
+  (``harness.workloads.kit.engine.random_model_dir``), as a second run on a node finds it: the gate still runs
   make_model.py, which finds the model complete. The engine's command line names the path under ``work_dir``, so a
   test still tells its own engines apart by it;
 - :class:`AttachedVllm` and :func:`start_attached`: a `vllm serve` that kvgate did not start, under a small
@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from harness.transport.local import free_port
-from harness.workloads.engine import random_model_dir
+from harness.workloads.kit.engine import random_model_dir
 from loopfs import ext4_on_loop
 from polling import pgrep, wait_no_process, wait_until
 

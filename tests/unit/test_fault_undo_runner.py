@@ -16,7 +16,7 @@ from harness.config import load_config
 from harness.suite import runner
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
-from harness.workloads.base import StrictModel, Workload, WorkloadResult
+from harness.workloads.kit.base import StrictModel, Workload, WorkloadResult
 
 UNDO = ("kvgate-test-undo",)
 

@@ -8,7 +8,7 @@ import yaml
 
 from harness.gates.reevaluate import reevaluate_bundle
 from harness.parsers.fio import parse_fio_json
-from harness.workloads.base import StreamRow
+from harness.workloads.kit.base import StreamRow
 from harness.workloads.fio_read import (FioNodeEvidence, FioRead, FioReadEvidence, FioReadParams, evaluate_fio_read,
                                         reevaluate_fio_read)
 from report_fixture import fixed_run, g1_only

@@ -15,9 +15,9 @@ from harness.gates.verdict import Outcome, judge
 from harness.node import program_path
 from harness.node.kv_flip import flip_target
 from harness.units import parse_threshold
-from harness.workloads.base import PoolSnapshot
+from harness.workloads.kit.base import PoolSnapshot
 from harness.workloads.g2_answer import G2AnswerEvidence, evaluate_answer, parse_flip_output
-from harness.workloads.g2_ttft import evaluate_g2
+from harness.workloads.kit.g2 import evaluate_g2
 
 BOUND = 0.01
 

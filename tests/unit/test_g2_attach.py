@@ -18,10 +18,10 @@ from harness.parsers.engine_log import count_log_hits, new_log_lines
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Event, Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
-from harness.workloads.base import DROP_CACHES_ARGV
+from harness.workloads.kit.base import DROP_CACHES_ARGV
 from doubles import (EngineServer, Router, argv_is, engine_node, gate_context, ok, pool_blockstat,
                      pool_files)
-from harness.workloads.g2_ttft import LogProof, evaluate_g2
+from harness.workloads.kit.g2 import LogProof, evaluate_g2
 from harness.engines.client import RequestRecord
 from harness.parsers.engine_log import LogHits
 

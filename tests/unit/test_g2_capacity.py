@@ -16,7 +16,7 @@ from harness.gates.verdict import Outcome, evaluate
 from harness.report.gain_section import gain_charts
 from harness.suite.plan import gate_plan, plan_mismatch
 from harness.workloads import WORKLOADS
-from harness.workloads.g2_capacity import (CapacityCurvePoint, CapacityPoint, capacity_knee, capacity_validity,
+from harness.workloads.kit.capacity import (CapacityCurvePoint, CapacityPoint, capacity_knee, capacity_validity,
                                            point_levels, requirement_rate, reusable_tokens, sweep_points, sweep_trace,
                                            tier_exhausted, CapacitySpec)
 from harness.workloads.g2_gain import GainEvidence
@@ -321,7 +321,7 @@ def test_a_sweep_without_its_levels_proven_is_invalid_never_pass(tmp_path, engin
 def test_vllms_engine_memory_is_given_in_whole_kv_blocks_and_a_sweep_on_it_reads_no_ram_level(tmp_path):
     from harness.engines import load_profile
     from harness.workloads.g2_gain import GainParams, sweep_counters, sweep_point, with_cache
-    from harness.workloads.g2_load import PointTrial, token_accounting
+    from harness.workloads.kit.load import PointTrial, token_accounting
     params = {**{k: v for k, v in SWEEP.items() if k != "python"}, "engine": "vllm-cpu-tiered",
               "model_config_inline": VLLM_MODEL, "engine_cache_tokens": 5120,
               "capacity": {**SWEEP["capacity"], "context_tokens": 1026, "require": {"up_to_x": 4}}}

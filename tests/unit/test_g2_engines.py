@@ -13,8 +13,8 @@ from harness.parsers.blockdev import BlockStat, parse_block_stat
 from harness.parsers.prometheus import counter_delta, metric_total, parse_prometheus
 from harness.errors import ConfigError
 from harness.engines.client import RequestRecord
-from harness.workloads.engine import engine_values
-from harness.workloads.g2_ttft import evaluate_g2, make_prompts
+from harness.workloads.kit.engine import engine_values
+from harness.workloads.kit.g2 import evaluate_g2, make_prompts
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -283,7 +283,7 @@ def test_a_model_config_without_a_kv_shape_is_a_config_error_at_its_line(tmp_pat
 
 def test_engine_interpreter_gate_param_then_node_engine_env_then_default():
     import sys
-    from harness.workloads.engine import engine_python
+    from harness.workloads.kit.engine import engine_python
     assert engine_python("/gate/python", "ssh", "/node/venv/bin/python") == "/gate/python"
     assert engine_python(None, "ssh", "/node/venv/bin/python") == "/node/venv/bin/python"
     assert engine_python(None, "local", "/node/venv/bin/python") == "/node/venv/bin/python"
@@ -328,7 +328,7 @@ def test_vllm_cpu_disk_profile_is_vllms_reference_connector_on_the_pool():
 
 
 def test_stored_tokens_and_random_model_dir_are_pure():
-    from harness.workloads.engine import random_model_dir, stored_kv_tokens
+    from harness.workloads.kit.engine import random_model_dir, stored_kv_tokens
     assert stored_kv_tokens(4097, 128) == 4096 and stored_kv_tokens(127, 128) == 0
     assert stored_kv_tokens(4097, None) == 4097
     a = random_model_dir("/w", {"hidden_size": 256}, 0, "bfloat16")
@@ -339,8 +339,8 @@ def test_stored_tokens_and_random_model_dir_are_pure():
 
 def test_an_engine_that_fell_back_is_invalid_whatever_its_figures():
     from harness.parsers.engine_log import scan_fallbacks
-    from harness.workloads.engine import fallback_reason
-    from harness.workloads.g2_ttft import evaluate_g2
+    from harness.workloads.kit.engine import fallback_reason
+    from harness.workloads.kit.g2 import evaluate_g2
     from harness.engines.client import RequestRecord
 
     def rec(i, ttft):

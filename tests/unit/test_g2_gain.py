@@ -18,7 +18,7 @@ from harness.report.gain_section import gain_charts
 from harness.suite.plan import gate_plan, plan_mismatch
 from harness.workloads import WORKLOADS
 from harness.workloads.g2_gain import GainEvidence, evaluate_gain, first_arm
-from harness.workloads.g2_load import G2LoadEvidence, PointTrial, evaluate_load, token_accounting
+from harness.workloads.kit.load import G2LoadEvidence, PointTrial, evaluate_load, token_accounting
 from test_g2_load import gate_config, gate_context, scripted_node
 
 # Scripted runs keep to one or two trials, for speed: the config loader's rule that such a gate can never PASS

@@ -20,8 +20,8 @@ from harness.stats import ORDER_STATISTICS, Interval
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
-from harness.workloads.base import GateContext
-from harness.workloads.g2_load import (G2LoadEvidence, PointTrial, evaluate_load, point_invalid, synthetic_requests,
+from harness.workloads.kit.base import GateContext
+from harness.workloads.kit.load import (G2LoadEvidence, PointTrial, evaluate_load, point_invalid, synthetic_requests,
                                        token_accounting)
 
 # Scripted runs keep to one or two trials, for speed: the config loader's rule that such a gate can never PASS

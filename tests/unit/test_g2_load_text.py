@@ -173,7 +173,7 @@ def test_g2_gain_sends_both_arms_the_same_text_when_either_arms_api_takes_text_o
     from types import SimpleNamespace
 
     from harness.workloads.g2_gain import arm_prompts
-    from harness.workloads.g2_load import G2LoadEvidence
+    from harness.workloads.kit.load import G2LoadEvidence
     setups = {a: SimpleNamespace(ev=SimpleNamespace(tokenizer=str(tokenizer_file))) for a in ("tier", "no_tier")}
     ev = {a: G2LoadEvidence() for a in ("tier", "no_tier")}
     prompts = arm_prompts({"tier": _prof(prompt_format="token_ids_or_text"), "no_tier": _prof()}, setups, 2048, ev)

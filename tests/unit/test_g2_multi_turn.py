@@ -18,7 +18,7 @@ from harness.load.synth import MultiTurnShape, multi_turn_trace
 from harness.suite.plan import gate_plan, plan_mismatch
 from harness.workloads import WORKLOADS
 from harness.workloads.g2_gain import GainEvidence
-from harness.workloads.g2_load import G2LoadEvidence, LoadSpec, read_load_trace
+from harness.workloads.kit.load import G2LoadEvidence, LoadSpec, read_load_trace
 from test_g2_gain import TwoArms
 from test_g2_load import gate_context, scripted_node
 

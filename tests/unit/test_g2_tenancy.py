@@ -17,7 +17,7 @@ from harness.errors import ConfigError
 from harness.gates.verdict import Outcome, evaluate
 from harness.suite.plan import gate_plan, plan_mismatch
 from harness.workloads import WORKLOADS
-from harness.workloads.base import PoolSnapshot
+from harness.workloads.kit.base import PoolSnapshot
 from harness.workloads.g2_tenancy import (PHASES, TenancyEvidence, TenancyPhase, evaluate_tenancy, salted,
                                           split_fresh)
 from harness.engines.prompts import make_prompts

@@ -134,7 +134,7 @@ def test_length_that_leaves_no_room_after_bos_is_an_error():
 
 
 def test_g2_builds_text_prompts_of_the_configured_lengths():
-    from harness.workloads.g2_ttft import make_text_prompts
+    from harness.workloads.kit.g2 import make_text_prompts
     tok = HFTokenizers(_bpe(True))
     reqs = make_text_prompts(3, [64, 300], 2, tok)
     assert [r.prompt_tokens for r in reqs] == [64, 64, 300, 300]

@@ -245,7 +245,7 @@ def test_g3_reader_without_o_direct_or_a_dropped_cache_is_invalid_and_its_validi
     from harness.execute.fanout import FailurePolicy
     from harness.parsers.g3series import PortRate
     from harness.report.render import validity
-    from harness.workloads.base import CacheDrop
+    from harness.workloads.kit.base import CacheDrop
     from harness.workloads.g3_shared_read import G3Evidence, evaluate_g3
 
     series = {n: steady(n, 100, 110, 0.5e9) for n in ("n1", "n2")}

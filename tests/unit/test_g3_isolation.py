@@ -239,7 +239,7 @@ def test_no_with_writer_aggregate_or_a_warm_second_read_is_invalid():
     assert "wrote nothing the readers' window can be checked against" in res.invalid_reason
     assert next(c for c in res.evidence.validity if c.name == "comparison").how.startswith("no with-writer aggregate")
     readers = {n: steady(n, 100, 110, 0.5e9) for n in ("a", "b")}
-    from harness.workloads.base import CacheDrop
+    from harness.workloads.kit.base import CacheDrop
     res = evaluate(readers, steady("w", 100, 110, 0.1e9), direct=False,
                    drops={"a": CacheDrop(dropped=True), "b": CacheDrop(dropped=False, error="EPERM")})
     assert res.invalid_reason == "not cold with the writer: b"

@@ -19,8 +19,8 @@ from harness.suite.runner import gate_context, run_gate_workload
 from harness.transport import ScopedTransport
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.transport.steps import StepLog
-from harness.workloads.attach import AttachedEngine, AttachParams
-from harness.workloads.base import WorkloadResult, write_gate_file, write_summary
+from harness.workloads.kit.attach import AttachedEngine, AttachParams
+from harness.workloads.kit.base import WorkloadResult, write_gate_file, write_summary
 import doubles
 
 
@@ -131,7 +131,7 @@ def test_a_workload_that_does_not_stop_ends_the_run_without_a_bundle(tmp_path, m
     from harness.config import load_config
     from harness.suite import runner
     from harness.workloads import WORKLOADS
-    from harness.workloads.base import Workload
+    from harness.workloads.kit.base import Workload
 
     release = threading.Event()
 

@@ -21,8 +21,8 @@ from harness.suite.plan import gate_plan, plan_mismatch
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.transport.steps import StepLog
 from harness.workloads import WORKLOADS
-from harness.workloads.base import DROP_CACHES_ARGV, GateContext
-from harness.workloads.probes import fio_stream_rows
+from harness.workloads.kit.base import DROP_CACHES_ARGV, GateContext
+from harness.workloads.kit.probes import fio_stream_rows
 from harness.workloads.kv_read import (FioSettings, KvNodeEvidence, KvReadEvidence, connector_rows,
                                        evaluate_kv_read, fio_job, kv_shape, parallel_read_settings,
                                        reader_lmcache_config, record_checks, reevaluate_kv_read, sizing)

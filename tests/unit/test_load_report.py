@@ -17,7 +17,7 @@ from harness.report.bundle import verify_bundle, write_bundle
 from harness.report.render import _env, bundle_renderer, render_bundle_reports, signed_render_differences, write_reports
 from harness.safeio import InputFileError
 from harness.stats import percentile
-from harness.workloads.g2_load import G2LoadEvidence, PointTrial, evaluate_load, point_invalid, token_accounting
+from harness.workloads.kit.load import G2LoadEvidence, PointTrial, evaluate_load, point_invalid, token_accounting
 from report_fixture import fixed_run
 from test_load_charts import vertices
 

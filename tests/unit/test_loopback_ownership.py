@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.rigs import loopback as L
-from harness.workloads import integrity as I
+from harness.workloads.kit import integrity as I
 from harness.transport.base import CommandResult
 
 FX = Path(__file__).resolve().parents[1] / "fixtures" / "nvme"

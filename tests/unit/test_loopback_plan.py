@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.rigs import loopback as L
-from harness.workloads import integrity as I
+from harness.workloads.kit import integrity as I
 
 FX = Path(__file__).resolve().parents[1] / "fixtures" / "nvme"
 NQN = "nqn.2024-01.io.kvgate:loopback-kv0"

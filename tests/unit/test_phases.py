@@ -1,4 +1,4 @@
-"""The one phase runner engine workloads share (harness/workloads/phases.py), on engine handles the test scripts,
+"""The one phase runner engine workloads share (harness/workloads/kit/phases.py), on engine handles the test scripts,
 and the waits of the engine lifecycle on the gate's clock: a launched engine's readiness wait and the pool's poll
 run on a ScriptedClock (no sleeping), give up at their own timeout and notice a crashed engine."""
 
@@ -11,8 +11,8 @@ from harness.engines import load_profile
 from harness.execute.cancel import Cancelled
 from harness.execute.clock import ScriptedClock
 from harness.transport.doubles import Reply, ScriptedTransport
-from harness.workloads.engine import EngineProcess, LaunchedEngine, pool_contents
-from harness.workloads.phases import PhaseRunner, first_fallback
+from harness.workloads.kit.engine import EngineProcess, LaunchedEngine, pool_contents
+from harness.workloads.kit.phases import PhaseRunner, first_fallback
 
 DEGRADED = ". System will operate in degraded mode (recompute). (manager.py:107:lmcache.v1.manager)"
 

@@ -24,7 +24,7 @@ from harness.config import load_config
 from harness.suite.plan import gate_plan, plan_mismatch
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
-from harness.workloads.base import PlannedStep
+from harness.workloads.kit.base import PlannedStep
 from doubles import EngineServer, engine_node, pool_blockstat
 from test_g2_attach import attach_config, pool_node
 from test_g2_load import BASE as G2_LOAD_LADDER, PrefixEngine, gate_config, scripted_node
@@ -300,7 +300,8 @@ def test_a_scripted_run_sends_exactly_the_planned_commands(workload, scenario, t
 # Behaviour kept across a restructure (issue 37): for every scenario above, what was planned, what each node was
 # sent, the files the gate left and its result are recorded under tests/fixtures/plan_run_baseline/ and compared
 # on every run. Only what a run cannot repeat is masked: the test's directory, decimal figures (times, rates taken
-# from the clock), long hex (run tags, digests of timed files) and how often a poll was sent in a row. Write the
+# from the clock), long hex (run tags, digests of timed files), free ports, drawn seeds, scripted pids; each node's
+# commands are recorded as a sorted set (their order is checked against the plan above). Write the
 # records again (after a change of behaviour one means to make) with KVGATE_RECORD_BASELINE=1.
 BASELINE = Path(os.environ.get("KVGATE_BASELINE_DIR", FIX / "plan_run_baseline"))
 _DECIMAL = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
@@ -308,7 +309,8 @@ _HEX = re.compile(r"\b[0-9a-f]{8,}\b")
 _DIGITS = re.compile(r"\d{9,}")  # unix times, nanosecond clocks
 _PORT = re.compile(r"(:|--port |\"port\": )\d{4,5}\b")  # an engine's free port
 _SEEDED_ID = re.compile(r"\bs\d{5,}-")  # a request id that starts with the drawn prompt seed
-_UNREPEATABLE_KEYS = {"port", "prompt_seed"}  # a free port, a seed drawn when the gate gives none
+_PID = re.compile(r"\bpid \d+")  # the scripted node numbers processes as they start: two at once in either order
+_UNREPEATABLE_KEYS = {"port", "prompt_seed", "pid"}  # a free port, a seed drawn when the gate gives none, a pid
 # The scripted tier of the g2-faults scenario serves or fails a request by the wall clock (a request sent while the
 # fault is on fails), so how many fell back varies with the machine's speed: its files and result are compared by
 # name only; what was planned and sent in full.
@@ -317,7 +319,7 @@ _TIMED_RESULT = {"g2-faults"}
 
 def _mask(text: str, tmp_path) -> str:
     text = _PORT.sub(r"\1<port>", text.replace(str(tmp_path), "<tmp>"))
-    text = _SEEDED_ID.sub("s<seed>-", text)
+    text = _PID.sub("pid <pid>", _SEEDED_ID.sub("s<seed>-", text))
     return _DIGITS.sub("<n>", _HEX.sub("<hex>", _DECIMAL.sub("<x>", text)))
 
 
@@ -339,14 +341,10 @@ def _mask_json(value, tmp_path):
     return value
 
 
-def _collapsed(argvs) -> list[str]:
-    """Each node's commands in order, a run of the same command (a poll) as one."""
-    out: list[str] = []
-    for argv in argvs:
-        line = " ".join(argv)
-        if not out or out[-1] != line:
-            out.append(line)
-    return out
+def _distinct(argvs, tmp_path) -> list[str]:
+    """Each node's distinct commands, masked and sorted: their order (engines started at once, arms set up in
+    parallel, polls repeated as long as they take) is the plan matcher's to check above, not the record's."""
+    return sorted({_mask(" ".join(argv), tmp_path) for argv in argvs})
 
 
 def _record(planned, nodes, gate_dir: Path, result, tmp_path) -> dict:
@@ -361,7 +359,7 @@ def _record(planned, nodes, gate_dir: Path, result, tmp_path) -> dict:
         except (UnicodeDecodeError, json.JSONDecodeError):
             files[str(f.relative_to(gate_dir))] = f"<{f.stat().st_size} bytes>"
     record = {"planned": [[s.node, s.description, " ".join(s.argv), s.optional, s.repeats] for s in planned],
-              "sent": {name: _collapsed(node.commands) for name, node in sorted(nodes.items())},
+              "sent": {name: _distinct(node.commands, tmp_path) for name, node in sorted(nodes.items())},
               "files": files, "result": result.as_dict()}
     return _mask_json(json.loads(json.dumps(record, default=str)), tmp_path)
 
@@ -377,6 +375,10 @@ def _compare_with_baseline(run_id: str, record: dict) -> None:
     if run_id in _TIMED_RESULT:
         record, recorded = ({"planned": r["planned"], "sent": r["sent"], "files": sorted(r["files"])}
                             for r in (record, recorded))
+    for node, sent in record.get("sent", {}).items():  # a command's difference named, not the whole lists
+        was = recorded["sent"].get(node, [])
+        assert sent == was, (f"{run_id}: {node} was sent {sorted(set(sent) - set(was))} and not "
+                             f"{sorted(set(was) - set(sent))} ({path})")
     for part in record:
         assert record[part] == recorded[part], f"{run_id}: the {part} differ from {path}"
 

@@ -12,7 +12,7 @@ from harness.parsers.facts import NUMA_ARGV, NUMA_PROBE, parse_numa
 from harness.parsers.g3series import parse_reader_output
 from harness.parsers.pooldev import pool_blockstat_argv, pool_device_probe
 from harness.transport.base import CommandResult
-from harness.workloads.probes import check_fio_groups, fio_json, pins_numa
+from harness.workloads.kit.probes import check_fio_groups, fio_json, pins_numa
 from harness.parsers.fio import parse_fio_json
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -70,10 +70,10 @@ def test_the_g3_readers_armed_and_start_records_from_a_rig_reader():
 
 def test_a_loopback_target_resolves_to_the_namespace_its_loopback_connected(tmp_path):
     """fio-read reads a `kind: nvmeof-loopback` target through the /dev/nvmeXnY found by its NQN: the resolver
-    is in the target table (workloads/targets.py), not registered by importing another workload."""
+    is in the target table (workloads/kit/targets.py), not registered by importing another workload."""
     from test_workload_runs import context, loopback_node
     from harness.rigs.loopback import resolve_loopback_device
-    from harness.workloads.targets import TARGET_RESOLVERS, target_device
+    from harness.workloads.kit.targets import TARGET_RESOLVERS, target_device
 
     assert TARGET_RESOLVERS["nvmeof-loopback"] is resolve_loopback_device
     cfg, node = loopback_node()

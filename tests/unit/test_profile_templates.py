@@ -7,7 +7,7 @@ import pytest
 
 from harness.engines import list_profiles, load_profile
 from harness.errors import ConfigError
-from harness.workloads.engine import engine_values
+from harness.workloads.kit.engine import engine_values
 
 HOSTILE = '/pool/a","kv_role":"kv_producer","x":{"y":"}\\ {pool_dir} \n'
 

@@ -17,8 +17,8 @@ from harness.gates.verdict import Outcome, evaluate
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
-from harness.workloads.engine import LogMark
-from harness.workloads.phases import EngineLog, PhaseRecord
+from harness.workloads.kit.engine import LogMark
+from harness.workloads.kit.phases import EngineLog, PhaseRecord
 from harness.workloads.r3_cross_instance import evaluate_r3
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "r3"

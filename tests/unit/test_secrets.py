@@ -23,8 +23,8 @@ from harness.report.bundle import generate_keypair, load_private_key
 from harness.transport.doubles import Reply, ScriptedTransport
 from harness.transport.steps import StepLog
 from harness.workloads import WORKLOADS
-from harness.workloads.base import GateContext
-from harness.workloads.engine import EngineProcess
+from harness.workloads.kit.base import GateContext
+from harness.workloads.kit.engine import EngineProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

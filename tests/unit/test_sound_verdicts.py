@@ -20,9 +20,9 @@ from harness.errors import ConfigError
 from harness.gates.verdict import Outcome, evaluate
 from harness.stats import median_interval, min_trials_for_interval, order_statistic_rank
 from harness.workloads import WORKLOADS
-from harness.workloads.base import WorkloadResult
+from harness.workloads.kit.base import WorkloadResult
 from harness.workloads.g2_gain import GainEvidence, evaluate_gain
-from harness.workloads.g2_load import (G2LoadEvidence, PointTrial, evaluate_load, load_fields, point_invalid,
+from harness.workloads.kit.load import (G2LoadEvidence, PointTrial, evaluate_load, load_fields, point_invalid,
                                        token_accounting)
 
 ROOT = Path(__file__).resolve().parents[2]

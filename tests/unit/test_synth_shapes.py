@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from harness.load.reuse import reuse_stats
 from harness.load.synth import SHAPES, FanOutShape, SessionRecoveryShape, fan_out_trace, session_recovery_trace
-from harness.workloads.g2_load import SHAPE_KEYS, LoadSpec, load_trace
+from harness.workloads.kit.load import SHAPE_KEYS, LoadSpec, load_trace
 
 
 def test_a_resumed_session_is_its_first_arrival_again_and_nothing_else_is_shared():

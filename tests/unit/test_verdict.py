@@ -5,7 +5,7 @@ import pytest
 from harness.config import Gate
 from harness.gates.verdict import Outcome, evaluate, legacy_intervals, overall_outcome, skipped
 from harness.stats import ORDER_STATISTICS, Interval, median_interval
-from harness.workloads.base import WorkloadResult
+from harness.workloads.kit.base import WorkloadResult
 
 
 def gate(**kw):

@@ -16,7 +16,7 @@ from harness.rigs import loopback as L
 from harness.suite.plan import gate_plan
 from harness.transport.doubles import Event, Reply, ScriptedTransport
 from harness.workloads import WORKLOADS
-from harness.workloads.base import DROP_CACHES_ARGV, GateContext
+from harness.workloads.kit.base import DROP_CACHES_ARGV, GateContext
 from doubles import EngineServer, engine_node, gate_context, pool_blockstat
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -34,8 +34,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..load.traces import Trace, TraceRequest
-from ..stats import median
+from ...load.traces import Trace, TraceRequest
+from ...stats import median
 from .base import ValidityCheck
 
 LEVELS = ("memory", "ram", "tier", "recomputed")

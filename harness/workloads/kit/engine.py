@@ -25,14 +25,14 @@ from typing import Any, Protocol
 
 import httpx
 
-from ..engines import ArchError, EngineProfile, LMCacheSettings, arch_from_config, load_profile, write_lmcache_yaml
-from ..engines.preflight import parse_preflight, preflight_argv, preflight_hint, preflight_problem
-from ..engines.profiles import program_file
-from ..errors import ConfigError
-from ..node import program_path
-from ..parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
-from ..parsers.prometheus import Sample, parse_prometheus
-from ..transport.local import free_port
+from ...engines import ArchError, EngineProfile, LMCacheSettings, arch_from_config, load_profile, write_lmcache_yaml
+from ...engines.preflight import parse_preflight, preflight_argv, preflight_hint, preflight_problem
+from ...engines.profiles import program_file
+from ...errors import ConfigError
+from ...node import program_path
+from ...parsers.engine_log import LogMatch, new_log_lines, scan_fallbacks
+from ...parsers.prometheus import Sample, parse_prometheus
+from ...transport.local import free_port
 from .base import GateContext, PoolSnapshot, write_gate_file
 
 # Prints a free TCP port of the node's loopback (the kernel picks it); run with the engine's interpreter.
@@ -281,7 +281,7 @@ class LaunchedEngine:
         self.ctx, self.transport, self.profile = ctx, transport, profile
         self.argv, self.env, self.base_url, self.run_dir = argv, env, base_url, run_dir
         self.labels, self._drop_on = labels, drop_on
-        # the pool made for the run (harness.workloads.pool.PoolHandle): closed after the engine stopped
+        # the pool made for the run (harness.workloads.kit.pool.PoolHandle): closed after the engine stopped
         self.pool = pool
         self.processes: list[EngineProcess] = []
         self.cold_steps: list[dict[str, Any]] = []

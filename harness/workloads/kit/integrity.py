@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..rigs.loopback import (INTEGRITY_CHUNK, INTEGRITY_LEN_BYTES, Loopback, LoopbackState, Runner, backing_device,
+from ...rigs.loopback import (INTEGRITY_CHUNK, INTEGRITY_LEN_BYTES, Loopback, LoopbackState, Runner, backing_device,
                              nvme_device)
-from ..writeguard import WriteDecision, check_write
+from ...writeguard import WriteDecision, check_write
 
 
 def pattern_bytes(seed: str, length: int) -> bytes:
@@ -243,19 +243,7 @@ def loopback_integrity(lb: Loopback, st: LoopbackState | None = None, length_byt
                                                error="loopback not up (no device)"),), dev or "", bdev or "")
     chunk = INTEGRITY_CHUNK
     count = length_bytes // chunk
-    decision = ns_decision = None
-    node = getattr(lb.transport, "name", "")
-    # a RAM device kvgate did not make (or no longer has on record) is the node's: like a block device
-    made = {"null_blk": f"nullb:{spec.nullb_name}", "brd": "brd"}.get(spec.backing)
-    offered = spec.allow_destructive or (made is not None and made in st.record.created) or spec.backing == "file"
-    if offered:
-        decision = check_write(lb.run, bdev, expect="file" if spec.backing == "file" else "block",
-                               purpose=f"integrity pattern on the backing of loopback target {spec.name}",
-                               node=node, allow_destructive=spec.allow_destructive, serial=spec.serial)
-        if decision.allowed:
-            ns_decision = device_decision or check_write(
-                lb.run, dev, expect="block", node=node, same_storage_as=decision,
-                purpose=f"integrity pattern through the namespace of loopback target {spec.name}")
+    decision, ns_decision = _write_decisions(lb, st, dev, bdev, device_decision)
     writable = bool(decision and decision.allowed and ns_decision and ns_decision.allowed)
     refused = next((x for x in (decision, ns_decision) if x is not None and not x.allowed), None)
     if refused is not None:
@@ -280,3 +268,25 @@ def loopback_integrity(lb: Loopback, st: LoopbackState | None = None, length_byt
             checks.append(io.compare_read(bdev, dev, length_bytes, count, tmp, local))
         lb.run("integrity-cleanup", integrity_cleanup_argv(spec.name), 30)
     return IntegrityResult(tuple(checks), dev, bdev, decision, ns_decision)
+
+
+def _write_decisions(lb: Loopback, st: LoopbackState, dev: str, bdev: str, device_decision: WriteDecision | None
+                     ) -> tuple[WriteDecision | None, WriteDecision | None]:
+    """The write guard's decisions for :func:`loopback_integrity`: on the backing, where it is offered (a file,
+    a RAM device kvgate made and recorded, or allow_destructive), then, where that is allowed, on the namespace
+    reaching the same storage (``device_decision`` when the caller has one); None where not asked."""
+    decision = ns_decision = None
+    node = getattr(lb.transport, "name", "")
+    spec = lb.spec
+    # a RAM device kvgate did not make (or no longer has on record) is the node's: like a block device
+    made = {"null_blk": f"nullb:{spec.nullb_name}", "brd": "brd"}.get(spec.backing)
+    offered = spec.allow_destructive or (made is not None and made in st.record.created) or spec.backing == "file"
+    if offered:
+        decision = check_write(lb.run, bdev, expect="file" if spec.backing == "file" else "block",
+                               purpose=f"integrity pattern on the backing of loopback target {spec.name}",
+                               node=node, allow_destructive=spec.allow_destructive, serial=spec.serial)
+        if decision.allowed:
+            ns_decision = device_decision or check_write(
+                lb.run, dev, expect="block", node=node, same_storage_as=decision,
+                purpose=f"integrity pattern through the namespace of loopback target {spec.name}")
+    return decision, ns_decision

@@ -4,7 +4,7 @@ device and the engines' log marks before -> the phase's requests -> the same aft
 A workload gives what is its own (what a phase sends, how a warm-up prompt looks, which device to count) and gets
 back :class:`PhaseRecord` s: plain data its pure evaluator reads together with the profile's declared proofs (hit
 counter names, fall-back patterns). The runner talks to engines only through
-:class:`~harness.workloads.engine.EngineHandle`, so the same phases run on an engine kvgate launches and on one an
+:class:`~harness.workloads.kit.engine.EngineHandle`, so the same phases run on an engine kvgate launches and on one an
 operator runs; it never looks at an engine's name.
 """
 
@@ -16,10 +16,10 @@ from typing import Callable, Generic, Mapping, Sequence, TypeVar
 
 import httpx
 
-from ..execute.fanout import fan_out
-from ..parsers.engine_log import LogMatch
-from ..parsers.pooldev import PoolDeviceStat
-from ..parsers.prometheus import Sample, counter_delta
+from ...execute.fanout import fan_out
+from ...parsers.engine_log import LogMatch
+from ...parsers.pooldev import PoolDeviceStat
+from ...parsers.prometheus import Sample, counter_delta
 from .base import GateContext
 from .engine import EngineHandle, LogMark, fallback_reason, fallbacks_between
 

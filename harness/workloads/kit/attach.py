@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import Field, field_validator
 
-from ..engines import EngineProfile
-from ..redact import redact_line, redact_url, register_url
-from ..parsers.prometheus import Sample, parse_prometheus
+from ...engines import EngineProfile
+from ...redact import redact_line, redact_url, register_url
+from ...parsers.prometheus import Sample, parse_prometheus
 from .base import GateContext, StrictModel
 from .engine import LogMark
 
@@ -113,7 +113,7 @@ def text_prompt_issue(profile: EngineProfile, tokenizer: str | None, builds_toke
 
 class AttachedEngine:
     """An engine someone else runs, at ``base_url``: its health, metrics and (through a command) its log;
-    made cold by the operator's commands. An :class:`~harness.workloads.engine.EngineHandle`, as a launched
+    made cold by the operator's commands. An :class:`~harness.workloads.kit.engine.EngineHandle`, as a launched
     engine is: the same phases run on both."""
 
     persistent = True  # it and its pool were there before the run and stay after it

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ..errors import WorkloadError
-from ..parsers.facts import NUMA_PROBE
-from ..parsers.fio import FioRun, parse_fio_json
-from ..parsers.probe import Probe
+from ...errors import WorkloadError
+from ...parsers.facts import NUMA_PROBE
+from ...parsers.fio import FioRun, parse_fio_json
+from ...parsers.probe import Probe
 from .base import GateContext, PlannedStep, StreamRow
 
 T = TypeVar("T")

@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from ..node import program_path
-from ..parsers.poolloop import EvictSummary, LoopPool, loop_pool_argv, loop_pool_undo_argv, parse_evict_log, \
+from ...node import program_path
+from ...parsers.poolloop import EvictSummary, LoopPool, loop_pool_argv, loop_pool_undo_argv, parse_evict_log, \
     parse_loop_pool
-from ..units import parse_size_bytes
+from ...units import parse_size_bytes
 from .base import GateContext, PlannedStep, StrictModel
 
 EVICT_PROGRAM = "pool_evict.py"

@@ -24,15 +24,15 @@ from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from ..endurance import DriveRating
-from ..errors import ConfigError, WorkloadError
-from ..execute.cancel import Cancellation, check_write
-from ..execute.cancel import write_text as write_gate_file
-from ..execute.clock import Clock
-from ..execute.nvmeof import NvmeofError, NvmeofHost, NvmeofSpec
-from ..safeio import InputFileError, dumps_indented
-from ..stats import Interval
-from ..units import format_quantity
+from ...endurance import DriveRating
+from ...errors import ConfigError, WorkloadError
+from ...execute.cancel import Cancellation, check_write
+from ...execute.cancel import write_text as write_gate_file
+from ...execute.clock import Clock
+from ...execute.nvmeof import NvmeofError, NvmeofHost, NvmeofSpec
+from ...safeio import InputFileError, dumps_indented
+from ...stats import Interval
+from ...units import format_quantity
 
 WORKLOADS: dict[str, type["Workload"]] = {}
 
@@ -168,7 +168,7 @@ class ValidityCheck(BaseModel):
 
 
 class PoolSnapshot(BaseModel):
-    """The finished KV chunk files of a pool directory as one node saw them (harness.workloads.engine.
+    """The finished KV chunk files of a pool directory as one node saw them (harness.workloads.kit.engine.
     pool_contents): how many, their bytes, the bytes expected; ``bytes_added``: what a phase added to a pool
     that already held chunks (an attached engine's), None where the pool started empty."""
 

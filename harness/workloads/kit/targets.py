@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..rigs.loopback import resolve_loopback_device
+from ...rigs.loopback import resolve_loopback_device
 from .base import GateContext, nvmeof_device, target_path
 
 # kind -> fn(transport, steps, target) -> the device path, for targets found on the node rather than named by path
