@@ -41,7 +41,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import RequestRecord, run_requests_sync
-from ..errors import WorkloadError
 from ..execute.undo import UndoLog
 from ..parsers.prometheus import counter_delta
 from ..rigs import faults as F
@@ -51,7 +50,8 @@ from .kit.base import GateContext, PlannedStep, StrictModel, ValidityCheck, Work
 from .kit.engine import fallbacks_between, pool_contents, pool_files_argv, stored_kv_tokens
 from .kit.faults import check_operator_fields, one_at_a_time
 from .kit.g2 import G2Evidence, G2Params, G2Setup, G2Procedure
-from .kit.phases import PhaseRunner
+from .kit.phases import PhaseRecord, PhaseRunner
+from .kit.session import EngineSession
 
 STEP_TIMEOUT_S = 60.0
 # LMCache 0.5.6's lines when its remote (fs://) backend could not answer: the tier failed for that lookup or read,
@@ -594,7 +594,7 @@ class G2Faults(G2Procedure):
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: G2FaultsParams = self._pool_root(ctx, ctx.params)
         prof = load_profile(p.engine)
-        setup = self._setup_launched(ctx, p, prof, labels=("populate", "faulted"))
+        setup = self.setup_launched(ctx, p, prof, labels=("populate", "faulted"))
         if isinstance(setup, WorkloadResult):
             return setup
         ev = G2FaultsEvidence.model_validate({**setup.ev.model_dump(), "interval_s": p.interval_s,
@@ -634,10 +634,9 @@ class G2Faults(G2Procedure):
         expected = [stored_kv_tokens(r.prompt_tokens, prof.kv_block_tokens) for r in prompts]
         made: list = []
         t0 = 0.0
-        try:
-            err = runner.open()
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
+        session = EngineSession({"engine": runner})
+
+        def populate_then_faults() -> tuple[PhaseRecord, list[str | None]] | WorkloadResult:
             ctx.progress(f"{ctx.gate.id}: populate, {len(prompts)} prompts")
             pop = runner.phase("populate", lambda: self._send(ctx, p, prof, eng.base_url, prompts, concurrency=1))
             self._save(ctx.gate_dir / "requests-populate.jsonl", pop.output)
@@ -682,10 +681,12 @@ class G2Faults(G2Procedure):
                                       list(prof.fallback_patterns) + list(TIER_FAILURE_PATTERNS))
             ev.tier_failure_lines = [m.quote() for m in lines][:50]
             ev.fallback_lines = ev.tier_failure_lines[:10]
-        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
-        finally:
-            runner.close()
+            return fp, reference
+
+        out = session.run(populate_then_faults, lambda why: WorkloadResult(evidence=ev, error=why))
+        if isinstance(out, WorkloadResult):
+            return out
+        fp, reference = out
         spans = [(m[6], m[7] if m[7] is not None else m[6]) for m in made]
         reqs = []
         for i, x in enumerate(fp.output):

@@ -48,12 +48,10 @@ import re
 from collections import Counter
 from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engines import EngineProfile, check_lmcache_config, load_profile, shell_line
-from ..errors import ConfigError, WorkloadError
-from ..execute.fanout import fan_out
+from ..errors import ConfigError
 from ..parsers.pooldev import pool_blockstat_argv
 from ..load.reuse import reuse_stats
 from ..load.traces import Trace
@@ -69,7 +67,8 @@ from .kit.load import (Counters, G2LoadEvidence, G2LoadParams, LoadAttachParams,
                        read_load_trace, reevaluate_load, token_accounting, trace_error)
 from .kit.g2 import G2Procedure, launch_values
 from .kit.engine import pool_record
-from .kit.phases import PhaseRunner, first_fallback
+from .kit.phases import PhaseRunner
+from .kit.session import EngineSession
 
 ARMS = ("tier", "no_tier")
 REFERENCE_GAIN = "+29-40 % (R2, single-instance basis)"
@@ -843,7 +842,7 @@ class G2Gain(Workload):
         g2v = self._arm_view(view, "tier", spec.context_tokens)
         v = launch_values(g2v, prof, node.work_dir, ctx.gate.id, g2v.port or 8000, "<run>", node.transport,
                           node.engine_python)
-        steps = G2Procedure()._plan_launch_setup(g2v, prof, node, v)
+        steps = G2Procedure().plan_launch_setup(g2v, prof, node, v)
         argv = prof.render_argv(v)
         steps.append(PlannedStep(node.name, f"start {prof.name} with the tier, engine memory {p.engine_cache_tokens} "
                                  f"tokens, once for the whole sweep, in its own process group: "
@@ -922,7 +921,7 @@ class G2Gain(Workload):
             v = launch_values(view, profs[arm], node.work_dir, ctx.gate.id, view.port or 8000, "<run>",
                               node.transport, node.engine_python)
             values[arm] = v
-            steps += G2Procedure()._plan_launch_setup(view, profs[arm], node, v)
+            steps += G2Procedure().plan_launch_setup(view, profs[arm], node, v)
         for arm in ARMS:
             argv = profs[arm].render_argv(values[arm])
             what = (f"start the {arm.replace('_', ' ')} arm's {profs[arm].name} once for the whole run (both at once), "
@@ -971,7 +970,7 @@ class G2Gain(Workload):
             evicted_counter=counters.extra[1] if counters.extra else None)
         arm_ev = G2LoadEvidence(**load_fields(view), device_reads=prof.device_reads, pool_drive=pool_drive_of(ctx))
         g2v = self._arm_view(view, "tier", spec.context_tokens)
-        setup = g2._setup_launched(ctx, g2v, prof, labels=("tier",))
+        setup = g2.setup_launched(ctx, g2v, prof, labels=("tier",))
         if isinstance(setup, WorkloadResult):
             load.engine_evidence(arm_ev, setup.evidence)
             ev.arms = {"tier": arm_ev}
@@ -980,26 +979,28 @@ class G2Gain(Workload):
         load.engine_evidence(ev, setup.ev)
         (ctx.gate_dir / "tier").mkdir(parents=True, exist_ok=True)
         actx = dataclasses.replace(ctx, gate_dir=ctx.gate_dir / "tier")
-        _, _, vocab = g2._kv_shape(g2v, prof)
+        _, _, vocab = g2.kv_shape(g2v, prof)
         ev.prompt_seed = p.seed
-        runner = PhaseRunner(actx, {"engine": setup.engine}, counters=True)
+        session = EngineSession({"tier": PhaseRunner(actx, {"engine": setup.engine}, counters=True)},
+                                label=lambda arm: f"{arm} arm")
         points: list[PointTrial] = []
         shapes: list[CapacityPoint] = []
-        closed, fallback = False, None
-        try:
-            try:  # before the engine starts: a text-only API without a usable tokenizer is known now
+        prompts: LoadPrompts | None = None
+
+        def before() -> WorkloadResult | None:  # a text-only API without a usable tokenizer is known now
+            nonlocal prompts
+            try:
                 prompts = load_prompts(prof, setup.ev, vocab, arm_ev)
             except ValueError as exc:
                 ev.arms = {"tier": arm_ev}
                 return WorkloadResult(evidence=ev, error=f"tier arm: {exc}")
-            err = runner.open()
-            if err:
-                ev.arms = {"tier": arm_ev}
-                return WorkloadResult(evidence=ev, error=f"tier arm: {err}")
+            return None
+
+        def sweep() -> str | None:
             if p.warmup:
                 eng, s = setup.engine, setup
                 mw = eng.metrics()
-                g2._warm_up(actx, g2v, prof, eng.base_url, "tier", s.warm[0], s.ev)
+                g2.warm_up(actx, g2v, prof, eng.base_url, "tier", s.warm[0], s.ev)
                 arm_ev.warmup = dict(s.ev.warmup)
                 ok = s.ev.warmup.get("error") is None
                 load.settled_metrics(ctx, eng, counters, mw, (s.warm[0].prompt_tokens or 0) if ok else 0)
@@ -1010,21 +1011,23 @@ class G2Gain(Workload):
                     shapes.append(CapacityPoint(label=label, trial=t, working_set_x=x, sessions=n,
                                                 working_set_tokens=n * spec.context_tokens, requests=len(trace.requests),
                                                 reusable_tokens=float(reusable_tokens(trace))))
-                    points.append(load.attempts(actx, view, prof, runner, setup, counters, t, label, 0.0, trace,
-                                                 p.seed, prompts, arm_ev))
-            logs = runner.close(logs=True)
-            closed = True
-            fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "tier",
-                                             prof.in_force_log)
-            arm_ev.fallback_lines = [m.quote() for m in found]
-        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+                    points.append(load.attempts(actx, view, prof, session.runner, setup, counters, t, label, 0.0,
+                                                trace, p.seed, prompts, arm_ev))
+            fallback, arm_ev.fallback_lines = session.fallback(session.close(), prof.fallback_patterns, "tier",
+                                                               prof.in_force_log)
+            return fallback
+
+        def failed(why: str) -> WorkloadResult:
             arm_ev.points = points
             ev.arms = {"tier": arm_ev}
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
-        finally:
-            if not closed:
-                runner.close()
+            return WorkloadResult(evidence=ev, error=why)
+
+        def after() -> None:
             arm_ev.pool = ev.pool = pool_record(setup.engine) or arm_ev.pool
+
+        fallback = session.run(sweep, failed, before=before, after=after)
+        if isinstance(fallback, WorkloadResult):
+            return fallback
         result = evaluate_sweep(points, shapes, ev, arm_ev, prof.device_reads, fallback)
         write_summary(ctx.gate_dir, "g2-gain-summary.json", result)
         return result
@@ -1037,8 +1040,8 @@ class G2Gain(Workload):
         setups, arm_ev, ctxs = {}, {}, {}
         for arm in ARMS:
             view = self._arm_view(p, arm, longest)
-            setup = (g2._setup_attached(ctx, view, profs[arm]) if attached
-                     else g2._setup_launched(ctx, view, profs[arm], labels=(arm,)))
+            setup = (g2.setup_attached(ctx, view, profs[arm]) if attached
+                     else g2.setup_launched(ctx, view, profs[arm], labels=(arm,)))
             arm_ev[arm] = G2LoadEvidence(**load_fields(p), trace=ev.trace, device_reads=profs[arm].device_reads,
                                          pool_drive=pool_drive_of(ctx, p.pool_node if attached else None))
             if isinstance(setup, WorkloadResult):
@@ -1070,45 +1073,42 @@ class G2Gain(Workload):
                 return WorkloadResult(evidence=ev, error=trace_error(p.load, exc))
         longest = load.longest_prompt(p)
         g2 = G2Procedure()
-        runners: dict[str, PhaseRunner] = {}
         attached = p.attach is not None
         arms = self._setup_arms(ctx, p, profs, ev, longest)
         if isinstance(arms, WorkloadResult):
             return arms
         setups, arm_ev, ctxs = arms
-        _, _, vocab = g2._kv_shape(g2_view(p, longest), profs["tier"])
+        _, _, vocab = g2.kv_shape(g2_view(p, longest), profs["tier"])
         # both arms, the same prompts; attached engines outlive the run, so their prompts are new to them by the
         # tier arm's per-run seed
         seed = setups["tier"].ev.prompt_seed if attached and setups["tier"].ev.prompt_seed is not None else p.seed
         ev.prompt_seed = seed
         counters = {arm: accounting_counters(profs[arm]) for arm in ARMS}
-        for arm in ARMS:
-            runners[arm] = PhaseRunner(ctxs[arm], {"engine": setups[arm].engine}, counters=counters[arm].any)
+        # both engines start at once (a start-up is mostly one process importing at a time: two overlap on a node's
+        # cores instead of one waiting for the other); attached: nothing to start, each engine's health (and log)
+        # checked in turn, in the plan's order; each is closed whether it started or not
+        session = EngineSession({arm: PhaseRunner(ctxs[arm], {"engine": setups[arm].engine},
+                                                  counters=counters[arm].any) for arm in ARMS},
+                                parallel=not attached, label=lambda arm: f"{arm} arm")
         points: dict[str, list[PointTrial]] = {arm: [] for arm in ARMS}
-        opened: list[str] = []
         fallbacks: dict[str, str | None] = {}
-        try:
-            # both engines start at once (a start-up is mostly one process importing at a time: two overlap on a
-            # node's cores instead of one waiting for the other); each is closed whether it started or not
-            opened += ARMS
-            try:  # before the engines start: a text-only API without a usable tokenizer is known now
+        prompts: LoadPrompts | None = None
+
+        def before() -> WorkloadResult | None:  # a text-only API without a usable tokenizer is known now
+            nonlocal prompts
+            try:
                 prompts = arm_prompts(profs, setups, vocab, arm_ev)
             except ValueError as exc:
                 ev.arms = arm_ev
                 return WorkloadResult(evidence=ev, error=str(exc))
-            if attached:  # nothing to start: each engine's health (and log) checked in turn, in the plan's order
-                why = {arm: e for arm in ARMS if (e := runners[arm].open())}
-            else:
-                res = fan_out(runners, lambda _arm, r: r.open())
-                why = {arm: e for arm, e in res.succeeded.items() if e} | dict(res.failed)
-            if why:
-                ev.arms = arm_ev
-                return WorkloadResult(evidence=ev, error="; ".join(f"{a} arm: {why[a]}" for a in ARMS if a in why))
+            return None
+
+        def both_arms() -> None:
             if p.warmup:
                 for arm in ARMS:
                     s, eng = setups[arm], setups[arm].engine
                     mw = eng.metrics() if counters[arm].any else None
-                    g2._warm_up(ctxs[arm], g2_view(p, longest), profs[arm], eng.base_url, arm, s.warm[0], s.ev)
+                    g2.warm_up(ctxs[arm], g2_view(p, longest), profs[arm], eng.base_url, arm, s.warm[0], s.ev)
                     arm_ev[arm].warmup = dict(s.ev.warmup)
                     ok = s.ev.warmup.get("error") is None
                     load.settled_metrics(ctx, eng, counters[arm], mw, (s.warm[0].prompt_tokens or 0) if ok else 0)
@@ -1116,28 +1116,27 @@ class G2Gain(Workload):
                 first = first_arm(t)
                 for arm in (first, "no_tier" if first == "tier" else "tier"):
                     ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}, {arm} arm")
-                    points[arm].append(load.attempts(ctxs[arm], p, profs[arm], runners[arm], setups[arm],
-                                                      counters[arm], t, label, lv, trace, seed, prompts,
-                                                      arm_ev[arm]))
+                    points[arm].append(load.attempts(ctxs[arm], p, profs[arm], session.runners[arm], setups[arm],
+                                                     counters[arm], t, label, lv, trace, seed, prompts, arm_ev[arm]))
             for arm in ARMS:
-                logs = runners[arm].close(logs=True)
-                opened.remove(arm)
-                fallbacks[arm], found = first_fallback(
-                    logs, profs[arm].fallback_patterns, lambda _n, a=arm: a,
+                fallbacks[arm], arm_ev[arm].fallback_lines = session.fallback(
+                    session.close(arm), profs[arm].fallback_patterns, arm,
                     profs[arm].in_force_log if arm == "tier" else ())
-                arm_ev[arm].fallback_lines = [m.quote() for m in found]
-        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+
+        def failed(why: str) -> WorkloadResult:
             for arm in ARMS:
                 arm_ev[arm].points = points[arm]
             ev.arms = arm_ev
-            ctxt = "\n".join(runners[a].error_context() for a in opened)
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{ctxt}".strip())
-        finally:
-            for arm in opened:
-                runners[arm].close()
+            return WorkloadResult(evidence=ev, error=why)
+
+        def after() -> None:
             for arm in ARMS:
                 arm_ev[arm].pool = pool_record(setups[arm].engine) or arm_ev[arm].pool
             ev.pool = arm_ev["tier"].pool
+
+        stopped = session.run(both_arms, failed, before=before, after=after)
+        if stopped is not None:
+            return stopped
         results = {arm: evaluate_load(points[arm], p.load.kind, p.ttft_slo_s, p.knee_percentile, arm_ev[arm],
                                       fallback=fallbacks.get(arm)) for arm in ARMS}
         result = evaluate_gain(results, p.min_tier_reuse_share, fallbacks, ev,

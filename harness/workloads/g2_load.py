@@ -46,21 +46,20 @@ never PASS).
 
 from __future__ import annotations
 
-import httpx
-
 from ..engines import load_profile, shell_line
-from ..errors import ConfigError, WorkloadError
+from ..errors import ConfigError
 from ..parsers.pooldev import pool_blockstat_argv
 from ..safeio import InputFileError
 from .kit.base import ControlFile, GateContext, PlannedStep, Workload, WorkloadResult, pool_drive_of, \
     register_workload, write_summary
 from .kit.engine import pool_record
 from .kit.g2 import G2Procedure, launch_values
-from .kit.load import (SUMMARY_METRICS, G2LoadEvidence, G2LoadParams, LoadPoints, MetricTable, PointTrial,
+from .kit.load import (SUMMARY_METRICS, G2LoadEvidence, G2LoadParams, LoadPoints, LoadPrompts, MetricTable, PointTrial,
                        accounting_counters, evaluate_load, g2_view, load_control_files, load_fields, load_issues,
                        load_prompts,
                        read_load_trace, trace_error)
-from .kit.phases import PhaseRunner, first_fallback
+from .kit.phases import PhaseRunner
+from .kit.session import EngineSession
 
 POINTS = LoadPoints()
 
@@ -96,7 +95,7 @@ class G2Load(Workload):
                               node.engine_python)
             argv = prof.render_argv(v)
             pool_node, pool_dir = node.name, v["pool_dir"]
-            steps += G2Procedure()._plan_launch_setup(view, prof, node, v)
+            steps += G2Procedure().plan_launch_setup(view, prof, node, v)
             steps.append(PlannedStep(node.name, f"start {prof.name} once for the whole ladder, in its own process "
                                      f"group: {shell_line(argv, prof.render_env(v))}", tuple(argv)))
         else:
@@ -143,51 +142,55 @@ class G2Load(Workload):
                 return WorkloadResult(evidence=ev, error=trace_error(p.load, exc))
         view = g2_view(p, POINTS.longest_prompt(p))
         g2 = G2Procedure()
-        setup = (g2._setup_attached(ctx, view, prof) if p.attach is not None
-                 else g2._setup_launched(ctx, view, prof, labels=("load",)))
+        setup = (g2.setup_attached(ctx, view, prof) if p.attach is not None
+                 else g2.setup_launched(ctx, view, prof, labels=("load",)))
         if isinstance(setup, WorkloadResult):
             POINTS.engine_evidence(ev, setup.evidence)
             return WorkloadResult(evidence=ev, error=setup.error, invalid_reason=setup.invalid_reason)
         POINTS.engine_evidence(ev, setup.ev)
-        _, _, vocab = g2._kv_shape(view, prof)
+        _, _, vocab = g2.kv_shape(view, prof)
         seed = setup.ev.prompt_seed if setup.ev.prompt_seed is not None else p.seed
         ev.prompt_seed = seed
         eng = setup.engine
         counters = accounting_counters(prof)
         # the one phase runner: each point x trial is a phase (counters, pool device and log marks around it)
-        runner = PhaseRunner(ctx, {"engine": eng}, counters=counters.any)
+        session = EngineSession({"engine": PhaseRunner(ctx, {"engine": eng}, counters=counters.any)})
         points: list[PointTrial] = []
-        fallback = None
-        closed = False
-        try:
-            try:  # before the engine starts: a text-only API without a usable tokenizer is known now
+        prompts: LoadPrompts | None = None
+
+        def before() -> WorkloadResult | None:  # a text-only API without a usable tokenizer is known now
+            nonlocal prompts
+            try:
                 prompts = load_prompts(prof, setup.ev, vocab, ev)
             except ValueError as exc:
                 return WorkloadResult(evidence=ev, error=str(exc))
-            err = runner.open()
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
+            return None
+
+        def ladder() -> str | None:
             if p.warmup:  # once for the ladder, counted by the engine before the first point's counters are read
                 mw = eng.metrics() if counters.any else None
-                g2._warm_up(ctx, view, prof, eng.base_url, "load", setup.warm[0], setup.ev)
+                g2.warm_up(ctx, view, prof, eng.base_url, "load", setup.warm[0], setup.ev)
                 ev.warmup = dict(setup.ev.warmup)
                 ok = setup.ev.warmup.get("error") is None
                 POINTS.settled_metrics(ctx, eng, counters, mw, (setup.warm[0].prompt_tokens or 0) if ok else 0)
             for t, label, load in POINTS.schedule(p):
                 ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}")
-                points.append(POINTS.attempts(ctx, p, prof, runner, setup, counters, t, label, load, trace, seed,
-                                             prompts, ev))
-            logs = runner.close(logs=True)
-            closed = True
-            fallback, found = first_fallback(logs, prof.fallback_patterns, lambda _n: "load", prof.in_force_log)
-            ev.fallback_lines = [m.quote() for m in found]
-        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
+                points.append(POINTS.attempts(ctx, p, prof, session.runner, setup, counters, t, label, load, trace,
+                                              seed, prompts, ev))
+            fallback, ev.fallback_lines = session.fallback(session.close(), prof.fallback_patterns, "load",
+                                                           prof.in_force_log)
+            return fallback
+
+        def failed(why: str) -> WorkloadResult:
             ev.points = points
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
-        finally:
-            if not closed:
-                runner.close()
+            return WorkloadResult(evidence=ev, error=why)
+
+        def after() -> None:
             ev.pool = pool_record(eng) or ev.pool
+
+        fallback = session.run(ladder, failed, before=before, after=after)
+        if isinstance(fallback, WorkloadResult):
+            return fallback
         result = evaluate_load(points, p.load.kind, p.ttft_slo_s, p.knee_percentile, ev, fallback=fallback)
         write_summary(ctx.gate_dir, "g2-load-summary.json", result)
         return result

@@ -28,12 +28,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import CompletionRequest, RequestRecord
-from ..errors import ConfigError, WorkloadError
+from ..errors import ConfigError
 from ..parsers.pooldev import (PoolDeviceStat, pool_blockstat_argv, pool_device_probe, read_bytes_between,
                                  write_bytes_between)
 from ..stats import percentile
@@ -42,8 +41,9 @@ from .kit.base import (DROP_CACHES_ARGV, GateContext, PlannedStep, ValidityCheck
                    drop_caches, register_workload, write_summary)
 from .kit.engine import pool_contents, pool_files_argv, pool_record, stored_kv_tokens
 from .kit.g2 import G2Evidence, G2Params, G2Setup, G2Procedure, cold_check, store_phase_endurance
-from .kit.phases import PhaseRecord, PhaseRunner, first_fallback
+from .kit.phases import PhaseRecord, PhaseRunner
 from .kit.probes import run_probe
+from .kit.session import EngineSession
 
 # The phases in the order they run: (label, tenant)
 PHASES = (("store-a", "A"), ("cross-b", "B"), ("fresh-b", "B"), ("control-a", "A"))
@@ -348,7 +348,7 @@ class G2Tenancy(G2Procedure):
         prof = load_profile(p.engine)
         # twice the prompts a length: the first half tenant A's, the second the timing probe's fresh ones
         both = p.model_copy(update={"prompts_per_length": 2 * p.prompts_per_length})
-        setup = self._setup_launched(ctx, both, prof, labels=engine_logs(p.restart_between))
+        setup = self.setup_launched(ctx, both, prof, labels=engine_logs(p.restart_between))
         if isinstance(setup, WorkloadResult):
             return setup
         return self._tenants(ctx, p, prof, setup)
@@ -374,14 +374,13 @@ class G2Tenancy(G2Procedure):
         warm = dict(zip(("store-a", "cross-b", "fresh-b", "control-a"),
                         salted([s.warm[0]] + [s.warm[1]] * 3, key, salts[WARMUP_TENANT], "w")))
         runner = PhaseRunner(ctx, {"engine": eng}, counters=True, warm_up=(
-            lambda _n, h, label: self._warm_up(ctx, p, prof, h.base_url, label, warm[label], ev)))
+            lambda _n, h, label: self.warm_up(ctx, p, prof, h.base_url, label, warm[label], ev)))
         recs: dict[str, PhaseRecord] = {}
-        fallback = None
         cold: dict[str, bool | None] = {}
-        try:
-            err = runner.open()
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
+        session = EngineSession({"engine": runner})
+
+        def tenants() -> str | None | WorkloadResult:
+            fallback = None
             for label, tenant in PHASES:
                 if label in ("cross-b", "control-a"):
                     err = self._cold(ctx, p, runner, eng, label, cold)
@@ -393,20 +392,22 @@ class G2Tenancy(G2Procedure):
                                                                                   sends[label]), device=device)
                 self._save(ctx.gate_dir / f"requests-{label}.jsonl", recs[label].output)
                 log = engine_log(label, p.restart_between)  # as kvgate report names it re-scanning that log
-                fallback, found = first_fallback(recs[label].engines, prof.fallback_patterns, lambda _n: log,
-                                                 prof.in_force_log)
-                ev.fallback_lines = list(dict.fromkeys(ev.fallback_lines + [m.quote() for m in found]))
+                fallback, found = session.fallback(recs[label].engines, prof.fallback_patterns, log, prof.in_force_log)
+                ev.fallback_lines = list(dict.fromkeys(ev.fallback_lines + found))
                 if fallback is not None:
                     break
                 if label == "store-a":
                     ev.pool_after_populate = pool_contents(ctx, s.pool_transport, s.pool_dir, stored,
                                                            p.populate_timeout_s, "tenancy-pool-after-store",
                                                            prof.pool_files)
-        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
-        finally:
-            runner.close()
+            return fallback
+
+        def after() -> None:
             ev.pool = pool_record(eng) or ev.pool
+
+        fallback = session.run(tenants, lambda why: WorkloadResult(evidence=ev, error=why), after=after)
+        if isinstance(fallback, WorkloadResult):
+            return fallback
         ev.phases = [self._phase_record(label, tenant, salts[tenant], recs[label], prof, cold.get(label))
                      for label, tenant in PHASES if label in recs]
         if "store-a" in recs and "cross-b" in recs:

@@ -40,7 +40,6 @@ import posixpath
 import uuid
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
-import httpx
 from pydantic import Field, field_validator, model_validator
 
 from ..engines import EngineProfile, kv_bytes_per_token, load_profile, shell_line
@@ -48,7 +47,6 @@ from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
 from ..engines.preflight import preflight_argv
 from ..engines.prompts import make_prompts
 from ..endurance import DriveRating, combined, endurance
-from ..errors import WorkloadError
 from ..parsers.pooldev import PoolDeviceStat, pool_blockstat_argv, pool_device_probe, read_bytes_between, \
     write_bytes_between
 from ..parsers.prometheus import metric_total
@@ -64,7 +62,8 @@ from .kit.engine import (FREE_PORT_CODE, LaunchedEngine, build_random_model, bui
                      engine_port, engine_preflight, engine_values, model_config_issues, node_engine_python,
                      pool_contents, pool_files_argv, profile_issues, random_model_dir, stage_engine_files,
                      stored_kv_tokens)
-from .kit.phases import PhaseRunner, first_fallback
+from .kit.phases import PhaseRunner
+from .kit.session import EngineSession
 from .kit.pool import PoolDeviceSpec, PoolHandle, plan_pool, prepare_pool
 from .kit.probes import run_probe
 
@@ -720,11 +719,11 @@ class PdHandoff(Workload):
         runner = PhaseRunner(ctx, dict(handles), counters=True)
         records: list[PdPrompt] = []
         requests: dict[str, list[RequestRecord]] = {"prefill": [], "handoff": [], "recompute": []}
-        try:
-            # Both instances ready (launched: fresh, started at once; their start-up dominates the gate's time).
-            err = runner.open(parallel=True)
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
+        # Both instances ready (launched: fresh, started at once; their start-up dominates the gate's time), stopped
+        # at once, their logs read for fall-backs.
+        session = EngineSession({"engines": runner}, parallel=True, logs=True)
+
+        def handoffs() -> None:
             for role, h in handles.items():
                 proc = h.current.proc if isinstance(h, LaunchedEngine) else None
                 ev.instances[role] = PdInstance(role=role, node=roles[role], profile=profs[role].name,
@@ -741,20 +740,25 @@ class PdHandoff(Workload):
             ln, ldir = lay["producer"]["counted_at"]
             ev.pool_end = pool_contents(ctx, ctx.transports[ln], ldir, 0, 0,
                                         "pd-pool-end", profs["producer"].pool_files)
-        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
-            return WorkloadResult(evidence=ev.model_copy(update={"prompts": records}),
-                                  error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
-        finally:
-            logs = runner.close(parallel=True, logs=True)
+
+        def after() -> None:
             if pool is not None:  # after both engines stopped (the loop device itself: the run's undo log)
                 pool.close()
                 ev.pool = pool.record.to_dict()
             for phase, recs in requests.items():
                 write_gate_file(ctx.gate_dir / f"requests-{phase}.jsonl",
                                 "".join(json.dumps(r.to_dict()) + "\n" for r in recs))
+
+        def failed(why: str) -> WorkloadResult:  # the prompts handed off so far; the pool's record once it is closed
+            ev.prompts = records
+            return WorkloadResult(evidence=ev, error=why)
+
+        stopped = session.run(handoffs, failed, after=after)
+        if stopped is not None:
+            return stopped
+        logs = session.logs["engines"]
         patterns = list(dict.fromkeys(profs["producer"].fallback_patterns + profs["consumer"].fallback_patterns))
-        fallback, found = first_fallback(logs, patterns, lambda role: f"{role} engine's")
-        ev.fallback_lines = [m.quote() for m in found]
+        fallback, ev.fallback_lines = session.fallback(logs, patterns, lambda role: f"{role} engine's")
         res = evaluate_pd(records, ev.instances, bpt, p.min_hit_rate, p.min_read_fraction, p.min_write_fraction, ev,
                           fallback=fallback)
         write_summary(ctx.gate_dir, "pd-summary.json", res)

@@ -49,6 +49,7 @@ from .kit.engine import (FREE_PORT_CODE, LaunchedEngine, LogMark, client_base_ur
                      model_config_issues, node_engine_python, pool_contents, pool_files_argv, profile_issues,
                      stage_engine_files)
 from .kit.phases import EngineLog, PhaseRecord, PhaseRunner, first_fallback
+from .kit.session import EngineSession
 
 CLIENT = "r3_client.py"  # harness/node/r3_client.py, put into each node's run directory
 
@@ -351,28 +352,34 @@ class R3CrossInstance(Workload):
 
         # the counters are read by the node client, where the requests are sent (the phase's output)
         runner = PhaseRunner(ctx, self._handles(ctx, prof, roles, lay))
-        logs: dict[str, EngineLog] = {}
-        try:
-            # 2. Both engines, fresh, started together (their start-up dominates the gate's time).
-            err = runner.open(parallel=True)
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
+        # 2. Both engines, fresh, started together (their start-up dominates the gate's time), stopped together,
+        # their logs read.
+        session = EngineSession({"engines": runner}, parallel=True, logs=True)
 
-            # 3. Writer phase, its stores counted on the pool's device (what serving costs the drive).
-            ctx.progress(f"{ctx.gate.id}: {writer} serves {len(prompts)} new prompts")
-            w, pool = self._writer_phase(ctx, prof, runner, writer, lay[writer], expected, ev)
-            ev.pool_seen_from_reader_before = pool_contents(ctx, ctx.transports[reader], lay[reader]["pool_dir"],
-                                                            expected, 0, "r3-pool-reader-before", prof.pool_files)
+        def phases() -> tuple[PhaseRecord, PhaseRecord, PoolSnapshot] | WorkloadResult:
+            try:
+                # 3. Writer phase, its stores counted on the pool's device (what serving costs the drive).
+                ctx.progress(f"{ctx.gate.id}: {writer} serves {len(prompts)} new prompts")
+                w, pool = self._writer_phase(ctx, prof, runner, writer, lay[writer], expected, ev)
+                ev.pool_seen_from_reader_before = pool_contents(
+                    ctx, ctx.transports[reader], lay[reader]["pool_dir"], expected, 0, "r3-pool-reader-before",
+                    prof.pool_files)
 
-            # 4. Reader phase.
-            ctx.progress(f"{ctx.gate.id}: {reader} (never saw them) serves the same prompts")
-            r = runner.phase("reader", lambda: self._serve(ctx, reader, lay[reader], "reader", p), on=["reader"])
-            ev.pool_seen_from_reader_after = pool_contents(ctx, ctx.transports[reader], lay[reader]["pool_dir"],
-                                                           expected, 0, "r3-pool-reader-after", prof.pool_files)
-        except RuntimeError as exc:
-            return WorkloadResult(evidence=ev, error=str(exc))
-        finally:
-            logs = runner.close(parallel=True, logs=True)
+                # 4. Reader phase.
+                ctx.progress(f"{ctx.gate.id}: {reader} (never saw them) serves the same prompts")
+                r = runner.phase("reader", lambda: self._serve(ctx, reader, lay[reader], "reader", p), on=["reader"])
+                ev.pool_seen_from_reader_after = pool_contents(
+                    ctx, ctx.transports[reader], lay[reader]["pool_dir"], expected, 0, "r3-pool-reader-after",
+                    prof.pool_files)
+            except RuntimeError as exc:  # the node client's own failure, in its words
+                return WorkloadResult(evidence=ev, error=str(exc))
+            return w, r, pool
+
+        out = session.run(phases, lambda why: WorkloadResult(evidence=ev, error=why))
+        if isinstance(out, WorkloadResult):
+            return out
+        w, r, pool = out
+        logs = session.logs["engines"]
 
         res = evaluate_r3(w, r, prof.hit_metrics, pool.bytes, expected, ev, logs=logs,
                           fallback_patterns=prof.fallback_patterns)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-import httpx
 from pydantic import Field, field_validator
 
 from ...engines import DEFAULT_CPU_REF_MODEL, EngineProfile, kv_bytes_per_token, lmcache_config, load_profile, shell_line
@@ -21,7 +20,6 @@ from ...engines.client import RequestRecord, run_requests_sync
 from ...engines.preflight import preflight_argv
 from ...engines.prompts import load_tokenizer, make_prompts, make_text_prompts
 from ...endurance import endurance
-from ...errors import WorkloadError
 from ...safeio import load_json
 from ...parsers.pooldev import PoolDeviceStat, parse_pool_blockstat, pool_blockstat_argv, read_bytes_between, \
     write_bytes_between
@@ -37,7 +35,8 @@ from .engine import (EngineHandle, LaunchedEngine, pool_record, client_base_url,
                      profile_issues, random_model_dir, stage_engine_files, stored_kv_tokens,
                      build_random_model, build_random_model_argv)
 from .pool import PoolDeviceSpec, cold_regime_of, plan_pool, prepare_pool
-from .phases import PhaseRecord, PhaseRunner, first_fallback
+from .phases import PhaseRecord, PhaseRunner
+from .session import EngineSession
 
 
 # Warm-up prompts are drawn from seeds this far from the gate's, so they are never among its prompts.
@@ -510,7 +509,7 @@ class G2Procedure(Workload):
         v = launch_values(p, prof, node.work_dir, ctx.gate.id, p.port or 8000, "<run>", node.transport,
                           node.engine_python)
         n = len(p.prompt_tokens) * p.prompts_per_length
-        return node, v, prof.render_argv(v), prof.render_env(v), n, self._plan_launch_setup(p, prof, node, v)
+        return node, v, prof.render_argv(v), prof.render_env(v), n, self.plan_launch_setup(p, prof, node, v)
 
     def plan(self, ctx: GateContext) -> list[PlannedStep]:
         p: G2Params = ctx.params
@@ -543,7 +542,7 @@ class G2Procedure(Workload):
         ]
         return steps
 
-    def _plan_launch_setup(self, p: G2EngineParams, prof: EngineProfile, node: Any,
+    def plan_launch_setup(self, p: G2EngineParams, prof: EngineProfile, node: Any,
                            v: dict[str, Any]) -> list[PlannedStep]:
         """What a launched engine's set-up sends before its start (pre-flight, directories and files, the
         random-weight model): the plan of every G2 workload that launches its engine."""
@@ -631,14 +630,14 @@ class G2Procedure(Workload):
     def run(self, ctx: GateContext) -> WorkloadResult:
         p: G2Params = ctx.params
         prof = load_profile(p.engine)
-        setup = (self._setup_attached if p.attach is not None else self._setup_launched)(ctx, p, prof)
+        setup = (self.setup_attached if p.attach is not None else self.setup_launched)(ctx, p, prof)
         if isinstance(setup, WorkloadResult):
             return setup
         return self._phases(ctx, p, prof, setup)
 
     # ---------------------------------------------------------------------------- shared by both modes
 
-    def _kv_shape(self, p: G2Params, prof: EngineProfile) -> tuple[dict[str, Any], int, int]:
+    def kv_shape(self, p: G2Params, prof: EngineProfile) -> tuple[dict[str, Any], int, int]:
         """The model config, its KV bytes per token and vocabulary size (ValueError on a bad config)."""
         model_cfg = self._model_config(p)
         bpt = kv_bytes_per_token(model_cfg, prof.capabilities.kv_dtype)
@@ -676,7 +675,7 @@ class G2Procedure(Workload):
         ctx.cancel.check()
         return records
 
-    def _warm_up(self, ctx: GateContext, p: G2Params, prof: EngineProfile, base_url: str, label: str, request,
+    def warm_up(self, ctx: GateContext, p: G2Params, prof: EngineProfile, base_url: str, label: str, request,
                  ev: G2Evidence) -> None:
         """One unrelated prompt right after the (re)start: recorded, never in the statistics."""
         if not p.warmup:
@@ -721,7 +720,7 @@ class G2Procedure(Workload):
 
     # ------------------------------------------------------------------------- an engine kvgate launches
 
-    def _setup_launched(self, ctx: GateContext, p: G2Params, prof: EngineProfile,
+    def setup_launched(self, ctx: GateContext, p: G2Params, prof: EngineProfile,
                         labels: tuple[str, ...] = ("recompute", "readback")) -> "G2Setup | WorkloadResult":
         """An engine kvgate launches: pre-flight, a port, the run's files on the node, the random-weight model
         when asked, the prompts; the engine itself starts in the phases (``labels``: its starts' log names)."""
@@ -739,7 +738,7 @@ class G2Procedure(Workload):
                         base_url=base_url, client_path=client_path, pool_dir=v["pool_dir"], run_dir_on_node=v["run_dir"],
                         pool_drive=pool_drive_of(ctx, node.name))
         try:
-            model_cfg, bpt, vocab = self._kv_shape(p, prof)
+            model_cfg, bpt, vocab = self.kv_shape(p, prof)
         except ValueError as exc:  # a model_config file read only now
             return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
         ev.versions = versions
@@ -763,7 +762,7 @@ class G2Procedure(Workload):
         ev.pool = pool.record.to_dict()
         return self._setup(p, prof, ev, engine, tok_spec, vocab, bpt, p.seed, transport, v["pool_dir"])
 
-    def _setup_attached(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> "G2Setup | WorkloadResult":
+    def setup_attached(self, ctx: GateContext, p: G2Params, prof: EngineProfile) -> "G2Setup | WorkloadResult":
         """An engine someone else runs: its URL, the operator's cold procedure, the pool on a named node."""
         a = p.attach
         pool_node = p.pool_node or next(iter(ctx.nodes))
@@ -771,7 +770,7 @@ class G2Procedure(Workload):
                         base_url=a.url, client_path="direct (attached)", pool_dir=p.pool_path, attached=True,
                         pool_drive=pool_drive_of(ctx, pool_node))
         try:
-            model_cfg, bpt, vocab = self._kv_shape(p, prof)
+            model_cfg, bpt, vocab = self.kv_shape(p, prof)
         except ValueError as exc:
             return WorkloadResult(evidence=ev, error=f"model config {p.model_config_path or ''}: {exc}")
         engine = AttachedEngine(ctx, prof, a, pool_node)
@@ -801,9 +800,9 @@ class G2Procedure(Workload):
         where = " on the attached engine" if eng.persistent else ""
         warm = dict(zip(("recompute", "readback"), s.warm))
         runner = PhaseRunner(ctx, {"engine": eng}, counters=counters, warm_up=(
-            lambda _n, h, label: self._warm_up(ctx, p, prof, h.base_url, label, warm[label], ev)))
-        fallback = None
-        rc = rb = log = None
+            lambda _n, h, label: self.warm_up(ctx, p, prof, h.base_url, label, warm[label], ev)))
+        session = EngineSession({"engine": runner})
+
         def recompute() -> list[RequestRecord]:
             if eng.persistent:  # earlier runs' chunks are in the pool: only what this run adds counts
                 ev.pool_before_recompute = pool_contents(ctx, s.pool_transport, s.pool_dir, 0, 0, "g2-pool-before",
@@ -815,12 +814,10 @@ class G2Procedure(Workload):
             ctx.progress(f"{ctx.gate.id}: cold read-back phase{where}, {len(prompts)} prompts")
             return self._send(ctx, p, prof, eng.base_url, prompts)
 
-        try:
-            err = runner.open()
-            if err:
-                return WorkloadResult(evidence=ev, error=err)
+        def phases() -> tuple | WorkloadResult:
+            rb = log = None
             rc = runner.phase("recompute", recompute,
-                              device=lambda: self._pool_stat(ctx, s.pool_transport, s.pool_dir, ev))
+                              device=lambda: self.pool_stat(ctx, s.pool_transport, s.pool_dir, ev))
             r = rc.engines["engine"]
             ev.recompute_device_write_bytes = write_bytes_between(rc.device_before, rc.device_after)  # until the sync
             if counters:
@@ -833,9 +830,8 @@ class G2Procedure(Workload):
             # a pool that held earlier runs' chunks: what this run's re-compute added is the figure
             ev.pool_after_populate = pool.model_copy(update={"bytes_added": pool.bytes - before}) \
                 if eng.persistent else pool
-            fallback, found = first_fallback(rc.engines, prof.fallback_patterns, lambda _n: "re-compute",
-                                             prof.in_force_log)
-            ev.fallback_lines = [m.quote() for m in found]
+            fallback, ev.fallback_lines = session.fallback(rc.engines, prof.fallback_patterns, "re-compute",
+                                                           prof.in_force_log)
             if fallback is None and any(x.ok for x in rc.output):  # all failed: an ERROR, nothing to read back
                 err = runner.forget()
                 if err:
@@ -851,23 +847,26 @@ class G2Procedure(Workload):
                 if err:
                     return WorkloadResult(evidence=ev, error=err)
                 rb = runner.phase("readback", readback,
-                                  device=lambda: self._pool_stat(ctx, s.pool_transport, s.pool_dir, ev))
+                                  device=lambda: self.pool_stat(ctx, s.pool_transport, s.pool_dir, ev))
                 if eng.persistent:  # its process start time is the marker of a restart
                     ev.engine_restarted = restarted(r.metrics_after, rb.engines["engine"].metrics_before)
                 rr = rb.engines["engine"]
                 ev.recompute_device_write_bytes = write_bytes_between(rc.device_before, rb.device_before)
                 log = self._log_proof(prof, rr.log_before.text, rr.log_after.text, prompts)
                 self._save(ctx.gate_dir / "requests-readback.jsonl", rb.output)
-                fallback, found = first_fallback(rb.engines, prof.fallback_patterns, lambda _n: "read-back",
-                                                 prof.in_force_log)
-                ev.fallback_lines += [m.quote() for m in found]
-        except (httpx.HTTPError, WorkloadError, OSError, ValueError) as exc:
-            return WorkloadResult(evidence=ev, error=f"{type(exc).__name__}: {exc}\n{runner.error_context()}".strip())
-        finally:
-            runner.close()
+                fallback, lines = session.fallback(rb.engines, prof.fallback_patterns, "read-back", prof.in_force_log)
+                ev.fallback_lines += lines
+            return rc, rb, log, fallback
+
+        def after() -> None:
             if eng.persistent:
                 ev.cold_procedure = eng.cold_steps
             ev.pool = pool_record(eng) or ev.pool
+
+        out = session.run(phases, lambda why: WorkloadResult(evidence=ev, error=why), after=after)
+        if isinstance(out, WorkloadResult):
+            return out
+        rc, rb, log, fallback = out
         return self._finish(ctx, p, prof, rc, rb, log, s.expected_bytes, ev, fallback)
 
     def _between_phases(self, ctx: GateContext, p: G2Params, prof: EngineProfile, s: "G2Setup") -> None:
@@ -900,7 +899,7 @@ class G2Procedure(Workload):
     def _save(path: Path, records: list[RequestRecord]) -> None:
         write_gate_file(path, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
 
-    def _pool_stat(self, ctx, transport, pool_dir: str, ev: "G2Evidence") -> PoolDeviceStat | None:
+    def pool_stat(self, ctx, transport, pool_dir: str, ev: "G2Evidence") -> PoolDeviceStat | None:
         """The pool's block device and its counters now (the one probe kv-read uses too); why not, in the
         evidence."""
         res = ctx.steps.run(transport, "g2-pool-blockstat", pool_blockstat_argv(pool_dir), timeout_s=30)

@@ -1243,7 +1243,7 @@ class LoadPoints:
     def _pool_stat(ctx: GateContext, setup, ev: G2LoadEvidence) -> PoolDeviceStat | None:
         if not setup.pool_dir:
             return None
-        dev = G2Procedure()._pool_stat(ctx, setup.pool_transport, setup.pool_dir, setup.ev)
+        dev = G2Procedure().pool_stat(ctx, setup.pool_transport, setup.pool_dir, setup.ev)
         ev.pool_device, ev.pool_device_maj_min = setup.ev.pool_device, setup.ev.pool_device_maj_min
         ev.pool_device_error = setup.ev.pool_device_error
         return dev
