@@ -38,7 +38,7 @@ from ..parsers.faultio import (Completion, parse_clat_log, parse_path_samples, p
 from ..rigs import faults as F
 from ..units import parse_size_bytes
 from ..writeguard import block_probe_plan, check_write
-from .kit.faults import check_operator_fields, one_at_a_time
+from .kit.faults import AppliedFault, ScheduledFault, check_operator_fields, make_fault, one_at_a_time
 from .kit.base import (Evidence, GateContext, PlannedStep, SeriesEvidence, StrictModel, ValidityCheck, Workload,
                    WorkloadResult, nvmeof_device, register_workload, write_gate_file)
 
@@ -699,24 +699,13 @@ class FioFaults(Workload):
         sampler, _ = ctx.steps.spawn(tr, "path-sampler", path_sampler_argv(devs, p.runtime_s), log_path=files["paths"])
         reader, _ = ctx.steps.spawn(tr, "fio-read-faulted", read_argv(dev, p, prefix), log_path=files["log"])
         t0 = ctx.clock.now()
-        made: list[tuple[int, FaultSpec, str, Any, Any, Any]] = []
+        made: list[AppliedFault] = []
+        wait_until = lambda t: ctx.cancel.sleep(max(0.0, t - ctx.clock.now()))  # noqa: E731
         for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
             what, apply, inverse = fault_commands(node, p, f)
-            ctx.cancel.sleep(max(0.0, t0 + f.at_s - ctx.clock.now()))
-            entry = undo.register(name, f"fault{i}-{f.kind}", F.clocked(inverse), gate=ctx.gate.id)
-            ra = ri = None
-            try:
-                ctx.progress(f"{name}: fault {i}: {what}" + (f": NOW, for {f.duration_s:g} s" if f.kind == "operator"
-                                                             and not f.command else ""))
-                ra = run(f"fault{i}-{f.kind}", F.clocked(apply), STEP_TIMEOUT_S)
-                ctx.cancel.sleep(max(0.0, t0 + f.at_s + f.duration_s - ctx.clock.now()))
-            finally:  # whatever happened above; if this cannot run (the gate ended), the runner runs it
-                ri = run(f"fault{i}-{f.kind}-undo", F.clocked(inverse), STEP_TIMEOUT_S)
-                undo.mark(entry, ri.ok, None if ri.ok else ri.summary())
-                ctx.progress(f"{name}: fault {i} undone" + (": restore it NOW" if f.kind == "operator" and not f.command
-                                                            else "") if ri.ok else f"{name}: fault {i} NOT undone: "
-                             f"{ri.summary()} (the runner tries again)")
-            made.append((i, f, what, ra, entry, ri))
+            wait_until(t0 + f.at_s)
+            fault = ScheduledFault(i, f, what, F.clocked(apply), F.clocked(inverse))  # times read on the node
+            made.append(make_fault(ctx, name, fault, undo, t0, wait_until, STEP_TIMEOUT_S))
         fio_rc = _wait(ctx, reader, p.runtime_s + 300)
         _wait(ctx, sampler, 120)
         out = {k: run(f"cat-{k}", cat_argv(path), STEP_TIMEOUT_S) for k, path in files.items()}
@@ -746,11 +735,12 @@ class FioFaults(Workload):
     def _judge(ctx: GateContext, ev: FioFaultsEvidence, done: list[Completion], samples, made, devs) -> WorkloadResult:
         p: FioFaultsParams = ctx.params
         recs = []
-        for i, f, what, ra, entry, ri in made:
+        for m in made:
+            f, ra, entry = m.fault.spec, m.applied, m.undo_entry
             ta, in_force = F.parse_clocked(ra.stdout)
-            tu = F.parse_clocked(ri.stdout)[0] if ri is not None else None
-            recs.append(FaultRecord(index=i, kind=f.kind, path=f.path, detail=what, applied_ok=ra.ok,
-                                    undone_ok=bool(entry.done), undone_by=entry.ran_by,
+            tu = F.parse_clocked(m.undone.stdout)[0] if m.undone is not None else None
+            recs.append(FaultRecord(index=m.fault.index, kind=f.kind, path=f.path, detail=m.fault.what,
+                                    applied_ok=ra.ok, undone_ok=bool(entry.done), undone_by=entry.ran_by,
                                     apply_error=None if ra.ok else ra.summary(), undo_error=entry.error,
                                     t_apply_s=ta, t_undo_s=tu,
                                     t_in_force_s=in_force if ra.ok and f.kind != "operator" else None,

@@ -48,7 +48,7 @@ from ..stats import percentile
 from .kit.base import GateContext, PlannedStep, StrictModel, ValidityCheck, WorkloadResult, register_workload, \
     target_path, write_gate_file, write_summary
 from .kit.engine import fallbacks_between, pool_contents, pool_files_argv, stored_kv_tokens
-from .kit.faults import check_operator_fields, one_at_a_time
+from .kit.faults import AppliedFault, ScheduledFault, check_operator_fields, make_fault, one_at_a_time
 from .kit.g2 import G2Evidence, G2Params, G2Setup, G2Procedure
 from .kit.phases import PhaseRecord, PhaseRunner
 from .kit.session import EngineSession
@@ -458,16 +458,12 @@ def fault_commands(f: EngineFaultSpec, server: str, mount_point: str = "", held:
     return (f"pool path lost (every packet to {server} dropped: blackhole route)", *F.pool_path_loss(server))
 
 
-def faulted_phase(ctx: GateContext, node: str, faults: list[tuple[int, EngineFaultSpec, str, tuple, tuple]],
-                  send_one: Callable[[int, float], Any], n: int, interval_s: float, undo: UndoLog
-                  ) -> tuple[list[Any], list[tuple], float]:
+def faulted_phase(ctx: GateContext, node: str, faults: list[ScheduledFault], send_one: Callable[[int, float], Any],
+                  n: int, interval_s: float, undo: UndoLog) -> tuple[list[Any], list[AppliedFault], float]:
     """The faulted phase's driver: ``send_one(i, t0)`` for i in 0..n-1, one every ``interval_s`` (a worker thread,
-    one at a time) while the faults are made and undone on ``node`` at their times. Each inverse is registered
-    with ``undo`` before its fault is sent and run in a ``finally``: whatever ends the phase (a request that
-    raised, the gate's cancellation), the node is put back (else the runner does). Returns the requests' results,
-    each fault as made (index, spec, what, apply result, undo entry, inverse result, t_apply, t_undo; times in s
-    after t0) and t0."""
-    tr = ctx.transports[node]
+    one at a time) while the faults are made and undone on ``node`` at their times (kit/faults.py ``make_fault``:
+    whatever ends the phase, a request that raised or the gate's cancellation, the node is put back, else the
+    runner does). Returns the requests' results, each fault as made, and t0."""
     t0 = ctx.clock.now()
     results: list[Any] = [None] * n
     failure: list[BaseException] = []
@@ -488,29 +484,13 @@ def faulted_phase(ctx: GateContext, node: str, faults: list[tuple[int, EngineFau
 
     worker = threading.Thread(target=requests, name=f"{ctx.gate.id}-requests", daemon=True)
     worker.start()
-    made = []
+    made: list[AppliedFault] = []
     try:
-        for i, f, what, apply, inverse in faults:
-            wait_until(t0 + f.at_s)
+        for fault in faults:
+            wait_until(t0 + fault.spec.at_s)
             if failure:
                 break
-            entry = undo.register(node, f"fault{i}-{f.kind}", inverse, gate=ctx.gate.id)
-            ra = ri = None
-            ta = ctx.clock.now() - t0  # before the fault is sent
-            tu = None
-            try:
-                ctx.progress(f"{node}: fault {i}: {what}" + (f": NOW, for {f.duration_s:g} s"
-                                                            if f.kind == "operator" and not f.command else ""))
-                ra = ctx.steps.run(tr, f"fault{i}-{f.kind}", apply, timeout_s=STEP_TIMEOUT_S)
-                wait_until(t0 + f.at_s + f.duration_s)
-            finally:  # whatever happened above; if this cannot run (the gate ended), the runner runs it
-                ri = ctx.steps.run(tr, f"fault{i}-{f.kind}-undo", inverse, timeout_s=STEP_TIMEOUT_S)
-                tu = ctx.clock.now() - t0  # once the inverse returned: "during" spans the whole outage
-                undo.mark(entry, ri.ok, None if ri.ok else ri.summary())
-                ctx.progress(f"{node}: fault {i} undone" + (": restore it NOW" if f.kind == "operator" and not f.command
-                                                            else "") if ri.ok else f"{node}: fault {i} NOT undone: "
-                             f"{ri.summary()} (the runner tries again)")
-            made.append((i, f, what, ra, entry, ri, round(ta, 3), round(tu, 3)))
+            made.append(make_fault(ctx, node, fault, undo, t0, wait_until, STEP_TIMEOUT_S))
     finally:
         worker.join()
     if failure:
@@ -623,10 +603,8 @@ class G2Faults(G2Procedure):
             return WorkloadResult(evidence=ev, error=f"the pool {p.pool_dir} is on no mount of its own (findmnt: "
                                   f"{mount_point}): nothing to detach")
         held = held_path(ctx.nodes[node].work_dir, ctx.gate.id)
-        faults = []
-        for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s)):
-            what, apply, inverse = fault_commands(f, f.server or server or "", mount_point or "", held)
-            faults.append((i, f, what, apply, inverse))
+        faults = [ScheduledFault(i, f, *fault_commands(f, f.server or server or "", mount_point or "", held))
+                  for i, f in enumerate(sorted(p.faults, key=lambda f: f.at_s))]
         runner = PhaseRunner(ctx, {"engine": eng}, counters=True)
         undo = ctx.undo if ctx.undo is not None else UndoLog()
         level = prof.capabilities.level_counters  # the profile's per-level counters: tokens computed, if any
@@ -687,7 +665,7 @@ class G2Faults(G2Procedure):
         if isinstance(out, WorkloadResult):
             return out
         fp, reference = out
-        spans = [(m[6], m[7] if m[7] is not None else m[6]) for m in made]
+        spans = [(m.t_apply_s, m.t_undo_s) for m in made]
         reqs = []
         for i, x in enumerate(fp.output):
             if x is None:
@@ -702,11 +680,12 @@ class G2Faults(G2Procedure):
         write_gate_file(ctx.gate_dir / "requests-faulted.jsonl",
                         "".join(json.dumps(x["rec"].to_dict()) + "\n" for x in fp.output if x is not None))
         ev.requests = reqs
-        ev.faults = [EngineFaultRecord(index=i, kind=f.kind, detail=what, applied_ok=bool(ra is not None and ra.ok),
-                                       undone_ok=bool(entry.done), undone_by=entry.ran_by,
-                                       apply_error=None if ra is None or ra.ok else ra.summary(),
-                                       undo_error=entry.error, t_apply_s=ta, t_undo_s=tu)
-                     for i, f, what, ra, entry, ri, ta, tu in made]
+        ev.faults = [EngineFaultRecord(index=m.fault.index, kind=m.fault.spec.kind, detail=m.fault.what,
+                                       applied_ok=bool(m.applied is not None and m.applied.ok),
+                                       undone_ok=bool(m.undo_entry.done), undone_by=m.undo_entry.ran_by,
+                                       apply_error=None if m.applied is None or m.applied.ok else m.applied.summary(),
+                                       undo_error=m.undo_entry.error, t_apply_s=m.t_apply_s, t_undo_s=m.t_undo_s)
+                     for m in made]
         result = evaluate_g2_faults(ev)
         write_summary(ctx.gate_dir, "g2-faults-summary.json", result)
         return result

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from harness.workloads.kit.faults import AppliedFault, ScheduledFault
 from harness.parsers.blockdev import parse_block_stat
 from harness.parsers.faultio import (Completion, parse_clat_log, parse_path_samples, parse_path_stats,
                                      parse_verify_failures)
@@ -176,7 +177,8 @@ def test_an_operators_fault_is_judged_from_the_lost_io(tmp_path):
     undone = SimpleNamespace(ok=True, stdout="kvgate-fault-clock 1010.0\nkvgate-fault-clock 1010.01\n")
     entry = UndoEntry("guest", "fault0-operator", ("true",), done=True, ran_by="workload", ok=True)
     ctx = SimpleNamespace(params=params, gate_dir=tmp_path)
-    res = FioFaults._judge(ctx, evidence(runtime_s=14), done, [], [(0, f, "operator: pull", ran, entry, undone)], [])
+    made = AppliedFault(ScheduledFault(0, f, "operator: pull", ("true",), ("true",)), ran, entry, undone, 4.0, 10.0)
+    res = FioFaults._judge(ctx, evidence(runtime_s=14), done, [], [made], [])
     (rec,) = res.evidence.faults
     assert rec.timed_from == "first lost I/O" and rec.t_apply_s == pytest.approx(5.99, abs=0.01)
     assert rec.stall_s == pytest.approx(2.0, abs=0.02) and res.metrics["max_stall_s"] == rec.stall_s

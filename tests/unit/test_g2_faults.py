@@ -24,6 +24,7 @@ from harness.gates.verdict import Outcome, evaluate
 from harness.rigs import faults as F
 from harness.transport.doubles import Reply
 from harness.workloads import WORKLOADS
+from harness.workloads.kit.faults import ScheduledFault
 from harness.workloads.g2_faults import (EngineFaultRecord, EngineFaultSpec, FaultedRequest, G2FaultsEvidence,
                                          classify, evaluate_g2_faults, fault_commands, faulted_phase,
                                          parse_mount_server, window_of)
@@ -110,7 +111,7 @@ def driver_ctx(tmp_path, sent, timeout_s=None):
 
 def one_fault():
     f = EngineFaultSpec(kind="pool-path-loss", at_s=0.05, duration_s=5)
-    return [(0, f, *fault_commands(f, SERVER))]
+    return [ScheduledFault(0, f, *fault_commands(f, SERVER))]
 
 
 @pytest.mark.parametrize("ending", ["request raises", "gate cancelled"])
@@ -123,7 +124,7 @@ def test_the_inverse_runs_whatever_ends_the_faulted_phase(tmp_path, ending):
     def send_one(i, t0):
         if i == 2:
             deadline = time.monotonic() + 30  # the fault has gone out (a loaded machine may send it late)
-            while faults[0][3] not in sent and time.monotonic() < deadline:
+            while faults[0].apply not in sent and time.monotonic() < deadline:
                 time.sleep(0.01)
             if ending == "request raises":
                 raise httpx.ReadTimeout("the engine hung")
@@ -132,7 +133,7 @@ def test_the_inverse_runs_whatever_ends_the_faulted_phase(tmp_path, ending):
 
     with pytest.raises(httpx.ReadTimeout if ending == "request raises" else Cancelled):
         faulted_phase(ctx, "n1", faults, send_one, 6, 0.1, undo)
-    _, _, _, apply, inverse = faults[0]
+    apply, inverse = faults[0].apply, faults[0].inverse
     assert sent == [apply, inverse]  # made once, undone once, although the phase ended early
     assert undo.entries[0].done and undo.entries[0].ran_by == "workload"
 
@@ -148,7 +149,7 @@ def test_the_inverse_is_registered_before_the_fault_is_sent(tmp_path):
     ctx = gate_context(tmp_path, gate=SimpleNamespace(id="G", timeout_s=None), clock=Clock(),
                        transports={"n1": ScriptedTransport(handler, name="n1")})
     f = EngineFaultSpec(kind="pool-path-loss", at_s=0.05, duration_s=0.05)
-    faulted_phase(ctx, "n1", [(0, f, *fault_commands(f, SERVER))], lambda i, t0: i, 3, 0.05, undo)
+    faulted_phase(ctx, "n1", [ScheduledFault(0, f, *fault_commands(f, SERVER))], lambda i, t0: i, 3, 0.05, undo)
     assert seen[0] == (("ip", "route", "add"), ["fault0-pool-path-loss"])  # pending before the fault went out
     assert undo.pending() == []
 
