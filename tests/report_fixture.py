@@ -16,6 +16,16 @@ def fixed_run(tmp_path: Path) -> tuple[Path, dict]:
     return run, copy.deepcopy(json.loads((FIXED / "predicate.json").read_text()))
 
 
+def add_gate(run: Path, gate_id: str, workload: str) -> None:
+    """Name a gate added to the fixed run in its config/gates.yaml, as a run's bundle names every gate it ran: the
+    report draws a gate's own sections by that name."""
+    import yaml
+
+    gates = yaml.safe_load((run / "config" / "gates.yaml").read_text())
+    gates["gates"].append({"id": gate_id, "title": gate_id, "workload": workload, "metric": "m", "pass": ">= 0"})
+    (run / "config" / "gates.yaml").write_text(yaml.safe_dump(gates, sort_keys=False))
+
+
 def g1_only(run: Path, predicate: dict) -> dict:
     """Restrict the fixed run to its G1 gate (fio-read, which this kvgate can re-evaluate)."""
     import yaml

@@ -30,12 +30,11 @@ SOURCES = {"tier": ("served from the tier", READBACK_COLOR, "o"),
 WINDOW_COLOR = "#f4cccc"
 
 
-def faults_evidence(verdict: dict[str, Any]) -> G2FaultsEvidence | None:
-    """A gate's evidence as g2-faults' model, or None when it is not a g2-faults gate's (or not readable as one):
-    another workload's evidence has keys the model does not allow, and a G2 gate's evidence without requests or
-    faults has no timeline."""
+def faults_evidence(verdict: dict[str, Any], workload: str | None) -> G2FaultsEvidence | None:
+    """A g2-faults gate's evidence as its model (``workload``: the gate's, as the bundle's config/gates.yaml names
+    it), or None for another workload's gate or evidence not readable as g2-faults'."""
     ev = verdict.get("evidence")
-    if not isinstance(ev, dict) or "requests" not in ev or "faults" not in ev or "recovery_bound_s" not in ev:
+    if workload != "g2-faults" or not isinstance(ev, dict):
         return None
     try:
         return G2FaultsEvidence.model_validate(ev)
@@ -43,10 +42,11 @@ def faults_evidence(verdict: dict[str, Any]) -> G2FaultsEvidence | None:
         return None
 
 
-def faults_charts(verdict: dict[str, Any], gate_dir: Path | None = None) -> dict[str, tuple[str, str]]:
+def faults_charts(verdict: dict[str, Any], workload: str | None, gate_dir: Path | None = None
+                  ) -> dict[str, tuple[str, str]]:
     """kind -> (caption, svg): a g2-faults gate's timeline (nothing for any other gate, or one with no request
     and no fault on its time line). Reads the verdict's evidence only; ``gate_dir`` is not needed."""
-    ev = faults_evidence(verdict)
+    ev = faults_evidence(verdict, workload)
     if ev is None:
         return {}
     tl = faults_timeline(ev.requests, ev.faults)

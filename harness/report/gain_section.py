@@ -23,10 +23,11 @@ ARM_NAMES = {"tier": "with the tier", "no_tier": "without the tier"}
 LEVEL_COLORS = {"memory": "#4f81bd", "ram": "#9bbb59", "tier": "#8e44ad", "recomputed": "#c0504d"}
 
 
-def gain_evidence(verdict: dict[str, Any]) -> GainEvidence | None:
-    """A gate's evidence as g2-gain's model, or None when it is not a gain gate's (or not readable as one)."""
+def gain_evidence(verdict: dict[str, Any], workload: str | None) -> GainEvidence | None:
+    """A g2-gain gate's evidence as its model (``workload``: the gate's, as the bundle's config/gates.yaml names
+    it), or None for another workload's gate or evidence not readable as g2-gain's."""
     ev = verdict.get("evidence")
-    if not isinstance(ev, dict) or "arms" not in ev or "pairs" not in ev:
+    if workload != "g2-gain" or not isinstance(ev, dict):
         return None
     try:
         return GainEvidence.model_validate(ev)
@@ -50,10 +51,10 @@ def arm_ttfts(ev: GainEvidence, gate_dir: Path | None) -> dict[str, list[float]]
     return out
 
 
-def gain_charts(verdict: dict[str, Any], gate_dir: Path | None) -> dict[str, tuple[str, str]]:
+def gain_charts(verdict: dict[str, Any], gate_dir: Path | None, workload: str | None) -> dict[str, tuple[str, str]]:
     """kind -> (caption, svg): the arms' TTFT CDFs overlaid, and a capacity sweep's curve (nothing for a gate that
     is not a gain gate)."""
-    ev = gain_evidence(verdict)
+    ev = gain_evidence(verdict, workload)
     if ev is None:
         return {}
     gid = str(verdict.get("gate_id", ""))
@@ -133,12 +134,12 @@ def capacity_svg(cap: CapacityEvidence, *, title: str = "capacity curve") -> str
             plt.close(fig)
 
 
-def hits_line(verdict: dict[str, Any]) -> str | None:
+def hits_line(verdict: dict[str, Any], workload: str | None) -> str | None:
     """Where a serving gate's tier hits came from (harness.workloads.kit.load.hits_by_level): a load gate's points,
     or a gain gate's tier arm; None for any other gate."""
-    gain = gain_evidence(verdict)
+    gain = gain_evidence(verdict, workload)
     if gain is not None:
         tier = gain.arms.get("tier") if gain.arms else None
         return hits_by_level(tier.points, tier.pool) if tier is not None else None
-    load = load_evidence(verdict)
+    load = load_evidence(verdict, workload)
     return hits_by_level(load.points, load.pool) if load is not None else None

@@ -81,11 +81,12 @@ class RequestLine(BaseModel):
             self.e2e_s, self.output_chunks, self.output_text, self.http_status, self.error, self.started_unix_s))
 
 
-def load_evidence(verdict: dict[str, Any]) -> G2LoadEvidence | None:
-    """A gate's evidence as g2-load's model, or None when it is not a load gate's (or not readable as one: a
-    bundle of another kvgate draws no load section, it does not fail)."""
+def load_evidence(verdict: dict[str, Any], workload: str | None) -> G2LoadEvidence | None:
+    """A g2-load gate's evidence as its model (``workload``: the gate's, as the bundle's config/gates.yaml names
+    it), or None for another workload's gate or evidence not readable as g2-load's (a bundle of another kvgate
+    draws no load section, it does not fail)."""
     ev = verdict.get("evidence")
-    if not isinstance(ev, dict) or ev.get("load_kind") is None:
+    if workload != "g2-load" or not isinstance(ev, dict):
         return None
     try:
         return G2LoadEvidence.model_validate(ev)
@@ -296,11 +297,12 @@ class LoadSection:
         return out
 
 
-def load_section(verdict: dict[str, Any], gate_dir: Path | None, gate_part: str) -> LoadSection | None:
+def load_section(verdict: dict[str, Any], gate_dir: Path | None, gate_part: str,
+                 workload: str | None) -> LoadSection | None:
     """The load section of one gate (None for a gate that is not a load gate). ``gate_part`` is the gate ID as a
     file name (harness.report.render.file_part); ``gate_dir`` its directory in the bundle, None when its ID is
     not a plain name (then no raw file is read: the section holds what the evidence says)."""
-    ev = load_evidence(verdict)
+    ev = load_evidence(verdict, workload)
     if ev is None:
         return None
     gid = str(verdict.get("gate_id", ""))

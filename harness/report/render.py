@@ -44,7 +44,8 @@ import jinja2
 import pandas as pd
 from pydantic import ValidationError
 
-from ..errors import BundleError
+from ..config.yamlload import load_yaml
+from ..errors import BundleError, ConfigError
 from ..parsers.rdma import rdma_devices
 from ..paths import data_path
 from ..safeio import MAX_JSON_BYTES, InputFileError, decode_utf8, load_json, parse_json, read_bytes
@@ -82,6 +83,19 @@ def gate_dir_of(bundle_dir: Path, gate_id: Any) -> Path | None:
     files outside the bundle, which no signature covers)."""
     return Path(bundle_dir) / "gates" / gate_id if isinstance(gate_id, str) and file_part(gate_id) == gate_id \
         else None
+
+
+def gate_workloads(bundle_dir: Path) -> dict[str, str]:
+    """Each gate's workload by its ID, as the bundle's own ``config/gates.yaml`` names it (read with the hardened
+    YAML loader): the report draws a gate's own sections by this name, never by guessing from its evidence's keys.
+    A bundle whose config cannot be read draws none of them (it does not fail)."""
+    try:
+        data, _ = load_yaml(Path(bundle_dir) / "config" / "gates.yaml")
+    except (ConfigError, OSError):
+        return {}
+    gates = data.get("gates") if isinstance(data, dict) else None
+    return {g["id"]: g["workload"] for g in gates if isinstance(g, dict) and isinstance(g.get("id"), str)
+            and isinstance(g.get("workload"), str)} if isinstance(gates, list) else {}
 
 
 def confined(out_dir: Path, rel: str) -> Path:
@@ -547,19 +561,22 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
     files: dict[str, bytes] = {}
     id_files: list[Callable[[str], dict[str, bytes]]] = []
     gates = []
+    workloads = gate_workloads(bundle_dir)
     for v in verdicts:
         gid = v["gate_id"]
         gate_dir = gate_dir_of(bundle_dir, gid)
+        workload = workloads.get(gid)
         result = (_read_json(gate_dir / "result.json") if gate_dir else None) or {}
         g_tables = []
-        load = load_section(v, gate_dir, file_part(gid))  # None unless a load gate (harness.report.load_section)
+        load = load_section(v, gate_dir, file_part(gid), workload)  # None unless a g2-load gate
         for key, frame in {**gate_tables(v, gate_dir), **(load.tables if load else {})}.items():
             rel = f"{TABLES_DIR}/{file_part(gid)}-{file_part(key)}.csv"
             tables[rel] = frame
             g_tables.append({"path": rel, "rows": len(frame), "key": key})
         g_charts = []
-        for kind, (caption, svg) in {**gate_charts(v, gate_dir), **(load.charts if load else {}),
-                                     **gain_charts(v, gate_dir), **faults_charts(v, gate_dir)}.items():
+        own = {**(load.charts if load else {}), **gain_charts(v, gate_dir, workload),
+               **faults_charts(v, workload, gate_dir)}  # the gate's workload's own charts, found by its name
+        for kind, (caption, svg) in {**gate_charts(v, gate_dir), **own}.items():
             rel = f"{CHARTS_DIR}/{file_part(gid)}-{kind}.svg"
             charts[rel] = svg
             g_charts.append({"path": rel, "kind": kind, "caption": caption, "id": f"chart-{gid}-{kind}"})
@@ -572,7 +589,7 @@ def build(report_id: str, bundle_dir: Path, predicate: dict[str, Any]) -> Render
             **v, "validity": validity(v), "validity_text": validity_text(validity(v)),
             "reference_text": " ".join(x for x in (ref.get("value"), f"({ref['note']})" if ref.get("note") else None)
                                        if x) or "—",
-            "reference_source": ref.get("source"), "tables": g_tables, "charts": g_charts, "hits_line": hits_line(v),
+            "reference_source": ref.get("source"), "tables": g_tables, "charts": g_charts, "hits_line": hits_line(v, workload),
             "nvmeof": nvmeof_rows(v), "metric_rows": metric_rows(v),
             "duration_s": (finished - started) if isinstance(started, (int, float)) and
             isinstance(finished, (int, float)) else None,

@@ -14,7 +14,7 @@ import pytest
 from harness.report.faults_section import faults_charts
 from harness.report.render import write_reports
 from harness.workloads.g2_faults import EngineFaultRecord, FaultedRequest, G2FaultsEvidence, faults_timeline
-from report_fixture import fixed_run
+from report_fixture import add_gate, fixed_run
 
 CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "g2" / "g2_faults_verdict_cpu_reference.json"
 RID = "KVG-20261202-" + "cd" * 32
@@ -82,7 +82,7 @@ def test_a_failed_request_waits_until_its_error_and_unplaceable_records_are_left
 
 
 def test_the_chart_marks_each_source_each_fault_and_its_inverse():
-    (kind, (caption, svg)), = faults_charts(captured()).items()
+    (kind, (caption, svg)), = faults_charts(captured(), "g2-faults").items()
     assert kind == "timeline" and "pool device's read rate is not sampled" in caption
     got = ids(svg)
     assert {"ttft-tier", "ttft-re-compute", "fault-window-0", "fault-window-1", "fault-made-0", "fault-made-1",
@@ -91,7 +91,7 @@ def test_the_chart_marks_each_source_each_fault_and_its_inverse():
     assert {f"tier-tokens-re-compute-{i}" for i in (7, 8, 9)} <= got and "tier-tokens-tier-2" in got
     assert "served from the tier (9)" in svg and "re-computed (fell back) (3)" in svg
     assert "fault 0 (pool-path-loss) made 2.001 s" in svg and "fault 1 undone 10.046 s" in svg
-    assert faults_charts(captured())["timeline"][1] == svg  # deterministic: the same bytes on every render
+    assert faults_charts(captured(), "g2-faults")["timeline"][1] == svg  # deterministic: the same bytes on every render
     assert "<dc:date>" not in svg
 
 
@@ -100,7 +100,7 @@ def test_a_failed_request_and_a_fault_left_in_place_are_drawn():
     ev = v["evidence"]
     ev["requests"][8].update(served="failed", ttft_s=None, error="HTTP 500", answer_matches=None)
     ev["faults"][1].update(t_undo_s=None, undone_ok=False)
-    svg = faults_charts(v)["timeline"][1]
+    svg = faults_charts(v, "g2-faults")["timeline"][1]
     assert {"ttft-failed", "fault-window-1", "fault-made-1"} <= ids(svg) and "fault-undone-1" not in ids(svg)
     assert "failed (time until its error) (1)" in svg
 
@@ -113,11 +113,12 @@ def test_a_failed_request_and_a_fault_left_in_place_are_drawn():
     {"requests": [], "faults": [], "recovery_bound_s": 10, "streams": []},  # a key g2-faults never writes
 ])
 def test_a_gate_that_is_not_g2_faults_gets_no_timeline(evidence):
-    assert faults_charts({"gate_id": "X", "evidence": evidence}) == {}
+    assert faults_charts({"gate_id": "X", "evidence": evidence}, "g2-faults") == {}
 
 
 def test_the_report_of_a_g2_faults_gate_holds_the_timeline_drawn_from_the_bundle(tmp_path):
     run, pred = fixed_run(tmp_path)
+    add_gate(run, GATE, "g2-faults")
     pred["verdicts"].append(captured())
     files = write_reports(RID, run, pred, tmp_path / "out")
     svg = f"charts/{GATE}-timeline.svg"

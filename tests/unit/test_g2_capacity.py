@@ -274,7 +274,7 @@ def test_a_scripted_sweep_sends_exactly_the_planned_commands_and_draws_the_level
 
     # the report: the levels stacked per working set, the knee and the tier's end marked
     verdict = {"gate_id": "CAP", "evidence": json.loads(ev.model_dump_json())}
-    charts = gain_charts(verdict, ctx.gate_dir)
+    charts = gain_charts(verdict, ctx.gate_dir, "g2-gain")
     caption, svg = charts["capacity-curve"]
     assert "knee 2x" in svg and "tier full 4x" in svg and "levels stacked" in caption
     for level in ("engine memory", "RAM level", "tier", "recomputed"):

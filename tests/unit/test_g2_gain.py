@@ -248,9 +248,9 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_on_both_arms_with_the
     assert json.loads((ctx.gate_dir / "g2-gain-summary.json").read_text())["evidence"]["pairs"]
     # the report overlays the two arms' TTFT distributions, read back from each arm's requests files
     verdict = {"gate_id": "GAIN", "evidence": json.loads(result.evidence.model_dump_json())}
-    (caption, svg), = gain_charts(verdict, ctx.gate_dir).values()
+    (caption, svg), = gain_charts(verdict, ctx.gate_dir, "g2-gain").values()
     assert "with the tier (n=12)" in svg and "without the tier (n=12)" in svg and "SLO 1 s" in svg
-    assert gain_charts(verdict, None) == {} and gain_charts({"gate_id": "L", "evidence": {}}, ctx.gate_dir) == {}
+    assert gain_charts(verdict, None, "g2-gain") == {} and gain_charts({"gate_id": "L", "evidence": {}}, ctx.gate_dir, "g2-gain") == {}
 
 
 def test_a_tier_arm_silently_served_from_engine_memory_is_invalid(tmp_path):

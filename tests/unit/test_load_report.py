@@ -18,7 +18,7 @@ from harness.report.render import _env, bundle_renderer, render_bundle_reports, 
 from harness.safeio import InputFileError
 from harness.stats import percentile
 from harness.workloads.kit.load import G2LoadEvidence, PointTrial, evaluate_load, point_invalid, token_accounting
-from report_fixture import fixed_run
+from report_fixture import add_gate, fixed_run
 from test_load_charts import vertices
 
 RID = "KVG-20261201-" + "ab" * 32
@@ -77,6 +77,7 @@ def load_run(tmp_path, bad_point: str | None = None, ladder=LADDER, spoil: bool 
     gates/G2L/, its verdict from g2-load's own evaluator. ``bad_point``: that point reads 0.1 of its tier hits.
     ``spoil``: the first point's first attempt was spoiled by the client (sent 0.3 s late) and repeated."""
     run, pred = fixed_run(tmp_path)
+    add_gate(run, "G2L", "g2-load")
     gate = run / "gates" / "G2L"
     gate.mkdir()
     points, by_file, spoiled = [], {}, []
@@ -281,6 +282,7 @@ def test_evidence_that_is_not_a_load_gates_draws_no_load_section(tmp_path):
 
 def test_a_trace_replay_gets_its_cdf_accounting_and_a_valid_llmd_report_but_no_ladder_charts(tmp_path):
     run, pred = fixed_run(tmp_path)
+    add_gate(run, "TR", "g2-load")
     gate = run / "gates" / "TR"
     gate.mkdir()
     pt, recs = point("trace", 3.0, 1)
@@ -371,3 +373,21 @@ def test_an_attempt_set_aside_as_spoiled_is_named_in_the_report_with_its_lag_and
         assert "repeated with new prompts, 2 time(s) at most per engine; set aside: 1" in text, name
         assert "r1 trial 1 attempt 0 (client lag p99 300" in text and "requests-r1-t1.jsonl" in text, name
         assert "Client thread: nice -5 while sending" in text, name
+
+
+def test_a_gates_own_sections_are_found_by_its_workloads_name_in_the_bundles_config(tmp_path):
+    """The same g2-load evidence draws its load section only when the bundle's config/gates.yaml names the gate a
+    g2-load gate: the report does not guess a workload from its evidence's keys. A config that cannot be read draws
+    no workload's section, and the report is still written."""
+    from harness.report.render import gate_workloads
+    run, pred, _, _ = load_run(tmp_path)
+    assert gate_workloads(run)["G2L"] == "g2-load"
+    files = write_reports(RID, run, pred, tmp_path / "out")
+    assert any(f.startswith("llmd/") for f in files) and "tables/G2L-accounting.csv" in files
+    gates = (run / "config" / "gates.yaml").read_text()
+    (run / "config" / "gates.yaml").write_text(gates.replace("workload: g2-load", "workload: g2-ttft"))
+    files = write_reports(RID, run, pred, tmp_path / "out2")
+    assert not any(f.startswith("llmd/") or "G2L-accounting" in f for f in files)
+    (run / "config" / "gates.yaml").write_text("- not\n- a mapping\n")
+    assert gate_workloads(run) == {}
+    assert "report.html" in write_reports(RID, run, pred, tmp_path / "out3")
