@@ -93,7 +93,7 @@ def run(tmp_path, tier: Tier, **params):
     ctx.undo = UndoLog(tmp_path / "undo.json")
     result = WORKLOADS["g2-faults"]().run(ctx)
     gate = cfg.suite.gates[0]
-    return result, evaluate(gate, result, "s", WORKLOADS["g2-faults"].METRICS), sent, ctx
+    return result, evaluate(gate, result, "s", WORKLOADS["g2-faults"].metric_unit), sent, ctx
 
 
 def signed_faults_run(tmp_path, tier):

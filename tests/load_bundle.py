@@ -88,7 +88,7 @@ def load_run(tmp: Path, params: dict | None = None, engine_log: str = ENGINE_LOG
     result = WORKLOADS["g2-load"]().run(ctx)
     (ctx.gate_dir / "result.json").write_text(json.dumps(result.as_dict(), indent=1, default=str))
     g = cfg.suite.gates[0]
-    v = evaluate(g, result, WORKLOADS["g2-load"].METRICS[g.metric], WORKLOADS["g2-load"].METRICS)
+    v = evaluate(g, result, WORKLOADS["g2-load"].metric_unit(g.metric), WORKLOADS["g2-load"].metric_unit)
     pred = copy.deepcopy(json.loads((FIXED / "predicate.json").read_text()))
     pred["verdicts"] = [json.loads(json.dumps(v.to_dict(), default=str))]
     pred["overall"] = overall_outcome([v]).value

@@ -83,7 +83,7 @@ def _check_gates(suite: GateSuite, index: LineIndex, inventory: Inventory | None
             issues.append(index.issue(at + ("workload",),
                                       f"unknown workload {gate.workload!r} (expected one of {', '.join(sorted(workloads))})"))
             continue
-        unit = wl.METRICS.get(gate.metric)
+        unit = wl.metric_unit(gate.metric)
         if unit is None:
             issues.append(index.issue(at + ("metric",), f"workload {gate.workload!r} has no metric {gate.metric!r} "
                                       f"(expected one of {', '.join(sorted(wl.METRICS))})"))

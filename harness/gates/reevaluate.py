@@ -204,7 +204,7 @@ def reevaluate_bundle(bundle_dir: str | Path, predicate: dict[str, Any]) -> Reev
     stop_at: str | None = None
     for gate in cfg.suite.gates:
         signed = signed_by_id.get(gate.id)
-        unit = WORKLOADS[gate.workload].METRICS[gate.metric]
+        unit = WORKLOADS[gate.workload].metric_unit(gate.metric)
         result_path = bundle_dir / "gates" / gate.id / "result.json"
         source, rederived, ran = "result.json", False, True
         if stop_at or not result_path.is_file():
@@ -241,7 +241,7 @@ def _reevaluate_gate(cfg: Any, gate: Any, bundle_dir: Path) -> tuple[Verdict, st
     were re-derived from raw files). A run's error is kept as recorded (nothing to re-derive); a workload without
     a re-deriver has its figures taken from result.json, and says so."""
     wl = WORKLOADS[gate.workload]
-    unit = wl.METRICS[gate.metric]
+    unit = wl.metric_unit(gate.metric)
     gate_dir = bundle_dir / "gates" / gate.id
     result = read_result(gate_dir / "result.json", f"gates/{gate.id}/result.json")
     evidence = RecordedEvidence.model_validate(result.get("evidence") or {})
@@ -251,9 +251,9 @@ def _reevaluate_gate(cfg: Any, gate: Any, bundle_dir: Path) -> tuple[Verdict, st
                               intervals=recorded_intervals(result, f"gates/{gate.id}/result.json"))
     fn = REDERIVERS.get(gate.workload)
     if recorded.error:
-        return evaluate(gate, recorded, unit, wl.METRICS), "result.json (the run's error: nothing to re-derive)", False
+        return evaluate(gate, recorded, unit, wl.metric_unit), "result.json (the run's error: nothing to re-derive)", False
     if fn is None:
-        return (evaluate(gate, recorded, unit, wl.METRICS), f"result.json (no re-deriver for {gate.workload})",
+        return (evaluate(gate, recorded, unit, wl.metric_unit), f"result.json (no re-deriver for {gate.workload})",
                 False)
     nodes = {n.name: n for n in cfg.gate_nodes(gate)}
     out = fn(gate_dir, result, cfg.params[gate.id], {"bundle_dir": bundle_dir, "gate": gate, "nodes": nodes})
@@ -263,7 +263,7 @@ def _reevaluate_gate(cfg: Any, gate: Any, bundle_dir: Path) -> tuple[Verdict, st
     else:
         again = WorkloadResult(out[0], evidence, out[1], None, out[2] if len(out) > 2 else recorded.failed_check,
                                recorded.degraded, intervals=recorded.intervals)
-    return evaluate(gate, again, unit, wl.METRICS), f"raw output re-parsed ({gate.workload})", True
+    return evaluate(gate, again, unit, wl.metric_unit), f"raw output re-parsed ({gate.workload})", True
 
 
 def raw_text(gate_dir: Path, rel: str, what: str, max_bytes: int = 1 << 30, empty_ok: bool = False) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..stats import CONFIDENCE, Interval, min_trials_for_interval
 from ..units import Threshold, unit_info
@@ -65,17 +65,17 @@ def overall_outcome(verdicts: list[Verdict]) -> Outcome:
     return Outcome.ERROR
 
 
-def metric_units_of(metrics: Mapping[str, float], table: Mapping[str, str]) -> dict[str, str]:
-    """Pure: the unit of each metric from a workload's METRICS table; a metric the table lacks, none. (A bundle
-    of an older kvgate also holds an interval's bounds as metrics, ``M_ci_low`` / ``M_ci_high`` in M's unit and
-    ``M_ci_trials`` a count: :data:`LEGACY_INTERVAL_PARTS`.)"""
+def metric_units_of(metrics: Mapping[str, float], unit_of: Callable[[str], str | None]) -> dict[str, str]:
+    """Pure: the unit of each metric by the workload's ``unit_of`` (its ``metric_unit``); a metric it does not
+    report, none. (A bundle of an older kvgate also holds an interval's bounds as metrics, ``M_ci_low`` /
+    ``M_ci_high`` in M's unit and ``M_ci_trials`` a count: :data:`LEGACY_INTERVAL_PARTS`.)"""
     out = {}
     for name in metrics:
         base, _, part = name.rpartition("_ci_")
-        if name in table:
-            out[name] = table[name]
-        elif base in table and part in LEGACY_INTERVAL_PARTS:
-            out[name] = "count" if part == "trials" else table[base]
+        if (unit := unit_of(name)) is not None:
+            out[name] = unit
+        elif part in LEGACY_INTERVAL_PARTS and (base_unit := unit_of(base)) is not None:
+            out[name] = "count" if part == "trials" else base_unit
     return out
 
 
@@ -104,11 +104,12 @@ def legacy_intervals(metrics: Mapping[str, float]) -> dict[str, Interval]:
     return out
 
 
-def evaluate(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[str, str] | None = None) -> Verdict:
+def evaluate(gate, result: WorkloadResult, metric_unit: str,
+             unit_of: Callable[[str], str | None] | None = None) -> Verdict:
     """:func:`judge`, with every proof the gate turned off (a ValidityCheck with ``checked`` False) named
     "unproven" in the reason, and a workload's degraded answer (``result.degraded``: e.g. requests re-computed because the
     tier failed) appended to the reason, marked DEGRADED, whatever the outcome: never silent."""
-    v = judge(gate, result, metric_unit, metric_units)
+    v = judge(gate, result, metric_unit, unit_of)
     unchecked = unchecked_proofs(getattr(result.evidence, "validity", None))
     if unchecked:  # a proof the gate turned off: said in the verdict's line, whatever the outcome
         v = replace(v, reason=f"{v.reason}; unproven (not checked): {'; '.join(unchecked)}")
@@ -128,9 +129,10 @@ def unchecked_proofs(validity: Any) -> list[str]:
     return out
 
 
-def judge(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[str, str] | None = None) -> Verdict:
-    """Compare ``result.metrics[gate.metric]`` (in ``metric_unit``) with the gate's thresholds; ``metric_units``:
-    the workload's METRICS table, recorded per metric in the verdict (:func:`metric_units_of`).
+def judge(gate, result: WorkloadResult, metric_unit: str, unit_of: Callable[[str], str | None] | None = None
+          ) -> Verdict:
+    """Compare ``result.metrics[gate.metric]`` (in ``metric_unit``) with the gate's thresholds; ``unit_of``: the
+    workload's ``metric_unit``, each metric's unit recorded in the verdict (:func:`metric_units_of`).
 
     Order: a failed check (``result.failed_check``: the system under test proved wrong, e.g. data read back
     differs) -> FAIL, whatever else; error -> ERROR; missing evidence -> INVALID; informational -> INFO;
@@ -143,7 +145,7 @@ def judge(gate, result: WorkloadResult, metric_unit: str, metric_units: Mapping[
         gate_id=gate.id, title=gate.title, metric=gate.metric, pass_threshold=str(gate.pass_),
         stop_loss_threshold=str(gate.stop_loss) if gate.stop_loss else None, unit=metric_unit,
         evidence=result.evidence_dict(), reference=gate.reference.model_dump() if gate.reference else {},
-        metrics=dict(result.metrics), metric_units=metric_units_of(result.metrics, metric_units or {}),
+        metrics=dict(result.metrics), metric_units=metric_units_of(result.metrics, unit_of or (lambda _name: None)),
         interval=iv.model_dump(mode="json") if iv is not None else None,
     )
     actual = result.metrics.get(gate.metric)

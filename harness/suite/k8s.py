@@ -396,7 +396,7 @@ def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, rend
     stop_at = None
     for gate in cfg.suite.gates:
         wl = cfg.workload(gate)
-        unit = wl.METRICS[gate.metric]
+        unit = wl.metric_unit(gate.metric)
         if stop_at:
             verdicts.append(skipped(gate, f"skipped: stop-loss hit at {stop_at}", unit))
             continue
@@ -409,7 +409,7 @@ def collect_k8s(src_dir: str | Path, out_dir: str | Path, private_key: Any, rend
         lo = float(render.get("rendered_unix_s") or 0.0) - cfg.params[gate.id].clock_slack_s
         t0 = _pods_started_s(result, lo, collected_s)
         started = t0 if started is None else min(started, t0)
-        verdict = evaluate(gate, result, unit, wl.METRICS)
+        verdict = evaluate(gate, result, unit, wl.metric_unit)
         verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason), evidence=redact_obj(verdict.evidence))
         finished = time.time()
         _write_json(gate_dir / "result.json", {**result.as_dict(), "started_unix_s": t0, "finished_unix_s": finished})

@@ -278,7 +278,7 @@ class _SuiteRun:
         stop_at: str | None = None
         for gate in self.config.suite.gates:
             wl_cls = self.config.workload(gate)
-            unit = wl_cls.METRICS[gate.metric]
+            unit = wl_cls.metric_unit(gate.metric)
             if stop_at:
                 self.verdicts.append(skipped(gate, f"skipped: stop-loss hit at {stop_at}", unit))
                 continue
@@ -315,7 +315,7 @@ class _SuiteRun:
                 self.interrupted, self.interrupt = True, exc
                 result = WorkloadResult(error=f"interrupted by the operator ({_stopped_by(exc)})")
             result = undo_after_gate(self.undo, result, self.opened, self.steps, self.progress)
-        verdict = evaluate(gate, result, unit, wl_cls.METRICS)
+        verdict = evaluate(gate, result, unit, wl_cls.metric_unit)
         # the verdict goes into verdicts.json and the signed predicate: its texts and evidence redacted
         verdict = dataclasses.replace(verdict, reason=redact_text(verdict.reason),
                                       evidence=redact_obj(verdict.evidence))
@@ -353,7 +353,7 @@ class _SuiteRun:
         for gate in suite.gates:
             if gate.id not in done_ids:
                 self.verdicts.append(skipped(gate, "skipped: run interrupted",
-                                             self.config.workload(gate).METRICS[gate.metric]))
+                                             self.config.workload(gate).metric_unit(gate.metric)))
         overall = overall_outcome(self.verdicts)
         verdict_dicts = [self.as_dict.get(id(v)) or v.to_dict() for v in self.verdicts]
         _write_json(self.run_dir / "verdicts.json", {

@@ -62,8 +62,8 @@ from .kit.base import GateContext, PlannedStep, ValidityCheck, Workload, Workloa
 from .kit.capacity import (CAPACITY_FIGURES, CAPACITY_METRICS, CapacityEvidence, CapacityPoint, CapacitySpec,
                                evaluate_capacity, point_levels, reusable_tokens, sweep_issues, sweep_points, sweep_trace)
 from .kit.load import (Counters, G2LoadEvidence, G2LoadParams, LoadAttachParams, LoadPrompts, LoadSpec,
-                       LoadPoints, MetricInterval, MetricTable, PointTrial, accounting_counters, emit, evaluate_load,
-                       g2_view, load_control_files, load_fields, load_issues, load_prompts, point_invalid,
+                       LoadPoints, MetricInterval, PointTrial, accounting_counters, emit, evaluate_load,
+                       g2_view, load_control_files, load_fields, load_issues, load_prompts, point_invalid, point_metric_unit,
                        read_load_trace, reevaluate_load, token_accounting, trace_error)
 from .kit.g2 import G2Procedure, launch_values
 from .kit.engine import pool_record
@@ -191,19 +191,13 @@ GAIN_FIGURES: dict[str, str] = {"goodput_gain": "ratio", "throughput_gain": "rat
 SWEEP_LABEL_RE = re.compile(r"x[0-9][0-9.e+-]*")
 
 
-class GainMetricTable(MetricTable):
-    """g2-gain's METRICS: the gain figures over the ladder (its keys) and each per point as ``FIGURE@LABEL``; a
-    capacity sweep's figures per working set as ``FIGURE@x<working set>`` (``tier_hit_rate@x8``)."""
-
-    POINT_FIGURES = GAIN_FIGURES
-
-    @classmethod
-    def point_unit(cls, key: Any) -> str | None:
-        if isinstance(key, str) and "@" in key:
-            fig, _, label = key.partition("@")
-            if SWEEP_LABEL_RE.fullmatch(label) and fig in CAPACITY_FIGURES:
-                return CAPACITY_FIGURES[fig]
-        return super().point_unit(key)
+def gain_metric_unit(name: str) -> str | None:
+    """Pure: the unit of a g2-gain per-point metric: each gain figure per point as ``FIGURE@LABEL``, a capacity
+    sweep's figures per working set as ``FIGURE@x<working set>`` (``tier_hit_rate@x8``); None for any other."""
+    fig, at, label = name.partition("@")
+    if at and SWEEP_LABEL_RE.fullmatch(label) and fig in CAPACITY_FIGURES:
+        return CAPACITY_FIGURES[fig]
+    return point_metric_unit(name, GAIN_FIGURES)
 
 
 # --------------------------------------------------------------------------------------- pure evaluation
@@ -722,7 +716,11 @@ class G2Gain(Workload):
                  "points the same way")
     Params = GainParams
     EvidenceModel = GainEvidence
-    METRICS = GainMetricTable({**GAIN_FIGURES, "tier_hit_rate": "ratio", **CAPACITY_METRICS})
+    METRICS = {**GAIN_FIGURES, "tier_hit_rate": "ratio", **CAPACITY_METRICS}  # per point too (metric_unit)
+
+    @classmethod
+    def metric_unit(cls, name: str) -> str | None:
+        return cls.METRICS[name] if name in cls.METRICS else gain_metric_unit(name)
 
     @staticmethod
     def interval_trials(params: GainParams, metric: str) -> int | None:

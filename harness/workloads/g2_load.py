@@ -54,9 +54,9 @@ from .kit.base import ControlFile, GateContext, PlannedStep, Workload, WorkloadR
     register_workload, write_summary
 from .kit.engine import pool_record
 from .kit.g2 import G2Procedure, launch_values
-from .kit.load import (SUMMARY_METRICS, G2LoadEvidence, G2LoadParams, LoadPoints, LoadPrompts, MetricTable, PointTrial,
-                       accounting_counters, evaluate_load, g2_view, load_control_files, load_fields, load_issues,
-                       load_prompts,
+from .kit.load import (SUMMARY_METRICS, G2LoadEvidence, G2LoadParams, LoadPoints, LoadPrompts, PointTrial,
+                       FIGURES, accounting_counters, evaluate_load, g2_view, load_control_files, load_fields, load_issues,
+                       load_prompts, point_metric_unit,
                        read_load_trace, trace_error)
 from .kit.phases import PhaseRunner
 from .kit.session import EngineSession
@@ -71,7 +71,11 @@ class G2Load(Workload):
                  "and over its length (no write amplification: the pool's growth is not read per point)")
     Params = G2LoadParams
     EvidenceModel = G2LoadEvidence
-    METRICS = MetricTable(SUMMARY_METRICS)
+    METRICS = SUMMARY_METRICS  # the ladder's; every point figure too, as FIGURE@LOAD (metric_unit)
+
+    @classmethod
+    def metric_unit(cls, name: str) -> str | None:
+        return cls.METRICS[name] if name in cls.METRICS else point_metric_unit(name, FIGURES)
 
     def control_files(self, params) -> list[ControlFile]:
         return load_control_files(params)

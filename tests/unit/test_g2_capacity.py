@@ -259,10 +259,10 @@ def test_a_scripted_sweep_sends_exactly_the_planned_commands_and_draws_the_level
     m = result.metrics
     assert m["knee_x"] == 2 and m["tier_exhausted_x"] == 4 and m["tier_hit_rate@x2"] == 1.0
     assert m["capacity_hit_rate"] == 0.0   # the tier ran out at 4x: the requirement up to 4x fails
-    assert WORKLOADS["g2-gain"].METRICS["tier_hit_rate@x2"] == "ratio" and "knee_x" in WORKLOADS["g2-gain"].METRICS
+    assert WORKLOADS["g2-gain"].metric_unit("tier_hit_rate@x2") == "ratio" and WORKLOADS["g2-gain"].metric_unit("knee_x") is not None
     assert {c.name: c.ok for c in ev.validity} == {"tier arm valid": True, "levels counted": True,
                                                    "engine memory held the smallest working set": True}
-    verdict_ = evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].METRICS)
+    verdict_ = evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].metric_unit)
     assert verdict_.outcome is Outcome.FAIL
     # a sweep measures no fleet hit rate and no gain: kvgate cost takes nothing from it
     from harness.cost.params import extract_measured
@@ -302,7 +302,7 @@ def test_a_tier_that_holds_the_sweep_passes_the_requirement(tmp_path):
     _, gate, _, _, result = run_sweep(tmp_path, Levels(memory=128, ram=0, tier=10_000))
     assert result.invalid_reason is None and result.metrics["capacity_hit_rate"] == 1.0
     assert result.evidence.capacity.tier_exhausted_x is None and result.evidence.capacity.knee_x == 2
-    assert evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].METRICS).outcome is Outcome.PASS
+    assert evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].metric_unit).outcome is Outcome.PASS
 
 
 @pytest.mark.parametrize("engine, reason", [
@@ -312,7 +312,7 @@ def test_a_tier_that_holds_the_sweep_passes_the_requirement(tmp_path):
 def test_a_sweep_without_its_levels_proven_is_invalid_never_pass(tmp_path, engine, reason):
     _, gate, _, _, result = run_sweep(tmp_path, engine)
     assert result.invalid_reason.startswith(reason), result.invalid_reason
-    assert evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].METRICS).outcome is Outcome.INVALID
+    assert evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].metric_unit).outcome is Outcome.INVALID
 
 
 # ------------------------------------------------------------------------------ an engine without a RAM level

@@ -75,7 +75,7 @@ def test_a_tier_that_never_comes_back_is_fail(tmp_path):
     node.handler.on(lambda c: "kvgate-pool-path-back" in c.argv, Reply())
     ctx = gate_context(tmp_path, cfg, transports={"n1": node}, http=tier, clock=Clock())
     result = WORKLOADS["g2-faults"]().run(ctx)
-    v = evaluate(cfg.suite.gates[0], result, "s", WORKLOADS["g2-faults"].METRICS)
+    v = evaluate(cfg.suite.gates[0], result, "s", WORKLOADS["g2-faults"].metric_unit)
     assert v.outcome is Outcome.FAIL and "did not serve again within 5 s" in v.reason and "DEGRADED" in v.reason
     ev = result.evidence
     first = min(r.t_start_s for r in ev.requests if r.served == "re-compute")
@@ -91,7 +91,7 @@ def test_a_fault_the_engine_never_felt_is_invalid_not_pass(tmp_path):
     node.handler.on(lambda c: c.argv[:3] == ("ip", "route", "add"), Reply())
     ctx = gate_context(tmp_path, cfg, transports={"n1": node}, http=tier, clock=Clock())
     result = WORKLOADS["g2-faults"]().run(ctx)
-    v = evaluate(cfg.suite.gates[0], result, "s", WORKLOADS["g2-faults"].METRICS)
+    v = evaluate(cfg.suite.gates[0], result, "s", WORKLOADS["g2-faults"].metric_unit)
     assert tier.seen_down == 0 and result.evidence.recompute_requests == result.evidence.failed_requests == 0
     assert v.outcome is Outcome.INVALID and "faults felt: not proven" in v.reason and "fault 0" in v.reason
 

@@ -108,8 +108,8 @@ BASE = {"engine": "cpu-reference", "python": "/engine/bin/python", "port": 18000
 def test_the_gate_is_judged_on_the_interval_by_the_real_verdict_code(tmp_path, goodputs, outcome):
     d = gain_gate(tmp_path, BASE)
     gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE).suite.gates[0]
-    unit = WORKLOADS["g2-gain"].METRICS[gate.metric]
-    assert unit == "ratio" and WORKLOADS["g2-gain"].METRICS["ttft_p95_ratio@c2"] == "x"
+    unit = WORKLOADS["g2-gain"].metric_unit(gate.metric)
+    assert unit == "ratio" and WORKLOADS["g2-gain"].metric_unit("ttft_p95_ratio@c2") == "x"
     v = evaluate(gate, gain(arms(goodputs)), unit)
     assert v.outcome is outcome, v.reason
     if outcome is Outcome.FAIL:
@@ -275,7 +275,7 @@ def test_the_tier_hit_rate_feeds_kvgate_cost_by_report_id_and_an_invalid_run_fee
     assert res.metrics["tier_hit_rate"] == pytest.approx(0.8) and res.evidence.tier_hit_rate == pytest.approx(0.8)
     d = gain_gate(tmp_path, BASE)
     gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE).suite.gates[0]
-    verdict = evaluate(gate, res, "ratio", WORKLOADS["g2-gain"].METRICS).to_dict()
+    verdict = evaluate(gate, res, "ratio", WORKLOADS["g2-gain"].metric_unit).to_dict()
     (m,) = [x for x in cp.extract_measured({"verdicts": [verdict]}, "KVG-20261201-gain") if x.name == "hit_rate"]
     assert (m.name, m.value, m.gate_id, m.metric) == ("hit_rate", pytest.approx(0.8), "GAIN", "tier_hit_rate")
     shutil.copytree(root / "workloads" / "models", tmp_path / "models")
@@ -288,7 +288,7 @@ def test_the_tier_hit_rate_feeds_kvgate_cost_by_report_id_and_an_invalid_run_fee
     v = r.inputs["hit_rate"]
     assert v.kind == "measured" and v.value == pytest.approx(0.8) and "KVG-20261201-gain GAIN" in v.source
     invalid = evaluate(gate, gain(arms([2.7, 2.8, 2.9], tier_hits=0.0), reusable=0.75), "ratio",
-                       WORKLOADS["g2-gain"].METRICS).to_dict()
+                       WORKLOADS["g2-gain"].metric_unit).to_dict()
     assert invalid["outcome"] == "INVALID" and cp.extract_measured({"verdicts": [invalid]}, "KVG-x") == []
 
 
@@ -301,7 +301,7 @@ def test_the_measured_gain_is_set_beside_the_models_in_kvgate_costs_report_by_re
     gate = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE).suite.gates[0]
     # both arms complete 2 requests/s at best: a measured gain of 0 is a measurement, not nothing
     flat = evaluate(gate, gain(arms([1.8, 1.8, 1.8]), reusable=0.75), "ratio",
-                    WORKLOADS["g2-gain"].METRICS).to_dict()
+                    WORKLOADS["g2-gain"].metric_unit).to_dict()
     found = {m.name: m for m in cp.extract_measured({"verdicts": [flat]}, "KVG-20261202-gain")}
     measured = found["measured_throughput_gain"]
     assert measured.value == 0.0 and (measured.gate_id, measured.metric) == ("GAIN", "throughput_gain")
@@ -319,7 +319,7 @@ def test_the_measured_gain_is_set_beside_the_models_in_kvgate_costs_report_by_re
     assert r0.measured_gain is None and "Cross-check: the model gives a throughput" not in render_markdown(
         r0, build_tables(r0), "KVG-cost")
     invalid = evaluate(gate, gain(arms([2.7, 2.8, 2.9], tier_hits=0.0)), "ratio",
-                       WORKLOADS["g2-gain"].METRICS).to_dict()
+                       WORKLOADS["g2-gain"].metric_unit).to_dict()
     assert cp.extract_measured({"verdicts": [invalid]}, "KVG-x") == []
 
 

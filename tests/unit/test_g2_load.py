@@ -169,7 +169,7 @@ def test_an_interval_straddling_the_threshold_is_an_inconclusive_fail_through_th
     d = gate_config(tmp_path, BASE)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     gate = cfg.suite.gates[0]
-    unit = WORKLOADS["g2-load"].METRICS[gate.metric]
+    unit = WORKLOADS["g2-load"].metric_unit(gate.metric)
     # knees 4, 2, 4, 4, 2, 4: median 4 clears ">= 3" but the interval [2, 4] does not
     straddling = evaluate_load(ladder([(0.2, 0.5, 0.9), (0.2, 0.6, 1.4), (0.3, 0.5, 0.8)] * 2), "closed", 1.0)
     v = evaluate(gate, straddling, unit)
@@ -193,7 +193,7 @@ def test_an_interval_straddling_the_threshold_is_an_inconclusive_fail_through_th
 def test_a_point_figure_is_a_gate_metric_in_its_unit(tmp_path):
     d = gate_config(tmp_path, BASE, metric="ttft_p95_s@c2", pass_="<= 500 ms", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
-    assert WORKLOADS["g2-load"].METRICS[cfg.suite.gates[0].metric] == "s"
+    assert WORKLOADS["g2-load"].metric_unit(cfg.suite.gates[0].metric) == "s"
     res = evaluate_load(ladder([(0.2, 0.3, 0.9)] * 6), "closed", 1.0)
     assert evaluate(cfg.suite.gates[0], res, "s").outcome is Outcome.PASS
 

@@ -33,7 +33,7 @@ def shipped(name: str):
     """A shipped gate file as `kvgate run` loads it: (gate, params, metric unit)."""
     cfg = load_config(INVENTORY, ROOT / "gates" / name, WORKLOADS)
     gate = cfg.suite.gates[0]
-    return gate, cfg.params[gate.id], WORKLOADS[gate.workload].METRICS[gate.metric]
+    return gate, cfg.params[gate.id], WORKLOADS[gate.workload].metric_unit(gate.metric)
 
 
 def records(served: int, failed: int, ttft_s: float) -> list[LoadRecord]:
@@ -86,7 +86,7 @@ def test_eleven_of_twelve_tier_arm_requests_http_500_in_every_trial_is_invalid_n
     assert p.max_failed_share == 0 and p.trials == 9
     p = p.model_copy(update={"trials": 7})  # the review's case: the gate as it was then, 7 trials
     res = gain_of(p, [(1, 11)] * 7)
-    v = evaluate(gate, res, unit, WORKLOADS[gate.workload].METRICS)
+    v = evaluate(gate, res, unit, WORKLOADS[gate.workload].metric_unit)
     assert v.outcome is Outcome.INVALID, v.reason
     assert "tier arm valid: load point trace, trial 1: 11 of 12 requests failed (92%; 1 served)" in v.reason
     assert res.evidence.arms["tier"].points[0].figures.ttft_p50_s is None  # the median falls on a failed request

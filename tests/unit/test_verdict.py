@@ -164,7 +164,7 @@ def test_the_verdict_records_each_metric_with_its_declared_unit():
     from harness.workloads.fio_read import FioRead
     metrics = {"per_gpu_read_gb_s": 5.2, "per_gpu_read_gb_s_ci_low": 5.1, "per_gpu_read_gb_s_ci_high": 5.3,
                "per_gpu_read_gb_s_ci_trials": 3.0, "total_read_gb_s": 41.6, "extra_bytes": 2097152.0}
-    v = evaluate(gate(), WorkloadResult(metrics), "GB/s", FioRead.METRICS)
+    v = evaluate(gate(), WorkloadResult(metrics), "GB/s", FioRead.metric_unit)
     assert v.metric_units == {"per_gpu_read_gb_s": "GB/s", "per_gpu_read_gb_s_ci_low": "GB/s",
                               "per_gpu_read_gb_s_ci_high": "GB/s", "per_gpu_read_gb_s_ci_trials": "count",
                               "total_read_gb_s": "GB/s"}

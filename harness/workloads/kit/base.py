@@ -306,6 +306,12 @@ class Workload:
     # a workload that stores KV on the pool: which window its endurance prices (docs/endurance.md); None: none
     ENDURANCE: ClassVar[str | None] = None
 
+    @classmethod
+    def metric_unit(cls, name: str) -> str | None:
+        """The unit of metric ``name`` this workload reports, None when it reports no such metric: its METRICS
+        table's, or (a workload with figures per point, ``FIGURE@POINT``) the figure's."""
+        return cls.METRICS.get(name)
+
     def validate_against(self, params: Any, nodes: dict[str, Any]) -> list[tuple[tuple, str]]:
         """Cross-checks against the inventory: list of (path inside params, message)."""
         return []

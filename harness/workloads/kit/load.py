@@ -382,34 +382,11 @@ SUMMARY_METRICS: dict[str, str] = {"knee_concurrency": "count", "knee_rate_rps":
 LABEL_RE = re.compile(r"c[0-9]+|r[0-9][0-9.e+-]*|trace")
 
 
-class MetricTable(dict):
-    """g2-load's METRICS: the ladder's summary metrics (its keys), and every point figure as ``FIGURE@LABEL``
-    (``ttft_p95_s@c4``, ``goodput_rps@r2.5``, ``ttft_p99_s@trace``) in ``FIGURES[FIGURE]``'s unit: a gate names
-    the point its threshold is on (``POINT_FIGURES``: figure -> unit)."""
-
-    POINT_FIGURES: dict[str, str] = FIGURES
-
-    @classmethod
-    def point_unit(cls, key: Any) -> str | None:
-        if not isinstance(key, str) or "@" not in key:
-            return None
-        fig, _, label = key.partition("@")
-        return cls.POINT_FIGURES.get(fig) if LABEL_RE.fullmatch(label) else None
-
-    def __missing__(self, key: Any) -> str:
-        unit = self.point_unit(key)
-        if unit is None:
-            raise KeyError(key)
-        return unit
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        if dict.__contains__(self, key):
-            return dict.__getitem__(self, key)
-        unit = self.point_unit(key)
-        return default if unit is None else unit
-
-    def __contains__(self, key: Any) -> bool:
-        return dict.__contains__(self, key) or self.point_unit(key) is not None
+def point_metric_unit(name: str, figures: dict[str, str]) -> str | None:
+    """Pure: the unit of a per-point metric ``FIGURE@LABEL`` (``ttft_p95_s@c4``: closed loop, 4 users;
+    ``goodput_rps@r2.5``; ``ttft_p99_s@trace``) from ``figures`` (figure -> unit); None for any other name."""
+    fig, at, label = name.partition("@")
+    return figures.get(fig) if at and LABEL_RE.fullmatch(label) else None
 
 
 # --------------------------------------------------------------------------------------- pure evaluation
