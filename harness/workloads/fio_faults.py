@@ -23,12 +23,16 @@ recovery over ``recovery_bound_s`` is FAIL whatever the stall.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 import posixpath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..errors import HarnessError
+from .kit.rederive import raw_text
 from ..errors import WorkloadError
 from ..execute.nvmeof import probe_commands as nvmeof_probes, NvmeofSpec
 from ..execute.undo import UndoLog
@@ -596,9 +600,25 @@ def _target_side(node: Any, nqn: str) -> Any:
     return next((t for t in node.targets if t.kind == "nvmeof-loopback" and t.nqn == nqn), None)
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """fio-faults re-judged from the node's raw files (fio's completion log, output and JSON, the paths' samples)
+    and each fault's recorded time on the node's clock, through the workload's own pure functions
+    (harness.workloads.fio_faults.reevaluate_faults)."""
+    ev = result.get("evidence") or {}
+    nodes = sorted(p.parent.name for p in gate_dir.glob(f"*/{RAW_FILES['clat']}"))
+    if len(nodes) != 1:
+        raise HarnessError(f"{gate_dir.name}: expected one node's {RAW_FILES['clat']}, found {len(nodes)}")
+    # fio's output (fio.log) is empty when no block failed its verify; the others never are
+    raw = {k: raw_text(gate_dir, f"{nodes[0]}/{name}", f"the faulted read's {k}", empty_ok=k == "log")
+           for k, name in RAW_FILES.items()}
+    again = reevaluate_faults(ev, raw, params)
+    return again.metrics, again.invalid_reason, again.failed_check
+
+
 @register_workload("fio-faults")
 class FioFaults(Workload):
     """G1 over a multipath NVMe-oF namespace while its paths fail and come back (docs/faults.md)."""
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
 
     Params = FioFaultsParams
     EvidenceModel = FioFaultsEvidence

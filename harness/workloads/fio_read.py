@@ -14,12 +14,17 @@ ramp counted in), the evidence records every stream's bytes read against its reg
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 import posixpath
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from ..errors import HarnessError
+from ..safeio import MAX_JSON_BYTES, read_text
+from ..parsers.fio import parse_fio_json
 from ..errors import WorkloadError
 from ..execute.fanout import fan_out
 from ..parsers.blockdev import LSBLK_ARGV, find_device, parse_lsblk
@@ -287,8 +292,36 @@ def _job_path(node, gate_id: str) -> str:
     return posixpath.join(node.work_dir, f"kvgate-{gate_id}-{node.name}.fio")
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """G1 from the raw fio JSON of every node; cold proof from the recorded drop-caches steps and, for a
+    buffered read, each stream's bytes against its region. The metrics and the cold rules are the workload's
+    own pure functions (harness.workloads.fio_read.reevaluate_fio_read)."""
+    ev = result.get("evidence") or {}
+    nodes = sorted((ev.get("nodes") or {}).keys()) or sorted(p.parent.name for p in gate_dir.glob("*/fio.json"))
+    runs = {}
+    for node in nodes:
+        raw = read_text(gate_dir / node / "fio.json", max_bytes=MAX_JSON_BYTES, what="fio output",
+                        follow_symlinks=False, display_name=f"gates/{gate_dir.name}/{node}/fio.json")
+        run = parse_fio_json(raw)
+        if not run.groups:
+            raise HarnessError(f"{gate_dir.name}/{node}/fio.json: fio reported no jobs")
+        runs[node] = run
+    if not runs:
+        raise HarnessError(f"{gate_dir.name}: no fio.json under the gate directory")
+    # Cold proof: page cache dropped on every node, or O_DIRECT on. A node counts as dropped only when the
+    # evidence says so AND the step log holds a drop-caches step on that node that exited 0.
+    steps_dir = Path(ctx["bundle_dir"]) / "steps"
+    dropped = {}
+    for node in nodes:
+        logged = any(rc.read_text().strip() == "0" for rc in steps_dir.glob(f"*-{node}-drop-caches/rc"))
+        dropped[node] = logged and bool((ev.get("nodes") or {}).get(node, {}).get("page_cache_dropped"))
+    # and for a buffered read, no stream read more than its region (the workload's own rule, from the raw figures)
+    return reevaluate_fio_read(runs, ev, dropped, params)
+
+
 @register_workload("fio-read")
 class FioRead(Workload):
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
     Params = FioReadParams
     EvidenceModel = FioReadEvidence
     METRICS = {

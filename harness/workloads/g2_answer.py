@@ -27,6 +27,8 @@ no difference is INVALID ("corruption not detectable"); a flip that could not be
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dataclasses
 import json
 import math
@@ -35,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .kit.rederive import g2_phases
 from ..engines import EngineProfile, load_profile
 from ..engines.client import RequestRecord
 from ..node import program_path
@@ -307,9 +310,17 @@ def flip_argv(python: str, run_dir: str, pool_dir: str, pattern: str, spec: Corr
             "--item-bytes", str(spec.item_bytes)]
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """g2-answer from the same raw files as g2-ttft (both phases' records hold each answer's tokens and logprobs),
+    with the bound of config/gates.yaml, through the workload's own pure functions
+    (harness.workloads.g2_answer.reevaluate_answer); the flipped bytes of a corrupted run as its step recorded them."""
+    return reevaluate_answer(*g2_phases(gate_dir, result, params, ctx), params, load_profile(params.engine))
+
+
 @register_workload("g2-answer")
 class G2Answer(G2Procedure):
     """g2-ttft's procedure with the answers compared (and, with ``corrupt:``, a byte flipped between the phases)."""
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
 
     Params = G2AnswerParams
     EvidenceModel = G2AnswerEvidence

@@ -28,6 +28,8 @@ for the server's address, harness.rigs.faults; the server is the pool mount's so
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dataclasses
 import ipaddress
 import json
@@ -39,6 +41,8 @@ from typing import Any, Callable, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .kit.rederive import raw_text
+from .kit.g2 import records_from_text
 from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import RequestRecord, run_requests_sync
 from ..execute.undo import UndoLog
@@ -508,9 +512,20 @@ def held_path(work_dir: str, gate_id: str) -> str:
     return posixpath.join(work_dir, f"kvgate-pool-held-{gate_id}")
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """g2-faults from its raw request records (``requests-populate.jsonl``: the reference answers;
+    ``requests-faulted.jsonl``: each faulted request's TTFT, error and answer) with the recovery bound of
+    config/gates.yaml, through the workload's own pure functions (harness.workloads.g2_faults.reevaluate_g2_faults);
+    the per-request hit counters, request times, the faults' times and the tier-failure lines as recorded."""
+    populate = records_from_text(raw_text(gate_dir, "requests-populate.jsonl", "the populate phase's requests"))
+    faulted = records_from_text(raw_text(gate_dir, "requests-faulted.jsonl", "the faulted phase's requests"))
+    return reevaluate_g2_faults(result.get("evidence") or {}, populate, faulted, params)
+
+
 @register_workload("g2-faults")
 class G2Faults(G2Procedure):
     """G2 while the engine's path to its tier is lost and comes back (docs/faults.md, "Engine gates")."""
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
 
     Params = G2FaultsParams
     EvidenceModel = G2FaultsEvidence

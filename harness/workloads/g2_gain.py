@@ -42,6 +42,8 @@ the requirement are harness/workloads/kit/capacity.py's, judged here by :func:`e
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dataclasses
 import json
 import re
@@ -50,6 +52,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..errors import HarnessError
+from .kit.rederive import device_by_attempt, load_texts, rescanned_fallback
 from ..engines import EngineProfile, check_lmcache_config, load_profile, shell_line
 from ..errors import ConfigError
 from ..parsers.pooldev import pool_blockstat_argv
@@ -709,8 +713,39 @@ def arm_prompts(profs: dict[str, EngineProfile], setups: dict[str, Any], vocab_s
     return prompts
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """g2-gain from each arm's raw requests and counters files (``gates/ID/tier/``, ``gates/ID/no_tier/``), with the
+    gate's bounds from config/gates.yaml, each arm's pool-device bytes re-parsed from the run's probe steps and a
+    launched arm's log (``engine-ARM.log``) re-scanned, through the workload's own pure functions
+    (harness.workloads.g2_gain.reevaluate_gain)."""
+    ev = result.get("evidence") or {}
+    gain = GainEvidence.model_validate(ev)
+    texts: dict[str, dict[str, dict[str, str]]] = {"requests": {}, "counters": {}}
+    device: dict[str, dict[str, tuple[int | None, int | None]]] = {}
+    arms = ("tier",) if gain.capacity is not None else ("tier", "no_tier")
+    for arm in arms:
+        if arm not in gain.arms:
+            raise HarnessError(f"gates/{gate_dir.name}/result.json: the evidence has no {arm} arm")
+        arm_ev = gain.arms[arm]
+        got = load_texts(gate_dir, f"{arm}/", arm_ev)
+        texts["requests"][arm], texts["counters"][arm] = got["requests"], got["counters"]
+        device[arm] = device_by_attempt(Path(ctx["bundle_dir"]), gate_dir.name, arm_ev.pool_dir,
+                                        arm_ev.points + arm_ev.spoiled)
+    profs = G2Gain()._profiles(params)
+    fallbacks = None
+    if params.attach is None:
+        fallbacks = {arm: rescanned_fallback(gate_dir, f"engine-{arm}.log", profs[arm].fallback_patterns, arm,
+                                             profs[arm].in_force_log if arm == "tier" else ())
+                     for arm in arms}
+    return reevaluate_gain(ev, texts["requests"], texts["counters"],
+                           {a: accounting_counters(p) for a, p in profs.items()},
+                           {a: p.device_reads for a, p in profs.items()}, params=params, device=device,
+                           fallbacks=fallbacks)
+
+
 @register_workload("g2-gain")
 class G2Gain(Workload):
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
     # what its endurance prices (docs/endurance.md), for `kvgate plan`
     ENDURANCE = ("the tier arm's points as g2-load prices them (the no-tier arm stores nothing); a capacity sweep's "
                  "points the same way")

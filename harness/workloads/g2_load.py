@@ -46,6 +46,11 @@ never PASS).
 
 from __future__ import annotations
 
+from typing import Any
+from pathlib import Path
+
+from .kit.rederive import device_by_attempt, load_texts, rescanned_fallback
+from .kit.load import reevaluate_load
 from ..engines import load_profile, shell_line
 from ..errors import ConfigError
 from ..parsers.pooldev import pool_blockstat_argv
@@ -64,8 +69,28 @@ from .kit.session import EngineSession
 POINTS = LoadPoints()
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """g2-load from every point's raw requests file (its figures, the knee) and the engine counters the run read
+    around it (its accounting), with the gate's bounds from config/gates.yaml, the pool device's bytes re-parsed
+    from the run's probe steps and a launched engine's log (``engine-load.log``) re-scanned for fall-backs, through
+    the workload's own pure functions (harness.workloads.kit.load.reevaluate_load). An attached engine's fall-back
+    is taken as the run judged it (its log is the operator's, read through steps)."""
+    ev_dict = result.get("evidence") or {}
+    ev = G2LoadEvidence.model_validate(ev_dict)
+    texts = load_texts(gate_dir, "", ev)
+    prof = load_profile(params.engine)
+    if params.attach is None:
+        fallback = rescanned_fallback(gate_dir, "engine-load.log", prof.fallback_patterns, "load", prof.in_force_log)
+    else:
+        fallback = result.get("invalid_reason") if ev.fallback_lines else None
+    device = device_by_attempt(Path(ctx["bundle_dir"]), gate_dir.name, ev.pool_dir, ev.points + ev.spoiled)
+    return reevaluate_load(ev_dict, texts["requests"], texts["counters"], accounting_counters(prof), prof.device_reads,
+                           fallback, params=params, device=device)
+
+
 @register_workload("g2-load")
 class G2Load(Workload):
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
     # what its endurance prices (docs/endurance.md), for `kvgate plan`
     ENDURANCE = ("every point x trial: the pool device's bytes written over the point, per million prompt tokens served "
                  "and over its length (no write amplification: the pool's growth is not read per point)")

@@ -25,11 +25,16 @@ log) are INVALID; otherwise the gate's metric ``cross_tenant_hit_tokens`` is jud
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dataclasses
 from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..errors import HarnessError
+from .kit.rederive import pool_device_steps, raw_text, rescanned_fallback
+from .kit.g2 import records_from_text
 from ..engines import EngineProfile, load_profile, shell_line
 from ..engines.client import CompletionRequest, RequestRecord
 from ..errors import ConfigError
@@ -271,9 +276,47 @@ def split_fresh(prompts: Sequence[CompletionRequest], lengths: int, per_length: 
     return mine, fresh
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """g2-tenancy from every phase's raw request records (``requests-store-a.jsonl``, ``requests-cross-b.jsonl``,
+    ``requests-fresh-b.jsonl``, ``requests-control-a.jsonl``: those the run's evidence lists), tenant B's and the
+    control's pool-device bytes re-parsed from the run's probe steps (``*-tenancy-blockstat-PHASE``: before and
+    after), the engine's logs (``engine-LABEL.log``) re-scanned for fall-backs, the bounds from config/gates.yaml,
+    through the workload's own pure functions (harness.workloads.g2_tenancy.reevaluate_tenancy); the hit counters as
+    recorded."""
+    ev = result.get("evidence") or {}
+    prof = load_profile(params.engine)
+    phases = [ph.get("phase") for ph in ev.get("phases") or [] if isinstance(ph, dict)]
+    records = {ph: records_from_text(raw_text(gate_dir, f"requests-{ph}.jsonl", f"the {ph} phase's requests"))
+               for ph in phases}
+    bundle = Path(ctx["bundle_dir"])
+    device: dict[str, int | None] = {}
+    probed = {}
+    for ph in DEVICE_PHASES:
+        if ph not in phases:
+            continue
+        steps = pool_device_steps(bundle, None, f"tenancy-blockstat-{ph}")
+        if ph == "store-a" and not steps:  # a kvgate that did not count tenant A's stores
+            continue
+        if len(steps) != 2:
+            raise HarnessError(f"{gate_dir.name}: {len(steps)} pool-device probe steps around {ph} (two expected: "
+                               "before and after): the device bytes cannot be re-derived")
+        device[ph], probed[ph] = read_bytes_between(steps[0], steps[1]), steps
+    # tenant A's stores: from store-a's "before" to cross-b's (after the cold step's sync)
+    store_writes = (write_bytes_between(probed["store-a"][0], probed["cross-b"][0])
+                    if "store-a" in probed and "cross-b" in probed else None)
+    fallback = None
+    started = {engine_log(ph, params.restart_between) for ph in phases}  # the starts that served a phase
+    for label in engine_logs(params.restart_between):
+        if label in started and fallback is None:
+            fallback = rescanned_fallback(gate_dir, f"engine-{label}.log", prof.fallback_patterns, label,
+                                          prof.in_force_log)
+    return reevaluate_tenancy(ev, records, device, fallback, params, prof, store_writes)
+
+
 @register_workload("g2-tenancy")
 class G2Tenancy(G2Procedure):
     """Tenant isolation on the tier (docs/g2.md, "Tenant isolation"); the launched engine's set-up is G2's."""
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
 
     Params = TenancyParams
     EvidenceModel = TenancyEvidence

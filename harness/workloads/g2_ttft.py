@@ -18,10 +18,25 @@ tokenizer encodes to exactly that many tokens when the profile or the gate names
 
 from __future__ import annotations
 
+from typing import Any
+from pathlib import Path
+
+from .kit.rederive import g2_phases
+from ..engines import load_profile
+from .kit.g2 import reevaluate_g2
 from .kit.base import register_workload
 from .kit.g2 import G2Procedure
+
+
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """g2-ttft from both phases' raw request records (``requests-recompute.jsonl``, ``requests-readback.jsonl``), the
+    read-back's pool-device bytes re-parsed from the run's two probe steps, a launched engine's logs
+    (``engine-recompute.log``, ``engine-readback.log``) re-scanned for fall-backs, with the bounds of
+    config/gates.yaml, through the workload's own pure functions (harness.workloads.kit.g2.reevaluate_g2)."""
+    return reevaluate_g2(*g2_phases(gate_dir, result, params, ctx), params, load_profile(params.engine))
 
 
 @register_workload("g2-ttft")
 class G2Ttft(G2Procedure):
     """G2 as the module's docstring describes it: the procedure of harness/workloads/kit/g2.py, unchanged."""
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files

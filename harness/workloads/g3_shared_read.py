@@ -26,6 +26,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..errors import HarnessError
+from .kit.rederive import one_step_output
+from ..parsers.g3series import port_rate
+from ..safeio import read_text
 from ..errors import WorkloadError
 from ..execute.clock import CLOCK_SESSION_ARGV, applied_offset_s, measure_clock_offsets
 from ..execute.fanout import FailurePolicy, GroupResult, LaunchSpec, NodeOutcome, SynchronizedLaunch, fan_out
@@ -759,8 +763,43 @@ def reevaluate_g3(signed: dict[str, Any], raw: dict[str, str | None], p: G3Param
                        p.writer.max_idle_s if p.writer else 2.0, G3Bounds.of(p))
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """G3 from every reader's raw stream (``nodes/<node>/reader.jsonl``; with a writer also
+    ``reader-with-writer.jsonl`` and ``nodes/<writer>/writer.jsonl``) with the bounds of the bundle's
+    config/gates.yaml, the port's declared rate from its config/inventory.yaml and its measured rate from the
+    run's port-speed and port-qdisc step outputs (else as the evidence records them), through the workload's
+    own pure functions (harness.workloads.g3_shared_read.reevaluate_g3). A missing or empty raw stream of a
+    reader the run says read is an error, never the signed figure."""
+    ev = result.get("evidence") or {}
+    port_node, nic, _ = G3SharedRead()._roles(params, ctx["nodes"])
+    declared = next(n.line_rate_gbit_s for n in ctx["nodes"][port_node].nics if n.name == nic)
+    steps_dir = Path(ctx["bundle_dir"]) / "steps"
+    speed, qdisc = (one_step_output(steps_dir, port_node, n) for n in ("port-speed", "port-qdisc"))
+    recorded = ev.get("port_rate") if isinstance(ev.get("port_rate"), dict) else {}
+    if speed is not None or qdisc is not None:
+        port = cross_check_port_rate(declared, speed, qdisc, params.port_rate_tolerance)
+    else:
+        port = port_rate(declared, recorded.get("sysfs_speed_gbit_s"), recorded.get("tbf_rate_gbit_s"),
+                         params.port_rate_tolerance)
+    iso = ev.get("isolation") if isinstance(ev.get("isolation"), dict) else None
+    wanted = [f"nodes/{n}/reader.jsonl" for n in ev.get("readers") or []]
+    if iso is not None:
+        wanted += [f"nodes/{n}/reader{WITH_WRITER}.jsonl" for n in iso.get("nodes") or {}]
+        wanted.append(f"nodes/{iso.get('writer')}/writer.jsonl")
+    raw: dict[str, str | None] = {}
+    for rel in wanted:
+        path = gate_dir / rel
+        raw[rel] = read_text(path, max_bytes=1 << 30, what="a G3 node's raw stream", follow_symlinks=False,
+                             display_name=f"gates/{gate_dir.name}/{rel}") if path.is_file() else None
+    again = reevaluate_g3(ev, raw, params, port, gate_dir.name)
+    if again.error:
+        raise HarnessError(f"{gate_dir.name}: re-derived from the raw streams: {again.error}")
+    return again.metrics, again.invalid_reason
+
+
 @register_workload("g3-shared-read")
 class G3SharedRead(Workload):
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
     Params = G3Params
     EvidenceModel = G3Evidence
     METRICS = {

@@ -43,6 +43,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..errors import HarnessError
 from ..engines import ArchError, ModelArch, arch_from_config, check_lmcache_config, lmcache_config, load_profile
 from ..engines.profiles import EngineProfile
 from ..endurance import DriveRating, combined, endurance
@@ -54,7 +55,7 @@ from ..parsers.kvread import ChunkFile, Layout, ReadRun, parse_drop_caches, pars
 from ..parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between, write_bytes_between
 from ..parsers.smart import SmartLog, parse_smart_log, smart_device, smart_log_argv, smart_writes
 from ..paths import data_path
-from ..safeio import MAX_CONFIG_BYTES, InputFileError, load_json
+from ..safeio import MAX_CONFIG_BYTES, MAX_JSON_BYTES, InputFileError, load_json, read_text as read_file
 from ..units import format_quantity, parse_size_bytes
 from .kit.base import (DROP_CACHES_ARGV, Evidence, GateContext, PlannedStep, StreamRow, StreamsEvidence, StrictModel,
                    ValidityCheck, Workload, WorkloadResult, drive_rating, drop_caches, pool_drive_of, register_workload,
@@ -614,8 +615,26 @@ def _sizing_issues(params: KvReadParams, arch: ModelArch, cfg: dict[str, Any], n
     return issues
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """kv-read from every node's raw reader output (``read.json``) and fio JSON, through the workload's own pure
+    functions (harness.workloads.kv_read.reevaluate_kv_read)."""
+    ev = result.get("evidence") or {}
+    raw = {}
+    for node in sorted(ev.get("nodes") or {}):
+        texts = []
+        for name, what in (("read.json", "KV reader output"), ("fio.json", "fio output")):
+            texts.append(read_file(gate_dir / node / name, max_bytes=MAX_JSON_BYTES, what=what, follow_symlinks=False,
+                                   display_name=f"gates/{gate_dir.name}/{node}/{name}"))
+        raw[node] = (texts[0], texts[1])
+    if not raw:
+        raise HarnessError(f"{gate_dir.name}: the evidence names no node")
+    again = reevaluate_kv_read(ev, raw)
+    return again.metrics, again.invalid_reason, again.failed_check
+
+
 @register_workload("kv-read")
 class KvRead(Workload):
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
     # what its endurance prices (docs/endurance.md), for `kvgate plan`
     ENDURANCE = ("the layout: the pool device's bytes written from before it to after the read (synced), per million "
                  "KV tokens, per KV byte stored, over the layout; NVMe SMART data units beside, on an NVMe namespace")

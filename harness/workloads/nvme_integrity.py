@@ -18,11 +18,16 @@ The metric is the number of bytes that differ; every read-back is kept in the ev
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import hashlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..errors import HarnessError
+from ..safeio import MAX_JSON_BYTES
+from .kit.rederive import raw_text
 from ..errors import WorkloadError
 from ..execute.nvmeof import NvmeofSpec, probe_commands as nvmeof_probes
 from ..rigs.loopback import (INTEGRITY_LEN_BYTES, Loopback, LoopbackError, LoopbackSpec, backing_device, nvme_device,
@@ -160,8 +165,23 @@ def reevaluate_integrity(records: dict[str, str], nqn: dict[str, str | None]) ->
     return evaluate_integrity(ev, errors)
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """nvme-integrity from every node's raw ``NODE-integrity.json`` (each read-back's digests and differing bytes),
+    each pattern's digest computed again from the target's NQN in the bundle's inventory, through the workload's own
+    pure functions (harness.workloads.nvme_integrity.reevaluate_integrity). The read-back bytes themselves are
+    compared on the control host during the run and not kept."""
+    nodes = ctx.get("nodes") or {}
+    if not nodes:
+        raise HarnessError(f"{gate_dir.name}: the bundle's inventory names no node of this gate")
+    records = {n: raw_text(gate_dir, f"{n}-integrity.json", "a node's integrity record", max_bytes=MAX_JSON_BYTES)
+               for n in nodes}
+    nqn = {n: getattr(node.target(params.target), "nqn", None) for n, node in nodes.items()}
+    return reevaluate_integrity(records, nqn)
+
+
 @register_workload("nvme-integrity")
 class NvmeIntegrity(Workload):
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
     Params = NvmeIntegrityParams
     EvidenceModel = NvmeIntegrityEvidence
     METRICS = {"mismatched_bytes": "B", "checked_bytes": "B"}

@@ -34,6 +34,8 @@ Both instances are handles of the one phase runner
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dataclasses
 import json
 import posixpath
@@ -42,6 +44,9 @@ from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
+from ..errors import HarnessError
+from .kit.rederive import pool_device_steps, raw_text, rescanned_fallback
+from .kit.g2 import records_from_text
 from ..engines import EngineProfile, kv_bytes_per_token, load_profile, shell_line
 from ..engines.client import CompletionRequest, RequestRecord, run_requests_sync
 from ..engines.preflight import preflight_argv
@@ -423,8 +428,40 @@ def reevaluate_pd(evidence: dict[str, Any], requests: Mapping[str, Sequence[Requ
 # -------------------------------------------------------------------------------------------- workload
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """pd-handoff from its raw request records (``requests-prefill.jsonl``, ``requests-handoff.jsonl``,
+    ``requests-recompute.jsonl``), each prompt's producer-written and consumer-read bytes re-parsed from the run's
+    probe steps (``*-pd-producer-blockstat-I``, ``*-pd-consumer-blockstat-I``: before and after), launched engines'
+    logs (``engine-producer.log``, ``engine-consumer.log``) re-scanned, the KV per prompt from the model and the
+    bounds from config/gates.yaml, through the workload's own pure functions
+    (harness.workloads.pd_handoff.reevaluate_pd)."""
+    ev = result.get("evidence") or {}
+    requests = {ph: records_from_text(raw_text(gate_dir, f"requests-{ph}.jsonl", f"the {ph} requests"))
+                for ph in ("prefill", "handoff", "recompute")}
+    profs = {r: load_profile(getattr(params, f"{r}_engine")) for r in ("producer", "consumer")}
+    bundle = Path(ctx["bundle_dir"])
+    device = []
+    for i in range(len(ev.get("prompts") or [])):
+        got = {}
+        for role, between in (("producer", write_bytes_between), ("consumer", read_bytes_between)):
+            steps = pool_device_steps(bundle, None, f"pd-{role}-blockstat-{i}", need_ok=True)
+            if len(steps) != 2:
+                raise HarnessError(f"{gate_dir.name}: prompt {i}: {len(steps)} {role} pool-device probe steps (two "
+                                   "expected: before and after): the device bytes cannot be re-derived")
+            got[role] = between(steps[0], steps[1])
+        device.append((got["producer"], got["consumer"]))
+    if params.attach is None:
+        patterns = list(dict.fromkeys(profs["producer"].fallback_patterns + profs["consumer"].fallback_patterns))
+        fallback = (rescanned_fallback(gate_dir, "engine-producer.log", patterns, "producer engine's")
+                    or rescanned_fallback(gate_dir, "engine-consumer.log", patterns, "consumer engine's"))
+    else:
+        fallback = result.get("invalid_reason") if ev.get("fallback_lines") else None
+    return reevaluate_pd(ev, requests, device, fallback, params, profs["producer"])
+
+
 @register_workload("pd-handoff")
 class PdHandoff(Workload):
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
     # what its endurance prices (docs/endurance.md), for `kvgate plan`
     ENDURANCE = ("the producer's stores: the pool device's bytes written around each producer request, per million "
                  "prompt tokens, per byte the pool gained, over its TTFT and store wait")

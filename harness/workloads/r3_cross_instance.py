@@ -24,6 +24,8 @@ the node's ``engine_python``, else python3 on the node.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 import posixpath
 import uuid
@@ -31,6 +33,7 @@ from typing import Any, Mapping, Sequence
 
 from pydantic import Field, model_validator
 
+from .kit.rederive import raw_text
 from ..engines import DEFAULT_CPU_REF_MODEL, kv_bytes_per_token, lmcache_config, load_profile, shell_line
 from ..engines.preflight import preflight_argv
 from ..engines.profiles import EngineProfile, HitMetrics
@@ -222,8 +225,24 @@ def reevaluate_r3(evidence: dict[str, Any], raw: Mapping[str, Mapping[str, str]]
                        fallback_patterns=prof.fallback_patterns)
 
 
+def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
+    """r3-cross-instance from each role's raw files (the node client's ``requests-ROLE.json``, the engine counters it
+    read, ``metrics-ROLE-before.prom`` and ``metrics-ROLE-after.prom``) and both engines' whole logs
+    (``engine-writer.log``, ``engine-reader.log``) re-scanned, the prompts' KV from config/gates.yaml, through the
+    workload's own pure functions (harness.workloads.r3_cross_instance.reevaluate_r3); the pool's bytes after the
+    writer as recorded."""
+    raw = {role: {"records": raw_text(gate_dir, f"requests-{role}.json", f"the {role}'s requests"),
+                  "metrics_before": raw_text(gate_dir, f"metrics-{role}-before.prom", f"the {role}'s counters before",
+                                             empty_ok=True),
+                  "metrics_after": raw_text(gate_dir, f"metrics-{role}-after.prom", f"the {role}'s counters after")}
+           for role in ("writer", "reader")}
+    logs = {role: raw_text(gate_dir, f"engine-{role}.log", "an engine log") for role in ("writer", "reader")}
+    return reevaluate_r3(result.get("evidence") or {}, raw, logs, params)
+
+
 @register_workload("r3-cross-instance")
 class R3CrossInstance(Workload):
+    rederive = staticmethod(rederive)  # the gate re-judged from the bundle's raw files
     # what its endurance prices (docs/endurance.md), for `kvgate plan`
     ENDURANCE = ("the writer's stores: the pool device's bytes written from before its phase to the pool holding "
                  "the KV (synced), per million prompt tokens, per byte the pool gained, over the writer's client")

@@ -259,7 +259,8 @@ def test_a_scripted_sweep_sends_exactly_the_planned_commands_and_draws_the_level
     m = result.metrics
     assert m["knee_x"] == 2 and m["tier_exhausted_x"] == 4 and m["tier_hit_rate@x2"] == 1.0
     assert m["capacity_hit_rate"] == 0.0   # the tier ran out at 4x: the requirement up to 4x fails
-    assert WORKLOADS["g2-gain"].metric_unit("tier_hit_rate@x2") == "ratio" and WORKLOADS["g2-gain"].metric_unit("knee_x") is not None
+    assert WORKLOADS["g2-gain"].metric_unit("tier_hit_rate@x2") == "ratio"
+    assert WORKLOADS["g2-gain"].metric_unit("knee_x") is not None
     assert {c.name: c.ok for c in ev.validity} == {"tier arm valid": True, "levels counted": True,
                                                    "engine memory held the smallest working set": True}
     verdict_ = evaluate(gate, result, "ratio", WORKLOADS["g2-gain"].metric_unit)
@@ -282,9 +283,8 @@ def test_a_scripted_sweep_sends_exactly_the_planned_commands_and_draws_the_level
 
     # re-derived from the bundle's raw files; a counters file edited to claim the RAM level served the tier's
     # hits moves the curve with it
-    from harness.gates.reevaluate import REDERIVERS
     signed = json.loads(json.dumps(result.as_dict()))
-    again = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["CAP"], {"bundle_dir": tmp_path})
+    again = WORKLOADS["g2-gain"].rederive(ctx.gate_dir, signed, cfg.params["CAP"], {"bundle_dir": tmp_path})
     metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is None and metrics == pytest.approx(result.metrics)
     x2 = next(p for p in signed["evidence"]["arms"]["tier"]["points"] if p["label"] == "x2")
@@ -293,7 +293,7 @@ def test_a_scripted_sweep_sends_exactly_the_planned_commands_and_draws_the_level
     c["after"][PREFIX + "ram_hit_tokens_total"] = c["after"][PREFIX + "external_hit_tokens_total"] - \
         c["before"][PREFIX + "external_hit_tokens_total"] + c["before"][PREFIX + "ram_hit_tokens_total"]
     f.write_text(json.dumps(c))
-    again = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["CAP"], {"bundle_dir": tmp_path})
+    again = WORKLOADS["g2-gain"].rederive(ctx.gate_dir, signed, cfg.params["CAP"], {"bundle_dir": tmp_path})
     metrics, _ = again.metrics, again.invalid_reason
     assert metrics["tier_hit_rate@x2"] == 0 and metrics["ram_hit_rate@x2"] == 1.0
 

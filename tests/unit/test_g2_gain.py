@@ -324,13 +324,12 @@ def test_the_measured_gain_is_set_beside_the_models_in_kvgate_costs_report_by_re
 
 
 def test_a_bundle_re_derives_the_gain_from_each_arms_requests_and_counters_files(tmp_path):
-    from harness.gates.reevaluate import REDERIVERS
     d = gain_gate(tmp_path, BASE)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     ctx = gate_context(tmp_path, cfg, scripted_node(), TwoArms())
     result = WORKLOADS["g2-gain"]().run(ctx)
     signed = json.loads(json.dumps(result.as_dict()))  # result.json as the bundle holds it
-    again = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    again = WORKLOADS["g2-gain"].rederive(ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
     metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is None and metrics.keys() == result.metrics.keys()
     assert all(metrics[k] == pytest.approx(v) for k, v in result.metrics.items())
@@ -340,7 +339,7 @@ def test_a_bundle_re_derives_the_gain_from_each_arms_requests_and_counters_files
         c = json.loads(f.read_text())
         c["after"]["kvgate_cpu_ref_external_hit_tokens_total"] = c["before"]["kvgate_cpu_ref_external_hit_tokens_total"]
         f.write_text(json.dumps(c))
-    again = REDERIVERS["g2-gain"](ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
+    again = WORKLOADS["g2-gain"].rederive(ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path})
     metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is not None and invalid.startswith("tier served the reuse: the tier served no token")
 

@@ -523,13 +523,12 @@ def test_a_ladder_against_an_attached_engine_sends_exactly_its_plan_including_th
 
 
 def test_a_bundle_re_derives_the_same_metrics_and_verdict_from_its_requests_and_counters_files(tmp_path):
-    from harness.gates.reevaluate import REDERIVERS
     d = gate_config(tmp_path, BASE, pass_=">= 2", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     ctx = gate_context(tmp_path, cfg, scripted_node(), PrefixEngine())
     result = WORKLOADS["g2-load"]().run(ctx)
     signed = json.loads(json.dumps(result.as_dict()))  # result.json as the bundle holds it
-    again = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    again = WORKLOADS["g2-load"].rederive(ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
     metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is None and metrics.keys() == result.metrics.keys()
     assert all(metrics[k] == pytest.approx(v) for k, v in result.metrics.items())
@@ -544,7 +543,7 @@ def test_a_bundle_re_derives_the_same_metrics_and_verdict_from_its_requests_and_
     lines = [json.loads(line) for line in first.read_text().splitlines()]
     lines[0]["ttft_s"], lines[0]["sent_s"] = 9.0, lines[0]["due_s"] + 0.5
     first.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    again = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    again = WORKLOADS["g2-load"].rederive(ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
     metrics, invalid = again.metrics, again.invalid_reason
     assert metrics["ttft_p99_s@c1"] > result.metrics["ttft_p99_s@c1"]
     assert invalid is not None and invalid.startswith("load point c1, trial 1: client lag p99")
@@ -574,7 +573,6 @@ SPOILABLE = {**BASE, "load": {"rates_rps": [50.0]}, "trials": 1, "max_client_lag
 
 
 def test_an_attempt_spoiled_by_the_client_is_set_aside_and_repeated_with_new_prompts_and_re_derived(tmp_path):
-    from harness.gates.reevaluate import REDERIVERS
     d = gate_config(tmp_path, {**SPOILABLE, "repeat_spoiled": 1}, metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
     cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
     engine = StallsOnce()
@@ -593,14 +591,14 @@ def test_an_attempt_spoiled_by_the_client_is_set_aside_and_repeated_with_new_pro
     assert ev.client_priority
     # a third party re-derives the same, judging the attempt set aside on its own records
     signed = json.loads(json.dumps(result.as_dict()))
-    again = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    again = WORKLOADS["g2-load"].rederive(ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
     metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is None and metrics == pytest.approx(result.metrics)
     # an attempt set aside whose records keep the schedule (a signer who dropped an attempt they did not like)
     f = ctx.gate_dir / spoiled.requests_file
     recs = [json.loads(line) for line in f.read_text().splitlines()]
     f.write_text("".join(json.dumps({**r, "sent_s": r["due_s"], "lag_s": 0.0}) + "\n" for r in recs))
-    again = REDERIVERS["g2-load"](ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    again = WORKLOADS["g2-load"].rederive(ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
     metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is not None and "set aside without cause" in invalid and "trial 1, attempt 0" in invalid
 

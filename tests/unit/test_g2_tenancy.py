@@ -249,34 +249,32 @@ def test_a_scripted_run_sends_exactly_the_planned_commands_with_restarts(tmp_pat
     # one engine start a tenant switch: store-a, cross-b (fresh-b too), control-a
     assert sum(1 for argv in node.commands if any(a.endswith("/cpu_reference.py") for a in argv)) == 3
     # kvgate report re-scans each start's log (engine-store-a.log, engine-cross-b.log, engine-control-a.log)
-    from harness.gates.reevaluate import REDERIVERS
     recorded = json.loads(json.dumps(res.as_dict(), default=str))
     for label in ("store-a", "cross-b", "control-a"):
         (ctx.gate_dir / f"engine-{label}.log").write_text("INFO engine ready\n")
-    again = REDERIVERS["g2-tenancy"](ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": tmp_path / "run"})
+    again = WORKLOADS["g2-tenancy"].rederive(ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": tmp_path / "run"})
     assert (again.metrics, again.invalid_reason) == (res.metrics, None)
     (ctx.gate_dir / "engine-control-a.log").write_text("System will operate in degraded mode (recompute)\n")
-    again = REDERIVERS["g2-tenancy"](ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": tmp_path / "run"})
+    again = WORKLOADS["g2-tenancy"].rederive(ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": tmp_path / "run"})
     assert again.invalid_reason.startswith("no fall-back: the engine fell back in the control-a phase")
 
 
 def test_kvgate_report_re_derives_the_run_from_its_raw_files(tmp_path):
-    from harness.gates.reevaluate import REDERIVERS
     for salt_field in (None, "cache_salt"):
         d = tmp_path / str(salt_field)
         d.mkdir()
         cfg, node, ctx, res = scripted_run(d, salt_field)
         (ctx.gate_dir / "engine-tenancy.log").write_text("INFO engine ready\n")  # the scripted node prints none
         recorded = json.loads(json.dumps(res.as_dict(), default=str))
-        again = REDERIVERS["g2-tenancy"](ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": d / "run"})
+        again = WORKLOADS["g2-tenancy"].rederive(ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": d / "run"})
         assert (again.metrics, again.failed_check, again.invalid_reason, again.error) == \
             (res.metrics, res.failed_check, res.invalid_reason, res.error)
         assert again.metrics["control_device_read_bytes"] > 0  # re-parsed from the run's probe steps
     # the isolating run's log re-scanned: a fall-back line the run's summary does not show is found again
     (ctx.gate_dir / "engine-tenancy.log").write_text("System will operate in degraded mode (recompute)\n")
-    again = REDERIVERS["g2-tenancy"](ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": d / "run"})
+    again = WORKLOADS["g2-tenancy"].rederive(ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": d / "run"})
     assert again.invalid_reason.startswith("no fall-back: the engine fell back in the tenancy phase")
     # a phase's raw records gone: the re-derivation cannot stand on the recorded figures
     (ctx.gate_dir / "requests-cross-b.jsonl").unlink()
     with pytest.raises(Exception, match="requests-cross-b.jsonl"):
-        REDERIVERS["g2-tenancy"](ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": d / "run"})
+        WORKLOADS["g2-tenancy"].rederive(ctx.gate_dir, recorded, cfg.params["T"], {"bundle_dir": d / "run"})

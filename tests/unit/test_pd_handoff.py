@@ -409,13 +409,12 @@ def test_attach_refuses_launch_parameters_and_unknown_log_nodes(tmp_path):
 
 def _pd_rederived(tmp_path, tier, edit=None, **params):
     """The hand-off run, then `kvgate report`'s pd-handoff re-deriver on its bundle after ``edit(gate_dir, signed)``."""
-    from harness.gates.reevaluate import REDERIVERS
     cfg, _, res = run_pd(tmp_path, tier, **params)
     signed = json.loads(json.dumps(res.as_dict(), default=str))
     gate_dir = tmp_path / "run" / "gates" / "PD"
     if edit:
         edit(gate_dir, signed)
-    return res, REDERIVERS["pd-handoff"](gate_dir, signed, cfg.params["PD"], {"bundle_dir": tmp_path / "run"})
+    return res, WORKLOADS["pd-handoff"].rederive(gate_dir, signed, cfg.params["PD"], {"bundle_dir": tmp_path / "run"})
 
 
 def test_pd_handoff_re_derives_the_same_figures_from_its_request_records_steps_and_logs(tmp_path):

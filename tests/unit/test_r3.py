@@ -204,12 +204,11 @@ def test_a_reader_that_sees_none_of_the_writers_files_is_recorded(tmp_path):
 
 def _r3_rederived(tmp_path, edit=None, **kw):
     """The scripted run, then `kvgate report`'s r3 re-deriver on its raw files after ``edit(gate_dir)``."""
-    from harness.gates.reevaluate import REDERIVERS
     cfg, ctx, _, result = run_r3(tmp_path, **kw)
     if edit:
         edit(ctx.gate_dir)
     signed = json.loads(json.dumps(result.as_dict(), default=str))
-    return result, REDERIVERS["r3-cross-instance"](ctx.gate_dir, signed, cfg.params[ctx.gate.id],
+    return result, WORKLOADS["r3-cross-instance"].rederive(ctx.gate_dir, signed, cfg.params[ctx.gate.id],
                                                    {"bundle_dir": tmp_path / "run"})
 
 

@@ -366,7 +366,6 @@ def test_fio_reads_output_arriving_after_its_gate_ended_is_not_written_into_the_
 def _g2_rederived(tmp_path, edit=None):
     """The cold procedure's run re-derived by `kvgate report`'s g2-ttft re-deriver, after ``edit(gate_dir,
     result)`` changed its raw files or evidence."""
-    from harness.gates.reevaluate import REDERIVERS
     cfg = g2_config(tmp_path)
     events: list[Event] = []
     engine = EngineServer(events)
@@ -377,7 +376,7 @@ def _g2_rederived(tmp_path, edit=None):
     signed = json.loads(json.dumps(result.as_dict(), default=str))
     if edit:
         edit(ctx.gate_dir, signed)
-    return result, REDERIVERS["g2-ttft"](ctx.gate_dir, signed, cfg.params["G2"], {"bundle_dir": tmp_path})
+    return result, WORKLOADS["g2-ttft"].rederive(ctx.gate_dir, signed, cfg.params["G2"], {"bundle_dir": tmp_path})
 
 
 def test_g2_ttft_re_derives_the_same_figures_from_its_request_records_steps_and_logs(tmp_path):
@@ -421,7 +420,6 @@ def test_g2_ttft_bounds_from_config_min_hit_rate_is_the_gates_not_the_evidences(
 def _integrity_rederived(tmp_path, corrupt_reads=False, edit=None):
     """The loopback integrity gate run, then `kvgate report`'s nvme-integrity re-deriver on its raw record, after
     ``edit(record)`` changed the node's ``guest-integrity.json``."""
-    from harness.gates.reevaluate import REDERIVERS
     cfg, node = loopback_node(corrupt_reads=corrupt_reads)
     ctx = context(cfg, "L1", {"guest": node}, tmp_path)
     result = WORKLOADS["nvme-integrity"]().run(ctx)
@@ -431,7 +429,7 @@ def _integrity_rederived(tmp_path, corrupt_reads=False, edit=None):
         edit(rec)
         path.write_text(json.dumps(rec))
     gate = cfg.suite.gates[0]
-    again = REDERIVERS["nvme-integrity"](ctx.gate_dir, json.loads(json.dumps(result.as_dict())), cfg.params["L1"],
+    again = WORKLOADS["nvme-integrity"].rederive(ctx.gate_dir, json.loads(json.dumps(result.as_dict())), cfg.params["L1"],
                                          {"bundle_dir": tmp_path, "nodes": {n.name: n for n in cfg.gate_nodes(gate)}})
     return result, again
 
@@ -461,14 +459,13 @@ def test_nvme_integrity_a_digest_that_is_not_the_patterns_is_refused(tmp_path):
 
 def test_nvme_integrity_missing_raw_file_is_an_error(tmp_path):
     from harness.errors import HarnessError
-    from harness.gates.reevaluate import REDERIVERS
     cfg, node = loopback_node()
     ctx = context(cfg, "L1", {"guest": node}, tmp_path)
     result = WORKLOADS["nvme-integrity"]().run(ctx)
     (ctx.gate_dir / "guest-integrity.json").unlink()
     gate = cfg.suite.gates[0]
     with pytest.raises(HarnessError, match="guest-integrity.json: no such file"):
-        REDERIVERS["nvme-integrity"](ctx.gate_dir, result.as_dict(), cfg.params["L1"],
+        WORKLOADS["nvme-integrity"].rederive(ctx.gate_dir, result.as_dict(), cfg.params["L1"],
                                      {"bundle_dir": tmp_path, "nodes": {n.name: n for n in cfg.gate_nodes(gate)}})
 
 

@@ -305,6 +305,9 @@ class Workload:
     METRICS: ClassVar[dict[str, str]] = {}
     # a workload that stores KV on the pool: which window its endurance prices (docs/endurance.md); None: none
     ENDURANCE: ClassVar[str | None] = None
+    # its gate re-judged from a signed bundle's raw files: rederive(gate_dir, result, params, ctx)
+    # (harness/gates/reevaluate.py); None: its metrics are taken from result.json, and the report says so
+    rederive: ClassVar[Callable[..., Any] | None] = None
 
     @classmethod
     def metric_unit(cls, name: str) -> str | None:
