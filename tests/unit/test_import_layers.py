@@ -36,12 +36,12 @@ def test_harness_keeps_its_layers_and_has_no_cycles():
     ("workloads/kit/base.py", "from . import engine", "No cycles are allowed in harness.workloads"),
     # a workload reusing another workload's parts (g2-gain once made its own G2Load and G2Ttft): the parts go to the
     # kit; every pair of workload modules is checked, not only this one
-    ("workloads/g2_gain.py", "from . import g2_load", "harness.workloads.g2_gain is not allowed to import "
+    ("workloads/g2_gain/__init__.py", "from .. import g2_load", "harness.workloads.g2_gain is not allowed to import "
                                                         "harness.workloads.g2_load"),
     ("workloads/pd_handoff.py", "from .g2_ttft import G2Ttft", "harness.workloads.pd_handoff is not allowed to import "
                                                               "harness.workloads.g2_ttft"),
     # the kit reaching up into a workload
-    ("workloads/kit/load.py", "from .. import g2_load", "harness.workloads.kit is not allowed to import "
+    ("workloads/kit/load/points.py", "from ... import g2_load", "harness.workloads.kit is not allowed to import "
                                                          "harness.workloads.g2_load"),
 ])
 def test_a_wrong_way_import_or_a_cycle_breaks_the_contract(tmp_path, module, line, broken):
