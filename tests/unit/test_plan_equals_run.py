@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -299,10 +300,11 @@ def test_a_scripted_run_sends_exactly_the_planned_commands(workload, scenario, t
 # ----------------------------------------------------------------------------------------- the recorded baseline
 # Behaviour kept across a restructure (issue 37): for every scenario above, what was planned, what each node was
 # sent, the files the gate left and its result are recorded under tests/fixtures/plan_run_baseline/ and compared
-# on every run. Only what a run cannot repeat is masked: the test's directory, decimal figures (times, rates taken
-# from the clock), long hex (run tags, digests of timed files), free ports, drawn seeds, scripted pids; each node's
-# commands are recorded as a sorted set (their order is checked against the plan above). Write the
-# records again (after a change of behaviour one means to make) with KVGATE_RECORD_BASELINE=1.
+# on every run. Only what a run cannot repeat is masked: the interpreter, the checkout's path, the test's
+# directory, decimal figures (times, rates taken from the clock), long hex (run tags, digests of timed files), free
+# ports, drawn seeds, scripted pids; each node's commands are recorded as a sorted set (their order is checked
+# against the plan above). Write the records again (after a change of behaviour one means to make) with
+# KVGATE_RECORD_BASELINE=1.
 BASELINE = Path(os.environ.get("KVGATE_BASELINE_DIR", FIX / "plan_run_baseline"))
 _DECIMAL = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
 _HEX = re.compile(r"\b[0-9a-f]{8,}\b")
@@ -318,6 +320,9 @@ _TIMED_RESULT = {"g2-faults"}
 
 
 def _mask(text: str, tmp_path) -> str:
+    # the interpreter the tests run with (a scripted node's engine python) and the checkout's place: a clean clone
+    # elsewhere records the same
+    text = text.replace(sys.executable, "<python>").replace(str(ROOT), "<repo>")
     text = _PORT.sub(r"\1<port>", text.replace(str(tmp_path), "<tmp>"))
     text = _PID.sub("pid <pid>", _SEEDED_ID.sub("s<seed>-", text))
     return _DIGITS.sub("<n>", _HEX.sub("<hex>", _DECIMAL.sub("<x>", text)))
