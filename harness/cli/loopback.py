@@ -34,8 +34,8 @@ from ..config import load_inventory
 from ..config.yamlload import load_yaml
 from ..errors import ConfigError, ConfigIssue
 from ..paths import given_or_shipped
-from ..rigs.guest import (GuestError, build_guest, check_engine_python, default_state_dir, guest_running,
-                          open_node_transport, start_guest, stop_guest)
+from ..rigs.guest import (DEFAULT_KERNEL_PACKAGE, GuestError, build_guest, check_engine_python, check_kernel_package,
+                          default_state_dir, guest_running, open_node_transport, start_guest, stop_guest)
 from ..rigs.loopback import Loopback, LoopbackSpec
 from ..workloads.kit.integrity import loopback_integrity
 from ..transport.steps import StepLog
@@ -63,6 +63,10 @@ def register(subparsers) -> None:
                    help="appended to the guest kernel's command line, e.g. nvme_core.multipath=N (per-path "
                         "/dev/nvmeXnY devices, whose read counters kv-read needs: Debian 6.1's multipath head "
                         "has none)")
+    g.add_argument("--kernel-package", default=DEFAULT_KERNEL_PACKAGE, metavar="PKG",
+                   help="the Debian kernel the guest boots: a linux-image-* metapackage or image (default "
+                        f"{DEFAULT_KERNEL_PACKAGE}; e.g. linux-image-6.12-amd64 for the multipath iopolicy "
+                        "queue-depth, Linux 6.11+)")
     g.set_defaults(func=_guest_up)
 
     g = sub.add_parser("guest-down", help="stop the guest by PID")
@@ -94,11 +98,12 @@ def _guest_up(args) -> int:
         return EXIT_OK
     try:  # a wrong path is bad input (exit 2), found before anything is built or started
         engine_python = check_engine_python(os.path.abspath(args.engine_python)) if args.engine_python else None
+        check_kernel_package(args.kernel_package)
     except GuestError as exc:
         print(f"kvgate loopback guest-up: {exc}", file=sys.stderr)
         return EXIT_INPUT
     t0 = time.monotonic()
-    image = build_guest(progress=lambda m: print(m, file=sys.stderr))
+    image = build_guest(progress=lambda m: print(m, file=sys.stderr), kernel_package=args.kernel_package)
     memory_mib = args.memory_mib or (4096 if args.engine_python else 2048)
     state = start_guest(image, state_dir, ssh_port=args.port, memory_mib=memory_mib,
                         boot_timeout_s=args.boot_timeout_s, progress=lambda m: print(m, file=sys.stderr),

@@ -90,3 +90,22 @@ def parse_path_samples(text: str) -> list[tuple[float, dict[str, BlockStat]]]:
             got = parse_path_stats(line)
             rounds[-1][1].update(got)
     return rounds
+
+
+def iopolicy_argv(nqn: str, policy: str | None = None, root: str = "/sys/class/nvme-subsystem") -> tuple[str, ...]:
+    """The node command: the native multipath I/O policy of the subsystem ``nqn`` (``/sys/class/nvme-subsystem/
+    */iopolicy``), set to ``policy`` first when given; prints ``SUBSYSTEM_DIR POLICY`` per matching subsystem. A
+    policy the kernel does not know fails the write (``Invalid argument``) and the command exits non-zero; no
+    subsystem of that NQN: exit 1. ``root``: the sysfs class directory (a test's own tree)."""
+    script = (f'rc=1; for d in {root}/*; do [ -r "$d/subsysnqn" ] || continue; '
+              '[ "$(cat "$d/subsysnqn")" = "$1" ] || continue; '
+              'if [ -n "$2" ]; then echo "$2" > "$d/iopolicy" || exit 3; fi; '
+              'echo "$d $(cat "$d/iopolicy")"; rc=0; done; exit $rc')
+    return ("sh", "-c", script, "kvgate-iopolicy", nqn, policy or "")
+
+
+def parse_iopolicy(text: str) -> str | None:
+    """Pure: :func:`iopolicy_argv`'s output -> the subsystem's policy (None: no subsystem line, or two
+    subsystems of one NQN that disagree)."""
+    seen = {parts[1] for line in text.splitlines() if len(parts := line.split()) == 2 and parts[0].startswith("/")}
+    return seen.pop() if len(seen) == 1 else None

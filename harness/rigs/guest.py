@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -305,11 +306,25 @@ def parse_apt_depends(depends: str, prefix: str = "linux-image-") -> str | None:
     return None
 
 
-def resolve_kernel_package() -> tuple[str, str]:
-    """(image package, version) the metapackage linux-image-amd64 depends on right now."""
-    proc = _run(["apt-cache", "show", "--no-all-versions", "linux-image-amd64"], check=False)
+DEFAULT_KERNEL_PACKAGE = "linux-image-amd64"  # Debian's own kernel, whatever the release's metapackage names
+
+
+def check_kernel_package(package: str) -> str:
+    """``package`` when it is a Debian linux-image-* package name (GuestError otherwise: bad input, before
+    anything is fetched)."""
+    if not re.fullmatch(r"linux-image-[a-z0-9][a-z0-9.+~-]*", package):
+        raise GuestError(f"--kernel-package {package!r}: expected a Debian linux-image-* package name, "
+                         "e.g. linux-image-6.12-amd64")
+    return package
+
+
+def resolve_kernel_package(package: str = DEFAULT_KERNEL_PACKAGE) -> tuple[str, str]:
+    """(image package, version) for ``package``: the linux-image-* package a metapackage (linux-image-amd64,
+    linux-image-6.12-amd64) depends on right now, or ``package`` itself when it is the image."""
+    check_kernel_package(package)
+    proc = _run(["apt-cache", "show", "--no-all-versions", package], check=False)
     if proc.returncode != 0 or not proc.stdout:
-        raise GuestError("apt-cache knows no linux-image-amd64: run apt-get update "
+        raise GuestError(f"apt-cache knows no {package}: run apt-get update "
                          f"({proc.stderr.decode(errors='replace').strip()})")
     fields = {}
     for line in proc.stdout.decode().splitlines():
@@ -317,8 +332,10 @@ def resolve_kernel_package() -> tuple[str, str]:
             k, _, v = line.partition(":")
             fields.setdefault(k.strip(), v.strip())
     pkg = parse_apt_depends(fields.get("Depends", ""))
-    if not pkg:
-        raise GuestError(f"linux-image-amd64 {fields.get('Version')} depends on no linux-image-* package")
+    if not pkg:  # the image itself depends on no other image
+        if not fields.get("Version"):
+            raise GuestError(f"{package} has no version in apt-cache")
+        return package, fields["Version"]
     proc = _run(["apt-cache", "show", "--no-all-versions", pkg])
     version = ""
     for line in proc.stdout.decode().splitlines():
@@ -397,11 +414,14 @@ def _module_files(kroot: Path, release: str) -> list[str]:
     return modules
 
 
-def build_guest(cache_root: Path | None = None, progress=lambda msg: None) -> GuestImage:
-    """Build (or reuse from cache) the guest kernel + initramfs. Returns the image."""
+def build_guest(cache_root: Path | None = None, progress=lambda msg: None,
+                kernel_package: str = DEFAULT_KERNEL_PACKAGE) -> GuestImage:
+    """Build (or reuse from cache) the guest kernel + initramfs; ``kernel_package``: a Debian linux-image-*
+    metapackage or image (another release's kernel, e.g. linux-image-6.12-amd64 for features 6.1 lacks). Returns
+    the image."""
     root = Path(cache_root or default_cache_root())
     check_build_tools()
-    kernel_pkg, kernel_version = resolve_kernel_package()
+    kernel_pkg, kernel_version = resolve_kernel_package(kernel_package)
     versions = host_package_versions()
     key = _cache_key(kernel_pkg, kernel_version, versions)
     out = root / key

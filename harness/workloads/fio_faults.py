@@ -37,8 +37,8 @@ from ..errors import WorkloadError
 from ..execute.nvmeof import probe_commands as nvmeof_probes, NvmeofSpec
 from ..execute.undo import UndoLog
 from ..parsers.blockdev import BlockStat
-from ..parsers.faultio import (Completion, parse_clat_log, parse_path_samples, parse_path_stats,
-                               parse_verify_failures, path_sampler_argv, path_stats_argv)
+from ..parsers.faultio import (Completion, iopolicy_argv, parse_clat_log, parse_iopolicy, parse_path_samples,
+                               parse_path_stats, parse_verify_failures, path_sampler_argv, path_stats_argv)
 from ..rigs import faults as F
 from ..units import parse_size_bytes
 from ..writeguard import block_probe_plan, check_write
@@ -93,6 +93,10 @@ class FioFaultsParams(StrictModel):
     recover_fraction: float = Field(default=0.5, gt=0, le=1)
     recovery_bound_s: float = Field(default=10.0, gt=0)
     faults: list[FaultSpec] = Field(min_length=1)
+    # the native multipath I/O policy for the read (the subsystem's /sys/class/nvme-subsystem/*/iopolicy), set
+    # before the fill and put back after the read; None: the node's own, recorded. Which policy rides out which
+    # fault is what a gate per policy shows (docs/faults.md: numa keeps every read on one path)
+    iopolicy: Literal["numa", "round-robin", "queue-depth"] | None = None
 
     @field_validator("region_bytes", "bs_bytes", mode="before")
     @classmethod
@@ -141,6 +145,11 @@ class FaultRecord(BaseModel):
     t_in_force_s: float | None = None
     t_in_force_unix_s: float | None = None
     in_force_rate_mb_s: float | None = None  # MB/s completed from t_in_force_s to the undo (or the next fault)
+    # the faulted path's own MB/s over the same window (its counters, from the first sample after the command's
+    # return to the last before the undo), and that span: a policy that routes around a slow path keeps the
+    # head's rate up while the slowed path's own stays within what its readers can complete through the delay
+    in_force_path_mb_s: float | None = None
+    in_force_path_window_s: float | None = None
     delay_ms: float | None = None  # slow-path: the delay put on the path's replies
     pre_rate_mb_s: float | None = None
     # the faulted path's bytes read over the PRE_WINDOW_S before the fault (its own counters, sampled): a fault on
@@ -174,6 +183,8 @@ class FioFaultsEvidence(Evidence, SeriesEvidence):
     recover_fraction: float
     recovery_bound_s: float
     write_guard: dict[str, Any] | None = None
+    iopolicy: str | None = None  # the subsystem's multipath I/O policy during the read (None: not known)
+    iopolicy_before: str | None = None  # the node's own, put back after the read when the gate set another
     paths: list[PathRead] = []
     faults: list[FaultRecord] = []
     completions: int = 0
@@ -243,6 +254,17 @@ def path_bytes_between(samples: list[tuple[float, dict[str, BlockStat]]], start:
     return {dev: b[1][dev].read_bytes - st.read_bytes for dev, st in a[1].items() if dev in b[1]}
 
 
+def path_rate_inside(samples: list[tuple[float, dict[str, BlockStat]]], device: str | None, start: float,
+                     end: float) -> tuple[float, float] | None:
+    """Pure: (MB/s (1e6) ``device`` read, the span in s) between its first and last samples inside [start, end]:
+    no read before ``start`` or after ``end`` is counted; None with fewer than two such samples."""
+    inside = [(t, st[device]) for t, st in samples if start <= t <= end and device in st]
+    if device is None or len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    span = inside[-1][0] - inside[0][0]
+    return (inside[-1][1].read_bytes - inside[0][1].read_bytes) / span / 1e6, span
+
+
 def path_bytes_before(samples: list[tuple[float, dict[str, BlockStat]]], device: str | None, start: float,
                       end: float) -> int | None:
     """Pure: bytes ``device`` read between the last sample at or before ``start`` (else the first sample) and the
@@ -299,11 +321,16 @@ def judge_fault(done: list[Completion], rec: FaultRecord, window_end: float, fra
     times = [c.t_s for c in done]
     stall = longest_gap(times, t, window_end)
     rec_s = recovery_s(done, t, pre, fraction) if pre else None
-    forced = None
+    forced = path_forced = None
     if rec.t_in_force_s is not None:
         forced = rate_mb_s(done, rec.t_in_force_s, min(window_end, rec.t_undo_s or window_end))
+        if device and rec.kind == "slow-path":
+            path_forced = path_rate_inside(samples, device, rec.t_in_force_s, min(window_end,
+                                                                                  rec.t_undo_s or window_end))
     return rec.model_copy(update=dict(
         in_force_rate_mb_s=None if forced is None else round(forced, 3),
+        in_force_path_mb_s=None if path_forced is None else round(path_forced[0], 3),
+        in_force_path_window_s=None if path_forced is None else round(path_forced[1], 3),
         pre_rate_mb_s=None if pre is None else round(pre, 3), stall_s=None if stall is None else round(stall, 3),
         recovery_s=rec_s, path_read_bytes=path_bytes_between(samples, t, window_end),
         path_read_bytes_before=path_bytes_before(samples, device, pre_start, t) if device else None))
@@ -351,28 +378,35 @@ def slow_path_bound_mb_s(jobs: int, bs_bytes: int, delay_ms: float, window_s: fl
 
 
 def slow_path_felt(ev: "FioFaultsEvidence") -> ValidityCheck | None:
-    """Pure: whether each slow path's delay was felt: the rate while it was surely in force (from its command's
-    return to its undo) within :func:`slow_path_bound_mb_s`; None without a slow path."""
+    """Pure: whether each slow path's delay was felt: the slowed path's own read rate while the delay was surely
+    in force (its counters between the fault command's return and its undo) within :func:`slow_path_bound_mb_s`.
+    Without the path's samples the head's rate (fio's completion log) stands in: the same figure when every read
+    stays on the slowed path (iopolicy numa), and above the bound when a policy routes reads around it. None
+    without a slow path."""
     slow = [f for f in ev.faults if f.kind == "slow-path"]
     if not slow:
         return None
-    notes, worst = [], None
+    notes, worst, sources = [], None, set()
     for f in slow:
         window = None if f.t_in_force_s is None or f.t_undo_s is None else f.t_undo_s - f.t_in_force_s
-        if window is None or window <= 0 or f.in_force_rate_mb_s is None or not f.delay_ms:
+        on_path = f.in_force_path_mb_s is not None and f.in_force_path_window_s
+        rate = f.in_force_path_mb_s if on_path else f.in_force_rate_mb_s
+        span = f.in_force_path_window_s if on_path else window
+        if window is None or window <= 0 or rate is None or not span or not f.delay_ms:
             notes.append(f"fault {f.index}: not in force before its undo" if window is not None and window <= 0
                          else f"fault {f.index}: no rate in force")
             continue
-        bound = slow_path_bound_mb_s(ev.jobs, ev.bs_bytes, f.delay_ms, window)
-        worst = max(worst or 0.0, f.in_force_rate_mb_s / bound)
-        if f.in_force_rate_mb_s > bound:
-            notes.append(f"fault {f.index}: {f.in_force_rate_mb_s:g} MB/s over {window:.1f} s in force, above "
-                         f"the {bound:.2f} MB/s {ev.jobs} readers of {ev.bs_bytes} B can reach")
+        sources.add("the slowed path's counters" if on_path else "the head's completions (no path samples)")
+        bound = slow_path_bound_mb_s(ev.jobs, ev.bs_bytes, f.delay_ms, span)
+        worst = max(worst or 0.0, rate / bound)
+        if rate > bound:
+            notes.append(f"fault {f.index}: {rate:g} MB/s over {span:.1f} s in force, above the {bound:.2f} MB/s "
+                         f"{ev.jobs} readers of {ev.bs_bytes} B can reach through {f.delay_ms:g} ms")
     return ValidityCheck(
-        name="delay felt", ok=not notes, claim="each slow path's delay was felt: while it was in force the read "
-        "completed no more than its readers could through the delay",
-        how="bytes completed (fio's completion log) from the fault command's return to its undo, against jobs x bs "
-            "x (window / delay + 1) / window" + (f"; {'; '.join(notes)}" if notes else ""),
+        name="delay felt", ok=not notes, claim="each slow path's delay was felt: while it was in force the slowed "
+        "path completed no more than the readers could through the delay",
+        how=f"bytes read from the fault command's return to its undo ({', '.join(sorted(sources)) or 'none'}), "
+            "against jobs x bs x (window / delay + 1) / window" + (f"; {'; '.join(notes)}" if notes else ""),
         figure="highest rate in force over its bound", value=worst, unit="ratio")
 
 
@@ -651,6 +685,11 @@ class FioFaults(Workload):
             dev = "<the multipath head>"
             out += [PlannedStep(name, f"{p.target}: the namespace by NQN ({k})", argv)
                     for k, argv in nvmeof_probes(spec).items()]
+            out.append(PlannedStep(name, "the subsystem's multipath I/O policy", iopolicy_argv(spec.nqn)))
+            if p.iopolicy:
+                out.append(PlannedStep(name, f"iopolicy {p.iopolicy} for the read (when the node's differs; put "
+                                             "back after it, whatever ends the gate)",
+                                       iopolicy_argv(spec.nqn, p.iopolicy), optional=True))
             out += [PlannedStep(name, what, argv, optional=opt) for what, argv, opt in
                     block_probe_plan(dev, "the multipath head")]
             out.append(PlannedStep(name, "write the region once with crc32c verify headers (write guard allowed)",
@@ -672,6 +711,9 @@ class FioFaults(Workload):
                 out.append(PlannedStep(name, f"the read's {k} file(s)", cat_argv(path)))
             out.append(PlannedStep(name, "remove the read's files", remove_argv(prefix, files)))
             out.append(PlannedStep(name, "every path's counters after", path_stats_argv(devs)))
+            if p.iopolicy:
+                out.append(PlannedStep(name, "the node's own iopolicy put back", iopolicy_argv(spec.nqn, "<before>"),
+                                       optional=True))
         return out
 
     def run(self, ctx: GateContext) -> WorkloadResult:
@@ -700,6 +742,33 @@ class FioFaults(Workload):
         if missing or record.get("multipath") != "native":
             return WorkloadResult({}, ev, error=f"{p.target}: not a native multipath head over every path "
                                   f"(multipath {record.get('multipath')}; no path device for {', '.join(missing)})")
+        run = lambda step, argv, timeout_s: ctx.steps.run(tr, step, argv, timeout_s=timeout_s)  # noqa: E731
+        pol = run("iopolicy", iopolicy_argv(head.nqn), STEP_TIMEOUT_S)
+        ev.iopolicy = ev.iopolicy_before = parse_iopolicy(pol.stdout) if pol.ok else None
+        if not p.iopolicy or p.iopolicy == ev.iopolicy_before:
+            return self._faulted_read(ctx, ev, dev, paths, undo)
+        if ev.iopolicy_before is None:  # what to put back is not known: nothing is changed
+            return WorkloadResult({}, ev, error=f"{p.target}: the subsystem's iopolicy could not be read, so it is "
+                                  f"not set to {p.iopolicy}: {pol.summary()}")
+        entry = undo.register(name, "iopolicy", iopolicy_argv(head.nqn, ev.iopolicy_before), gate=ctx.gate.id)
+        try:
+            r = run("iopolicy-set", iopolicy_argv(head.nqn, p.iopolicy), STEP_TIMEOUT_S)
+            if not r.ok:
+                return WorkloadResult({}, ev, error=f"{p.target}: the kernel refused iopolicy {p.iopolicy} "
+                                      f"(queue-depth needs Linux 6.11 or later): {r.summary()}")
+            ev.iopolicy = parse_iopolicy(r.stdout)
+            return self._faulted_read(ctx, ev, dev, paths, undo)
+        finally:  # put back whatever ended the read; if this cannot run, the runner runs the inverse
+            back = run("iopolicy-restore", entry.argv, STEP_TIMEOUT_S)
+            undo.mark(entry, back.ok, None if back.ok else back.summary())
+
+    def _faulted_read(self, ctx: GateContext, ev: FioFaultsEvidence, dev: str, paths: list[PathRead],
+                      undo: UndoLog) -> WorkloadResult:
+        """The write guard, the verify fill, then the read with the faults made and undone on schedule."""
+        p: FioFaultsParams = ctx.params
+        (name, node), = list(ctx.nodes.items())[:1]
+        tr = ctx.transports[name]
+        head = node.target(p.target)
         devs = [x.device for x in paths]
         run = lambda step, argv, timeout_s: ctx.steps.run(tr, step, argv, timeout_s=timeout_s)  # noqa: E731
         guard = check_write(run, dev, expect="block", node=name, purpose="fio writes the region with verify headers "

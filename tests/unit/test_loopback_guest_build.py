@@ -127,3 +127,39 @@ def test_qemu_pids_finds_only_qemu_booting_that_initrd(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_guest_up_with_a_kernel_package_that_is_no_package_name_is_bad_input_before_anything_starts(tmp_path, capsys):
+    from harness.cli.main import main
+    for bad in ("linux image", "vim", "linux-image-amd64=6.1", "linux-image-../x", "linux-image-"):
+        assert main(["loopback", "guest-up", "--state-dir", str(tmp_path), "--kernel-package", bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert "--kernel-package" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "guest.json").exists()
+
+
+def test_a_kernel_metapackage_resolves_to_the_image_it_depends_on_and_an_image_to_itself(monkeypatch):
+    """apt-cache show as bookworm answers it: linux-image-6.12-amd64 depends on the versioned image, which
+    depends on no other image."""
+    shown = {
+        "linux-image-6.12-amd64": "Package: linux-image-6.12-amd64\nVersion: 6.12.118-1~deb12u1\n"
+                                  "Depends: linux-image-6.12.118+deb12-amd64 (= 6.12.118-1~deb12u1)\n",
+        "linux-image-6.12.118+deb12-amd64": "Package: linux-image-6.12.118+deb12-amd64\n"
+                                            "Version: 6.12.118-1~deb12u1\nDepends: kmod, linux-base (>= 4.3~)\n",
+    }
+
+    def run(argv, check=True, **kw):
+        text = shown.get(argv[-1])
+        return subprocess.CompletedProcess(argv, 0 if text else 100, (text or "").encode(),
+                                           b"" if text else b"E: No packages found")
+    monkeypatch.setattr(G, "_run", run)
+    assert G.resolve_kernel_package("linux-image-6.12-amd64") == ("linux-image-6.12.118+deb12-amd64",
+                                                                   "6.12.118-1~deb12u1")
+    assert G.resolve_kernel_package("linux-image-6.12.118+deb12-amd64") == ("linux-image-6.12.118+deb12-amd64",
+                                                                             "6.12.118-1~deb12u1")
+    try:
+        G.resolve_kernel_package("linux-image-9.9-amd64")
+    except G.GuestError as exc:
+        assert "apt-cache knows no linux-image-9.9-amd64" in str(exc)
+    else:
+        raise AssertionError("an unknown package resolved")

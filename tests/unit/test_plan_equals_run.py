@@ -184,13 +184,14 @@ def pd_handoff_attached(tmp_path) -> Scenario:
     return Scenario(cfg, "PD", nodes, http=httpx.MockTransport(tier.http))
 
 
-def fio_faults(tmp_path) -> Scenario:
+def fio_faults(tmp_path, **params) -> Scenario:
     """G1 under a path fault on the loopback's two-path namespace, its node answering as the guest did (the
-    captured native multipath head nvme0n1 over nvme0c0n1 and nvme0c1n1)."""
+    captured native multipath head nvme0n1 over nvme0c0n1 and nvme0c1n1); ``params``: more of the gate's."""
     gates = yaml.safe_load((ROOT / "gates" / "loopback-faults.yaml").read_text())
     gates["gates"] = gates["gates"][:1]
     gates["gates"][0]["params"].update(runtime_s=1, region="8 MiB",
-                                       faults=[{"kind": "path-down", "path": "kvmp-a", "at_s": 0.1, "duration_s": 0.1}])
+                                       faults=[{"kind": "path-down", "path": "kvmp-a", "at_s": 0.1, "duration_s": 0.1}],
+                                       **params)
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(gates))
     cfg = load_config(ROOT / "inventory" / "loopback-faults.yaml", tmp_path / "g.yaml", WORKLOADS)
     fx = {p.stem: p.read_text() for p in (FIX / "nvmeof" / "multipath-tcp").glob("*.out")}
