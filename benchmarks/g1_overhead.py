@@ -26,6 +26,7 @@ from harness.config import load_config  # noqa: E402
 from harness.workloads import WORKLOADS  # noqa: E402
 from harness.suite.runner import run_suite  # noqa: E402
 from harness.stats import median_interval, percentile  # noqa: E402
+from harness.units import parse_size_bytes  # noqa: E402
 
 
 def spread(xs: list[float]) -> str:
@@ -39,12 +40,34 @@ def main() -> int:
     ap.add_argument("--runtime-s", type=float, default=5)
     ap.add_argument("--size", default="1 GiB")
     ap.add_argument("--work-dir", default="/var/tmp/kvgate-bench")
+    ap.add_argument("--ram-loop", action="store_true",
+                    help="read a loop device over a file in /dev/shm (RAM) instead of a file on the work dir's disk: "
+                         "the disk's own swings out of both sides")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kvgate-g1-bench-"))
+    target = {"name": "t", "kind": "file", "path": "bench.bin", "size": args.size}
+    loop = None
+    if args.ram_loop:
+        backing = Path(f"/dev/shm/kvgate-g1-bench-{tmp.name}.img")
+        subprocess.run(["fallocate", "-l", str(parse_size_bytes(args.size)), str(backing)], check=True)
+        subprocess.run(["dd", "if=/dev/urandom", f"of={backing}", "bs=4M", "conv=notrunc",
+                        f"count={parse_size_bytes(args.size) // (4 << 20)}", "status=none"], check=True)
+        loop = subprocess.run(["losetup", "-f", "--show", str(backing)], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        target = {"name": "t", "kind": "block", "path": loop}
+    try:
+        return compare(args, tmp, target)
+    finally:
+        if loop:
+            subprocess.run(["losetup", "-d", loop], check=False)
+            backing.unlink()
+
+
+def compare(args, tmp: Path, target: dict) -> int:
+    """The side-by-side rounds on ``target`` (an inventory target); prints them and the ratio's interval."""
     inv = tmp / "inv.yaml"
     inv.write_text(yaml.safe_dump({"nodes": [{"name": "local", "transport": "local", "work_dir": args.work_dir,
-                                              "read_streams": 1, "targets": [{"name": "t", "kind": "file",
-                                              "path": "bench.bin", "size": args.size}]}]}))
+                                              "read_streams": 1, "targets": [target]}]}))
     gates = tmp / "gates.yaml"
     gates.write_text(yaml.safe_dump({"suite": {"name": "bench", "version": 1}, "gates": [{
         "id": "G1", "title": "bench", "workload": "fio-read", "metric": "per_gpu_read_gb_s", "pass": ">= 0 GB/s",
@@ -84,6 +107,7 @@ def main() -> int:
         print(f"round {i + 1}: kvgate G1 {ours:.4f} GB/s, direct fio {theirs:.4f} GB/s, ratio {ours / theirs:.3f}")
     ratios = [a / b for a, b in pairs]
     iv = median_interval(ratios)
+    print(f"target: {target['kind']} {target['path']}; {args.rounds} rounds of {args.runtime_s:g} s each side")
     print(f"ratio kvgate/direct fio: {iv.text()} (goal 0.98-1.02)")
     print(f"  spread (min / p25 / median / p75 / max): ratio {spread(ratios)}; kvgate GB/s "
           f"{spread([a for a, _ in pairs])}; direct fio GB/s {spread([b for _, b in pairs])}")
