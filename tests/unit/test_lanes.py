@@ -82,10 +82,11 @@ def test_integration_tests_never_overlap_nor_guests_and_the_two_lanes_run_on_dif
     lane = {"integration": [r for r in rows if r["module"].startswith("integration/test_engine")],
             "guest": [r for r in rows if r["module"].endswith(("kv_read_loopback.py", "main_command.py", "g3_rig.py"))]}
     assert len(lane["integration"]) == 6 and len(lane["guest"]) == 6
-    # the qemu guests first (kv-read's the longest, as tests/lanes.py orders them), the rig after them
-    guests = [r for r in lane["guest"] if not r["module"].endswith("g3_rig.py")]
-    assert max(r["end"] for r in guests) <= min(r["start"] for r in lane["guest"] if r["module"].endswith("g3_rig.py"))
-    assert min(guests, key=lambda r: r["start"])["module"].endswith("kv_read_loopback.py")
+    # the qemu guests first, the rig after them, kv-read's guest last of all (tests/lanes.py: GUEST_LANE_LAST)
+    of = lambda end: [r for r in lane["guest"] if r["module"].endswith(end)]  # noqa: E731
+    guests, rig, kv_read = of("main_command.py"), of("g3_rig.py"), of("kv_read_loopback.py")
+    assert max(r["end"] for r in guests) <= min(r["start"] for r in rig)
+    assert max(r["end"] for r in rig) <= min(r["start"] for r in kv_read)
     for rs in lane.values():
         assert not _overlaps(rs) and len({r["worker"] for r in rs}) == 1
     assert {r["worker"] for r in lane["integration"]} != {r["worker"] for r in lane["guest"]}
@@ -97,3 +98,14 @@ def test_integration_tests_never_overlap_nor_guests_and_the_two_lanes_run_on_dif
     for module in ("e2e/test_cli.py", "unit/test_pure.py"):
         assert len({r["worker"] for r in rows if r["module"] == module}) == 1
     assert {r["worker"] for r in rows} == {"gw0", "gw1"}
+
+
+def test_the_guest_lane_runs_its_qemu_modules_first_and_kv_reads_guest_last():
+    from lanes import run_order
+    ids = ["tests/integration/test_kv_read_loopback.py::t", "tests/integration/test_g3_rig.py::t",
+           "tests/unit/test_x.py::t", "tests/integration/test_faults_guest.py::t",
+           "tests/integration/test_nvmeof_guest.py::t"]
+    assert sorted(ids, key=run_order) == [
+        "tests/integration/test_nvmeof_guest.py::t", "tests/integration/test_faults_guest.py::t",
+        "tests/integration/test_g3_rig.py::t", "tests/unit/test_x.py::t",
+        "tests/integration/test_kv_read_loopback.py::t"]
