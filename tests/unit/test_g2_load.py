@@ -4,6 +4,7 @@ that sends exactly the commands `kvgate plan` lists."""
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -289,10 +290,10 @@ ENGINE_LOG = ("cpu-reference: listening on 127.0.0.1\n"
               "cpu-reference: served\n")
 
 
-def scripted_node(engine_log: str = ENGINE_LOG) -> ScriptedTransport:
+def scripted_node(engine_log: str | Callable[[list[str]], str] = ENGINE_LOG) -> ScriptedTransport:
     """The node: pool-device probes whose read and written bytes grow (a cold tier's reads: 200 MB between two
-    probes), the engine's pre-flight, the loop pool's make, and a spawned engine that leaves ``engine_log`` as its
-    log on the node (fetched into the gate directory as a real run's is)."""
+    probes), the engine's pre-flight, the loop pool's make, and a spawned engine that leaves ``engine_log`` (or
+    ``engine_log(argv)`` of its launch) as its log on the node (fetched into the gate directory as a real run's is)."""
     writes = iter(range(0, 10 ** 9, 2048))
     reads = iter(range(5000, 10 ** 12, 400_000))
     files: dict[str, bytes] = {}
@@ -300,7 +301,7 @@ def scripted_node(engine_log: str = ENGINE_LOG) -> ScriptedTransport:
     def handler(call):
         argv = call.argv
         if call.spawned:
-            files[call.log_path] = engine_log.encode()
+            files[call.log_path] = (engine_log(list(argv)) if callable(engine_log) else engine_log).encode()
             return Reply()
         if argv[0] == "mkdir":
             return Reply()

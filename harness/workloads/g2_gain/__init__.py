@@ -48,6 +48,7 @@ from typing import Any
 
 from ...engines import EngineProfile, load_profile, shell_line
 from ...errors import ConfigError, HarnessError
+from ...parsers.engine_log import parse_compute_binding
 from ...parsers.pooldev import pool_blockstat_argv
 from ...safeio import InputFileError
 from ..kit.base import (GateContext, PlannedStep, Workload, WorkloadResult, register_workload, pool_drive_of,
@@ -59,7 +60,7 @@ from ..kit.load import (Counters, G2LoadEvidence, LoadPrompts, LoadPoints, Point
 from ..kit.g2 import G2Procedure, launch_values
 from ..kit.engine import pool_record
 from ..kit.phases import PhaseRunner
-from ..kit.rederive import device_by_attempt, load_texts, rescanned_fallback
+from ..kit.rederive import device_by_attempt, load_texts, raw_text, rescanned_fallback
 from ..kit.session import EngineSession
 from .spec import (ARMS, ArmProof, GAIN_FIGURES, GainEvidence, GainModel, GainParams, GainTrial, REFERENCE_GAIN,
                    SWEEP_LABEL_RE, SWEEP_PATH, gain_metric_unit, sweep_params)
@@ -67,7 +68,7 @@ from .arms import (arm_difference, arm_prompts, engine_cache_issues, engine_cach
                    no_tier_engine_issues, no_tier_profile, unequal_arms, with_cache)
 from .sweep import CapacitySweep, evaluate_sweep, reevaluate_sweep, sweep_counters, sweep_point
 from .evaluate import (arm_proof, chunk_tokens, evaluate_gain, first_arm, gain_figures, gain_pairs, gain_validity,
-                       reusable_share, served_check, tier_hit_rate)
+                       reusable_share, same_cores_check, served_check, tier_hit_rate)
 
 
 __all__ = ["G2Gain", "rederive", "reevaluate_gain", "ARMS", "ArmProof", "GainEvidence", "GainModel", "GainParams",
@@ -76,7 +77,7 @@ __all__ = ["G2Gain", "rederive", "reevaluate_gain", "ARMS", "ArmProof", "GainEvi
            "no_tier_engine_issues", "no_tier_profile", "unequal_arms", "with_cache", "CapacitySweep",
            "evaluate_sweep", "reevaluate_sweep", "sweep_counters", "sweep_point", "arm_proof", "chunk_tokens",
            "evaluate_gain", "first_arm", "gain_figures", "gain_pairs", "gain_validity", "reusable_share",
-           "served_check", "tier_hit_rate"]
+           "served_check", "tier_hit_rate", "compute_cores", "same_cores_check"]
 
 
 def reevaluate_gain(evidence: dict[str, Any], requests: dict[str, dict[str, str]],
@@ -114,6 +115,12 @@ def reevaluate_gain(evidence: dict[str, Any], requests: dict[str, dict[str, str]
     return evaluate_gain(arms, share, fallbacks, ev, reusable=reusable)
 
 
+def compute_cores(log_text: str | None) -> list[list[int]] | None:
+    """Pure: the compute cores (a list per rank) an engine's log states, or None."""
+    binding = parse_compute_binding(log_text or "")
+    return None if binding is None else binding.cores()
+
+
 def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str, Any]):
     """g2-gain from each arm's raw requests and counters files (``gates/ID/tier/``, ``gates/ID/no_tier/``), with the
     gate's bounds from config/gates.yaml, each arm's pool-device bytes re-parsed from the run's probe steps and a
@@ -138,6 +145,9 @@ def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str,
         fallbacks = {arm: rescanned_fallback(gate_dir, f"engine-{arm}.log", profs[arm].fallback_patterns, arm,
                                              profs[arm].in_force_log if arm == "tier" else ())
                      for arm in arms}
+        if gain.capacity is None:  # the arms' compute cores again from their logs, not as the run recorded them
+            ev = {**ev, "compute_cores": {arm: compute_cores(raw_text(gate_dir, f"engine-{arm}.log", "an engine log"))
+                                          for arm in arms}}
     return reevaluate_gain(ev, texts["requests"], texts["counters"],
                            {a: accounting_counters(p) for a, p in profs.items()},
                            {a: p.device_reads for a, p in profs.items()}, params=params, device=device,
@@ -408,10 +418,14 @@ class G2Gain(CapacitySweep, Workload):
                     ctx.progress(f"{ctx.gate.id}: trial {t}/{p.trials}, load point {label}, {arm} arm")
                     points[arm].append(load.attempts(ctxs[arm], p, profs[arm], session.runners[arm], setups[arm],
                                                      counters[arm], t, label, lv, trace, seed, prompts, arm_ev[arm]))
+            cores: dict[str, list[list[int]] | None] = {}
             for arm in ARMS:
+                logs = session.close(arm)
                 fallbacks[arm], arm_ev[arm].fallback_lines = session.fallback(
-                    session.close(arm), profs[arm].fallback_patterns, arm,
-                    profs[arm].in_force_log if arm == "tier" else ())
+                    logs, profs[arm].fallback_patterns, arm, profs[arm].in_force_log if arm == "tier" else ())
+                cores[arm] = compute_cores(next((log.end.text for log in logs.values()), None))
+            if not attached:  # an attached engine's log is its operator's command's, from whenever it started
+                ev.compute_cores = cores
 
         def failed(why: str) -> WorkloadResult:
             for arm in ARMS:

@@ -40,13 +40,14 @@ def arm_proof(points: list[PointTrial]) -> ArmProof:
 
 def gain_validity(arms: dict[str, WorkloadResult], proofs: dict[str, ArmProof], min_tier_reuse_share: float,
                   fallbacks: dict[str, str | None], min_tier_served_share: float = 0.0,
-                  difference: dict[str, list[str]] | None = None) -> list[ValidityCheck]:
+                  difference: dict[str, list[str]] | None = None,
+                  compute_cores: dict[str, list[list[int]] | None] | None = None) -> list[ValidityCheck]:
     """Pure: what the gain rests on. Each arm valid by g2-load's rules and without a fall-back in its log (a proof
     of the tier arm the gate turned off carried over NOT CHECKED); the arms equal but for the tier switch
     (``difference``, :func:`arm_difference`, when recorded); the tier arm's reused context served by the tier (not
     engine memory, not a connector that is off) and covering ``min_tier_served_share`` of the reuse the load
     offers; the arm without the tier reading nothing from a tier, so what its engine memory did not hold was
-    recomputed."""
+    recomputed; both arms computing on the same cores, where their engines' logs state them (``compute_cores``)."""
     out = []
     for arm in ARMS:
         res = arms.get(arm)
@@ -69,6 +70,8 @@ def gain_validity(arms: dict[str, WorkloadResult], proofs: dict[str, ArmProof], 
                                  claim="the arm without the tier runs the tier arm's argv and environment, less its "
                                        "connector (or plus its no-tier flag) and nothing else",
                                  how=f"as the profiles write them: {shown or 'no difference'}"))
+    if compute_cores is not None and any(v is not None for v in compute_cores.values()):
+        out.append(same_cores_check(compute_cores))
     out.append(served_check(proofs.get("tier", ArmProof()), min_tier_reuse_share, min_tier_served_share))
     n = proofs.get("no_tier", ArmProof())
     flat = n.tier_hit_tokens is not None and n.tier_hit_tokens == 0
@@ -80,6 +83,27 @@ def gain_validity(arms: dict[str, WorkloadResult], proofs: dict[str, ArmProof], 
              f"hits {n.memory_hit_tokens or 0:.0f} of {n.prompt_tokens:.0f} prompt tokens"),
         figure="tier hit tokens", value=n.tier_hit_tokens, unit="count"))
     return out
+
+
+def same_cores_check(compute_cores: dict[str, list[list[int]] | None]) -> ValidityCheck:
+    """Pure: "arms computed on the same cores": both arms' engines stated their compute cores (a list per rank)
+    and the lists are equal. A baseline computing on fewer cores is slowed by the machine, not by the missing
+    tier (vLLM's CPU build keeps one more core off its compute threads when a KV connector is configured)."""
+    def shown(arm: str) -> str:
+        cores = compute_cores.get(arm)
+        return (f"the {arm.replace('_', ' ')} arm's log states no compute cores" if cores is None else
+                f"the {arm.replace('_', ' ')} arm computed on cores "
+                + " | ".join(",".join(str(c) for c in rank) for rank in cores))
+    values = [compute_cores.get(a) for a in ARMS]
+    ok = all(v is not None for v in values) and all(v == values[0] for v in values)
+    how = "; ".join(shown(a) for a in ARMS)
+    if not ok and all(v is not None for v in values):
+        how += (" (vLLM's CPU build keeps one more core from its compute threads when a KV connector is "
+                "configured: give both arms the same VLLM_CPU_NUM_OF_RESERVED_CPU or VLLM_CPU_OMP_THREADS_BIND)")
+    return ValidityCheck(name="arms computed on the same cores", ok=ok,
+                         claim="both arms' engines ran their compute threads on the same cores, so the arm without "
+                               "the tier is not slowed by fewer cores",
+                         how=f"as the engines' logs state: {how}")
 
 
 def served_check(t: ArmProof, min_tier_reuse_share: float, min_tier_served_share: float) -> ValidityCheck:
@@ -246,7 +270,8 @@ def evaluate_gain(arms: dict[str, WorkloadResult], min_tier_reuse_share: float,
         out.metrics["tier_hit_rate"] = ev.tier_hit_rate
     served = (ev.min_tier_served_share if ev.min_tier_served_share is not None  # an older bundle: today's default
               else GainParams.model_fields["min_tier_served_share"].default)
-    ev.validity = gain_validity(arms, ev.proofs, min_tier_reuse_share, fallbacks, served, ev.arm_difference)
+    ev.validity = gain_validity(arms, ev.proofs, min_tier_reuse_share, fallbacks, served, ev.arm_difference,
+                                ev.compute_cores)
     bad = next((c for c in ev.validity if not c.ok), None)
     out.invalid_reason = None if bad is None else f"{bad.name}: {bad.how}"
     errors = [f"{a} arm: {r.error}" for a, r in arms.items() if r.error]

@@ -114,6 +114,10 @@ class GainEvidence(G2LoadEvidence):
     # how the arm without the tier differs from the tier arm (argv and environment as the profiles give them):
     # the tier switch only (arm_difference); None: not recorded (attached arms, a bundle of an older kvgate)
     arm_difference: dict[str, list[str]] | None = None
+    # each launched arm's compute cores (a list per rank) as its engine's log states them
+    # (harness.parsers.engine_log.parse_compute_binding; None for an arm whose log states none): the arms must
+    # compute on the same cores. None: not recorded (attached arms, a bundle of an older kvgate)
+    compute_cores: dict[str, list[list[int]] | None] | None = None
     reference_gain: str = REFERENCE_GAIN
     arms: dict[str, G2LoadEvidence] = {}
     proofs: dict[str, ArmProof] = {}
