@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from lanes import LANES, lane_of, run_order  # tests/lanes.py: which lane a test runs in under `-n`, and when
+from lanes import KV_READ, next_scope, run_order, scope_of  # tests/lanes.py: the lanes under `-n`, and when
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -14,22 +14,37 @@ def pytest_xdist_make_scheduler(config, log):
 
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            # outside the lanes a module is the unit, so its module-scoped fixtures are set up once
-            return lane_of(nodeid) or nodeid.split("::", 1)[0]
+            return scope_of(nodeid)
+
+        def _kv_read(self):
+            """The worker holding kv-read's unit (None: none does) and whether its tests are all complete."""
+            for node, work in self.assigned_work.items():
+                if KV_READ in work:
+                    return node, all(work[KV_READ].values())
+            return None, False
 
         def _assign_work_unit(self, node) -> None:
-            # the two lanes are the long units: each worker starts with one, free modules fill in after
-            for lane in LANES[::-1]:
-                if lane in self.workqueue:
-                    self.workqueue.move_to_end(lane, last=False)
+            # which unit, and whether one now, is tests/lanes.py's next_scope; xdist sends the queue's first
+            scope = next_scope(self.workqueue, node, *self._kv_read())
+            if scope is None:
+                return
+            self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
+
+        def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
+            was_done = self._kv_read()[1]
+            super().mark_test_complete(node, item_index, duration)
+            if self._kv_read()[1] and not was_done:  # what the other worker waited for (next_scope) is done
+                for other in self.nodes:
+                    if other is not node:
+                        self._reschedule(other)
 
     return LaneScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """The qemu guests before the rigs in the guest lane (tests/lanes.py: run_order); the same order on every
-    xdist worker and without -n."""
+    """kv-read's guest first, the qemu guests before the rigs in the guest lane (tests/lanes.py: run_order); the
+    same order on every xdist worker and without -n."""
     items.sort(key=lambda item: run_order(item.nodeid))
 
 

@@ -11,8 +11,8 @@
 # fill whichever worker is free, a module at a time (its module-scoped fixtures are set up once). An integration
 # module in neither list runs in the engine lane: never side by side with another integration module.
 # Paths under tests/, matched on the node id's end, so they hold whatever directory pytest runs from.
-# The qemu guests, in the order the guest lane runs them: first, longest first, then the rigs below (kv-read's
-# guest last of all: GUEST_LANE_LAST). The engine
+# The qemu guests, in the order the guest lane runs them (after kv-read's guest: KV_READ_FIRST), longest first, then
+# the rigs below. The engine
 # lane starts with the load gates (g2-gain, g2-load: goodput, and a client-lag bound that makes a starved client's
 # run INVALID); a rig's tens of sshd, slurmd and reader processes beside them starved the client (one full run:
 # client lag p99 628 ms against the gate's 250 ms while test_g3_rig32 and test_g3_slurm ran), a qemu guest (one
@@ -46,23 +46,31 @@ NO_ENGINE = (
     "integration/test_transport_contract.py",
     "integration/test_write_guard_loop.py",
 )
-# After the rigs, last in the guest lane: kv-read's guest imports torch and LMCache (~5,000 modules) on one emulated
-# core: 172 s alone on the 2-core machine, 247 s beside the unit tests only (both in a warm checkout). In full runs
-# (2026-12-05, fresh clones) it took 503 s run first, beside g2-gain's two vLLM engines, and 501 s run last (its
-# neighbour then not recorded): the 2x over the checkout's figure is open (issue 39).
-GUEST_LANE_LAST = ("integration/test_kv_read_loopback.py",)
-GUEST_LANE = frozenset(GUEST_LANE_ORDER + NO_ENGINE + GUEST_LANE_LAST)
+# kv-read's guest imports torch and LMCache (~5,000 modules) on one emulated core: 172 s alone on the 2-core machine,
+# 247 s beside the unit tests only (both in a warm checkout); in full runs (2026-12-05, fresh clones) 503 s run first
+# in the guest lane beside g2-gain's two vLLM engines, and 501 s run last, after the rigs, beside the engine lane's
+# tail. So it is a work unit of its own (KV_READ), the first one its worker takes, and its worker goes on to the guest
+# lane after it; the other worker runs unit modules, then e2e modules, one at a time, until kv-read's tests are all
+# complete, and only then the engine lane (at once if the free modules run out first: never idle). See next_scope.
+KV_READ_FIRST = ("integration/test_kv_read_loopback.py",)
+KV_READ = "kv-read"
+GUEST_LANE = frozenset(GUEST_LANE_ORDER + NO_ENGINE + KV_READ_FIRST)
+
+
+def _in(nodeid: str, modules) -> bool:
+    module = "/" + nodeid.split("::", 1)[0]
+    return any(module.endswith("/" + m) for m in modules)
 
 
 def run_order(nodeid: str) -> int:
-    """Sort key (stable): the guest lane's qemu modules first, in GUEST_LANE_ORDER; everything else after, as
-    collected; GUEST_LANE_LAST's after everything."""
+    """Sort key (stable): kv-read's guest first (KV_READ_FIRST), then the guest lane's qemu modules in
+    GUEST_LANE_ORDER; everything else after, as collected."""
+    if _in(nodeid, KV_READ_FIRST):
+        return -1
     module = "/" + nodeid.split("::", 1)[0]
     for i, m in enumerate(GUEST_LANE_ORDER):
         if module.endswith("/" + m):
             return i
-    if any(module.endswith("/" + m) for m in GUEST_LANE_LAST):
-        return len(GUEST_LANE_ORDER) + 1
     return len(GUEST_LANE_ORDER)
 
 
@@ -77,3 +85,40 @@ def lane_of(nodeid: str) -> str | None:
     if "/integration/" in module:
         return "integration"
     return None
+
+
+def scope_of(nodeid: str) -> str:
+    """The work unit a test belongs to under `-n`: kv-read's guest alone (KV_READ), a lane, or else its module (so
+    its module-scoped fixtures are set up once)."""
+    if _in(nodeid, KV_READ_FIRST):
+        return KV_READ
+    return lane_of(nodeid) or nodeid.split("::", 1)[0]
+
+
+def _free_first(queue) -> list[str]:
+    """The queue's free modules (no lane), unit modules before the others (e2e), each kind in queue order."""
+    return sorted((s for s in queue if s not in LANES and s != KV_READ), key=lambda s: "/unit/" not in "/" + s)
+
+
+def next_scope(queue, node, kv_read_node, kv_read_done: bool) -> str | None:
+    """The work unit (a scope of ``queue``, in its order) the worker ``node`` takes next, or None: nothing now.
+
+    ``kv_read_node``: the worker that holds kv-read's unit (None: no worker does); ``kv_read_done``: its tests are
+    all complete. The first worker to ask takes kv-read's guest; that worker then takes the guest lane (it runs
+    after kv-read, on the same worker), then free modules, then the engine lane. The other worker takes free
+    modules, unit ones first, until kv-read is complete (the engine lane only if none is left: never idle), then
+    the engine lane first; it takes the guest lane only after kv-read is complete (never two guests). Without
+    kv-read the lanes go first, one to each worker, as before."""
+    queue = list(queue)
+    if KV_READ in queue:
+        return KV_READ
+    free = _free_first(queue)
+    if kv_read_node is None:
+        order = [lane for lane in LANES if lane in queue] + free
+    elif node == kv_read_node:
+        order = ["guest"] + free + ["integration"]
+    elif not kv_read_done:
+        order = free + ["integration"]
+    else:
+        order = ["integration"] + free + ["guest"]
+    return next((s for s in order if s in queue), None)
