@@ -31,6 +31,10 @@ JSON document on stdout (schema ``kvgate-kv-read/1``):
     Prints the layout document, with ``--drop-caches`` a ``{"type": "drop-caches", "dropped": ..., "error":
     ...}`` document, and the read document, one per line, in that order.
 
+With the spec's ``import_vllm: false`` vLLM is made unimportable in every interpreter of the reader (``block_vllm``):
+LMCache then seeds its chunk hashes with ``NONE_HASH = 0`` instead of vLLM's (the same builtin hash otherwise), and
+the documents say which (``vllm_imported``, ``none_hash``).
+
 LMCache 0.5.6's local_disk keeps its index in memory only, so a fresh reader re-registers the chunk files the
 layout made (key, size, shape, dtype, format from the manifest) with ``LocalDiskBackend.insert_key`` before
 the start; its reads are then LMCache's own. Exit status: 0 when the document was printed (failures of a
@@ -78,6 +82,8 @@ def load_spec(path: str) -> dict:
             raise SpecError(f"{path}: no {key!r}")
     if spec["backend"] not in ("fs", "local_disk"):
         raise SpecError(f"{path}: backend {spec['backend']!r} (expected fs or local_disk)")
+    if not isinstance(spec.get("import_vllm", True), bool):
+        raise SpecError(f"{path}: import_vllm {spec['import_vllm']!r} (expected true or false)")
     return spec
 
 
@@ -216,6 +222,34 @@ def read_text(path: str | None) -> str | None:
         return None
 
 
+def block_vllm(spec: dict) -> bool:
+    """With the spec's ``import_vllm`` false, make vLLM unimportable in this interpreter (``sys.modules["vllm"] =
+    None``: Python's own way to block an import; ``import vllm`` then raises ImportError). Call it before anything
+    imports LMCache. Returns whether vLLM is blocked.
+
+    Why: LMCache 0.5.6's token database imports vLLM (~2,000 modules, a third of the reader's import) only for
+    ``NONE_HASH``, the seed of its chunk-hash chain. With the default ``pre_caching_hash_algorithm: builtin`` vLLM
+    has no such function and LMCache hashes with Python's builtin ``hash`` either way; without vLLM it seeds the
+    chain with ``NONE_HASH = 0``. The chunk keys differ, the read path (files, O_DIRECT, the device's bytes) does
+    not. Blocking (not merely skipping the preload) matters: an importable vLLM would be imported by every reader."""
+    if spec.get("import_vllm", True) is not False:
+        return False
+    if sys.modules.get("vllm") is not None:
+        raise SpecError("import_vllm is false, but vllm is imported already")
+    sys.modules["vllm"] = None
+    return True
+
+
+def hash_seed_record() -> dict:
+    """Whether vLLM is imported in this interpreter and the ``NONE_HASH`` LMCache's token database seeds its chunk
+    hashes with (from vLLM, else 0), for the documents: call it after an engine was built."""
+    out: dict = {"vllm_imported": sys.modules.get("vllm") is not None}
+    td = sys.modules.get("lmcache.v1.token_database")
+    if td is not None and isinstance(getattr(td, "NONE_HASH", None), int):
+        out["none_hash"] = int(td.NONE_HASH)
+    return out
+
+
 def destroy(instance_id: str) -> None:
     try:
         from lmcache.v1.cache_engine import LMCacheEngineBuilder
@@ -324,7 +358,8 @@ def layout(spec: dict) -> dict:
         return {"schema": SCHEMA, "type": "layout", "reused": True, "pool_dir": pool, "layout_id": spec["layout_id"],
                 "chunks": len(old["chunks"]), "kv_bytes": chunks_total * int(spec["chunk_bytes"]),
                 "file_bytes": sum(c["file_bytes"] for c in old["chunks"]), "elapsed_s": time.perf_counter() - t0,
-                "files": old["chunks"], "versions": versions()}
+                "files": old["chunks"], "versions": versions(),
+                **{k: old[k] for k in ("vllm_imported", "none_hash") if k in old}}
     removed = remove_listed(pool, old)
     need = chunks_total * (int(spec["chunk_bytes"]) + 4096)
     free = os.statvfs(pool).f_bavail * os.statvfs(pool).f_frsize
@@ -337,6 +372,7 @@ def layout(spec: dict) -> dict:
     t_init = time.perf_counter()
     engine = build_engine(spec, instance, make_connector(spec))
     init_s = time.perf_counter() - t_init
+    manifest.update(hash_seed_record())  # the keys depend on it: a reader must derive them with the same seed
     try:
         backend = pool_backend(engine, spec["backend"])
         timeout_s = float(spec.get("store_timeout_s", 600))
@@ -352,7 +388,8 @@ def layout(spec: dict) -> dict:
             "chunks": len(manifest["chunks"]), "kv_bytes": chunks_total * int(spec["chunk_bytes"]),
             "file_bytes": sum(c["file_bytes"] for c in manifest["chunks"]), "removed_stale_files": removed,
             "elapsed_s": time.perf_counter() - t0, "engine_init_s": init_s, "store_s": store_s,
-            "files": manifest["chunks"], "versions": versions()}
+            "files": manifest["chunks"], "versions": versions(),
+            **{k: manifest[k] for k in ("vllm_imported", "none_hash") if k in manifest}}
 
 
 # --------------------------------------------------------------------------------------------------- read
@@ -433,6 +470,7 @@ def _child(spec: dict, stream: dict, chunks: list, ready, go, results) -> None:
     instance = f"kvgate-kv-read-{label}-{os.getpid()}"
     built = False
     try:
+        block_vllm(spec)  # a spawned reader is a fresh interpreter; a forked one has it blocked already
         if stream.get("cpus"):
             os.sched_setaffinity(0, parse_cpulist(stream["cpus"]))
         out["cpus_used"] = format_cpulist(sorted(os.sched_getaffinity(0)))
@@ -444,6 +482,7 @@ def _child(spec: dict, stream: dict, chunks: list, ready, go, results) -> None:
         tokens = {p: prompt_tokens(spec, p) for p in prompts}
         by_key = {(c["prompt"], c["index"]): c for c in chunks}
         keyed = _keyed_chunks(engine, prompts, tokens, by_key)
+        out.update(hash_seed_record())
         if spec["backend"] == "local_disk":
             register_local_disk(engine, keyed)
         dst, pinned = _destination(spec, device, len(prompts) * per)
@@ -557,7 +596,8 @@ def read(spec: dict, start_method: str = "spawn") -> dict:
         procs.append(proc)
     doc = {"schema": SCHEMA, "type": "read", "pool_dir": pool, "layout_id": spec["layout_id"],
            "backend": spec["backend"], "device_stat_path": spec.get("device_stat"), "errors": [],
-           "versions": versions(), "start_method": start_method}
+           "versions": versions(), "start_method": start_method,
+           "import_vllm": spec.get("import_vllm", True) is not False}
     started = False
     try:
         ready.wait(barrier_timeout_s(spec))
@@ -594,19 +634,21 @@ def read(spec: dict, start_method: str = "spawn") -> dict:
 PRELOAD = ("torch", "lmcache.v1.cache_engine", "lmcache.v1.config", "lmcache.v1.metadata",
            "lmcache.v1.memory_management", "lmcache.v1.gpu_connector.gpu_connectors", "lmcache.v1.token_database",
            "lmcache.v1.storage_backend")
-# imported by LMCache 0.5.6 while it builds an engine (the token database's hash function, from vLLM where vLLM is
-# installed: ~2,000 modules, most of an engine's build time), where they are there
+# imported by LMCache 0.5.6 while it builds an engine (the token database's hash function and NONE_HASH, from vLLM
+# where vLLM is installed: ~2,000 modules, most of an engine's build time), where they are there, unless the spec
+# blocks vLLM (import_vllm: false)
 PRELOAD_IF_PRESENT = ("vllm.v1.core.kv_cache_utils", "vllm.utils.hashing")
 
 
-def preload() -> float:
+def preload(import_vllm: bool = True) -> float:
     """Import what the layout and the readers use, and nothing else (no engine, no CUDA, no pool access), so
     processes forked from here start with it imported. Returns the seconds it took.
 
     The cyclic garbage collector is off while the ~5,000 modules import (each full collection walks the whole
     heap they build up, again and again: on the host it is a sixth of the import, under qemu TCG more), then one
     collection, and what is left is frozen (``gc.freeze``): never walked again, and the forked layout and readers
-    do not touch, so do not copy, its pages."""
+    do not touch, so do not copy, its pages. Without ``import_vllm`` (vLLM blocked: ``block_vllm``) PRELOAD_IF_PRESENT
+    is skipped."""
     import gc
     import importlib
     t0 = time.perf_counter()
@@ -615,7 +657,7 @@ def preload() -> float:
     try:
         for name in PRELOAD:
             importlib.import_module(name)
-        for name in PRELOAD_IF_PRESENT:
+        for name in PRELOAD_IF_PRESENT if import_vllm else ():
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - LMCache falls back to its own hash without it, and so do we
@@ -673,7 +715,7 @@ def drop_page_cache() -> dict:
 def layout_read(spec: dict, drop_caches: bool) -> dict:
     """``layout-read``: prints the layout and drop-caches documents as they are known, returns the read's."""
     try:
-        import_s = preload()
+        import_s = preload(spec.get("import_vllm", True) is not False)
     except Exception as exc:  # noqa: BLE001 - both documents say why
         traceback.print_exc()
         err = f"{type(exc).__name__}: {exc}"
@@ -705,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
     try:
+        block_vllm(spec)  # before anything imports LMCache
         if args.command == "layout-read":
             doc = layout_read(spec, args.drop_caches)
         else:

@@ -116,6 +116,8 @@ class Layout:
     engine_init_s: float | None = None
     versions: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    vllm_imported: bool | None = None  # whether the layout's interpreter had vLLM (LMCache's NONE_HASH from it)
+    none_hash: int | None = None  # the seed of LMCache's chunk-hash chain: vLLM's, else 0
 
 
 def parse_layout(text: str) -> Layout:
@@ -130,7 +132,14 @@ def parse_layout(text: str) -> Layout:
         raise WorkloadError(f"KV reader layout: a chunk record is malformed ({type(exc).__name__}: {exc})") from None
     return Layout(reused=bool(d.get("reused")), chunks=_int(d, "chunks"), kv_bytes=_int(d, "kv_bytes"),
                   file_bytes=_int(d, "file_bytes"), elapsed_s=_num(d, "elapsed_s", 0.0) or 0.0, files=files,
-                  engine_init_s=_num(d, "engine_init_s"), versions=dict(d.get("versions") or {}))
+                  engine_init_s=_num(d, "engine_init_s"), versions=dict(d.get("versions") or {}),
+                  vllm_imported=d["vllm_imported"] if isinstance(d.get("vllm_imported"), bool) else None,
+                  none_hash=_whole(d.get("none_hash")))
+
+
+def _whole(v: Any) -> int | None:
+    """An integer field of the reader's output, or None when absent or not an integer."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,10 @@ class KvReadParams(StrictModel):
     # one engine interpreter for the layout, the page-cache drop and the readers (forked from it), for stacks
     # whose imports are the slow part (minutes under qemu TCG); default: a fresh interpreter per phase
     import_once: bool = False
+    # false: vLLM is made unimportable in the reader (LMCache imports ~2,000 of vLLM's modules only for NONE_HASH, the
+    # seed of its chunk-hash chain; without vLLM it seeds with 0 and hashes with the same builtin hash): the chunk keys
+    # differ, the read path does not. For stacks whose imports are the slow part (qemu TCG)
+    import_vllm: bool = True
 
     @field_validator("kv_size_bytes", mode="before")
     @classmethod
@@ -311,6 +315,10 @@ class KvNodeEvidence(Evidence):
     page_cache_dropped: bool | None = None
     drop_caches_error: str | None = None
     reader_start: str | None = None  # spawn: a fresh interpreter per reader; fork: from one (import_once)
+    # whether the layout's interpreter had vLLM imported (import_vllm), and the NONE_HASH LMCache seeded its chunk
+    # hashes with (vLLM's, else 0): as the layout reported them (a reused layout: as its manifest recorded them)
+    vllm_imported: bool | None = None
+    none_hash: int | None = None
     kv_bytes_read: int | None = None
     device_read_bytes: int | None = None
     reader_errors: list[str] = []
@@ -492,6 +500,9 @@ def validity_items(ev: KvReadEvidence, metrics: dict[str, float], invalid: str |
             "retrieved" if dev is not None else "bytes read by the pool device unknown")
     chunks = sum(r.layout.chunks for r in ev.nodes.values() if r.layout is not None)
     bad = int(metrics.get("mismatched_chunks", 0) + metrics.get("missing_chunks", 0))
+    no_vllm = sorted(n for n, r in ev.nodes.items() if r.vllm_imported is False)
+    seed = (f"; vLLM not imported on {', '.join(no_vllm)} (import_vllm: false): LMCache seeded the chunk keys with "
+            "NONE_HASH 0, the same builtin hash" if no_vllm else "")
     return [
         ValidityCheck(name="cold", ok=dev is not None and invalid is None and kv > 0,
                       claim="the KV was read from the pool's device, not a cache",
@@ -500,8 +511,8 @@ def validity_items(ev: KvReadEvidence, metrics: dict[str, float], invalid: str |
                       figure="bytes the pool device read", value=dev, unit="B"),
         ValidityCheck(name="data", ok=failed is None and chunks > 0 and bad == 0,
                       claim="every chunk read back equals what was stored",
-                      how=failed or f"each chunk's sha256 after the read against the one stored: {chunks - bad} of "
-                                    f"{chunks} equal",
+                      how=(failed or f"each chunk's sha256 after the read against the one stored: {chunks - bad} of "
+                                     f"{chunks} equal") + seed,
                       figure="chunks that differ or were not retrieved", value=float(bad), unit="count")]
 
 
@@ -716,6 +727,8 @@ class KvRead(Workload):
                     "chunks_per_retrieve": sz.chunks_per_retrieve, "prompts": sz.prompts, "seed": p.seed,
                     "serde": cfg.get("remote_serde"), "hash": cfg.get("pre_caching_hash_algorithm", "builtin"),
                     "layerwise": cfg.get("use_layerwise", False), "chunk_meta": extra.get("save_chunk_meta", True)}
+        if not p.import_vllm:  # another NONE_HASH, other chunk keys; the default's identity (and pools) unchanged
+            identity["vllm"] = False
         destination = "gpu" if p.destination == "gpu" or (p.destination == "auto" and node.gpus) else "cpu"
         return KvSetup(profile=prof, arch=arch, model=name, target=t, pool=pool, run_dir=run_dir, lmcache=cfg,
                        sizing=sz, kv_shape=shape, mla=mla, model_name=model_name, layout_id=layout_id(identity),
@@ -741,7 +754,8 @@ class KvRead(Workload):
                 "chunk_bytes": sz.chunk_bytes, "chunks_per_retrieve": sz.chunks_per_retrieve, "prompts": sz.prompts,
                 "seed": p.seed, "vocab": vocab, "layout_id": s.layout_id, "streams": streams,
                 "destination": s.destination, "device_stat": device_stat, "fadvise_dontneed": p.fadvise_dontneed,
-                "store_timeout_s": min(600.0, p.layout_timeout_s), "read_timeout_s": p.read_timeout_s}
+                "store_timeout_s": min(600.0, p.layout_timeout_s), "read_timeout_s": p.read_timeout_s,
+                "import_vllm": p.import_vllm}
 
     def _argv(self, s: "KvSetup", command: str) -> tuple[str, ...]:
         return (s.python, s.program, command, "--spec", s.spec)
@@ -964,6 +978,7 @@ def _record_layout(rec: KvNodeEvidence, s: "KvSetup", lay: Layout) -> None:
                                 file_bytes=lay.file_bytes, elapsed_s=lay.elapsed_s,
                                 engine_init_s=lay.engine_init_s, layout_id=s.layout_id)
     rec.versions = lay.versions
+    rec.vllm_imported, rec.none_hash = lay.vllm_imported, lay.none_hash
     if lay.chunks != sz.prompts * sz.chunks_per_retrieve:
         raise WorkloadError(f"layout holds {lay.chunks} chunks, expected {sz.prompts * sz.chunks_per_retrieve}")
 

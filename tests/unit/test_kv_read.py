@@ -320,22 +320,24 @@ def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_o
     assert evaluate(gate, result, "GB/s").outcome is Outcome.PASS
 
 
-def g1c_import_once(tmp_path, drop_caches: bool = True):
+def g1c_import_once(tmp_path, drop_caches: bool = True, **params):
     g = yaml.safe_load((ROOT / "gates" / "g1-connector.yaml").read_text())
-    g["gates"][0]["params"].update(import_once=True, drop_caches=drop_caches)
+    g["gates"][0]["params"].update(import_once=True, drop_caches=drop_caches, **params)
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(g, sort_keys=False))
     cfg = load_config(ROOT / "inventory" / "localhost.yaml", tmp_path / "g.yaml", WORKLOADS)
     return cfg, cfg.suite.gates[0]
 
 
-def layout_read_node(drop_doc: str | None, read_json: str = "read-fs-2streams.json") -> ScriptedTransport:
+def layout_read_node(drop_doc: str | None, read_json: str = "read-fs-2streams.json",
+                     layout_json: str | None = None) -> ScriptedTransport:
     """reader_node's localhost, whose reader answers ``layout-read`` with the three documents in one stdout."""
     inner = reader_node(read_json)
 
     def handler(call):
         if len(call.argv) > 2 and call.argv[1].endswith("/kv_reader.py"):
             assert call.argv[2] == "layout-read", call.argv
-            return Reply(stdout=fixture("layout-fs-2streams.json") + (drop_doc or "") + fixture(read_json))
+            return Reply(stdout=(layout_json or fixture("layout-fs-2streams.json")) + (drop_doc or "")
+                         + fixture(read_json))
         return inner.handler(call)
     return ScriptedTransport(handler, name="localhost")
 
@@ -520,3 +522,119 @@ def test_the_import_once_preload_runs_without_the_cyclic_collector_and_leaves_it
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+# --------------------------------------------------------------------------------- import_vllm: vLLM blocked
+
+
+def _layout_with(**fields) -> str:
+    """The captured layout document with the reader's hash-seed fields added (as kv_reader.py reports them)."""
+    return json.dumps({**json.loads(fixture("layout-fs-2streams.json")), **fields}) + "\n"
+
+
+@pytest.mark.parametrize("import_vllm,none_hash", [(True, 5313149338359954478), (False, 0)])
+def test_import_vllm_reaches_the_readers_spec_its_layouts_identity_and_the_evidence(tmp_path, import_vllm, none_hash):
+    cfg, gate = g1c_import_once(tmp_path, import_vllm=import_vllm)
+    node = layout_read_node('{"schema":"kvgate-kv-read/1","type":"drop-caches","dropped":true,"error":null}\n',
+                            layout_json=_layout_with(vllm_imported=import_vllm, none_hash=none_hash))
+    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"localhost": node}, steps=StepLog(tmp_path / "run"), gate_dir=tmp_path / "gate")
+    ctx.gate_dir.mkdir()
+    result = WORKLOADS["kv-read"]().run(ctx)
+    assert result.error is None, result.error
+    spec = json.loads(node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/spec.json"])
+    assert spec["import_vllm"] is import_vllm
+    # another NONE_HASH makes other chunk keys: a pool laid out with vLLM is not reused without it (the default's
+    # identity is the one it always was, so its pools stay reusable)
+    plain = g1c_context(tmp_path / "plain", node)  # g1-connector.yaml as shipped: import_vllm left out
+    default_id = WORKLOADS["kv-read"]()._setup(plain, next(iter(plain.nodes.values()))).layout_id
+    assert (spec["layout_id"] == default_id) is import_vllm
+    rec = result.evidence.nodes["localhost"]
+    assert rec.vllm_imported is import_vllm and rec.none_hash == none_hash
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert ("NONE_HASH 0" in data.how) is not import_vllm, data.how
+
+
+def test_only_the_loopback_gate_blocks_vllm():
+    for name in ("loopback-kv-read.yaml", "g1-connector.yaml", "gpu-node.yaml"):
+        gates = yaml.safe_load((ROOT / "gates" / name).read_text())["gates"]
+        kv = [g["params"] for g in gates if g["workload"] == "kv-read"]
+        assert kv and all(p.get("import_vllm", True) is (name != "loopback-kv-read.yaml") for p in kv), name
+
+
+def test_a_layout_says_whether_vllm_seeded_its_keys_and_an_older_one_says_nothing():
+    lay = parse_layout(_layout_with(vllm_imported=False, none_hash=0))
+    assert lay.vllm_imported is False and lay.none_hash == 0
+    lay = parse_layout(fixture("layout-fs-2streams.json"))
+    assert lay.vllm_imported is None and lay.none_hash is None
+
+
+def _spec_file(tmp_path, **fields) -> Path:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({**json.loads(fixture("spec-fs-2streams.json")), **fields}))
+    return path
+
+
+# run by the engine's interpreter as kv_reader.py is on a node, with its layout replaced by a probe that tries vLLM
+PROBE = """
+import importlib.util, sys
+sys.path.insert(0, sys.argv[1])
+import kv_reader
+
+def probe(spec):
+    if sys.modules.get("vllm", 0) is None:
+        try:
+            import vllm  # noqa: F401
+            said = "imported"
+        except ImportError as exc:
+            said = f"ImportError: {exc}"
+    else:
+        said = "importable" if importlib.util.find_spec("vllm") is not None else "not installed"
+    return {"schema": kv_reader.SCHEMA, "type": "layout", "vllm": said}
+
+kv_reader.layout = probe
+sys.exit(kv_reader.main(["layout", "--spec", sys.argv[2]]))
+"""
+
+
+@pytest.mark.parametrize("import_vllm", [False, True])
+def test_the_reader_blocks_vllm_before_its_command_when_the_spec_says_so(tmp_path, import_vllm):
+    import importlib.util
+    import subprocess
+    import sys
+    if import_vllm and importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed in this interpreter: nothing to leave importable")
+    spec = _spec_file(tmp_path, import_vllm=import_vllm)
+    r = subprocess.run([sys.executable, "-c", PROBE, str(ROOT / "harness" / "node"), str(spec)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = json.loads(r.stdout.strip().splitlines()[-1])["vllm"]
+    assert said == ("importable" if import_vllm else "ImportError: import of vllm halted; None in sys.modules")
+
+
+def test_a_spec_whose_import_vllm_is_not_a_boolean_is_a_bad_spec(tmp_path):
+    from harness.node.kv_reader import SpecError, load_spec
+    assert load_spec(str(_spec_file(tmp_path)))["layout_id"]  # absent: vLLM as installed
+    with pytest.raises(SpecError, match="import_vllm 'no'"):
+        load_spec(str(_spec_file(tmp_path, import_vllm="no")))
+
+
+def test_the_preload_without_vllm_imports_none_of_the_modules_lmcache_takes_from_vllm(monkeypatch, tmp_path):
+    import gc
+    import sys
+
+    from harness.node import kv_reader
+
+    for name in ("kvgate_preload_base", "kvgate_preload_vllm"):
+        (tmp_path / f"{name}.py").write_text("")
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(kv_reader, "PRELOAD", ("kvgate_preload_base",))
+    monkeypatch.setattr(kv_reader, "PRELOAD_IF_PRESENT", ("kvgate_preload_vllm",))
+    try:
+        kv_reader.preload(import_vllm=False)
+        assert "kvgate_preload_base" in sys.modules and "kvgate_preload_vllm" not in sys.modules
+        kv_reader.preload()
+        assert "kvgate_preload_vllm" in sys.modules
+    finally:
+        gc.unfreeze()
