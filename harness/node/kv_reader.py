@@ -416,7 +416,7 @@ def _keyed_chunks(engine, prompts: list, tokens: dict, by_key: dict) -> list:
             c = by_key.get((p, j))
             if c is None or key.to_string() != c["key"]:
                 raise RuntimeError(f"prompt {p} chunk {j}: this reader derives key {key.to_string()}, the "
-                                   f"layout stored {c and c['key']} (is PYTHONHASHSEED the same?)")
+                                   f"layout stored {c and c['key']} (are PYTHONHASHSEED and import_vllm the same?)")
             keyed.append((key, c))
     return keyed
 
