@@ -52,8 +52,9 @@ NO_ENGINE = (
 # tail. So it is a work unit of its own (KV_READ), the first one its worker takes, and its worker goes on to the guest
 # lane after it; the other worker runs unit modules, then e2e modules, one at a time, until kv-read's tests are all
 # complete, and only then the engine lane (at once if the free modules run out first: never idle). See next_scope.
-# Measured so (2026-12-05, warm checkout, the gate's import_vllm: false): 147 s alone, 226 s beside the unit tests
-# only (`-n 2 tests/unit tests/integration/test_kv_read_loopback.py`); in a full run not measured yet.
+# Measured so (2026-12-05, warm checkout, the gate's import_vllm: false): 147 / 180 / 203 s alone in three runs,
+# 226 s beside the unit tests only (`-n 2 tests/unit tests/integration/test_kv_read_loopback.py`, one run, between
+# the first two alone); in a full run not measured yet.
 KV_READ_FIRST = ("integration/test_kv_read_loopback.py",)
 KV_READ = "kv-read"
 GUEST_LANE = frozenset(GUEST_LANE_ORDER + NO_ENGINE + KV_READ_FIRST)

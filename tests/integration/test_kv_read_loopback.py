@@ -11,10 +11,10 @@ measured: ~5,100 modules, transformers' alone 147 s and torch's 96 s, where the 
 layout took 13 s, the reader's preparation 3 s and its reads 0.4 s). The gate imports them once (`import_once`): the
 layout, the page-cache drop and the reader run in one interpreter, the layout and the reader in processes forked
 from it; the test prints how much of the run the import took. The gate also makes vLLM unimportable in the reader
-(`import_vllm: false`: LMCache imported ~2,000 of vLLM's modules only to seed its chunk hashes): the import took
-123 s and this test 147 s, against 177 s and 204 s with vLLM in the next run (150 s and 172 s in earlier runs),
-each run alone on the 2-core host. The guest is stopped by PID at the end, also on failure, and no qemu with its
-initrd may be left running.
+(`import_vllm: false`: LMCache imported ~2,000 of vLLM's modules only to seed its chunk hashes): in five runs
+alone on the 2-core host, alternating, the import took 123 / 153 / 170 s and this test 147 / 180 / 203 s, against
+177 / 217 s and 204 / 244 s with vLLM: ~48 s less on average than the runs beside each. The guest is stopped by
+PID at the end, also on failure, and no qemu with its initrd may be left running.
 """
 
 import json
