@@ -13,8 +13,12 @@ the file, on the same filesystem):
    parallel-read settings of LMCache 0.5.6 (below) into GPU memory, or CPU memory without GPUs. Every chunk
    read back is hashed and compared with what was stored. The pool device's ``/sys/dev/block/MAJ:MIN/stat``
    is read just before the common start and after the last read.
-4. fio: the page cache dropped again, fio reads the same chunk files, each stream its own, once, with
-   O_DIRECT, pinned like the readers: the device's figure for the same bytes.
+4. fio: fio reads the same chunk files, each stream its own, once, with O_DIRECT, pinned like the readers: the
+   device's figure for the same bytes. The page cache is not dropped again first: O_DIRECT reads never come from
+   it, and the pool device's read counters around fio prove every byte came from the device. (Dropping it there
+   cost the measurement: on the qemu loopback it dropped the ~1 GB the engine interpreter's imports had cached over
+   virtio-9p, and the guest's kernel then spent over 10 s of a vCPU on it while fio read: 2.29-6.66x the
+   connector's time per byte against 0.75 over 12 rounds without it; docs/kv-read.md.)
 
 Metrics: ``connector_read_gb_s`` (min over GPUs / streams, the gate metric; mean and each stream in the
 evidence), ``fio_read_gb_s`` (same streams, min) and ``connector_efficiency`` = connector ÷ fio (both min).
@@ -327,6 +331,7 @@ class KvNodeEvidence(Evidence):
     mismatches: list[dict[str, str]] = []
     missing_count: int = 0
     missing: list[dict[str, str]] = []
+    # a bundle of an older kvgate, which dropped the page cache again before its O_DIRECT fio; None since
     fio_page_cache_dropped: bool | None = None
     fio_drop_caches_error: str | None = None
     fio_device_read_bytes: int | None = None
@@ -798,8 +803,6 @@ class KvRead(Workload):
                     out.append(PlannedStep(n, "drop the page cache (recorded whether permitted)", DROP_CACHES_ARGV))
                 out.append(PlannedStep(n, reads, self._argv(s, "read")))
             out += endurance_plan(n, s.pool)
-            if p.drop_caches:
-                out.append(PlannedStep(n, "drop the page cache again before fio", DROP_CACHES_ARGV))
             out.append(PlannedStep(n, "the pool device's read counters before fio", pool_blockstat_argv(s.pool)))
             placeholder = [(label, [f"<{label}'s chunk files from the layout>"], None)
                            for label, _, _ in stream_labels(node)]
@@ -944,16 +947,14 @@ class KvRead(Workload):
 
     def _fio_pass(self, ctx: GateContext, node, s: "KvSetup", rec: KvNodeEvidence, nd: Path,
                   job_streams: list[tuple[str, list[str], str | None]], run: ReadRun, acc: dict[str, list]):
-        """fio over the same chunk files, stream by stream, the page cache dropped first and the pool device's
-        reads counted around it; its rows (and the connector's beside them) into ``acc``."""
+        """fio over the same chunk files, stream by stream, O_DIRECT (so the page cache is not dropped first: none of
+        it serves the reads), the pool device's reads counted around it; its rows (and the connector's beside them)
+        into ``acc``."""
         p: KvReadParams = ctx.params
         tr, steps = ctx.transports[node.name], ctx.steps
         job = fio_job(job_streams, p.fio)
         write_gate_file(nd / "kv-fio.job", job)
         tr.put(nd / "kv-fio.job", s.fio_job)
-        if p.drop_caches:
-            drop = drop_caches(ctx, tr, "fio-drop-caches", timeout_s=300)
-            rec.fio_page_cache_dropped, rec.fio_drop_caches_error = drop.dropped, drop.error
         b0 = steps.run(tr, "fio-blockstat-before", pool_blockstat_argv(s.pool), timeout_s=30)
         ctx.progress(f"{ctx.gate.id} {node.name}: fio over the same chunk files")
         r = steps.run(tr, "fio", ("fio", "--output-format=json", s.fio_job),

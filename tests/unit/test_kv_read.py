@@ -279,10 +279,14 @@ def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_o
     cfg, gate = g1c_gate()
     # the SMART reads are planned where the device is an NVMe namespace (/dev/vda is none): not sent here
     assert node.commands == [s.argv for s in gate_plan(cfg, gate) if s.argv and not s.optional]
-    # cold first: the page cache dropped after the layout and before the readers, and again before fio; the layout's
-    # writes synced and counted after the read
+    # cold first: the page cache dropped after the layout and before the readers; the layout's writes synced and
+    # counted after the read; not dropped again before fio, whose O_DIRECT reads it never serves (the pool
+    # device's counters around fio prove them)
     cmds = [c[2] if len(c) > 2 and c[1].endswith("kv_reader.py") else c[0] for c in node.commands]
-    assert cmds == ["mkdir", "sh", "layout", "sh", "read", "sync", "sh", "sh", "sh", "fio", "sh"]
+    assert cmds == ["mkdir", "sh", "layout", "sh", "read", "sync", "sh", "sh", "fio", "sh"]
+    synced = next(i for i, c in enumerate(node.commands) if c[0] == "sync")
+    assert not any("drop_caches" in " ".join(c) for c in node.commands[synced:])
+    assert "direct=1" in node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/kv-fio.job"].decode()
     # one hash seed for the layout and every reader (LMCache's builtin chunk hash), no telemetry
     assert seen["layout"]["PYTHONHASHSEED"] == seen["read"]["PYTHONHASHSEED"] == "0"
     assert seen["read"]["LMCACHE_TRACK_USAGE"] == "false"
@@ -306,7 +310,7 @@ def test_run_sends_the_planned_commands_in_order_and_measures_from_the_readers_o
 
     ev = result.evidence
     rec = ev.nodes["localhost"]
-    assert rec.page_cache_dropped and rec.fio_page_cache_dropped and rec.pool_device == "/dev/vda"
+    assert rec.page_cache_dropped and rec.fio_page_cache_dropped is None and rec.pool_device == "/dev/vda"
     assert rec.fio_device_read_bytes == (457664082 - 456351058) * 512
     # what the layout cost the drive: counted (nothing, on the captured device), and SMART said not exposed
     assert rec.layout_device_write_bytes == 0 and ev.endurance["device_write_bytes"] == 0
@@ -355,8 +359,9 @@ def test_import_once_runs_layout_drop_and_read_as_one_planned_step_and_files_eac
     assert node.commands == [s.argv for s in gate_plan(cfg, gate) if s.argv and not s.optional]
     readers = [c for c in node.commands if len(c) > 2 and c[1].endswith("kv_reader.py")]
     assert [c[2:3] + c[5:] for c in readers] == [("layout-read", "--drop-caches") if drop_caches else ("layout-read",)]
-    # the drop before the read is the reader interpreter's own; the controller's drop step runs only before fio
-    assert node.commands.count(DROP_CACHES_ARGV) == (1 if drop_caches else 0)
+    # the drop before the read is the reader interpreter's own, and none runs before fio (O_DIRECT): the controller
+    # sends no drop step at all (before, its drop before fio dropped the import's cache and fio read in its wake)
+    assert DROP_CACHES_ARGV not in node.commands
     rec = result.evidence.nodes["localhost"]
     assert rec.page_cache_dropped is (True if drop_caches else None) and rec.layout.chunks == 16
     # each phase's document in its own raw file, as the per-phase steps leave them (re-evaluation reads read.json)
