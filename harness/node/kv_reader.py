@@ -222,6 +222,11 @@ def read_text(path: str | None) -> str | None:
         return None
 
 
+def imports_vllm(spec: dict) -> bool:
+    """Whether the spec lets the reader import vLLM (``import_vllm``, default true; load_spec checked its type)."""
+    return spec.get("import_vllm", True) is not False
+
+
 def block_vllm(spec: dict) -> bool:
     """With the spec's ``import_vllm`` false, make vLLM unimportable in this interpreter (``sys.modules["vllm"] =
     None``: Python's own way to block an import; ``import vllm`` then raises ImportError). Call it before anything
@@ -232,7 +237,7 @@ def block_vllm(spec: dict) -> bool:
     has no such function and LMCache hashes with Python's builtin ``hash`` either way; without vLLM it seeds the
     chain with ``NONE_HASH = 0``. The chunk keys differ, the read path (files, O_DIRECT, the device's bytes) does
     not. Blocking (not merely skipping the preload) matters: an importable vLLM would be imported by every reader."""
-    if spec.get("import_vllm", True) is not False:
+    if imports_vllm(spec):
         return False
     if sys.modules.get("vllm") is not None:
         raise SpecError("import_vllm is false, but vllm is imported already")
@@ -597,7 +602,7 @@ def read(spec: dict, start_method: str = "spawn") -> dict:
     doc = {"schema": SCHEMA, "type": "read", "pool_dir": pool, "layout_id": spec["layout_id"],
            "backend": spec["backend"], "device_stat_path": spec.get("device_stat"), "errors": [],
            "versions": versions(), "start_method": start_method,
-           "import_vllm": spec.get("import_vllm", True) is not False}
+           "import_vllm": imports_vllm(spec)}
     started = False
     try:
         ready.wait(barrier_timeout_s(spec))
@@ -715,7 +720,7 @@ def drop_page_cache() -> dict:
 def layout_read(spec: dict, drop_caches: bool) -> dict:
     """``layout-read``: prints the layout and drop-caches documents as they are known, returns the read's."""
     try:
-        import_s = preload(spec.get("import_vllm", True) is not False)
+        import_s = preload(imports_vllm(spec))
     except Exception as exc:  # noqa: BLE001 - both documents say why
         traceback.print_exc()
         err = f"{type(exc).__name__}: {exc}"
