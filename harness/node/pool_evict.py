@@ -9,11 +9,20 @@ after ``--settle-s`` (a reader that maps the file may keep pages mapped for a mo
 eviction is one JSON line on standard output with the bytes that were resident before it (mincore); on SIGTERM
 (or SIGINT) it prints a summary line and exits 0. kvgate parses the log with
 ``harness.parsers.poolloop.parse_evict_log``.
+
+The regime is asynchronous: a store is dropped only once the watcher has seen it, so a read of the file that comes
+first finds its pages in memory. The watcher says so: a read of a file (closed by its reader) seen while that
+file's store is still to drop is a ``breach`` line (the read finished before the eviction began: the page
+cache, not the device, may have served it). A read that overlaps the eviction's own few system calls is not
+caught here; the pool device's read bytes still are. A file named ``.kvgate-mark-NAME`` written into the pool (by
+kvgate, after a load point's last request) is a ``mark`` line, logged in the order the kernel queued its event,
+so every breach of the reads before it is logged before it; the file is then removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
 import fnmatch
@@ -28,6 +37,7 @@ import time
 
 IN_CLOSE_WRITE, IN_CLOSE_NOWRITE, IN_MOVED_TO, IN_CREATE, IN_ISDIR = 0x8, 0x10, 0x80, 0x100, 0x40000000
 IN_NONBLOCK = os.O_NONBLOCK
+MARK_PREFIX = ".kvgate-mark-"
 _EVENT = struct.Struct("iIII")
 PROT_READ, MAP_SHARED = 1, 1
 
@@ -143,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
     w = Watcher(a.pool_dir)
-    due: list[tuple[float, str, str]] = []  # (when, path, after)
-    counts = {"store": 0, "read": 0}
+    due: list[tuple[float, str, str, bool]] = []  # (when, path, after, at once)
+    counts = {"store": 0, "read": 0, "breach": 0}
     own_closes: dict[str, int] = {}
+    pending: dict[str, tuple[str, float]] = {}  # a store's at-once eviction still to do: (after, when it was seen)
     emit({"type": "start", "t": time.time(), "pool_dir": a.pool_dir, "pattern": a.pattern, "pid": os.getpid()})
 
     def schedule(path: str, after: str) -> None:
@@ -153,8 +164,25 @@ def main(argv: list[str] | None = None) -> int:
             return
         now = time.monotonic()
         counts[after] += 1
-        heapq.heappush(due, (now, path, after))
-        heapq.heappush(due, (now + a.settle_s, path, after))
+        if after == "store":
+            pending.setdefault(path, (after, time.time()))
+        heapq.heappush(due, (now, path, after, True))
+        heapq.heappush(due, (now + a.settle_s, path, after, False))
+
+    def read_seen(path: str) -> None:
+        """A reader closed ``path``: a breach when the at-once eviction of its store is still to do (a read of a
+        file just read is not one: the first read took its pages from the device); then drop it again."""
+        if path in pending and fnmatch.fnmatch(os.path.basename(path), a.pattern):
+            after, since = pending[path]
+            counts["breach"] += 1
+            emit({"type": "breach", "t": time.time(), "file": path, "pending": after, "seen_t": since})
+        schedule(path, "read")
+
+    def mark(path: str) -> None:
+        emit({"type": "mark", "t": time.time(), "name": os.path.basename(path)[len(MARK_PREFIX):],
+              "pending": len(pending)})
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
     while not stop:
         timeout = max(0.0, min(0.5, due[0][0] - time.monotonic())) if due else 0.5
@@ -168,18 +196,24 @@ def main(argv: list[str] | None = None) -> int:
                     if mask & (IN_CREATE | IN_MOVED_TO):
                         for f in w.add_tree(path):  # files made before its watch was added
                             schedule(f, "store")
+                elif os.path.basename(path).startswith(MARK_PREFIX):
+                    if mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+                        mark(path)
                 elif mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
                     schedule(path, "store")
                 elif mask & IN_CLOSE_NOWRITE:
                     if own_closes.get(path):
                         own_closes[path] -= 1  # our own eviction's close, not a reader's
                     else:
-                        schedule(path, "read")
+                        read_seen(path)
         now = time.monotonic()
         while due and due[0][0] <= now:
-            _, path, after = heapq.heappop(due)
+            _, path, after, at_once = heapq.heappop(due)
             evict(path, after, own_closes)
-    emit({"type": "summary", "t": time.time(), "stores_seen": counts["store"], "reads_seen": counts["read"]})
+            if at_once and after == "store":
+                pending.pop(path, None)
+    emit({"type": "summary", "t": time.time(), "stores_seen": counts["store"], "reads_seen": counts["read"],
+          "breaches": counts["breach"]})
     return 0
 
 

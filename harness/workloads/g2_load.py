@@ -49,7 +49,7 @@ from __future__ import annotations
 from typing import Any
 from pathlib import Path
 
-from .kit.rederive import device_by_attempt, load_texts, rescanned_fallback
+from .kit.rederive import evict_log_text, device_by_attempt, load_texts, rescanned_fallback
 from .kit.load import reevaluate_load
 from ..engines import load_profile, shell_line
 from ..errors import ConfigError
@@ -85,7 +85,8 @@ def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str,
         fallback = result.get("invalid_reason") if ev.fallback_lines else None
     device = device_by_attempt(Path(ctx["bundle_dir"]), gate_dir.name, ev.pool_dir, ev.points + ev.spoiled)
     return reevaluate_load(ev_dict, texts["requests"], texts["counters"], accounting_counters(prof), prof.device_reads,
-                           fallback, params=params, device=device)
+                           fallback, params=params, device=device,
+                           evict_log=evict_log_text(gate_dir, ev.points + ev.spoiled))
 
 
 @register_workload("g2-load")

@@ -5,6 +5,7 @@ without harm."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,8 @@ import pytest
 
 from harness.node import program_path
 from harness.parsers.pooldev import parse_pool_blockstat, pool_blockstat_argv, read_bytes_between
-from harness.parsers.poolloop import loop_pool_argv, loop_pool_undo_argv, parse_evict_log, parse_loop_pool
+from harness.parsers.poolloop import cold_window_issue, evict_window, loop_pool_argv, loop_pool_undo_argv, mark_argv, \
+    parse_evict_log, parse_loop_pool, parse_mark_made
 from polling import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loop devices and mount need root")
@@ -109,3 +111,44 @@ def test_the_inverse_unmounts_detaches_and_removes_and_may_run_twice(tmp_path):
     assert sh(["findmnt", str(mnt)]).returncode != 0
     assert str(backing) not in sh(["losetup", "-a"]).stdout  # (its device number may be reused by now)
     assert loop.device.startswith("/dev/loop")
+
+
+def test_a_read_before_the_evictor_dropped_its_store_is_a_breach_logged_before_the_points_mark(pool, tmp_path):
+    # the evictor held (SIGSTOP: a node whose device stalls its write-back) while a store lands and is read back:
+    # the page cache serves that read, and once the evictor runs again it logs the read as a breach, before the
+    # mark kvgate writes after the point; a store read after its eviction (the next point) is no breach
+    _, mnt = pool
+    log = tmp_path / "evict.jsonl"
+    f = mnt / "abc" / "model.layers.0.safetensors"
+    f.parent.mkdir()  # watched from the evictor's start
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, str(program_path("pool_evict.py")), str(mnt), "--pattern",
+                                 "*.safetensors", "--settle-s", "0.2"], stdout=out, start_new_session=True)
+    try:
+        wait_until(lambda: '"start"' in log.read_text(), 30, "the evictor's start line")
+        os.kill(proc.pid, signal.SIGSTOP)
+        store(f)
+        assert read_back(mnt, f) < FILE_BYTES // 8  # served from memory: the breach is real
+        r = sh(mark_argv(str(mnt), "x2-t1"))
+        made = parse_mark_made(r.stdout)
+        os.kill(proc.pid, signal.SIGCONT)
+        wait_until(lambda: evict_window(log.read_text(), "x2-t1") is not None, 30, "the point's mark")
+        w = evict_window(log.read_text(), "x2-t1", made)
+        assert w.breaches == 1 and w.first_breach == str(f) and w.lag_s is not None and w.lag_s >= 0
+        assert not (mnt / ".kvgate-mark-x2-t1").exists()  # the evictor removed its mark
+        assert "the cold regime fell behind: 1 read(s)" in cold_window_issue(w)
+        g = mnt / "abd" / "model.layers.0.safetensors"  # the next point: the evictor keeps up
+        store(g)
+        wait_until(lambda: evictions(log, "store") >= 4, 30, "the second store's evictions")
+        assert read_back(mnt, g) >= FILE_BYTES
+        sh(mark_argv(str(mnt), "x4-t1"))
+        wait_until(lambda: evict_window(log.read_text(), "x4-t1") is not None, 30, "the next point's mark")
+        w = evict_window(log.read_text(), "x4-t1")
+        assert w.breaches == 0 and cold_window_issue(w) is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    s = parse_evict_log(log.read_text())
+    assert s.ended and s.breaches == 1 and s.errors == 0

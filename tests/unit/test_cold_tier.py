@@ -14,10 +14,11 @@ from harness.engines import load_profile
 from harness.engines.load import LoadPoint
 from harness.engines.profiles import EngineProfile
 from harness.errors import ConfigError
-from harness.parsers.poolloop import parse_evict_log, parse_loop_pool
+from harness.parsers.poolloop import EvictWindow, cold_window_issue, evict_window, mark_argv, parse_evict_log, \
+    parse_loop_pool, parse_mark_made
 from harness.workloads import WORKLOADS
 from harness.workloads.kit.engine import LogMark
-from harness.workloads.kit.load import point_invalid, token_accounting
+from harness.workloads.kit.load import G2LoadEvidence, PointTrial, evaluate_load, point_invalid, token_accounting
 from harness.workloads.kit.phases import EngineLog, first_fallback
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +45,60 @@ def test_the_evictors_log_of_a_real_vllm_gain_run_sums_its_evictions_and_dropped
     torn = "\n".join((FIX / "pool-evict-vllm-example-connector.jsonl").read_text().splitlines()[:10]) + '\n{"type": "ev'
     t = parse_evict_log(torn)
     assert not t.ended and t.evictions == 9
+
+
+def test_a_read_before_its_store_was_dropped_is_the_breach_of_the_point_whose_mark_follows_it():
+    # the real evictor's log (harness/node/pool_evict.py, held by SIGSTOP while a store landed and was read back,
+    # then a store read after its eviction): the breach is the first point's, none is the second's
+    text = (FIX / "pool-evict-breach.jsonl").read_text()
+    first = evict_window(text, "x2-t1", made_unix_s=1796458320.270797)
+    assert (first.breaches, first.pending_at_mark, first.error) == (1, 1, None)
+    assert first.first_breach.endswith("/abc/model.layers.0.safetensors")
+    assert first.lag_s == pytest.approx(0.00083, abs=1e-4)
+    assert evict_window(text, "x4-t1").breaches == 0 and evict_window(text, "x4-t1").lag_s is None
+    assert evict_window(text, "x8-t1") is None  # not logged (yet): no answer, not "no breach"
+    assert evict_window(text.split('{"type": "mark", "t": 1796458320')[0], "x2-t1") is None
+    s = parse_evict_log(text)
+    assert s.ended and s.breaches == 1 and s.stores == 4  # two stores, each dropped at once and once more
+    assert "1 read(s) of pool files came before the evictor had dropped their store (first: " \
+           "model.layers.0.safetensors; it logged the point's mark 0.0 s after" in cold_window_issue(first)
+    assert cold_window_issue(evict_window(text, "x4-t1")) is None and cold_window_issue(None) is None
+    argv = mark_argv("/pool", "x2-t1")
+    assert argv[-1] == "/pool/.kvgate-mark-x2-t1" and parse_mark_made("1796458320.270797250\n") == 1796458320.270797250
+    with pytest.raises(ValueError):
+        parse_mark_made("sh: 1: cannot create /pool/.kvgate-mark-x: Read-only file system\n")
+
+
+def _fig(**kw) -> LoadPoint:
+    base = dict(requests=4, ok=4, failed=0, duration_s=2.0, ttft_p50_s=0.1, ttft_p90_s=0.1, ttft_p95_s=0.1,
+                ttft_p99_s=0.1, tpot_p50_s=0.01, e2e_p50_s=0.2, e2e_p99_s=0.3, request_rate_rps=2.0,
+                output_token_rate_tps=8.0, goodput_rps=2.0, client_lag_p99_s=0.0)
+    return LoadPoint(**{**base, **kw})
+
+
+def test_a_breach_makes_the_point_invalid_and_justifies_setting_its_attempt_aside_a_window_without_one_does_not():
+    acc = token_accounting(10_000, 10_000.0, 0.0, 8_000.0, 2048, 2048 * 600, 0, 2.0)  # read fraction 0.075
+    behind = EvictWindow(name="x2-t1", made_unix_s=10.0, seen_unix_s=18.0, breaches=12,
+                         first_breach="/p/a/model.layers.0.safetensors")
+    kept = EvictWindow(name="x2-t1-a1", made_unix_s=30.0, seen_unix_s=30.01)
+    why = point_invalid(_fig(), acc, 0.25, 0.5, True, cold=behind)
+    assert why.startswith("the cold regime fell behind: 12 read(s)") and "8.0 s after" in why
+    assert "read fraction 0.0750" in point_invalid(_fig(), acc, 0.25, 0.5, True, cold=kept)
+    # the proof switched off (min_read_fraction 0, or a profile whose reads are not the device's): no claim made
+    assert point_invalid(_fig(), acc, 0.25, 0.0, True, cold=behind) is None
+
+    def pt(attempt: int, cold: EvictWindow | None) -> PointTrial:
+        return PointTrial(label="x2", load=1.0, load_kind="trace", trial=1, attempt=attempt, seed=1, requests=4,
+                          requests_file=f"r-{attempt}.jsonl", figures=_fig(), cold=cold)
+
+    def judge(spoiled, points):
+        ev = G2LoadEvidence(max_client_lag_p99_s=0.25, repeat_spoiled=1, spoiled=spoiled)
+        return evaluate_load(points, "closed", 1.0, evidence=ev).invalid_reason
+
+    assert judge([pt(0, behind)], [pt(1, kept)]) is None
+    # set aside with a window that shows no breach (or none at all), on time: set aside without cause
+    assert "set aside without cause" in judge([pt(0, kept)], [pt(1, kept)])
+    assert "set aside without cause" in judge([pt(0, None)], [pt(1, None)])
 
 
 def test_accounting_splits_the_tiers_hits_into_ram_and_device_and_prices_writes_per_million_tokens():

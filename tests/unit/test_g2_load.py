@@ -14,8 +14,9 @@ import yaml
 import doubles  # tests/doubles.py: the shared gate context
 from harness.config import load_config
 from harness.engines.load import LoadPoint, arrival_offsets
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessError
 from harness.execute.clock import ScriptedClock
+from harness.parsers.poolloop import evict_window
 from harness.gates.verdict import Outcome, evaluate
 from harness.stats import ORDER_STATISTICS, Interval
 from harness.suite.plan import gate_plan
@@ -602,6 +603,48 @@ def test_an_attempt_spoiled_by_the_client_is_set_aside_and_repeated_with_new_pro
     again = WORKLOADS["g2-load"].rederive(ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
     metrics, invalid = again.metrics, again.invalid_reason
     assert invalid is not None and "set aside without cause" in invalid and "trial 1, attempt 0" in invalid
+
+
+def test_an_attempt_whose_reads_came_before_the_evictor_dropped_their_store_is_set_aside_and_re_derived(
+        tmp_path, monkeypatch):
+    # the evictor beside the engine (its cold regime) fell behind during the first attempt: the pool's log, fetched
+    # into the gate directory at each point's mark, shows a read before its store was dropped; that attempt is set
+    # aside and repeated, the repeat counts, and a third party re-derives both from the log in the bundle
+    from harness.workloads.kit.pool import PoolHandle
+
+    def mark(self, name: str, **_):
+        log = self.ctx.gate_dir / "pool-evict.jsonl"
+        lines = [] if not log.exists() else log.read_text().splitlines()
+        if not lines:
+            lines.append(json.dumps({"type": "breach", "t": 20.0, "file": "/pool/a/model.layers.0.safetensors",
+                                     "pending": "store", "seen_t": 19.9}))
+        lines.append(json.dumps({"type": "mark", "t": 21.0 + len(lines), "name": name, "pending": 0}))
+        log.write_text("\n".join(lines) + "\n")
+        return evict_window(log.read_text(), name, made_unix_s=20.5)
+
+    monkeypatch.setattr(PoolHandle, "mark", mark)
+    d = gate_config(tmp_path, {**SPOILABLE, "repeat_spoiled": 1}, metric="knee_rate_rps", pass_=">= 1 /s", stop=None)
+    cfg = load_config(d / "i.yaml", d / "g.yaml", WORKLOADS, trials_rule=TRIALS_RULE)
+    ctx = gate_context(tmp_path, cfg, scripted_node(), PrefixEngine())
+    result = WORKLOADS["g2-load"]().run(ctx)
+    assert result.error is None and result.invalid_reason is None, (result.error, result.invalid_reason)
+    ev: G2LoadEvidence = result.evidence
+    (spoiled,), (kept,) = ev.spoiled, ev.points
+    assert (spoiled.attempt, kept.attempt) == (0, 1) and spoiled.figures.client_lag_p99_s <= 0.1
+    assert spoiled.cold.breaches == 1 and spoiled.invalid_reason.startswith("the cold regime fell behind")
+    assert kept.cold.name == "r50-t1-a1" and kept.cold.breaches == 0 and kept.invalid_reason is None
+    signed = json.loads(json.dumps(result.as_dict()))
+    again = WORKLOADS["g2-load"].rederive(ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    assert again.invalid_reason is None and again.metrics == pytest.approx(result.metrics)
+    # the breach taken out of the log (an attempt set aside that the signer did not like): without cause
+    log = ctx.gate_dir / "pool-evict.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines() if '"breach"' not in line))
+    again = WORKLOADS["g2-load"].rederive(ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
+    assert again.invalid_reason is not None and "set aside without cause" in again.invalid_reason
+    # the log gone from the bundle: nothing to re-derive the windows from
+    log.unlink()
+    with pytest.raises(HarnessError, match="pool-evict.jsonl"):
+        WORKLOADS["g2-load"].rederive(ctx.gate_dir, signed, cfg.params["L"], {"bundle_dir": tmp_path})
 
 
 def test_without_repeats_allowed_the_spoiled_attempt_counts_and_makes_the_gate_invalid(tmp_path):

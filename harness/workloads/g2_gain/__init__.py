@@ -60,7 +60,7 @@ from ..kit.load import (Counters, G2LoadEvidence, LoadPrompts, LoadPoints, Point
 from ..kit.g2 import G2Procedure, launch_values
 from ..kit.engine import pool_record
 from ..kit.phases import PhaseRunner
-from ..kit.rederive import device_by_attempt, load_texts, raw_text, rescanned_fallback
+from ..kit.rederive import device_by_attempt, evict_log_text, load_texts, raw_text, rescanned_fallback
 from ..kit.session import EngineSession
 from .spec import (ARMS, ArmProof, GAIN_FIGURES, GainEvidence, GainModel, GainParams, GainTrial, REFERENCE_GAIN,
                    SWEEP_LABEL_RE, SWEEP_PATH, gain_metric_unit, sweep_params)
@@ -84,20 +84,21 @@ def reevaluate_gain(evidence: dict[str, Any], requests: dict[str, dict[str, str]
                     counters_text: dict[str, dict[str, str]], counters: dict[str, Counters],
                     device_reads: dict[str, bool], params: "GainParams | None" = None,
                     device: dict[str, dict[str, tuple[int | None, int | None]]] | None = None,
-                    fallbacks: dict[str, str | None] | None = None) -> WorkloadResult:
+                    fallbacks: dict[str, str | None] | None = None, evict_log: str | None = None) -> WorkloadResult:
     """Pure: a bundle's g2-gain result again from its raw files: each arm's points through g2-load's own
     re-evaluation (``requests`` / ``counters_text``: arm -> file name -> text; ``counters``: arm -> which counters
     are prompt tokens, memory and tier hits), then :func:`evaluate_gain`. ``params``: the gate's params, whose
     bounds (each arm's SLOs and read fraction, ``min_tier_reuse_share``, the reusable share of a synthetic load)
     replace the evidence's; ``device``: arm -> requests file -> the pool device's (read, written) bytes re-parsed
-    from the steps; ``fallbacks``: arm -> its engine log's fall-back as re-scanned (None: as the run judged it)."""
+    from the steps; ``fallbacks``: arm -> its engine log's fall-back as re-scanned (None: as the run judged it);
+    ``evict_log``: the tier arm's cold-regime log (its points' windows read again)."""
     ev = GainEvidence.model_validate(evidence)
     device = device or {}
     if ev.capacity is not None:
         return reevaluate_sweep(ev, requests.get("tier", {}), counters_text.get("tier", {}), counters["tier"],
                                 device_reads["tier"], sweep_params(params) if params is not None else None,
                                 device.get("tier") if device else None,
-                                fallbacks["tier"] if fallbacks is not None else False)
+                                fallbacks["tier"] if fallbacks is not None else False, evict_log=evict_log)
     recorded = {c.name: c.how for c in ev.validity}
     arms = {}
     if fallbacks is None:
@@ -105,7 +106,8 @@ def reevaluate_gain(evidence: dict[str, Any], requests: dict[str, dict[str, str]
     for arm in ARMS:
         arms[arm] = reevaluate_load(ev.arms[arm].model_dump(mode="json"), requests.get(arm, {}),
                                     counters_text.get(arm, {}), counters[arm], device_reads[arm], fallbacks[arm],
-                                    params=params, device=device.get(arm) if device else None)
+                                    params=params, device=device.get(arm) if device else None,
+                                    evict_log=evict_log if arm == "tier" else None)
     share = params.min_tier_reuse_share if params is not None else (
         ev.min_tier_reuse_share if ev.min_tier_reuse_share is not None else 0.9)
     # a ladder's declared reuse from the config; a trace's ideal (at the engine's chunk) as the run computed it from
@@ -148,10 +150,11 @@ def rederive(gate_dir: Path, result: dict[str, Any], params: Any, ctx: dict[str,
         if gain.capacity is None:  # the arms' compute cores again from their logs, not as the run recorded them
             ev = {**ev, "compute_cores": {arm: compute_cores(raw_text(gate_dir, f"engine-{arm}.log", "an engine log"))
                                           for arm in arms}}
+    tier = gain.arms["tier"]
     return reevaluate_gain(ev, texts["requests"], texts["counters"],
                            {a: accounting_counters(p) for a, p in profs.items()},
                            {a: p.device_reads for a, p in profs.items()}, params=params, device=device,
-                           fallbacks=fallbacks)
+                           fallbacks=fallbacks, evict_log=evict_log_text(gate_dir, tier.points + tier.spoiled))
 
 
 @register_workload("g2-gain")

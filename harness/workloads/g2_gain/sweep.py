@@ -44,7 +44,7 @@ def sweep_point(pt: PointTrial, shape: CapacityPoint, ram_counter: str | None, e
         pool = token_accounting(0, acc.prompt_tokens, acc.memory_hit_tokens, cp.tier_hit_tokens, acc.kv_bytes_per_token,
                                 acc.device_read_bytes, acc.device_write_bytes, acc.window_s)
         why = point_invalid(pt.figures, pool, max_client_lag_p99_s, min_read_fraction, device_reads, device_error,
-                            max_failed_share)
+                            max_failed_share, pt.cold)
         pt = pt.model_copy(update={"invalid_reason": why})
         cp = cp.model_copy(update={"invalid_reason": why})
     return pt, cp
@@ -96,16 +96,17 @@ def sweep_counters(prof: EngineProfile) -> Counters:
 def reevaluate_sweep(ev: GainEvidence, requests: dict[str, str], counters_text: dict[str, str], counters: Counters,
                      device_reads: bool, params: "GainParams | None" = None,
                      device: dict[str, tuple[int | None, int | None]] | None = None,
-                     fallback: str | None | bool = False) -> WorkloadResult:
+                     fallback: str | None | bool = False, evict_log: str | None = None) -> WorkloadResult:
     """Pure: a capacity sweep again from the tier arm's raw files: each point through g2-load's re-evaluation,
     the further counters' deltas from its counters file, then :func:`evaluate_sweep`. ``params``, ``device``,
-    ``fallback`` (False: as the run judged it) as :func:`reevaluate_gain` takes them."""
+    ``fallback`` (False: as the run judged it) as :func:`reevaluate_gain` takes them; ``evict_log`` the cold
+    regime's log (each point's window read again)."""
     recorded = {c.name: c.how for c in ev.validity}
     arm_ev = ev.arms["tier"]
     if fallback is False:
         fallback = recorded.get("tier arm valid") if arm_ev.fallback_lines else None
     again = reevaluate_load(arm_ev.model_dump(mode="json"), requests, counters_text, counters, device_reads, fallback,
-                            params=params, device=device)
+                            params=params, device=device, evict_log=evict_log)
     assert ev.capacity is not None
     names = [n for n in (ev.capacity.ram_counter, ev.capacity.evicted_counter) if n]
     points = []

@@ -17,18 +17,22 @@ switch a declared regime off (``cold_regime: none``), to measure what the node's
 from __future__ import annotations
 
 import posixpath
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from ...node import program_path
-from ...parsers.poolloop import EvictSummary, LoopPool, loop_pool_argv, loop_pool_undo_argv, parse_evict_log, \
-    parse_loop_pool
+from ...parsers.poolloop import EVICT_MARK_PREFIX, EvictSummary, EvictWindow, LoopPool, evict_window, loop_pool_argv, \
+    loop_pool_undo_argv, mark_argv, parse_evict_log, parse_loop_pool, parse_mark_made
 from ...units import parse_size_bytes
 from .base import GateContext, PlannedStep, StrictModel
 
 EVICT_PROGRAM = "pool_evict.py"
+# How long kvgate waits, after a load point, for the evictor to log the point's mark (it logs it once it has
+# handled every pool event before it: a device that takes this long to write a store back leaves no answer)
+MARK_TIMEOUT_S = 120.0
 
 
 class PoolDeviceSpec(StrictModel):
@@ -96,7 +100,10 @@ def plan_pool(node: str, spec: PoolDeviceSpec, regime: str, python: str, pool_di
                                                 spec.read_ahead_kb)))
     if regime == "evict":
         steps.append(PlannedStep(node, "cold regime: drop each pool file's pages when a store lands and after "
-                                       "each read (sync_file_range write-back + posix_fadvise DONTNEED), beside the engine",
+                                       "each read (sync_file_range write-back + posix_fadvise DONTNEED), beside the "
+                                       "engine; after each load point a mark file written into the pool "
+                                       f"({EVICT_MARK_PREFIX}<point>) and awaited in its log: a read it saw before "
+                                       "it had dropped the read file's store is a breach",
                                  evict_argv(python, run_dir, pool_dir, pattern)))
     return steps
 
@@ -152,6 +159,37 @@ class PoolHandle:
     undo_argv: tuple[str, ...] | None = None
     undo_entry: Any = None
     closed: bool = False
+    pool_dir: str = ""
+
+    def mark(self, name: str, timeout_s: float = MARK_TIMEOUT_S, poll_s: float = 0.1) -> EvictWindow | None:
+        """Close a load point for the cold regime (None without an evictor): write the mark ``name`` into the pool,
+        wait until the evictor has logged it (every pool event before it handled), and return the breaches of the
+        reads before it (harness.parsers.poolloop.evict_window); no answer is an :class:`EvictWindow` with its
+        ``error``."""
+        if self.evictor is None or self.evictor.proc is None or self.closed:
+            return None
+        res = self.ctx.steps.run(self.transport, f"pool-mark-{name}", mark_argv(self.pool_dir, name), timeout_s=60)
+        try:
+            made = parse_mark_made(res.stdout) if res.ok else None
+        except ValueError:
+            made = None
+        if made is None:
+            return EvictWindow(name=name, error=f"the mark could not be written: {res.summary()}")
+        deadline = time.monotonic() + timeout_s
+        local = self.ctx.gate_dir / posixpath.basename(self.evictor.log_path)
+        while True:
+            try:
+                self.transport.get(self.evictor.log_path, local)
+                text = local.read_text(errors="replace")
+            except Exception as exc:  # noqa: BLE001 - an unreadable log is an answer of its own
+                return EvictWindow(name=name, made_unix_s=made, error=f"the evictor's log could not be read: {exc}")
+            w = evict_window(text, name, made)
+            if w is not None:
+                return w
+            if time.monotonic() >= deadline or self.evictor.proc.poll() is not None:
+                why = "has exited" if self.evictor.proc.poll() is not None else f"did not log it within {timeout_s:g} s"
+                return EvictWindow(name=name, made_unix_s=made, error=f"the evictor {why}")
+            self.ctx.cancel.sleep(poll_s)
 
     def close(self) -> None:
         if self.closed:
@@ -168,7 +206,7 @@ def prepare_pool(ctx: GateContext, transport: Any, node: str, spec: PoolDeviceSp
                  pool_dir: str, run_dir: str, pattern: str, step: str) -> tuple[str | None, PoolHandle]:
     """Make the pool as ``spec`` says (after the pool directory exists) and start the cold regime's evictor:
     (error or None, the handle to close once the engine has stopped; close it on an error too)."""
-    handle = PoolHandle(ctx, transport, PoolRecord(kind=spec.kind, cold_regime=regime))
+    handle = PoolHandle(ctx, transport, PoolRecord(kind=spec.kind, cold_regime=regime), pool_dir=pool_dir)
     rec = handle.record
     if spec.kind == "loop":
         rec.backing = backing_file(run_dir)

@@ -28,6 +28,14 @@ def raw_text(gate_dir: Path, rel: str, what: str, max_bytes: int = 1 << 30, empt
     return text
 
 
+def evict_log_text(gate_dir: Path, points: list) -> str | None:
+    """The cold regime's log (``gates/<gate>/pool-evict.jsonl``) where a load point recorded a window of it (its
+    mark logged), so each window is read again from it; None where none did. Missing, it is a HarnessError."""
+    if not any(pt.cold is not None and pt.cold.error is None for pt in points):
+        return None
+    return raw_text(gate_dir, "pool-evict.jsonl", "the cold regime's log")
+
+
 def step_number(d: Path) -> int:
     """A step directory's number (``NNN-node-name``: the run's order; past 999 the digits grow)."""
     head = d.name.split("-", 1)[0]

@@ -13,7 +13,7 @@ from .evidence import (FIGURES, G2LoadEvidence, LABEL_RE, LoadModel, MetricInter
 from .evaluate import (BOUND_FIELDS, Counters, accounting_counters, emit, evaluate_load, failed_issue, figure_values,
                        hit_efficiency_per_trial, hits_by_level, interval, load_validity, point_invalid,
                        points_endurance, raw_records, read_check, read_issue, records_from_jsonl, reevaluate_load,
-                       spoiled_by_client, spoiled_issue, token_accounting)
+                       spoiled_attempt, spoiled_by_client, spoiled_by_cold_regime, spoiled_issue, token_accounting)
 from .requests import (LoadPrompts, load_fields, load_prompts, load_trace, multi_turn_text, point_seed,
                        read_load_trace, synthetic_requests, trace_error, trace_requests, trace_source_text)
 from .points import LoadPoints, g2_view, load_control_files, load_issues
@@ -24,6 +24,7 @@ __all__ = ["G2LoadParams", "LoadAttachParams", "LoadSpec", "MULTI_TURN_PATH", "M
            "accounting_counters", "emit", "evaluate_load", "failed_issue", "figure_values",
            "hit_efficiency_per_trial", "hits_by_level", "interval", "load_validity", "point_invalid",
            "points_endurance", "raw_records", "read_check", "read_issue", "records_from_jsonl", "reevaluate_load",
-           "spoiled_by_client", "spoiled_issue", "token_accounting", "LoadPrompts", "load_fields", "load_prompts",
+           "spoiled_attempt", "spoiled_by_client", "spoiled_by_cold_regime", "spoiled_issue", "token_accounting",
+           "LoadPrompts", "load_fields", "load_prompts",
            "load_trace", "multi_turn_text", "point_seed", "read_load_trace", "synthetic_requests", "trace_error",
            "trace_requests", "trace_source_text", "LoadPoints", "g2_view", "load_control_files", "load_issues"]

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from ....engines import EngineProfile
 from ....engines.client import RequestRecord
 from ....engines.load import LoadPoint, LoadRecord, knee, load_point
+from ....parsers.poolloop import EvictWindow, cold_window_issue, evict_window
 from ....endurance import DriveRating, combined, endurance
 from ....stats import Interval, median_interval
 from ..base import ValidityCheck, WorkloadResult, drive_rating
@@ -132,16 +133,18 @@ def failed_issue(fig: LoadPoint, max_failed_share: float) -> str | None:
 
 def point_invalid(fig: LoadPoint, acc: TokenAccounting | None, max_client_lag_p99_s: float,
                   min_read_fraction: float, device_reads: bool, device_error: str | None = None,
-                  max_failed_share: float = 0.0) -> str | None:
+                  max_failed_share: float = 0.0, cold: EvictWindow | None = None) -> str | None:
     """Pure: why a point's figures would not mean what they claim: failed requests above ``max_failed_share``, the
-    client's lag, or tier hits the pool's device did not read (None when valid)."""
+    client's lag, reads that came before the cold regime had dropped their store (``cold``: the evictor's window
+    over the point), or tier hits the pool's device did not read (None when valid)."""
     failed = failed_issue(fig, max_failed_share)
     if failed:
         return failed
     if fig.client_lag_p99_s > max_client_lag_p99_s:
         return (f"client lag p99 {fig.client_lag_p99_s * 1e3:.3f} ms exceeds the {max_client_lag_p99_s * 1e3:g} ms "
                 f"bound: requests left later than scheduled, so the client, not the server, set the load")
-    return read_issue(acc, min_read_fraction, device_reads, device_error)
+    behind = cold_window_issue(cold) if device_reads and min_read_fraction > 0 else None
+    return behind or read_issue(acc, min_read_fraction, device_reads, device_error)
 
 
 def read_issue(acc: TokenAccounting | None, min_read_fraction: float, device_reads: bool,
@@ -295,7 +298,8 @@ def load_validity(points: list[PointTrial], ev: G2LoadEvidence, fallback: str | 
     if ev.spoiled or spoiled:
         out.append(ValidityCheck(
             name="attempts set aside justified", ok=spoiled is None,
-            claim="every attempt set aside was spoiled by the client and repeated",
+            claim="every attempt set aside was spoiled (by the client, or by the cold regime falling behind) and "
+                  "repeated",
             how=spoiled or f"{len(ev.spoiled)} set aside, at most {ev.repeat_spoiled or 0} allowed, each repeated"))
     return out
 
@@ -349,8 +353,21 @@ def hit_efficiency_per_trial(points: list[PointTrial], trace: "TraceInfo | None"
 
 def spoiled_by_client(pt: PointTrial, max_client_lag_p99_s: float) -> bool:
     """Pure: whether an attempt's own records show that the client missed its schedule (client lag p99 over the
-    bound): the one reason an attempt may be set aside and repeated. A slow server never is: its attempt counts."""
+    bound). A slow server never is: its attempt counts."""
     return pt.figures is not None and pt.figures.client_lag_p99_s > max_client_lag_p99_s
+
+
+def spoiled_by_cold_regime(pt: PointTrial) -> bool:
+    """Pure: whether the evictor's log shows reads of the attempt that came before it had dropped their store: the
+    device proof cannot be made of that attempt (the page cache may have served them). A tier slow to take its
+    stores does this every time, so its repeats are spoiled too and the gate ends INVALID, never PASS."""
+    return pt.cold is not None and pt.cold.breaches > 0
+
+
+def spoiled_attempt(pt: PointTrial, max_client_lag_p99_s: float) -> bool:
+    """Pure: the two reasons an attempt may be set aside and repeated: its client missed the schedule, or the cold
+    regime fell behind its reads."""
+    return spoiled_by_client(pt, max_client_lag_p99_s) or spoiled_by_cold_regime(pt)
 
 
 def spoiled_issue(spoiled: list[PointTrial], points: list[PointTrial], repeat_spoiled: int,
@@ -359,14 +376,15 @@ def spoiled_issue(spoiled: list[PointTrial], points: list[PointTrial], repeat_sp
     ``repeat_spoiled`` allows, one whose records keep the schedule (set aside without cause), or one with no
     repeat after it (attempt k of a point and trial is followed by attempt k + 1, spoiled or counted)."""
     if len(spoiled) > repeat_spoiled:
-        return f"{len(spoiled)} attempts were set aside as spoiled by the client; the gate allows {repeat_spoiled}"
+        return f"{len(spoiled)} attempts were set aside as spoiled; the gate allows {repeat_spoiled}"
     have = {(p.label, p.trial, p.attempt) for p in list(spoiled) + list(points)}
     for pt in spoiled:
         where = f"load point {pt.label}, trial {pt.trial}, attempt {pt.attempt}"
-        if not spoiled_by_client(pt, max_client_lag_p99_s):
+        if not (spoiled_by_client(pt, max_client_lag_p99_s) or spoiled_by_cold_regime(pt)):
             lag = "no figures" if pt.figures is None else f"client lag p99 {pt.figures.client_lag_p99_s * 1e3:.3f} ms"
-            return (f"{where} was set aside as spoiled by the client, but its records keep the schedule ({lag}, "
-                    f"bound {max_client_lag_p99_s * 1e3:g} ms): an attempt set aside without cause")
+            return (f"{where} was set aside as spoiled, but its records keep the schedule ({lag}, "
+                    f"bound {max_client_lag_p99_s * 1e3:g} ms) and the evictor's log shows no read before its "
+                    "store was dropped: an attempt set aside without cause")
         if (pt.label, pt.trial, pt.attempt + 1) not in have:
             return f"{where} was set aside as spoiled, but no attempt {pt.attempt + 1} follows it"
     for pt in points:
@@ -416,24 +434,35 @@ def raw_records(pt: PointTrial, requests: dict[str, str]) -> list[LoadRecord]:
 def reevaluate_load(evidence: dict[str, Any], requests: dict[str, str], counters_text: dict[str, str],
                     counters: Counters, device_reads: bool, fallback: str | None = None,
                     params: "G2LoadParams | None" = None,
-                    device: dict[str, tuple[int | None, int | None]] | None = None) -> WorkloadResult:
+                    device: dict[str, tuple[int | None, int | None]] | None = None,
+                    evict_log: str | None = None) -> WorkloadResult:
     """Pure: a bundle's g2-load result again from its raw files: every point's figures from its requests file
     (``requests``: file name -> text), its accounting from the engine counters before and after
     (``counters_text``: file name -> text; ``counters``: which of them are prompt tokens, memory and tier hits)
     with the pool device's bytes (``device``: requests file name -> (read, written) bytes, re-parsed from the run's
     steps; None: as the run recorded them), then the same evaluation as the run (:func:`evaluate_load`).
     ``params``: the gate's params, whose bounds (SLOs, knee percentile, client lag, read fraction) replace the
-    ones the evidence records; ``fallback``: the engine log's fall-back, as re-scanned."""
+    ones the evidence records; ``fallback``: the engine log's fall-back, as re-scanned; ``evict_log``: the cold
+    regime's log, from which each point's window (its breaches up to its mark) is read again."""
     ev = G2LoadEvidence.model_validate(evidence)
     ev.device_reads = device_reads
     if params is not None:
         fields = load_fields(params)
         ev = ev.model_copy(update={k: fields[k] for k in BOUND_FIELDS})
+    def cold(pt: PointTrial) -> EvictWindow | None:
+        if evict_log is None or pt.cold is None or pt.cold.error is not None:
+            return pt.cold
+        w = evict_window(evict_log, pt.cold.name, pt.cold.made_unix_s)
+        if w is None:
+            raise ValueError(f"{pt.requests_file}: the cold regime's log has no mark {pt.cold.name!r}, which the "
+                             "point recorded")
+        return w
+
     spoiled = []
     for pt in ev.spoiled:  # the attempts set aside: their figures again, so their cause is judged on the records
         records = raw_records(pt, requests)
         spoiled.append(pt.model_copy(update={"figures": load_point(records, ev.ttft_slo_s, ev.tpot_slo_s)
-                                             if records else None}))
+                                             if records else None, "cold": cold(pt)}))
     ev.spoiled = spoiled
     points = []
     for pt in ev.points:
@@ -465,10 +494,12 @@ def reevaluate_load(evidence: dict[str, Any], requests: dict[str, str], counters
                 else device.get(pt.requests_file, (None, None))
             acc = token_accounting(sent, deltas["prompt"], deltas["memory"], deltas["tier"], acc.kv_bytes_per_token,
                                    read_b, write_b, fig.duration_s, deltas["ram"])
+        w = cold(pt)
         invalid = point_invalid(fig, acc, ev.max_client_lag_p99_s or 0.001,
                                 ev.min_read_fraction if ev.min_read_fraction is not None else 0.5,
-                                device_reads, ev.pool_device_error, ev.max_failed_share or 0.0)
-        points.append(pt.model_copy(update={"figures": fig, "accounting": acc, "invalid_reason": invalid}))
+                                device_reads, ev.pool_device_error, ev.max_failed_share or 0.0, w)
+        points.append(pt.model_copy(update={"figures": fig, "accounting": acc, "invalid_reason": invalid,
+                                            "cold": w}))
     return evaluate_load(points, ev.load_kind or "closed", ev.ttft_slo_s or 0.0, ev.knee_percentile or 95, ev,
                          fallback=fallback)
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ....engines.load import LoadPoint
+from ....parsers.poolloop import EvictWindow
 from ....stats import Interval
 from ..base import Evidence
 from .spec import MultiTurnLoad
@@ -69,6 +70,9 @@ class PointTrial(LoadModel):
     started_unix_s: float | None = None          # wall clock at the point's start (sent_s counts from it)
     figures: LoadPoint | None = None
     accounting: TokenAccounting | None = None
+    # the cold regime over it (an evicting one: the reads that came before their store was dropped, up to the
+    # point's mark; harness.parsers.poolloop.EvictWindow); None: no evictor
+    cold: EvictWindow | None = None
     invalid_reason: str | None = None
     error: str | None = None
 

@@ -17,7 +17,7 @@ from ....parsers.prometheus import Sample, counter_delta, metric_total
 from ..base import ControlFile, GateContext, write_gate_file
 from ..phases import PhaseRunner
 from ..g2 import G2EngineParams, G2Evidence, G2Params, G2Procedure, model_config_files
-from .evaluate import Counters, point_invalid, spoiled_by_client, token_accounting
+from .evaluate import Counters, point_invalid, spoiled_attempt, token_accounting
 from .evidence import G2LoadEvidence, PointTrial
 from .requests import (LoadPrompts, load_trace, multi_turn_text, point_seed, synthetic_requests, trace_requests,
                        trace_source_text)
@@ -94,7 +94,8 @@ class LoadPoints:
             what = f"trace replay of {trace_source_text(p.load)}, {how}"
         shape = ("" if k == "trace" else f", prompts of {p.prompt_tokens} tokens sharing {p.shared_prefix_tokens} "
                  f"per {p.prefix_groups} prefix group(s)")
-        again = (f"; an attempt its own client spoils (client lag p99 over {p.max_client_lag_p99_s * 1e3:g} ms) is set "
+        again = (f"; an attempt its own client spoils (client lag p99 over {p.max_client_lag_p99_s * 1e3:g} ms), or "
+                 "one with a read before the cold regime dropped its store, is set "
                  f"aside and repeated with new prompts ({p.repeat_spoiled} repeat{'s' if p.repeat_spoiled != 1 else ''} "
                  "at most per engine)" if p.repeat_spoiled else "")
         return (f"{what}{shape}, {p.max_tokens} output tokens at most; the engine's counters before and after; "
@@ -158,6 +159,9 @@ class LoadPoints:
 
         rec = runner.phase(tag, send, device=lambda: self._pool_stat(ctx, setup, ev))
         records, reading = rec.output, rec.engines["engine"]
+        pool = getattr(eng, "pool", None)
+        if pool is not None:  # an evicting cold regime: did it drop every store before it was read back?
+            pt.cold = pool.mark(tag)
         m0, m1, s0, s1 = reading.metrics_before, reading.metrics_after, rec.device_before, rec.device_after
         write_gate_file(ctx.gate_dir / name, "".join(json.dumps(r.to_dict()) + "\n" for r in records))
         if m0 is not None and m1 is not None:
@@ -184,7 +188,7 @@ class LoadPoints:
                                          read_bytes_between(s0, s1), writes, fig.duration_s,
                                          delta(list(counters.ram_hit_tokens)) if counters.ram_hit_tokens else None)
         pt.invalid_reason = point_invalid(fig, pt.accounting, p.max_client_lag_p99_s, p.min_read_fraction,
-                                          prof.device_reads, ev.pool_device_error, p.max_failed_share)
+                                          prof.device_reads, ev.pool_device_error, p.max_failed_share, pt.cold)
         if not fig.ok:
             first = next(r.record.error for r in records if not r.record.ok)
             pt.error = f"every request failed; first: {first}"
@@ -193,18 +197,19 @@ class LoadPoints:
     def attempts(self, ctx: GateContext, p: G2LoadParams, prof: EngineProfile, runner: PhaseRunner, setup,
                   counters: Counters, t: int, label: str, load: float, trace: Trace | None, seed: int,
                   prompts: LoadPrompts, ev: G2LoadEvidence) -> PointTrial:
-        """One point × trial as :meth:`_point`, repeated with new prompts while its attempt was spoiled by the client
-        (:func:`spoiled_by_client`) and ``repeat_spoiled`` allows one more (counted over ``ev``: the run, or one
-        arm); every attempt set aside goes to ``ev.spoiled`` with its files, and the last attempt counts."""
+        """One point × trial as :meth:`_point`, repeated with new prompts while its attempt was spoiled (its client
+        missed the schedule, or the cold regime fell behind its reads: :func:`spoiled_attempt`) and
+        ``repeat_spoiled`` allows one more (counted over ``ev``: the run, or one arm); every attempt set aside goes
+        to ``ev.spoiled`` with its files, and the last attempt counts."""
         attempt = 0
         while True:
             pt = self._point(ctx, p, prof, runner, setup, counters, t, label, load, trace, seed, prompts, ev,
                              attempt)
-            if not spoiled_by_client(pt, p.max_client_lag_p99_s) or len(ev.spoiled) >= p.repeat_spoiled:
+            if not spoiled_attempt(pt, p.max_client_lag_p99_s) or len(ev.spoiled) >= p.repeat_spoiled:
                 return pt
             ev.spoiled.append(pt)
-            ctx.progress(f"{ctx.gate.id}: trial {t}, load point {label}: attempt {attempt} set aside, spoiled by the "
-                         f"client ({pt.invalid_reason}); repeating with new prompts "
+            ctx.progress(f"{ctx.gate.id}: trial {t}, load point {label}: attempt {attempt} set aside, spoiled "
+                         f"({pt.invalid_reason}); repeating with new prompts "
                          f"({len(ev.spoiled)} of {p.repeat_spoiled} repeats used)")
             attempt += 1
 
