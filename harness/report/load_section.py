@@ -256,7 +256,8 @@ def view(ev: G2LoadEvidence, llmd_paths: list[str]) -> dict[str, Any]:
         "min_read_fraction": ev.min_read_fraction, "points": points, "accounting": accounting_rows(ev),
         "llmd": llmd_paths, "repeat_spoiled": ev.repeat_spoiled or 0, "client_priority": ev.client_priority,
         "spoiled": [{"label": pt.label, "trial": pt.trial, "attempt": pt.attempt, "requests_file": pt.requests_file,
-                     "client_lag_p99_s": pt.figures.client_lag_p99_s if pt.figures is not None else None}
+                     "client_lag_p99_s": pt.figures.client_lag_p99_s if pt.figures is not None else None,
+                     "breaches": pt.cold.breaches if pt.cold is not None else 0}
                     for pt in ev.spoiled],
     }
 

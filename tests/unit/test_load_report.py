@@ -10,6 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import llmd_benchmark_report.core as br  # the test extra installs it (pyproject.toml)
+from harness.parsers.poolloop import EvictWindow
 from harness.engines.client import RequestRecord
 from harness.engines.load import LoadRecord, load_point
 from harness.gates.verdict import Outcome, Verdict
@@ -72,10 +73,11 @@ def point(label: str, rate: float, trial: int, read_fraction: float = 0.9) -> tu
     return pt, recs
 
 
-def load_run(tmp_path, bad_point: str | None = None, ladder=LADDER, spoil: bool = False):
+def load_run(tmp_path, bad_point: str | None = None, ladder=LADDER, spoil: bool | str = False):
     """The fixed run with a g2-load gate G2L added: a 3-point open-loop ladder x 3 trials, its requests files in
     gates/G2L/, its verdict from g2-load's own evaluator. ``bad_point``: that point reads 0.1 of its tier hits.
-    ``spoil``: the first point's first attempt was spoiled by the client (sent 0.3 s late) and repeated."""
+    ``spoil``: the first point's first attempt was spoiled by the client (sent 0.3 s late) and repeated; "cold": by
+    the cold regime instead (sent on time, 3 reads before the evictor had dropped their store)."""
     run, pred = fixed_run(tmp_path)
     add_gate(run, "G2L", "g2-load")
     gate = run / "gates" / "G2L"
@@ -85,8 +87,10 @@ def load_run(tmp_path, bad_point: str | None = None, ladder=LADDER, spoil: bool 
         for label, rate in ladder:
             pt, recs = point(label, rate, trial, 0.1 if label == bad_point else 0.9)
             if spoil and not points:
-                late = [LoadRecord(r.due_s, r.due_s + 0.3, r.record) for r in recs]
-                spoiled.append(pt.model_copy(update={"figures": load_point(late, SLO_S)}))
+                late = [LoadRecord(r.due_s, r.due_s + (0.3 if spoil is True else 0.0), r.record) for r in recs]
+                cold = EvictWindow(name=f"{label}-t{trial}", made_unix_s=1.0, seen_unix_s=9.0, breaches=3,
+                                   first_breach="/pool/a/model.layers.0.safetensors") if spoil == "cold" else None
+                spoiled.append(pt.model_copy(update={"figures": load_point(late, SLO_S), "cold": cold}))
                 (gate / pt.requests_file).write_text("".join(json.dumps(r.to_dict()) + "\n" for r in late))
                 pt = pt.model_copy(update={"attempt": 1, "requests_file": f"requests-{label}-t{trial}-a1.jsonl"})
             points.append(pt)
@@ -373,6 +377,17 @@ def test_an_attempt_set_aside_as_spoiled_is_named_in_the_report_with_its_lag_and
         assert "repeated with new prompts, 2 time(s) at most per engine; set aside: 1" in text, name
         assert "r1 trial 1 attempt 0 (client lag p99 300" in text and "requests-r1-t1.jsonl" in text, name
         assert "Client thread: nice -5 while sending" in text, name
+
+
+def test_an_attempt_set_aside_because_the_cold_regime_fell_behind_is_named_with_its_breaches(tmp_path):
+    run, pred, result, _ = load_run(tmp_path, spoil="cold")
+    assert result.invalid_reason is None and result.evidence.spoiled[0].cold.breaches == 3
+    write_reports(RID, run, pred, tmp_path / "out")
+    for name in ("report.md", "report.html"):
+        text = (tmp_path / "out" / name).read_text()
+        assert "or with a read before the cold regime had dropped its store, is set aside" in text, name
+        assert "r1 trial 1 attempt 0 (client lag p99 0" in text, name
+        assert "3 read(s) before the cold regime dropped their store, requests-r1-t1.jsonl" in text, name
 
 
 def test_a_gates_own_sections_are_found_by_its_workloads_name_in_the_bundles_config(tmp_path):
