@@ -1,3 +1,5 @@
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -51,3 +53,30 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES
+
+
+def pytest_runtest_logreport(report):
+    """Every test phase's wall-clock start and stop, one JSON line per phase into ``timeline-<worker>.jsonl`` beside
+    the run's base temporary directory (under -n, pytest-N/; without, pytest-N itself): which tests ran beside which
+    on a shared machine (a test whose figures or time moved is read against its neighbours)."""
+    if hasattr(report, "node"):  # under -n, the controller's copy of a worker's report: the worker wrote it
+        return
+    start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+    if start is None or stop is None or _BASETEMP[0] is None:
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    line = json.dumps({"worker": worker, "nodeid": report.nodeid, "when": report.when, "start": start, "stop": stop,
+                       "outcome": report.outcome})
+    with open(_BASETEMP[0] / f"timeline-{worker}.jsonl", "a") as f:
+        f.write(line + "\n")
+
+
+_BASETEMP: list[Path | None] = [None]
+
+
+def pytest_sessionstart(session):
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    base = factory.getbasetemp()
+    _BASETEMP[0] = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
