@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 LOOP_MARK = "kvgate-pool-loop"
@@ -142,17 +143,22 @@ class EvictWindow:
         return max(0.0, self.seen_unix_s - self.made_unix_s)
 
 
-def evict_window(text: str, name: str, made_unix_s: float | None = None) -> EvictWindow | None:
-    """Pure: the breaches logged after the mark before ``name``'s (or the log's start) up to the mark ``name``;
-    None when the evictor has not logged that mark (yet)."""
-    breaches: list[dict] = []
+def _records(text: str) -> Iterator[dict]:
+    """The evictor's JSON lines as dicts (a torn or foreign line skipped: the evictor killed mid-write)."""
     for line in text.splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if not isinstance(rec, dict):
-            continue
+        if isinstance(rec, dict):
+            yield rec
+
+
+def evict_window(text: str, name: str, made_unix_s: float | None = None) -> EvictWindow | None:
+    """Pure: the breaches logged after the mark before ``name``'s (or the log's start) up to the mark ``name``;
+    None when the evictor has not logged that mark (yet)."""
+    breaches: list[dict] = []
+    for rec in _records(text):
         kind = rec.get("type")
         if kind == "breach":
             breaches.append(rec)
@@ -181,13 +187,7 @@ def parse_evict_log(text: str) -> EvictSummary:
     evictions = stores = dropped = errors = breaches = 0
     files: set[str] = set()
     ended, first_error = False, None
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict):
-            continue
+    for rec in _records(text):
         kind = rec.get("type")
         if kind == "evict":
             evictions += 1
