@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     due: list[tuple[float, str, str, bool]] = []  # (when, path, after, at once)
     counts = {"store": 0, "read": 0, "breach": 0}
     own_closes: dict[str, int] = {}
-    pending: dict[str, tuple[str, float]] = {}  # a store's at-once eviction still to do: (after, when it was seen)
+    pending: dict[str, float] = {}  # a store whose at-once eviction is still to do: when it was seen
     emit({"type": "start", "t": time.time(), "pool_dir": a.pool_dir, "pattern": a.pattern, "pid": os.getpid()})
 
     def schedule(path: str, after: str) -> None:
@@ -165,17 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         now = time.monotonic()
         counts[after] += 1
         if after == "store":
-            pending.setdefault(path, (after, time.time()))
+            pending.setdefault(path, time.time())
         heapq.heappush(due, (now, path, after, True))
         heapq.heappush(due, (now + a.settle_s, path, after, False))
 
     def read_seen(path: str) -> None:
         """A reader closed ``path``: a breach when the at-once eviction of its store is still to do (a read of a
         file just read is not one: the first read took its pages from the device); then drop it again."""
-        if path in pending and fnmatch.fnmatch(os.path.basename(path), a.pattern):
-            after, since = pending[path]
+        if path in pending:  # (only a pool file's store is pending: schedule matched the pattern)
             counts["breach"] += 1
-            emit({"type": "breach", "t": time.time(), "file": path, "pending": after, "seen_t": since})
+            emit({"type": "breach", "t": time.time(), "file": path, "pending": "store", "seen_t": pending[path]})
         schedule(path, "read")
 
     def mark(path: str) -> None:

@@ -49,7 +49,7 @@ from __future__ import annotations
 from typing import Any
 from pathlib import Path
 
-from .kit.rederive import evict_log_text, device_by_attempt, load_texts, rescanned_fallback
+from .kit.rederive import device_by_attempt, evict_log_text, load_texts, rescanned_fallback
 from .kit.load import reevaluate_load
 from ..engines import load_profile, shell_line
 from ..errors import ConfigError

@@ -380,7 +380,7 @@ def spoiled_issue(spoiled: list[PointTrial], points: list[PointTrial], repeat_sp
     have = {(p.label, p.trial, p.attempt) for p in list(spoiled) + list(points)}
     for pt in spoiled:
         where = f"load point {pt.label}, trial {pt.trial}, attempt {pt.attempt}"
-        if not (spoiled_by_client(pt, max_client_lag_p99_s) or spoiled_by_cold_regime(pt)):
+        if not spoiled_attempt(pt, max_client_lag_p99_s):
             lag = "no figures" if pt.figures is None else f"client lag p99 {pt.figures.client_lag_p99_s * 1e3:.3f} ms"
             return (f"{where} was set aside as spoiled, but its records keep the schedule ({lag}, "
                     f"bound {max_client_lag_p99_s * 1e3:g} ms) and the evictor's log shows no read before its "
@@ -449,6 +449,7 @@ def reevaluate_load(evidence: dict[str, Any], requests: dict[str, str], counters
     if params is not None:
         fields = load_fields(params)
         ev = ev.model_copy(update={k: fields[k] for k in BOUND_FIELDS})
+
     def cold(pt: PointTrial) -> EvictWindow | None:
         if evict_log is None or pt.cold is None or pt.cold.error is not None:
             return pt.cold
