@@ -35,6 +35,13 @@ With the spec's ``import_vllm: false`` vLLM is made unimportable in every interp
 LMCache then seeds its chunk hashes with ``NONE_HASH = 0`` instead of vLLM's (the same builtin hash otherwise), and
 the documents say which (``vllm_imported``, ``none_hash``).
 
+With the spec's ``defer_imports`` (top-level module names, e.g. ``[transformers]``) each named module is replaced,
+before LMCache is imported, by a stand-in (``DeferredModule``) that imports the real module at its first use:
+LMCache 0.5.6's token database does ``from transformers import AutoTokenizer`` at its top and uses it only for a
+segmenting token database the reader never builds, and that import pulls in torch.distributed, torch._dynamo and
+sympy (more than half of the reader's import: minutes under qemu TCG). What LMCache runs is unchanged; every
+document says, per deferred module, whether it stayed deferred or was imported (``deferred_imports``).
+
 LMCache 0.5.6's local_disk keeps its index in memory only, so a fresh reader re-registers the chunk files the
 layout made (key, size, shape, dtype, format from the manifest) with ``LocalDiskBackend.insert_key`` before
 the start; its reads are then LMCache's own. Exit status: 0 when the document was printed (failures of a
@@ -45,11 +52,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
+import importlib.util
 import json
 import os
 import sys
 import time
 import traceback
+import types
 
 SCHEMA = "kvgate-kv-read/1"
 SPEC_SCHEMA = "kvgate-kv-read-spec/1"
@@ -84,6 +94,9 @@ def load_spec(path: str) -> dict:
         raise SpecError(f"{path}: backend {spec['backend']!r} (expected fs or local_disk)")
     if not isinstance(spec.get("import_vllm", True), bool):
         raise SpecError(f"{path}: import_vllm {spec['import_vllm']!r} (expected true or false)")
+    deferred = spec.get("defer_imports", [])
+    if not isinstance(deferred, list) or not all(isinstance(n, str) and n.isidentifier() for n in deferred):
+        raise SpecError(f"{path}: defer_imports {deferred!r} (expected a list of top-level module names)")
     return spec
 
 
@@ -245,6 +258,94 @@ def block_vllm(spec: dict) -> bool:
     return True
 
 
+class DeferredModule(types.ModuleType):
+    """A stand-in in ``sys.modules`` for a module named by the spec's ``defer_imports``: ``from NAME import X`` binds
+    X to a ``DeferredName``, and the real module is imported (``materialise``) at the first use of such a name (an
+    attribute, a call, a subclass) or the first dunder asked of the stand-in (``__version__``, ``__all__``, ...);
+    from then on every use is the real module's. The stand-in has no ``__path__`` (the import system asks a package
+    for it before binding the names of a ``from`` import, so having one would import it there): ``import NAME.sub``
+    fails with ImportError ("'NAME' is not a package"), so a path that needs more of the module fails loudly."""
+
+    def __init__(self, name: str, spec) -> None:
+        super().__init__(name)
+        self.__spec__ = spec  # the real one (found, not run): importlib.util.find_spec(NAME) keeps answering
+        if spec.has_location:  # inspect.getmodule asks every module in sys.modules for its __file__
+            self.__file__ = spec.origin
+        self.__dict__["_kvgate_real"] = None
+
+    def materialise(self) -> types.ModuleType:
+        real = self.__dict__["_kvgate_real"]
+        if real is None:
+            if sys.modules.get(self.__name__) is self:
+                del sys.modules[self.__name__]
+            real = importlib.import_module(self.__name__)
+            self.__dict__["_kvgate_real"] = real
+        return real
+
+    @property
+    def imported(self) -> bool:
+        return self.__dict__["_kvgate_real"] is not None
+
+    def __getattr__(self, attr: str):  # only for what the stand-in itself lacks
+        if attr == "__path__":
+            raise AttributeError(attr)
+        if attr.startswith("__") and attr.endswith("__"):
+            return getattr(self.materialise(), attr)
+        return DeferredName(self, attr)
+
+
+class DeferredName:
+    """A name bound from a deferred module (``from NAME import X``): its first use imports the real module and is
+    then the real ``X``'s (attributes, calls, a subclass statement's base)."""
+
+    def __init__(self, module: DeferredModule, attr: str) -> None:
+        self._kvgate_module, self._kvgate_attr = module, attr
+
+    def resolve(self):
+        return getattr(self._kvgate_module.materialise(), self._kvgate_attr)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_kvgate_"):
+            raise AttributeError(attr)
+        return getattr(self.resolve(), attr)
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+    def __mro_entries__(self, bases):
+        return (self.resolve(),)
+
+    def __repr__(self) -> str:
+        return f"<deferred {self._kvgate_module.__name__}.{self._kvgate_attr}>"
+
+
+def defer_imports(spec: dict) -> dict[str, str]:
+    """Put a ``DeferredModule`` in ``sys.modules`` for each module the spec's ``defer_imports`` names (call it before
+    anything imports LMCache). A module imported already, or not installed, is left as it is. Returns each name's
+    state (``deferred_record``)."""
+    for name in spec.get("defer_imports") or ():
+        if name in sys.modules:
+            continue
+        found = importlib.util.find_spec(name)
+        if found is not None:
+            sys.modules[name] = DeferredModule(name, found)
+    return deferred_record(spec)
+
+
+def deferred_record(spec: dict) -> dict[str, str]:
+    """Each module the spec defers: ``deferred`` (its stand-in still stands: never used in this process),
+    ``imported`` (the real module is in this process: a use of the stand-in imported it, or it was imported before
+    the stand-in could be put), or ``absent`` (not installed)."""
+    out = {}
+    for name in spec.get("defer_imports") or ():
+        mod = sys.modules.get(name)
+        if isinstance(mod, DeferredModule):
+            out[name] = "imported" if mod.imported else "deferred"
+        else:
+            out[name] = "absent" if mod is None else "imported"
+    return out
+
+
 def hash_seed_record() -> dict:
     """Whether vLLM is imported in this interpreter and the ``NONE_HASH`` LMCache's token database seeds its chunk
     hashes with (from vLLM, else 0), for the documents: call it after an engine was built."""
@@ -363,7 +464,7 @@ def layout(spec: dict) -> dict:
         return {"schema": SCHEMA, "type": "layout", "reused": True, "pool_dir": pool, "layout_id": spec["layout_id"],
                 "chunks": len(old["chunks"]), "kv_bytes": chunks_total * int(spec["chunk_bytes"]),
                 "file_bytes": sum(c["file_bytes"] for c in old["chunks"]), "elapsed_s": time.perf_counter() - t0,
-                "files": old["chunks"], "versions": versions(),
+                "files": old["chunks"], "versions": versions(), "deferred_imports": deferred_record(spec),
                 **{k: old[k] for k in ("vllm_imported", "none_hash") if k in old}}
     removed = remove_listed(pool, old)
     need = chunks_total * (int(spec["chunk_bytes"]) + 4096)
@@ -393,7 +494,7 @@ def layout(spec: dict) -> dict:
             "chunks": len(manifest["chunks"]), "kv_bytes": chunks_total * int(spec["chunk_bytes"]),
             "file_bytes": sum(c["file_bytes"] for c in manifest["chunks"]), "removed_stale_files": removed,
             "elapsed_s": time.perf_counter() - t0, "engine_init_s": init_s, "store_s": store_s,
-            "files": manifest["chunks"], "versions": versions(),
+            "files": manifest["chunks"], "versions": versions(), "deferred_imports": deferred_record(spec),
             **{k: manifest[k] for k in ("vllm_imported", "none_hash") if k in manifest}}
 
 
@@ -476,6 +577,7 @@ def _child(spec: dict, stream: dict, chunks: list, ready, go, results) -> None:
     built = False
     try:
         block_vllm(spec)  # a spawned reader is a fresh interpreter; a forked one has it blocked already
+        defer_imports(spec)  # likewise
         if stream.get("cpus"):
             os.sched_setaffinity(0, parse_cpulist(stream["cpus"]))
         out["cpus_used"] = format_cpulist(sorted(os.sched_getaffinity(0)))
@@ -519,6 +621,7 @@ def _child(spec: dict, stream: dict, chunks: list, ready, go, results) -> None:
         out["traceback"] = traceback.format_exc()[-4000:]
         _abort_barriers(ready, go)
     finally:
+        out["deferred_imports"] = deferred_record(spec)  # after the reads: whether anything of them used one
         results.put(out)
         results.close()
         results.join_thread()  # the record is in the pipe before the process ends
@@ -753,6 +856,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
     try:
         block_vllm(spec)  # before anything imports LMCache
+        defer_imports(spec)
         if args.command == "layout-read":
             doc = layout_read(spec, args.drop_caches)
         else:

@@ -118,6 +118,21 @@ class Layout:
     error: str | None = None
     vllm_imported: bool | None = None  # whether the layout's interpreter had vLLM (LMCache's NONE_HASH from it)
     none_hash: int | None = None  # the seed of LMCache's chunk-hash chain: vLLM's, else 0
+    # each module the spec deferred (defer_imports): "deferred", "imported" or "absent" in the layout's process
+    deferred_imports: dict[str, str] = field(default_factory=dict)
+
+
+DEFERRED_STATES = ("deferred", "imported", "absent")
+
+
+def parse_deferred(v: Any) -> dict[str, str]:
+    """A document's ``deferred_imports`` (module name -> deferred / imported / absent); {} when absent (an older
+    reader, nothing deferred); WorkloadError when it is there but malformed."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not all(isinstance(k, str) and s in DEFERRED_STATES for k, s in v.items()):
+        raise WorkloadError(f"KV reader: deferred_imports is malformed ({str(v)[:200]!r})")
+    return dict(v)
 
 
 def parse_layout(text: str) -> Layout:
@@ -134,7 +149,7 @@ def parse_layout(text: str) -> Layout:
                   file_bytes=_int(d, "file_bytes"), elapsed_s=_num(d, "elapsed_s", 0.0) or 0.0, files=files,
                   engine_init_s=_num(d, "engine_init_s"), versions=dict(d.get("versions") or {}),
                   vllm_imported=d["vllm_imported"] if isinstance(d.get("vllm_imported"), bool) else None,
-                  none_hash=_whole(d.get("none_hash")))
+                  none_hash=_whole(d.get("none_hash")), deferred_imports=parse_deferred(d.get("deferred_imports")))
 
 
 def _whole(v: Any) -> int | None:
@@ -172,6 +187,7 @@ class ReaderStream:
     start_unix_s: float | None = None
     end_unix_s: float | None = None
     error: str | None = None
+    deferred_imports: dict[str, str] = field(default_factory=dict)  # as Layout's, in the reader's process
 
     @property
     def read_gb_s(self) -> float | None:
@@ -232,7 +248,7 @@ def _stream(s: Any) -> ReaderStream:
         missing=tuple(str(k) for k in s.get("missing") or []), destination=s.get("destination"),
         cpus=s.get("cpus"), cpus_used=s.get("cpus_used"), prepare_s=_num(s, "prepare_s"),
         start_unix_s=_num(s, "start_unix_s"), end_unix_s=_num(s, "end_unix_s"),
-        error=str(s["error"]) if s.get("error") else None)
+        error=str(s["error"]) if s.get("error") else None, deferred_imports=parse_deferred(s.get("deferred_imports")))
 
 
 def parse_read(text: str) -> ReadRun:

@@ -113,6 +113,19 @@ class KvReadParams(StrictModel):
     # seed of its chunk-hash chain; without vLLM it seeds with 0 and hashes with the same builtin hash): the chunk keys
     # differ, the read path does not. For stacks whose imports are the slow part (qemu TCG)
     import_vllm: bool = True
+    # top-level modules the reader replaces, before LMCache is imported, by a stand-in that imports the real one at
+    # its first use (kv_reader.py's DeferredModule): LMCache 0.5.6 imports transformers at its top (with it
+    # torch.distributed, torch._dynamo, sympy: over half of the reader's import) for a token database the reader
+    # never builds. What LMCache runs is unchanged; the evidence says whether each stayed unused
+    defer_imports: list[str] = []
+
+    @field_validator("defer_imports")
+    @classmethod
+    def _deferred(cls, v: list[str]) -> list[str]:
+        bad = [n for n in v if not n.isidentifier()]
+        if bad:
+            raise ValueError(f"expected top-level module names, got {bad[0]!r}")
+        return v
 
     @field_validator("kv_size_bytes", mode="before")
     @classmethod
@@ -323,6 +336,9 @@ class KvNodeEvidence(Evidence):
     # hashes with (vLLM's, else 0): as the layout reported them (a reused layout: as its manifest recorded them)
     vllm_imported: bool | None = None
     none_hash: int | None = None
+    # each module the gate deferred (defer_imports): "deferred" (unused by the layout and every reader), "imported"
+    # (a use of it imported it in one of them), "absent" (not installed)
+    deferred_imports: dict[str, str] | None = None
     kv_bytes_read: int | None = None
     device_read_bytes: int | None = None
     reader_errors: list[str] = []
@@ -398,6 +414,31 @@ def record_checks(rec: KvNodeEvidence, run: ReadRun) -> None:
     rec.reader_errors = list(run.errors)
     rec.kv_bytes_read = run.kv_bytes
     rec.device_read_bytes = run.device_read_bytes
+    rec.deferred_imports = merge_deferred(rec.deferred_imports, *(s.deferred_imports for s in run.streams))
+
+
+def merge_deferred(*records: dict[str, str] | None) -> dict[str, str] | None:
+    """Pure: the deferred modules' states of the layout and the readers as one: a module is "imported" when any
+    process imported it, "absent" when every process found it absent, else "deferred"; None when nothing was
+    deferred."""
+    names = sorted({n for r in records if r for n in r})
+    out = {}
+    for n in names:
+        states = {r[n] for r in records if r and n in r}
+        out[n] = "imported" if "imported" in states else "absent" if states == {"absent"} else "deferred"
+    return out or None
+
+
+def deferred_how(ev: "KvReadEvidence") -> str:
+    """Pure: the data check's words for the modules deferred on the nodes (defer_imports), "" when none was."""
+    parts = []
+    for node, r in sorted(ev.nodes.items()):
+        for name, state in sorted((r.deferred_imports or {}).items()):
+            said = {"deferred": "never used by the layout or a reader",
+                    "imported": "imported at its first use by the layout or a reader",
+                    "absent": "not installed"}[state]
+            parts.append(f"{name} on {node}: {said}")
+    return f"; deferred until first use (defer_imports): {'; '.join(parts)}" if parts else ""
 
 
 def kv_read_metrics(streams: list[StreamRow], fio: list[StreamRow],
@@ -507,7 +548,7 @@ def validity_items(ev: KvReadEvidence, metrics: dict[str, float], invalid: str |
     bad = int(metrics.get("mismatched_chunks", 0) + metrics.get("missing_chunks", 0))
     no_vllm = sorted(n for n, r in ev.nodes.items() if r.vllm_imported is False)
     seed = (f"; vLLM not imported on {', '.join(no_vllm)} (import_vllm: false): LMCache seeded the chunk keys with "
-            "NONE_HASH 0, the same builtin hash" if no_vllm else "")
+            "NONE_HASH 0, the same builtin hash" if no_vllm else "") + deferred_how(ev)
     return [
         ValidityCheck(name="cold", ok=dev is not None and invalid is None and kv > 0,
                       claim="the KV was read from the pool's device, not a cache",
@@ -760,7 +801,7 @@ class KvRead(Workload):
                 "seed": p.seed, "vocab": vocab, "layout_id": s.layout_id, "streams": streams,
                 "destination": s.destination, "device_stat": device_stat, "fadvise_dontneed": p.fadvise_dontneed,
                 "store_timeout_s": min(600.0, p.layout_timeout_s), "read_timeout_s": p.read_timeout_s,
-                "import_vllm": p.import_vllm}
+                "import_vllm": p.import_vllm, "defer_imports": list(p.defer_imports)}
 
     def _argv(self, s: "KvSetup", command: str) -> tuple[str, ...]:
         return (s.python, s.program, command, "--spec", s.spec)
@@ -980,6 +1021,7 @@ def _record_layout(rec: KvNodeEvidence, s: "KvSetup", lay: Layout) -> None:
                                 engine_init_s=lay.engine_init_s, layout_id=s.layout_id)
     rec.versions = lay.versions
     rec.vllm_imported, rec.none_hash = lay.vllm_imported, lay.none_hash
+    rec.deferred_imports = merge_deferred(lay.deferred_imports)
     if lay.chunks != sz.prompts * sz.chunks_per_retrieve:
         raise WorkloadError(f"layout holds {lay.chunks} chunks, expected {sz.prompts * sz.chunks_per_retrieve}")
 

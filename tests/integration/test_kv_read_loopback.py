@@ -13,7 +13,11 @@ layout, the page-cache drop and the reader run in one interpreter, the layout an
 from it; the test prints how much of the run the import took. The gate also makes vLLM unimportable in the reader
 (`import_vllm: false`: LMCache imported ~2,000 of vLLM's modules only to seed its chunk hashes): in five runs
 alone on the 2-core host, alternating, the import took 123 / 153 / 170 s and this test 147 / 180 / 203 s, against
-177 / 217 s and 204 / 244 s with vLLM: ~48 s less on average than the runs beside each. The guest is stopped by
+177 / 217 s and 204 / 244 s with vLLM: ~48 s less on average than the runs beside each. And it defers
+transformers until its first use (`defer_imports: [transformers]`: LMCache's token database imports it at its top,
+with torch.distributed, torch._dynamo and sympy, for a token database the reader never builds), which the reader
+never makes: four runs alone, alternating, import 43 / 40 s and the test 97 / 99 s, against 108 / 114 s and
+161 / 167 s with transformers imported. The guest is stopped by
 PID at the end, also on failure, and no qemu with its initrd may be left running.
 """
 
@@ -155,6 +159,12 @@ def test_kv_read_through_lmcache_on_ext4_over_nvme_tcp_passes_with_the_device_re
     assert rec["page_cache_dropped"] is True and rec["reader_start"] == "fork"  # dropped by the one interpreter
     # the gate's import_vllm: false: vLLM unimportable in the guest's reader, LMCache's chunk keys seeded with 0
     assert rec["vllm_imported"] is False and rec["none_hash"] == 0
+    # the gate's defer_imports: [transformers]: LMCache's `from transformers import AutoTokenizer` bound a stand-in
+    # that neither the layout nor the reader used, so transformers (and what it pulls in) was never imported
+    assert rec["deferred_imports"] == {"transformers": "deferred"}, rec["deferred_imports"]
+    assert layout_doc["deferred_imports"] == {"transformers": "deferred"}
+    data = next(c for c in ev["validity"] if c["name"] == "data")
+    assert "transformers on guest: never used by the layout or a reader" in data["how"], data["how"]
     steps = {p.name.split("-", 1)[1] for p in (bundle / "steps").iterdir()}
     assert "guest-kv-layout-read" in steps and not {"guest-kv-layout", "guest-kv-read"} & steps
     assert ev["parallel_read"]["odirect_effective"] is True

@@ -11,7 +11,7 @@ import yaml
 
 from harness.config import load_config
 from harness.engines import arch_from_config, check_lmcache_config, load_profile
-from harness.errors import WorkloadError
+from harness.errors import ConfigError, WorkloadError
 from harness.gates.verdict import Outcome, evaluate
 from harness.parsers.fio import parse_fio_json
 from harness.node.kv_reader import BARRIER_TIMEOUT_S, barrier_timeout_s
@@ -333,15 +333,16 @@ def g1c_import_once(tmp_path, drop_caches: bool = True, **params):
 
 
 def layout_read_node(drop_doc: str | None, read_json: str = "read-fs-2streams.json",
-                     layout_json: str | None = None) -> ScriptedTransport:
-    """reader_node's localhost, whose reader answers ``layout-read`` with the three documents in one stdout."""
+                     layout_json: str | None = None, read_doc: str | None = None) -> ScriptedTransport:
+    """reader_node's localhost, whose reader answers ``layout-read`` with the three documents in one stdout (the
+    read document: ``read_doc``, else the ``read_json`` fixture)."""
     inner = reader_node(read_json)
 
     def handler(call):
         if len(call.argv) > 2 and call.argv[1].endswith("/kv_reader.py"):
             assert call.argv[2] == "layout-read", call.argv
             return Reply(stdout=(layout_json or fixture("layout-fs-2streams.json")) + (drop_doc or "")
-                         + fixture(read_json))
+                         + (read_doc or fixture(read_json)))
         return inner.handler(call)
     return ScriptedTransport(handler, name="localhost")
 
@@ -622,6 +623,121 @@ def test_a_spec_whose_import_vllm_is_not_a_boolean_is_a_bad_spec(tmp_path):
     assert load_spec(str(_spec_file(tmp_path)))["layout_id"]  # absent: vLLM as installed
     with pytest.raises(SpecError, match="import_vllm 'no'"):
         load_spec(str(_spec_file(tmp_path, import_vllm="no")))
+
+
+# ------------------------------------------------------------- defer_imports: a module imported at its first use
+
+# run in a fresh interpreter: kv_reader's stand-in for a package whose __init__ counts its runs, used as LMCache uses
+# transformers (a name bound by `from ... import` at a module's top), then as other code might
+DEFER_PROBE = """
+import importlib.util, inspect, json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import kv_reader as K
+spec = {"defer_imports": ["kvg_probe", "kvg_not_installed"]}
+out = {"installed": K.defer_imports(spec)}
+from kvg_probe import Thing, make
+out["bound"] = [repr(Thing), repr(make)]
+out["runs_after_from"] = getattr(sys, "kvg_probe_runs", 0)
+inspect.getmodule(K.layout)  # walks sys.modules asking each for __file__ (torch does this while it imports)
+out["found"] = importlib.util.find_spec("kvg_probe").origin
+try:
+    import kvg_probe.sub
+    out["sub"] = "imported"
+except ImportError as exc:
+    out["sub"] = str(exc)
+out["before_use"] = K.deferred_record(spec)
+class Mine(Thing):
+    pass
+out["subclass_of_real"] = Mine.__mro__[1] is sys.modules["kvg_probe"].Thing
+out["call"] = make()
+out["after_use"] = K.deferred_record(spec)
+import kvg_probe.sub
+out["sub_after_use"] = kvg_probe.sub.WHAT
+out["runs"] = sys.kvg_probe_runs
+print(json.dumps(out))
+"""
+
+
+def test_a_deferred_module_binds_names_without_importing_and_is_the_real_one_from_its_first_use(tmp_path):
+    import subprocess
+    import sys
+    pkg = tmp_path / "kvg_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import sys\nsys.kvg_probe_runs = getattr(sys, 'kvg_probe_runs', 0) + 1\n"
+                                     "class Thing:\n    x = 1\n\ndef make():\n    return 42\n")
+    (pkg / "sub.py").write_text("WHAT = 'sub'\n")
+    r = subprocess.run([sys.executable, "-c", DEFER_PROBE, str(ROOT / "harness" / "node"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["installed"] == {"kvg_probe": "deferred", "kvg_not_installed": "absent"}
+    assert out["bound"] == ["<deferred kvg_probe.Thing>", "<deferred kvg_probe.make>"]
+    assert out["runs_after_from"] == 0 and out["found"] == str(pkg / "__init__.py")
+    # a submodule cannot come from the stand-in: refused loudly, not served from a package that never ran
+    assert "'kvg_probe' is not a package" in out["sub"]
+    assert out["before_use"] == {"kvg_probe": "deferred", "kvg_not_installed": "absent"}
+    # a bound name used (a class statement's base, a call) is the real module's, imported once
+    assert out["subclass_of_real"] is True and out["call"] == 42
+    assert out["after_use"] == {"kvg_probe": "imported", "kvg_not_installed": "absent"}
+    assert out["sub_after_use"] == "sub" and out["runs"] == 1
+
+
+def test_a_spec_whose_defer_imports_is_not_a_list_of_module_names_is_a_bad_spec(tmp_path):
+    from harness.node.kv_reader import SpecError, load_spec
+    assert load_spec(str(_spec_file(tmp_path, defer_imports=["transformers"])))["defer_imports"] == ["transformers"]
+    for bad in ("transformers", ["transformers.models"], [3]):
+        with pytest.raises(SpecError, match="defer_imports"):
+            load_spec(str(_spec_file(tmp_path, defer_imports=bad)))
+
+
+def test_a_gate_deferring_a_dotted_name_is_a_config_error_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"g\.yaml:\d+.*defer_imports.*'transformers\.models'"):
+        g1c_import_once(tmp_path, defer_imports=["transformers.models"])
+
+
+@pytest.mark.parametrize("stream_state,merged,said", [
+    ("deferred", "deferred", "transformers on localhost: never used by the layout or a reader"),
+    ("imported", "imported", "transformers on localhost: imported at its first use by the layout or a reader")])
+def test_defer_imports_reaches_the_readers_spec_and_the_evidence_says_whether_a_reader_used_it(
+        tmp_path, stream_state, merged, said):
+    cfg, gate = g1c_import_once(tmp_path, defer_imports=["transformers"])
+    read = json.loads(fixture("read-fs-2streams.json"))
+    for i, st in enumerate(read["streams"]):
+        st["deferred_imports"] = {"transformers": stream_state if i == 1 else "deferred"}
+    node = layout_read_node('{"schema":"kvgate-kv-read/1","type":"drop-caches","dropped":true,"error":null}\n',
+                            layout_json=_layout_with(deferred_imports={"transformers": "deferred"}),
+                            read_doc=json.dumps(read) + "\n")
+    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
+                      transports={"localhost": node}, steps=StepLog(tmp_path / "run"), gate_dir=tmp_path / "gate")
+    ctx.gate_dir.mkdir()
+    result = WORKLOADS["kv-read"]().run(ctx)
+    assert result.error is None, result.error
+    spec = json.loads(node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/spec.json"])
+    assert spec["defer_imports"] == ["transformers"]
+    # deferring changes no chunk key: the layout's identity is the gate's without it
+    plain = g1c_context(tmp_path / "plain", node)
+    assert spec["layout_id"] == WORKLOADS["kv-read"]()._setup(plain, next(iter(plain.nodes.values()))).layout_id
+    assert result.evidence.nodes["localhost"].deferred_imports == {"transformers": merged}
+    data = next(c for c in result.evidence.validity if c.name == "data")
+    assert said in data.how and data.ok, data.how
+    # re-derived from the bundle's raw read document, the same
+    again = reevaluate_kv_read(result.evidence.as_dict(), {"localhost": (json.dumps(read),
+                                                                         fixture("fio-2streams.json"))})
+    assert again.evidence.nodes["localhost"].deferred_imports == {"transformers": merged}
+
+
+def test_a_reader_document_with_a_malformed_deferred_record_is_refused():
+    with pytest.raises(WorkloadError, match="deferred_imports is malformed"):
+        parse_layout(_layout_with(deferred_imports={"transformers": "maybe"}))
+    assert parse_layout(fixture("layout-fs-2streams.json")).deferred_imports == {}
+
+
+def test_only_the_loopback_gate_defers_transformers():
+    for name in ("loopback-kv-read.yaml", "g1-connector.yaml", "gpu-node.yaml"):
+        gates = yaml.safe_load((ROOT / "gates" / name).read_text())["gates"]
+        kv = [g["params"] for g in gates if g["workload"] == "kv-read"]
+        assert all(p.get("defer_imports", []) == (["transformers"] if name == "loopback-kv-read.yaml" else [])
+                   for p in kv), name
 
 
 def test_the_preload_without_vllm_imports_none_of_the_modules_lmcache_takes_from_vllm(monkeypatch, tmp_path):
