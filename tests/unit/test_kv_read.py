@@ -538,17 +538,22 @@ def _layout_with(**fields) -> str:
     return json.dumps({**json.loads(fixture("layout-fs-2streams.json")), **fields}) + "\n"
 
 
-@pytest.mark.parametrize("import_vllm,none_hash", [(True, 5313149338359954478), (False, 0)])
-def test_import_vllm_reaches_the_readers_spec_its_layouts_identity_and_the_evidence(tmp_path, import_vllm, none_hash):
-    cfg, gate = g1c_import_once(tmp_path, import_vllm=import_vllm)
-    node = layout_read_node('{"schema":"kvgate-kv-read/1","type":"drop-caches","dropped":true,"error":null}\n',
-                            layout_json=_layout_with(vllm_imported=import_vllm, none_hash=none_hash))
+def run_layout_read(tmp_path, cfg, gate, node):
+    """kv-read of ``gate`` (import_once) on the scripted ``node``: its result, without error, and the reader's spec."""
     ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
                       transports={"localhost": node}, steps=StepLog(tmp_path / "run"), gate_dir=tmp_path / "gate")
     ctx.gate_dir.mkdir()
     result = WORKLOADS["kv-read"]().run(ctx)
     assert result.error is None, result.error
-    spec = json.loads(node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/spec.json"])
+    return result, json.loads(node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/spec.json"])
+
+
+@pytest.mark.parametrize("import_vllm,none_hash", [(True, 5313149338359954478), (False, 0)])
+def test_import_vllm_reaches_the_readers_spec_its_layouts_identity_and_the_evidence(tmp_path, import_vllm, none_hash):
+    cfg, gate = g1c_import_once(tmp_path, import_vllm=import_vllm)
+    node = layout_read_node('{"schema":"kvgate-kv-read/1","type":"drop-caches","dropped":true,"error":null}\n',
+                            layout_json=_layout_with(vllm_imported=import_vllm, none_hash=none_hash))
+    result, spec = run_layout_read(tmp_path, cfg, gate, node)
     assert spec["import_vllm"] is import_vllm
     # another NONE_HASH makes other chunk keys: a pool laid out with vLLM is not reused without it (the default's
     # identity is the one it always was, so its pools stay reusable)
@@ -707,12 +712,7 @@ def test_defer_imports_reaches_the_readers_spec_and_the_evidence_says_whether_a_
     node = layout_read_node('{"schema":"kvgate-kv-read/1","type":"drop-caches","dropped":true,"error":null}\n',
                             layout_json=_layout_with(deferred_imports={"transformers": "deferred"}),
                             read_doc=json.dumps(read) + "\n")
-    ctx = GateContext(gate=gate, params=cfg.params[gate.id], nodes={n.name: n for n in cfg.gate_nodes(gate)},
-                      transports={"localhost": node}, steps=StepLog(tmp_path / "run"), gate_dir=tmp_path / "gate")
-    ctx.gate_dir.mkdir()
-    result = WORKLOADS["kv-read"]().run(ctx)
-    assert result.error is None, result.error
-    spec = json.loads(node.files["/var/tmp/kvgate-work/kvgate-kvread-G1C-localhost/spec.json"])
+    result, spec = run_layout_read(tmp_path, cfg, gate, node)
     assert spec["defer_imports"] == ["transformers"]
     # deferring changes no chunk key: the layout's identity is the gate's without it
     plain = g1c_context(tmp_path / "plain", node)
