@@ -18,7 +18,9 @@ Judged per fault (:func:`evaluate_faults`, pure): the I/O stall (the longest gap
 fault to the next fault or the end), the time to recover to ``recover_fraction`` of the rate before the fault,
 the bytes each path read while it lasted; for the run: corrupted chunks (verify failures), failed reads, each
 path's bytes. The gate's metric is the longest stall (``max_stall_s``); a corrupted chunk, a failed read or a
-recovery over ``recovery_bound_s`` is FAIL whatever the stall.
+recovery over ``recovery_bound_s`` is FAIL whatever the stall. A slowed path does not stop the read: its recovery
+is timed from when its delay was in force (its command's return), reported, not bound; with
+``slowed_min_fraction`` the head's rate while it was slowed must keep that fraction of the rate before (else FAIL).
 """
 
 from __future__ import annotations
@@ -92,6 +94,10 @@ class FioFaultsParams(StrictModel):
     runtime_s: float = Field(default=20.0, gt=0, le=3600)
     recover_fraction: float = Field(default=0.5, gt=0, le=1)
     recovery_bound_s: float = Field(default=10.0, gt=0)
+    # a slowed path: the least fraction of the rate before the fault the head must keep while the delay is in
+    # force (in_force_rate_mb_s / pre_rate_mb_s), else FAIL; None: not judged (numa and round-robin crawl through
+    # a slowed path at a few per cent, queue-depth routes around it: docs/faults.md)
+    slowed_min_fraction: float | None = Field(default=None, gt=0, le=1)
     faults: list[FaultSpec] = Field(min_length=1)
     # the native multipath I/O policy for the read (the subsystem's /sys/class/nvme-subsystem/*/iopolicy), set
     # before the fill and put back after the read; None: the node's own, recorded. Which policy rides out which
@@ -182,6 +188,7 @@ class FioFaultsEvidence(Evidence, SeriesEvidence):
     runtime_s: float
     recover_fraction: float
     recovery_bound_s: float
+    slowed_min_fraction: float | None = None
     write_guard: dict[str, Any] | None = None
     iopolicy: str | None = None  # the subsystem's multipath I/O policy during the read (None: not known)
     iopolicy_before: str | None = None  # the node's own, put back after the read when the gate set another
@@ -320,7 +327,10 @@ def judge_fault(done: list[Completion], rec: FaultRecord, window_end: float, fra
     pre = rate_mb_s(done, pre_start, t) if t - pre_start >= 0.5 else None
     times = [c.t_s for c in done]
     stall = longest_gap(times, t, window_end)
-    rec_s = recovery_s(done, t, pre, fraction) if pre else None
+    # a slowed path acts from its command's return (its tc commands take seconds in a TCG guest, and the read runs
+    # at full rate meanwhile): timed from its start, the first window was always fast and the recovery always 0
+    t_acts = rec.t_in_force_s if rec.kind == "slow-path" and rec.t_in_force_s is not None else t
+    rec_s = recovery_s(done, t_acts, pre, fraction) if pre else None
     forced = path_forced = None
     if rec.t_in_force_s is not None:
         forced = rate_mb_s(done, rec.t_in_force_s, min(window_end, rec.t_undo_s or window_end))
@@ -530,6 +540,15 @@ def _faults_failures(ev: FioFaultsEvidence) -> list[str]:
     if ev.failed_reads:
         failed.append(f"{ev.failed_reads} read(s) failed (lost I/O)")
     for f in ev.faults:
+        if f.kind == "slow-path":  # the read goes on through a slowed path: judged on what it kept, when asked
+            kept = (f.in_force_rate_mb_s / f.pre_rate_mb_s if f.in_force_rate_mb_s is not None and f.pre_rate_mb_s
+                    else None)
+            if ev.slowed_min_fraction is not None and f.t_apply_s is not None and (
+                    kept is None or kept < ev.slowed_min_fraction):
+                failed.append(f"fault {f.index} ({f.detail}): the read kept "
+                              + (f"{kept:.1%} of {f.pre_rate_mb_s:g} MB/s" if kept is not None else "an unknown rate")
+                              + f" while the path was slowed, below slowed_min_fraction {ev.slowed_min_fraction:g}")
+            continue
         if f.t_apply_s is not None and f.pre_rate_mb_s and (f.recovery_s is None or f.recovery_s >
                                                             ev.recovery_bound_s):
             failed.append(f"fault {f.index} ({f.detail}): no recovery to {ev.recover_fraction:.0%} of "
@@ -724,7 +743,7 @@ class FioFaults(Workload):
         head = node.target(p.target)
         ev = FioFaultsEvidence(region_bytes=p.region_bytes, bs_bytes=p.bs_bytes, jobs=p.jobs,
                                runtime_s=p.runtime_s, recover_fraction=p.recover_fraction,
-                               recovery_bound_s=p.recovery_bound_s)
+                               recovery_bound_s=p.recovery_bound_s, slowed_min_fraction=p.slowed_min_fraction)
         try:
             dev, record = nvmeof_device(ctx, node, head, tr)
         except WorkloadError as exc:

@@ -331,12 +331,16 @@ def test_a_slow_path_is_judged_from_when_its_command_returned_not_from_when_it_s
     assert f.t_in_force_s == pytest.approx(7.0) and f.t_in_force_unix_s == 1007.0 and f.t_apply_s == 4.0
     from_start = sum(c.bytes for c in done if 1004.5 <= c.t_s < 1012.0) / 7.5 / 1e6
     assert from_start > 4 * f.in_force_rate_mb_s  # timed from the command's start, the 3 s hide the delay
+    # its recovery too: from 1007 the read crawled until the undo at 1012 (timed from the command's start, 1004, the
+    # first second was fast and the recovery 0.0)
+    assert 4.5 <= f.recovery_s <= 5.0, f.recovery_s
     clat = "".join(f"{int(round(c.t_s * 1000))}, 500, 0, {c.bytes}, 0\n" for c in done)
     raw = {"clat": clat, "paths": paths, "log": "", "json": '{"jobs": [{"total_err": 0}]}'}
     params = FioFaultsParams(target="kvmp-a", paths=["kvmp-a", "kvmp-b"], runtime_s=16,
                              faults=[FaultSpec(kind="slow-path", path="kvmp-a", delay_ms=500, at_s=4, duration_s=8)])
     again = reevaluate_faults(run.evidence.as_dict(), raw, params)
     assert again.evidence.faults[0].in_force_rate_mb_s == f.in_force_rate_mb_s
+    assert again.evidence.faults[0].recovery_s == f.recovery_s
 
 
 def slow(t_in_force: float | None, rate: float | None, undo: float = 12.0) -> FaultRecord:
@@ -344,6 +348,26 @@ def slow(t_in_force: float | None, rate: float | None, undo: float = 12.0) -> Fa
                        applied_ok=True, undone_ok=True, undone_by="workload", t_apply_s=4.0, t_undo_s=undo,
                        t_in_force_s=t_in_force, in_force_rate_mb_s=rate, delay_ms=500.0, pre_rate_mb_s=100.0,
                        path_read_bytes_before=MIB)
+
+
+def test_a_slowed_path_is_not_held_to_the_recovery_bound_but_to_slowed_min_fraction_when_the_gate_sets_it():
+    """A slowed path does not stop the read: a read that crawled through it (numa) recovers only at the undo, and
+    that is reported, not FAIL; a gate that asks the head to keep a share of its rate while slowed gets FAIL below
+    it. A path that went down is still held to the recovery bound."""
+    crawled = slow(7.0, 6.4).model_copy(update={"recovery_s": 21.0})
+    res = evaluate_faults(evidence(faults=[crawled]))
+    assert res.failed_check is None and res.invalid_reason is None, res.failed_check
+    assert res.metrics["max_recovery_s"] == 21.0  # reported
+    strict = evidence(faults=[crawled]).model_copy(update={"slowed_min_fraction": 0.5})
+    res = evaluate_faults(strict)
+    assert "fault 0 (path kvmp-a slow (500 ms on lo)): the read kept 6.4% of 100 MB/s while the path was slowed, " \
+           "below slowed_min_fraction 0.5" in res.failed_check, res.failed_check
+    routed = slow(7.0, 95.0).model_copy(update={"recovery_s": 0.0})  # queue-depth: the other path took the reads
+    res = evaluate_faults(evidence(faults=[routed]).model_copy(update={"slowed_min_fraction": 0.5}))
+    assert res.failed_check is None, res.failed_check
+    down = fault(4.0).model_copy(update={"recovery_s": 21.0, "pre_rate_mb_s": 100.0})
+    res = evaluate_faults(evidence(faults=[down]))
+    assert "no recovery to 50% of 100 MB/s within 10 s (took 21 s)" in res.failed_check, res.failed_check
 
 
 def test_delay_felt_a_slow_path_that_did_not_slow_the_read_is_invalid_not_a_pass():
