@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,14 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.engines.client import CompletionRequest, stream_completion  # noqa: E402
+from harness.transport.local import free_port  # noqa: E402
+from load_client_bench import start_stub  # noqa: E402
 
 CLOCK = time.monotonic  # the stub's
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def kvgate_one(client: httpx.AsyncClient, url: str, rid: str, prompt: list[int]) -> tuple[float, float]:
@@ -121,10 +115,8 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=1000)
     a = ap.parse_args()
     port = free_port()
-    stub = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "stub_sse_server.py"), "--port", str(port),
-                             "--ttft-ms", "0", "--itl-ms", "0"], stdout=subprocess.PIPE, text=True)
+    stub = start_stub(port, 0, itl_ms=0)
     try:
-        assert stub.stdout.readline().strip() == "ready"
         res = asyncio.run(run(port, a.requests, a.prompt_tokens))
     finally:
         stub.terminate()

@@ -36,9 +36,11 @@ from harness.stats import percentile  # noqa: E402
 from harness.transport.local import free_port  # noqa: E402
 
 
-def start_stub(port: int, ttft_ms: float) -> subprocess.Popen:
+def start_stub(port: int, ttft_ms: float, itl_ms: float | None = None) -> subprocess.Popen:
+    """The stub server on ``port``, ready (its own session: stopped by its PID); ``itl_ms`` None: the stub's own."""
+    itl = ["--itl-ms", str(itl_ms)] if itl_ms is not None else []
     p = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "stub_sse_server.py"), "--port", str(port),
-                          "--ttft-ms", str(ttft_ms)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+                          "--ttft-ms", str(ttft_ms), *itl], stdout=subprocess.PIPE, text=True, start_new_session=True)
     if p.stdout.readline().strip() != "ready":
         p.kill()
         raise SystemExit(f"stub server did not start (rc {p.poll()})")
