@@ -429,15 +429,14 @@ def merge_deferred(*records: dict[str, str] | None) -> dict[str, str] | None:
     return out or None
 
 
+DEFERRED_SAID = {"deferred": "never used by the layout or a reader",
+                 "imported": "imported at its first use by the layout or a reader", "absent": "not installed"}
+
+
 def deferred_how(ev: "KvReadEvidence") -> str:
     """Pure: the data check's words for the modules deferred on the nodes (defer_imports), "" when none was."""
-    parts = []
-    for node, r in sorted(ev.nodes.items()):
-        for name, state in sorted((r.deferred_imports or {}).items()):
-            said = {"deferred": "never used by the layout or a reader",
-                    "imported": "imported at its first use by the layout or a reader",
-                    "absent": "not installed"}[state]
-            parts.append(f"{name} on {node}: {said}")
+    parts = [f"{name} on {node}: {DEFERRED_SAID[state]}" for node, r in sorted(ev.nodes.items())
+             for name, state in sorted((r.deferred_imports or {}).items())]
     return f"; deferred until first use (defer_imports): {'; '.join(parts)}" if parts else ""
 
 
